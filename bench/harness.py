@@ -1,0 +1,75 @@
+"""Timing and tables shared by every benchmark: median of repeated runs after a warm-up, hipsched and
+its peer measured alternately in the same run (these machines are noisy, so only same-run ratios mean
+anything), and a Markdown table printed and written under bench/results/."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class Case:
+    op: str                      # e.g. "cosine_similarity"
+    shape: str                   # human description, e.g. "q(768) x T(262144,768)"
+    ours: Callable[[], object]   # runs hipsched once
+    peer: Callable[[], object]   # runs the peer once
+    peer_name: str               # e.g. "numpy T@q"
+    bytes: float = 0.0           # bytes moved per call (for GB/s), 0 if not meaningful
+    flops: float = 0.0           # floating point operations per call (for GFLOP/s), 0 if not meaningful
+    target: float | None = None  # the ratio (peer time / our time) the issue asks for
+    family: str = ""
+
+
+def time_pair(ours, peer, repeat=7, min_time=0.2):
+    """Median seconds per call for both, interleaving runs so drift hits both alike."""
+    ours(); peer()  # warm-up (and first-use compile/alloc)
+    reps_o = max(1, int(min_time / max(_once(ours), 1e-6) / repeat))
+    reps_p = max(1, int(min_time / max(_once(peer), 1e-6) / repeat))
+    to, tp = [], []
+    for _ in range(repeat):
+        to.append(_loop(ours, reps_o))
+        tp.append(_loop(peer, reps_p))
+    return float(np.median(to)), float(np.median(tp))
+
+
+def _once(f):
+    t = time.perf_counter(); f(); return time.perf_counter() - t
+
+
+def _loop(f, n):
+    t = time.perf_counter()
+    for _ in range(n):
+        f()
+    return (time.perf_counter() - t) / n
+
+
+def fmt_time(s):
+    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+
+
+def run_cases(cases, title, out_name, repeat=7):
+    rows = []
+    header = "| op | shape | hipsched | peer | peer time | ratio (peer/ours) | target | hipsched rate |"
+    print(f"## {title}\n\n{header}\n|---|---|---|---|---|---|---|---|", flush=True)
+    for c in cases:
+        to, tp = time_pair(c.ours, c.peer, repeat=repeat)
+        rate = ""
+        if c.flops:
+            rate = f"{c.flops / to / 1e9:.1f} GFLOP/s"
+        elif c.bytes:
+            rate = f"{c.bytes / to / 1e9:.2f} GB/s"
+        ratio = tp / to
+        tgt = f">= {c.target:g}x {'ok' if ratio >= c.target else 'MISSED'}" if c.target else ""
+        row = f"| {c.op} | {c.shape} | {fmt_time(to)} | {c.peer_name} | {fmt_time(tp)} | {ratio:.2f}x | {tgt} | {rate} |"
+        print(row, flush=True)
+        rows.append(row)
+    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
+    path = os.path.join(os.path.dirname(__file__), "results", out_name)
+    with open(path, "w") as f:
+        f.write(f"## {title}\n\n{header}\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    print(f"\nwritten: {path}")
+    return rows

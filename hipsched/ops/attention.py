@@ -1,0 +1,1 @@
+"""attention ops: validation and work measures (see base.py)."""

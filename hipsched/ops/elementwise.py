@@ -1,0 +1,1 @@
+"""elementwise ops: validation and work measures (see base.py)."""

@@ -1,0 +1,1 @@
+"""graph ops: validation and work measures (see base.py)."""

@@ -1,0 +1,1 @@
+"""linalg ops: validation and work measures (see base.py)."""

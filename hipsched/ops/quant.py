@@ -1,0 +1,1 @@
+"""quant ops: validation and work measures (see base.py)."""

@@ -1,0 +1,1 @@
+"""similarity ops: validation and work measures (see base.py)."""

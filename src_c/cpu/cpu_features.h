@@ -1,0 +1,78 @@
+/* CPU feature probe and thread count, header-only: every extension module gets its own copy of the
+ * cached answers, and all copies read the same CPUID and environment, so they always agree.
+ * HIPSCHED_CPU_FEATURES=scalar forces the portable path (so CI covers it on AVX2 machines).
+ * HIPSCHED_NUM_THREADS caps the OpenMP team size. Both are read once, at first use. */
+#ifndef HS_CPU_FEATURES_H
+#define HS_CPU_FEATURES_H
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { HS_LEVEL_SCALAR = 0, HS_LEVEL_AVX2 = 1 };
+
+static int hs__probe_avx2_fma(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
+    if (!(osxsave && avx && fma)) return 0;
+    /* The CPU having AVX is not enough: the OS must save YMM state on context switches. */
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 6u) != 6u) return 0;
+    if (__get_cpuid_max(0, 0) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1;
+#else
+    return 0;
+#endif
+}
+
+static int hs__level = -1;
+
+static inline int hs_cpu_level(void) {
+    if (hs__level < 0) {  /* benign race: every thread computes the same value */
+        int lvl = hs__probe_avx2_fma() ? HS_LEVEL_AVX2 : HS_LEVEL_SCALAR;
+        const char *m = getenv("HIPSCHED_CPU_FEATURES");
+        if (m && (strcmp(m, "scalar") == 0 || strcmp(m, "none") == 0)) lvl = HS_LEVEL_SCALAR;
+        hs__level = lvl;
+    }
+    return hs__level;
+}
+
+static inline int hs_cpu_level_detected(void) { return hs__probe_avx2_fma() ? HS_LEVEL_AVX2 : HS_LEVEL_SCALAR; }
+
+static inline const char *hs_cpu_level_name(int level) { return level == HS_LEVEL_AVX2 ? "avx2" : "scalar"; }
+
+static int hs__threads = 0;
+
+static inline int hs_num_threads(void) {
+    if (hs__threads <= 0) {
+        int n = 1;
+#ifdef _OPENMP
+        n = omp_get_max_threads();
+#endif
+        const char *e = getenv("HIPSCHED_NUM_THREADS");
+        if (e) {
+            int cap = atoi(e);
+            if (cap > 0 && cap < n) n = cap;
+        }
+        hs__threads = n < 1 ? 1 : n;
+    }
+    return hs__threads;
+}
+
+/* Threads worth using for `work` elements: parallel regions cost microseconds, so small calls stay
+ * on the calling thread. `grain` is the least work one thread should get. */
+static inline int hs_threads_for(long long work, long long grain) {
+    long long t = grain > 0 ? work / grain : work;
+    int n = hs_num_threads();
+    if (t < 1) t = 1;
+    return t < n ? (int)t : n;
+}
+#endif
