@@ -1,0 +1,44 @@
+"""python -m hipsched COMMAND: each command lives in hipsched/cli/<command>.py and provides
+`add_arguments(parser)` and `run(args) -> int`, so commands load only what they use."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "info": "CPU features, GPU runtimes tried and why, devices, kernel cache",
+    "demo": "run a realistic mixed workload with telemetry and print the report",
+    "calibrate": "measure every op on both backends over a size sweep and save the model",
+    "bench": "run the benchmarks in bench/ and print their tables",
+    "monitor": "follow or summarise a telemetry log",
+    "analyze": "analyse telemetry logs: tables, crossovers, accuracy, traces, plots",
+    "compile": "compile every GPU kernel for a target ahead of time (no GPU needed)",
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hipsched", description="hipsched command line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules = {}
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            mod = importlib.import_module(f"hipsched.cli.{name}")
+        except ImportError as e:  # a command whose module is missing says so instead of breaking the others
+            p.set_defaults(_missing=str(e))
+            continue
+        mod.add_arguments(p)
+        modules[name] = mod
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "_missing", None):
+        print(f"hipsched {args.command}: unavailable ({args._missing})", file=sys.stderr)
+        return 2
+    return int(modules[args.command].run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
