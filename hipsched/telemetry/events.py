@@ -1,0 +1,160 @@
+"""Event schema v1. The hot path stores one tuple per call (layout below); this module turns those
+tuples into schema dicts (for `Telemetry.events`) and JSON lines (for the writer thread), so dict
+building and encoding never run in the caller. Field meanings: docs/telemetry.md; JSON Schema:
+schema.json next to this file."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+import uuid
+from datetime import datetime, timezone
+
+SCHEMA_VERSION = 1
+
+# Layout of the tuple Telemetry.record stores (indices used by the writer, store and formatter).
+TS, SEQ, OP, BACKEND, REASON, SIZE, DTYPE, NBYTES, DURATION, PRED_CPU, PRED_GPU, STREAM, SCOPE, FALLBACK = range(14)
+
+FIELDS = ("v", "ts", "run", "seq", "host", "device", "op", "backend", "reason", "size", "dtype", "bytes",
+          "duration_us", "predicted_us", "stream", "phase", "tags", "fallback")
+
+
+def new_run_id() -> str:
+    """Sortable and unique across hosts: UTC start time plus random bits."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
+def default_host() -> str:
+    return socket.gethostname() or "unknown"
+
+
+def iso_ts(t: float) -> str:
+    """ISO 8601 UTC with microseconds, e.g. 2026-11-21T12:34:56.123456Z."""
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_ts(s: str) -> float:
+    """Inverse of iso_ts (seconds since the epoch)."""
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def text(x):
+    """Names as strings: enums (SelectionReason and friends) by value, anything else by str()."""
+    if x is None or isinstance(x, str):
+        return x
+    v = getattr(x, "value", None)
+    if isinstance(v, str):
+        return v
+    name = getattr(x, "name", None)
+    return name.lower() if isinstance(name, str) else str(x)
+
+
+def stream_id(s):
+    """A stream as the event shows it: ints as they are, handle objects by their pointer."""
+    if s is None or isinstance(s, int):
+        return s
+    for attr in ("ptr", "cuda_stream", "handle"):
+        v = getattr(s, attr, None)
+        if isinstance(v, int):
+            return v
+    return str(s)
+
+
+def _finite(x):
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def to_dict(rec, run, host, device) -> dict:
+    """The schema-v1 dict of one stored tuple."""
+    sc = rec[SCOPE]
+    fb = rec[FALLBACK]
+    return {
+        "v": SCHEMA_VERSION, "ts": iso_ts(rec[TS]), "run": run, "seq": rec[SEQ], "host": host, "device": device,
+        "op": text(rec[OP]), "backend": text(rec[BACKEND]), "reason": text(rec[REASON]), "size": int(rec[SIZE]),
+        "dtype": text(rec[DTYPE]), "bytes": int(rec[NBYTES]), "duration_us": _finite(rec[DURATION]),
+        "predicted_us": {"cpu": _finite(rec[PRED_CPU]), "gpu": _finite(rec[PRED_GPU])},
+        "stream": stream_id(rec[STREAM]), "phase": sc.phase, "tags": dict(sc.tags),
+        "fallback": None if fb is None else {"backend": text(fb[0]), "error": str(fb[1])},
+    }
+
+
+class LineFormatter:
+    """Encodes stored tuples as JSON lines on the writer thread. Equivalent to json.dumps(to_dict(..))
+    but several times faster: strings that repeat (op, backend, reason, dtype) are escaped once and
+    cached, the timestamp's date-and-seconds part is reused within a second, and the scope brings its
+    own pre-encoded JSON."""
+
+    def __init__(self, run, host, device):
+        self.head = '{"v":%d,"ts":"' % SCHEMA_VERSION
+        self.ident = ',"run":%s,"host":%s,"device":%s' % (json.dumps(run), json.dumps(host), json.dumps(device))
+        self._strings = {}
+        self._names = {}
+        self._sec = None
+        self._sec_text = ""
+
+    def _str(self, x):
+        s = self._strings.get(x)
+        if s is None:
+            s = json.dumps(text(x))
+            if len(self._strings) < 4096:
+                self._strings[x] = s
+        return s
+
+    @staticmethod
+    def _num(x):
+        # '%.3f' is several times cheaper than repr(round(x, 3)); the range test also rejects NaN.
+        if x is None:
+            return "null"
+        return "%.3f" % x if -1e300 < x < 1e300 else "null"
+
+    def line(self, rec) -> str:
+        t = rec[TS]
+        sec = int(t)
+        if sec != self._sec:
+            self._sec = sec
+            self._sec_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+        micro = round((t - sec) * 1e6)
+        if micro > 999999:  # rounded up into the next second; clamp rather than re-derive the text
+            micro = 999999
+        num = self._num
+        s = rec[STREAM]
+        if s is None:
+            st = "null"
+        elif isinstance(s, int):
+            st = str(s)
+        else:
+            st = json.dumps(stream_id(s))
+        sc = rec[SCOPE]
+        fb = rec[FALLBACK]
+        fbt = "null" if fb is None else '{"backend":%s,"error":%s}' % (self._str(fb[0]), json.dumps(str(fb[1])))
+        key = (rec[OP], rec[BACKEND], rec[REASON], rec[DTYPE])
+        names = self._names.get(key)
+        if names is None:
+            names = (f',"op":{self._str(key[0])},"backend":{self._str(key[1])},"reason":{self._str(key[2])}'
+                     f',"dtype":{self._str(key[3])}')
+            if len(self._names) < 4096:
+                self._names[key] = names
+        return (f'{self.head}{self._sec_text}.{micro:06d}Z"{self.ident},"seq":{rec[SEQ]}{names}'
+                f',"size":{int(rec[SIZE])},"bytes":{int(rec[NBYTES])}'
+                f',"duration_us":{num(rec[DURATION])},"predicted_us":{{"cpu":{num(rec[PRED_CPU])},'
+                f'"gpu":{num(rec[PRED_GPU])}}},"stream":{st},"phase":{sc.phase_json},"tags":{sc.tags_json}'
+                f',"fallback":{fbt}}}\n')
+
+    def dropped_line(self, t, count, total) -> str:
+        """The record that reports events lost to a full queue (they are still in the counters)."""
+        return (f'{self.head}{iso_ts(t)}"{self.ident},"event":"dropped","dropped":{int(count)},'
+                f'"dropped_total":{int(total)}}}\n')
+
+
+def schema_path() -> str:
+    return os.path.join(os.path.dirname(__file__), "schema.json")
+
+
+def is_op_event(d) -> bool:
+    """True for per-call events; False for service records such as the drop report."""
+    return isinstance(d, dict) and "op" in d and "event" not in d

@@ -1,0 +1,143 @@
+"""Telemetry: the object the Executor records every call into. `record` is the hot path (about half
+a microsecond): it stores one tuple in the ring of recent events, adds to the exact counters and
+hands the same tuple to the JSONL writer's queue; dicts and JSON are built later, off the caller."""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections import deque
+
+from . import events as ev
+from .scope import current as _current_scope
+from .scope import scope as _scope
+from .store import Counters
+from .summary import BackendExecutionSummary, BackendStats, print_debug_summary
+from .writer import JsonlWriter
+
+ENV_PATH = "HIPSCHED_TELEMETRY"
+
+
+def path_from_env():
+    """The JSONL path HIPSCHED_TELEMETRY names, or None (also for "", "0", "off")."""
+    p = os.environ.get(ENV_PATH, "").strip()
+    return None if p.lower() in ("", "0", "off", "false", "no", "none") else p
+
+
+class Telemetry:
+    def __init__(self, path=None, enabled=True, ring_size=10000, queue_size=65536, rotate_bytes=64 << 20,
+                 host=None, device=None, run_id=None, rotate_keep=8, flush_interval=0.02):
+        if ring_size < 0:
+            raise ValueError(f"telemetry ring_size must be >= 0, got {ring_size!r}")
+        self.enabled = bool(enabled)
+        self.run_id = run_id or ev.new_run_id()
+        self.host = host or ev.default_host()
+        self.device = device or "cpu"
+        self._ring = deque(maxlen=int(ring_size))
+        self._seq = itertools.count()
+        self._counters = Counters()
+        self._lock = self._counters.lock
+        self._cells = self._counters.cells
+        self._writer = None
+        self._put = None
+        if path is not None and self.enabled:
+            self._writer = JsonlWriter(path, ev.LineFormatter(self.run_id, self.host, self.device),
+                                       queue_size=queue_size, rotate_bytes=rotate_bytes, keep=rotate_keep,
+                                       interval=flush_interval)
+            self._put = self._writer.put
+
+    # ---------------------------------------------------------------- hot path
+    def record(self, op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us, pred_gpu_us,
+               stream=None, fallback=None):
+        """Record one executed call. Thread safe, never blocks on I/O, never raises for I/O problems.
+        `fallback` is None or (failed_backend, error_str); `backend` is the one that produced the result."""
+        if not self.enabled:
+            return
+        rec = (time.time(), next(self._seq), op, backend, reason, size, dtype, nbytes, duration_us,
+               pred_cpu_us, pred_gpu_us, stream, _current_scope(), fallback)
+        self._ring.append(rec)
+        with self._lock:
+            c = self._cells.get((op, backend))
+            if c is None:
+                c = self._cells[(op, backend)] = [0, 0.0, 0]
+            c[0] += 1
+            c[1] += duration_us
+            if fallback is not None:
+                c[2] += 1
+                self._counters.add_error(op, fallback)
+        put = self._put
+        if put is not None:
+            put(rec)
+
+    def scope(self, phase=None, **tags):
+        """Context manager: events recorded inside carry this phase and these tags (contextvars, so
+        per thread and per asyncio task)."""
+        return _scope(phase, **tags)
+
+    # ---------------------------------------------------------------- views
+    @property
+    def events(self) -> list:
+        """The most recent events (up to ring_size) as schema-v1 dicts, oldest first."""
+        recs = list(self._ring)
+        return [ev.to_dict(r, self.run_id, self.host, self.device) for r in recs]
+
+    @property
+    def dropped(self) -> int:
+        return self._writer.dropped if self._writer is not None else 0
+
+    @property
+    def path(self):
+        return self._writer.path if self._writer is not None else None
+
+    @property
+    def writer_error(self):
+        """The OSError that disabled the JSONL writer, or None."""
+        return self._writer.failed if self._writer is not None else None
+
+    def stats(self) -> BackendStats:
+        return self._counters.stats(self.dropped)
+
+    def summary(self) -> BackendExecutionSummary:
+        return self._counters.summary(self.dropped)
+
+    def operations_by_type(self, op) -> dict:
+        """{"cpu": {...}, "gpu": {...}} for one op, each {"count", "time_us", "mean_us", "fallbacks"};
+        both backends are always present (zeros when the op never ran there)."""
+        from .summary import OpBackendTotals
+        per = self.summary().per_op.get(ev.text(op), {})
+        out = {b: OpBackendTotals().to_dict() for b in ("cpu", "gpu")}
+        for b, t in per.items():
+            out[b] = t.to_dict()
+        return out
+
+    def print_debug_summary(self, file=None) -> None:
+        print_debug_summary(self.summary(), file)
+
+    # ---------------------------------------------------------------- lifecycle
+    def flush(self) -> None:
+        """Write everything queued to the JSONL file now."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def clear(self) -> None:
+        """Forget the in-memory events and counters (the JSONL file keeps what it has)."""
+        self._ring.clear()
+        self._counters.clear()
+
+    def close(self) -> None:
+        """Flush and close the JSONL file; later records stay in memory only. Idempotent."""
+        w = self._writer
+        if w is not None:
+            self._put = None
+            w.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return f"Telemetry(run={self.run_id!r}, path={self.path!r}, enabled={self.enabled})"
