@@ -1,0 +1,81 @@
+# Wiring only: the GGUF Q8_0/Q4_0 kernels live in src_c/cpu/quant*.c; shapes and dtypes are checked
+# in hipsched/ops/quant.py before anything here runs.
+from libc.stdint cimport int64_t, uint8_t
+
+import numpy as np
+cimport numpy as cnp
+
+cnp.import_array()
+
+cdef extern from "quant.h":
+    int HS_Q8_0, HS_Q4_0, HS_QUANT_OK, HS_QUANT_NONFINITE, HS_QUANT_RANGE
+    int hs_quant_block_bytes(int qtype)
+    int hs_quantize(int qtype, const float *x, int64_t nblocks, uint8_t *out) nogil
+    void hs_dequantize(int qtype, const uint8_t *data, int64_t nblocks, float *out) nogil
+    void hs_qmatmul(int qtype, const uint8_t *data, int64_t n, int64_t k, const float *xt, int64_t m,
+                    float *out) nogil
+
+QTYPES = {"q8_0": HS_Q8_0, "q4_0": HS_Q4_0}
+BLOCK_BYTES = {name: hs_quant_block_bytes(code) for name, code in QTYPES.items()}
+
+
+cdef inline const void *_ptr(cnp.ndarray a):
+    return <const void *>cnp.PyArray_DATA(a)
+
+
+def quantize(cnp.ndarray W, str qtype):
+    """W float32 C-contiguous (n, k), k % 32 == 0 -> uint8 (n, k // 32 * block bytes) GGUF blocks.
+    Raises ValueError (naming the first bad row) on NaN/inf, or when a block scale overflows fp16."""
+    cdef int qt = QTYPES[qtype]
+    cdef int64_t n = W.shape[0], k = W.shape[1], nb = W.size // 32
+    cdef cnp.ndarray out = np.empty((n, (k // 32) * BLOCK_BYTES[qtype]), dtype=np.uint8)
+    cdef const float *x = <const float *>_ptr(W)
+    cdef uint8_t *o = <uint8_t *>cnp.PyArray_DATA(out)
+    cdef int err
+    with nogil:
+        err = hs_quantize(qt, x, nb, o)
+    if err == HS_QUANT_NONFINITE:
+        row = int(np.flatnonzero(~np.isfinite(W).all(axis=1))[0])
+        raise ValueError(f"quantize: W has NaN or inf values (first in row {row}); quantize only finite values")
+    if err == HS_QUANT_RANGE:
+        limit = 127 * 65504.0 if qt == HS_Q8_0 else 8 * 65504.0
+        row = int(np.flatnonzero(np.abs(W).max(axis=1) >= limit)[0]) if n else 0
+        raise ValueError(f"quantize: |W| reaches {float(np.abs(W).max()):g} (row {row}); {qtype} block scales are fp16, "
+                         f"so values must stay below about {limit:g} in magnitude")
+    return out
+
+
+def dequantize(w):
+    """QuantizedTensor (n, k) -> float32 (n, k)."""
+    cdef cnp.ndarray data = w.data
+    cdef int qt = QTYPES[w.qtype]
+    cdef int64_t n = w.shape[0], k = w.shape[1]
+    cdef cnp.ndarray out = np.empty((n, k), dtype=np.float32)
+    cdef const uint8_t *d = <const uint8_t *>_ptr(data)
+    cdef float *o = <float *>cnp.PyArray_DATA(out)
+    with nogil:
+        hs_dequantize(qt, d, (n * k) // 32, o)
+    return out
+
+
+def qmatmul(w, cnp.ndarray x):
+    """QuantizedTensor (n, k) @ float32 C-contiguous x (k,) or (k, m) -> (n,) or (n, m) float32."""
+    cdef cnp.ndarray data = w.data
+    cdef int qt = QTYPES[w.qtype]
+    cdef int64_t n = w.shape[0], k = w.shape[1], m
+    cdef cnp.ndarray xt, out
+    if x.ndim == 1:
+        m = 1
+        xt = x
+        out = np.zeros(n, dtype=np.float32)
+    else:
+        m = x.shape[1]
+        # Columns contiguous, so every weight block meets each column's 32 values in one cache line pair.
+        xt = np.ascontiguousarray(x.T) if m > 1 else x
+        out = np.zeros((n, m), dtype=np.float32)
+    cdef const uint8_t *d = <const uint8_t *>_ptr(data)
+    cdef const float *xp = <const float *>_ptr(xt)
+    cdef float *o = <float *>cnp.PyArray_DATA(out)
+    with nogil:
+        hs_qmatmul(qt, d, n, k, xp, m, o)
+    return out

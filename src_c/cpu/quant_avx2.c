@@ -1,0 +1,6 @@
+/* The AVX2+FMA variant of the quant kernels (quant.inc). No contraction: see quant.inc. */
+#pragma GCC target("avx2,fma")
+#pragma GCC optimize("fp-contract=off")
+#define HS_AVX2 1
+#include "simd.h"
+#include "quant.inc"
