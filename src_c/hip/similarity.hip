@@ -1,0 +1,165 @@
+// Cosine similarity of m queries against the n rows of T, and exact top-k by that score on the device.
+// Semantics of the CPU engine: sim = dot / (|q| * |t|), and 0 when either vector is all zeros; NaN in
+// an input propagates. Top-k ranks by score descending, ties to the lower index, NaN below every number.
+
+// Squared norms of the rows of x (rows, d): one warp per row.
+HS_KERNEL void hs_row_sqnorm_f32(const float* __restrict__ x, float* __restrict__ out, hs_i64 rows, hs_i64 d) {
+    const int lane = threadIdx.x % HS_WARP;
+    const hs_i64 warps = hs_gstride() / HS_WARP;
+    for (hs_i64 r = hs_gid() / HS_WARP; r < rows; r += warps) {
+        float s = 0.0f;
+        for (hs_i64 j = lane; j < d; j += HS_WARP) { const float v = x[r * d + j]; s += v * v; }
+        s = hs_warp_reduce<HsSum>(s);
+        if (lane == 0) out[r] = s;
+    }
+}
+
+HS_DEV float hs_cosine_from(float dot, float qq, float tt) {
+    if (qq == 0.0f || tt == 0.0f) return 0.0f;
+    return dot / (hs_sqrt(qq) * hs_sqrt(tt));
+}
+
+HS_DEV float hs_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+// One warp per row of T: the row is streamed once (VEC floats per lane per step) while MQ queries are
+// scored against it, and its norm comes from the same loads. Queries beyond MQ take further passes
+// over T (mostly from L2). out is (m, n); qq holds the queries' squared norms.
+template <int MQ, int VEC>
+HS_DEV void hs_cosine_body(const float* __restrict__ q, const float* __restrict__ qq, const float* __restrict__ T,
+                           float* __restrict__ out, hs_i64 m, hs_i64 n, hs_i64 d, hs_i64 q0) {
+    const int lane = threadIdx.x % HS_WARP;
+    const hs_i64 warps = hs_gstride() / HS_WARP;
+    const int nq = (int)((m - q0) < MQ ? (m - q0) : MQ);
+    for (hs_i64 r = hs_gid() / HS_WARP; r < n; r += warps) {
+        const float* t = T + r * d;
+        float acc[MQ];
+#pragma unroll
+        for (int k = 0; k < MQ; ++k) acc[k] = 0.0f;
+        float tt = 0.0f;
+        if (VEC == 4) {
+            const float4* t4 = (const float4*)t;
+            for (hs_i64 j = lane; j < d / 4; j += HS_WARP) {
+                const float4 tv = t4[j];
+                tt += hs_dot4(tv, tv);
+#pragma unroll
+                for (int k = 0; k < MQ; ++k)
+                    if (k < nq) acc[k] += hs_dot4(tv, ((const float4*)(q + (q0 + k) * d))[j]);
+            }
+        } else {
+            for (hs_i64 j = lane; j < d; j += HS_WARP) {
+                const float tv = t[j];
+                tt += tv * tv;
+#pragma unroll
+                for (int k = 0; k < MQ; ++k)
+                    if (k < nq) acc[k] += tv * q[(q0 + k) * d + j];
+            }
+        }
+        tt = hs_warp_reduce<HsSum>(tt);
+#pragma unroll
+        for (int k = 0; k < MQ; ++k) {
+            if (k < nq) {
+                const float dot = hs_warp_reduce<HsSum>(acc[k]);
+                if (lane == 0) out[(q0 + k) * n + r] = hs_cosine_from(dot, qq[q0 + k], tt);
+            }
+        }
+    }
+}
+
+// q0: first query of this pass. *_v4 need d % 4 == 0 and 16-byte aligned q and T.
+HS_KERNEL void hs_cosine_f32_q1(const float* q, const float* qq, const float* T, float* out, hs_i64 m, hs_i64 n,
+                                hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 1>(q, qq, T, out, m, n, d, q0); }
+HS_KERNEL void hs_cosine_f32_q1_v4(const float* q, const float* qq, const float* T, float* out, hs_i64 m, hs_i64 n,
+                                   hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 4>(q, qq, T, out, m, n, d, q0); }
+HS_KERNEL void hs_cosine_f32_q8(const float* q, const float* qq, const float* T, float* out, hs_i64 m, hs_i64 n,
+                                hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 1>(q, qq, T, out, m, n, d, q0); }
+HS_KERNEL void hs_cosine_f32_q8_v4(const float* q, const float* qq, const float* T, float* out, hs_i64 m, hs_i64 n,
+                                   hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 4>(q, qq, T, out, m, n, d, q0); }
+
+// ---------------------------------------------------------------------------------------------- top-k
+
+#define HS_TOPK_SEG 2048      /* candidates one block selects from */
+#define HS_TOPK_THREADS 256
+
+// Is (va, ia) ranked before (vb, ib)? Index < 0 marks an empty or taken slot, ranked after everything.
+HS_DEV bool hs_topk_better(float va, hs_i64 ia, float vb, hs_i64 ib) {
+    if (ia < 0) return false;
+    if (ib < 0) return true;
+    const bool na = va != va, nb = vb != vb;
+    if (na != nb) return nb;
+    if (!na && va != vb) return va > vb;
+    return ia < ib;
+}
+
+// One pass of the selection: block (s, row) takes segment s (HS_TOPK_SEG candidates) of row `row` of
+// vals (rows, len) with indices idx_in (same shape; NULL = the position itself), and writes its best
+// kout in rank order to out_v/out_i (rows, nseg, kout), padding with index -1. The glue repeats passes
+// over the partial results until one segment per row remains. Selection is kout rounds of a block
+// arg-best in which each thread keeps its own best and rescans only when that one was taken.
+HS_KERNEL void hs_topk_select_f32(const float* __restrict__ vals, const hs_i64* __restrict__ idx_in, hs_i64 len,
+                                  int kout, float* __restrict__ out_v, hs_i64* __restrict__ out_i) {
+    __shared__ float sv[HS_TOPK_SEG];
+    __shared__ hs_i64 si[HS_TOPK_SEG];
+    __shared__ float wv[HS_MAX_WARPS];
+    __shared__ int wp[HS_MAX_WARPS];
+    const hs_i64 row = blockIdx.y, seg = blockIdx.x, nseg = gridDim.x;
+    const hs_i64 base = seg * HS_TOPK_SEG;
+    const int tid = threadIdx.x, lane = tid % HS_WARP, wid = tid / HS_WARP;
+    const int nw = blockDim.x / HS_WARP;
+    for (int p = tid; p < HS_TOPK_SEG; p += blockDim.x) {
+        const hs_i64 g = base + p;
+        if (g < len) {
+            sv[p] = vals[row * len + g];
+            si[p] = idx_in ? idx_in[row * len + g] : g;
+        } else {
+            sv[p] = 0.0f;
+            si[p] = -1;
+        }
+    }
+    __syncthreads();
+    int mine = -1;  // position of this thread's best untaken candidate
+    bool rescan = true;
+    float* ov = out_v + (row * nseg + seg) * kout;
+    hs_i64* oi = out_i + (row * nseg + seg) * kout;
+    for (int r = 0; r < kout; ++r) {
+        if (rescan) {
+            mine = -1;
+            for (int p = tid; p < HS_TOPK_SEG; p += blockDim.x)
+                if (si[p] >= 0 && (mine < 0 || hs_topk_better(sv[p], si[p], sv[mine], si[mine]))) mine = p;
+            rescan = false;
+        }
+        float v = mine >= 0 ? sv[mine] : 0.0f;
+        int pos = mine;
+        // warp arg-best (positions travel with values; the index is looked up in shared memory)
+#pragma unroll
+        for (int o = HS_WARP / 2; o > 0; o >>= 1) {
+            const float v2 = HS_SHFL_XOR(v, o);
+            const int p2 = HS_SHFL_XOR(pos, o);
+            if (p2 >= 0 && (pos < 0 || hs_topk_better(v2, si[p2], v, si[pos]))) { v = v2; pos = p2; }
+        }
+        if (lane == 0) { wv[wid] = v; wp[wid] = pos; }
+        __syncthreads();
+        if (wid == 0) {
+            v = lane < nw ? wv[lane] : 0.0f;
+            pos = lane < nw ? wp[lane] : -1;
+#pragma unroll
+            for (int o = HS_WARP / 2; o > 0; o >>= 1) {
+                const float v2 = HS_SHFL_XOR(v, o);
+                const int p2 = HS_SHFL_XOR(pos, o);
+                if (p2 >= 0 && (pos < 0 || hs_topk_better(v2, si[p2], v, si[pos]))) { v = v2; pos = p2; }
+            }
+            if (lane == 0) wp[0] = pos;
+        }
+        __syncthreads();
+        const int win = wp[0];
+        if (tid == 0) {
+            ov[r] = win >= 0 ? sv[win] : 0.0f;
+            oi[r] = win >= 0 ? si[win] : -1;
+        }
+        __syncthreads();  // everyone has read wp[0] and the winner's slot before it is cleared
+        if (win >= 0 && win == mine) {
+            si[win] = -1;
+            rescan = true;
+        }
+        __syncthreads();
+    }
+}
