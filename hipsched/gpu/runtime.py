@@ -57,6 +57,9 @@ class Runtime(ABC):
     def device_info(self, index: int) -> DeviceInfo: ...
     @abstractmethod
     def set_device(self, index: int) -> None: ...
+    def current_device(self) -> int:
+        """Index of the device set_device chose (0 until then); bindings store it as `_device`."""
+        return getattr(self, "_device", 0)
     @abstractmethod
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes on the current device."""

@@ -1,0 +1,272 @@
+"""Runtime compilers: hiprtc (AMD code objects) and NVRTC (NVIDIA CUBIN/PTX), with no device needed.
+
+Both have the same C API shape (create program, compile with options, log, code, destroy) under
+different prefixes, so one class drives either through a small symbol table, as CuPy's
+_softlink does. ROCm 5.x hiprtc aborts the whole process (not an error code) for targets it does
+not know -- gfx11xx, gfx94x, misspelled names, or a feature flag the target lacks (gfx1030:xnack-):
+targets are therefore checked against an allow-list measured for that compiler version, and for a
+compiler version with no list the target is tried once in a child process before this process ever
+hands it to hiprtc."""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import threading
+
+from ..errors import GpuError
+from . import libs
+from .runtime import Compiler
+
+# ROCm 5.x (libamdhip64.so.5) hiprtc: base targets it compiles, and the target features each
+# accepts. Measured on libamdhip64.so.5.2.21153 by compiling a kernel for every combination in a
+# child process; anything else aborted the process.
+_HIPRTC_ROCM5_TARGETS = {
+    **{t: () for t in ("gfx700", "gfx701", "gfx802", "gfx803",
+                       "gfx805", "gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036")},
+    **{t: ("xnack",) for t in ("gfx801", "gfx810", "gfx900", "gfx902", "gfx904", "gfx909", "gfx90c",
+                               "gfx1010", "gfx1011", "gfx1012", "gfx1013")},
+    **{t: ("sramecc", "xnack") for t in ("gfx906", "gfx908", "gfx90a")},
+}
+
+_TARGET_RE = re.compile(r"^(gfx[0-9a-f]+)((?::[a-z]+[+-])*)$")
+_SM_RE = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
+
+
+def split_amd_target(arch: str) -> tuple[str, dict[str, str]]:
+    """"gfx90a:sramecc+:xnack-" -> ("gfx90a", {"sramecc": "+", "xnack": "-"}); GpuError if malformed."""
+    m = _TARGET_RE.match(arch or "")
+    if not m:
+        raise GpuError("unsupported", f"not an AMD target id: {arch!r} (expected e.g. gfx90a or gfx90a:xnack-)")
+    feats = {}
+    for part in filter(None, m.group(2).split(":")):
+        feats[part[:-1]] = part[-1]
+    return m.group(1), feats
+
+
+def canonical_amd_target(arch: str) -> str:
+    """Target id with features in LLVM's canonical (alphabetical) order."""
+    base, feats = split_amd_target(arch)
+    return base + "".join(f":{k}{v}" for k, v in sorted(feats.items()))
+
+
+def platform_of(arch: str) -> str:
+    """"amd" for gfx targets, "nvidia" for sm_/compute_ targets; GpuError otherwise."""
+    if (arch or "").startswith("gfx"):
+        return "amd"
+    if _SM_RE.match(arch or ""):
+        return "nvidia"
+    raise GpuError("unsupported", f"unknown GPU target {arch!r} (expected gfxNNN[:feature±] or sm_NN)")
+
+
+class _RtcCompiler(Compiler):
+    """hiprtc or NVRTC through ctypes. Subclasses give the library kind and the symbol table."""
+
+    library_kind: str
+    prefix: str                  # "hiprtc" | "nvrtc"
+    default_options: tuple[str, ...] = ()
+
+    def __init__(self):
+        self._lib, self.library_path = libs.open_library(self.library_kind)  # LibraryNotFound if absent
+        self._lock = threading.Lock()
+        self._version = None
+        sym = self._sym
+        sym("GetErrorString").restype = ctypes.c_char_p
+        sym("GetErrorString").argtypes = [ctypes.c_int]
+        sym("CreateProgram").argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p,
+                                         ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        sym("CompileProgram").argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        sym("DestroyProgram").argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        for name in ("GetProgramLogSize",) + self._code_symbols(False)[:1] + self._code_symbols(True)[:1]:
+            sym(name).argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        for name in ("GetProgramLog",) + self._code_symbols(False)[1:] + self._code_symbols(True)[1:]:
+            sym(name).argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+    def _sym(self, name):
+        return getattr(self._lib, self.prefix + name)
+
+    def _check(self, status: int, what: str):
+        if status != 0:
+            err = self._sym("GetErrorString")(status)
+            name = err.decode(errors="replace") if err else f"{self.prefix} error {status}"
+            raise GpuError("compile", f"{self.prefix}{what} failed: {name} ({status})", name=name)
+
+    def version(self) -> str:
+        if self._version is None:
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            self._check(self._sym("Version")(ctypes.byref(major), ctypes.byref(minor)), "Version")
+            # The library file name carries the release (libamdhip64.so.5.2.21153) where the
+            # reported version does not (ROCm 5.2 hiprtc says 9.0).
+            self._version = f"{self.prefix} {major.value}.{minor.value} {os.path.basename(self.library_path)}"
+        return self._version
+
+    def _code_symbols(self, ptx: bool) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def _target_option(self, arch: str) -> str:
+        return f"--gpu-architecture={arch}"
+
+    def compile(self, source: str, name: str, arch: str, options: tuple[str, ...] = ()) -> bytes:
+        if not self.supports(arch):
+            raise GpuError("compile", f"{self.version()} cannot compile for {arch!r}: {self.why_unsupported(arch)}",
+                           name="unsupported-target")
+        arch = self.normalise_arch(arch)
+        opts = [self._target_option(arch), *self.default_options, *options]
+        c_opts = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        prog = ctypes.c_void_p()
+        with self._lock:  # ROCm 5.x hiprtc is not documented as thread safe; compiles are rare
+            self._check(self._sym("CreateProgram")(ctypes.byref(prog), source.encode(), name.encode(), 0, None,
+                                                   None), "CreateProgram")
+            try:
+                status = self._sym("CompileProgram")(prog, len(opts), c_opts)
+                log = self._log(prog)
+                if status != 0:
+                    err = self._sym("GetErrorString")(status)
+                    err_name = err.decode(errors="replace") if err else str(status)
+                    raise GpuError("compile", f"{self.prefix} failed to compile {name} for {arch} ({err_name}):\n"
+                                   f"{log.strip()}", name=err_name)
+                size_fn, get_fn = self._code_symbols(arch.startswith("compute_"))
+                n = ctypes.c_size_t()
+                self._check(self._sym(size_fn)(prog, ctypes.byref(n)), size_fn)
+                buf = ctypes.create_string_buffer(n.value)
+                self._check(self._sym(get_fn)(prog, buf), get_fn)
+                code = buf.raw[:n.value]
+            finally:
+                self._sym("DestroyProgram")(ctypes.byref(prog))
+        if not code:
+            raise GpuError("compile", f"{self.prefix} produced an empty code object for {name} ({arch})")
+        return code
+
+    def _log(self, prog) -> str:
+        n = ctypes.c_size_t()
+        if self._sym("GetProgramLogSize")(prog, ctypes.byref(n)) != 0 or n.value <= 1:
+            return ""
+        buf = ctypes.create_string_buffer(n.value)
+        self._sym("GetProgramLog")(prog, buf)
+        return buf.value.decode(errors="replace")
+
+    def normalise_arch(self, arch: str) -> str:
+        return arch
+
+    def why_unsupported(self, arch: str) -> str:
+        return "target not supported"
+
+
+class HiprtcCompiler(_RtcCompiler):
+    """HIP source -> AMD code object (HSACO) for a gfx target id."""
+
+    name = "hiprtc"
+    platform = "amd"
+    library_kind = "hiprtc"
+    prefix = "hiprtc"
+    default_options = ("-O3",)
+
+    def __init__(self):
+        super().__init__()
+        self._probed: dict[str, bool] = {}
+
+    def _code_symbols(self, ptx):
+        return ("GetCodeSize", "GetCode")
+
+    def normalise_arch(self, arch):
+        return canonical_amd_target(arch)
+
+    def _allow_list(self):
+        # Only the ROCm 5.x library was measured; later releases are probed per target instead.
+        return _HIPRTC_ROCM5_TARGETS if ".so.5" in os.path.basename(self.library_path) else None
+
+    def why_unsupported(self, arch):
+        try:
+            base, feats = split_amd_target(arch)
+        except GpuError as e:
+            return str(e)
+        allowed = self._allow_list()
+        if allowed is None:
+            return "a trial compile in a child process failed (this hiprtc would abort on it)"
+        if base not in allowed:
+            return (f"{base} is not a target this hiprtc knows (it would abort the process); known: "
+                    f"{', '.join(sorted(allowed, key=lambda t: (len(t), t)))}")
+        bad = sorted(set(feats) - set(allowed[base]))
+        return f"{base} has no target feature {', '.join(bad)} (allowed: {', '.join(allowed[base]) or 'none'})"
+
+    def supports(self, arch: str) -> bool:
+        try:
+            base, feats = split_amd_target(arch)
+        except GpuError:
+            return False
+        allowed = self._allow_list()
+        if allowed is not None:
+            return base in allowed and set(feats) <= set(allowed[base])
+        arch = canonical_amd_target(arch)
+        if arch not in self._probed:
+            self._probed[arch] = _probe_in_child(arch)
+        return self._probed[arch]
+
+
+class NvrtcCompiler(_RtcCompiler):
+    """The same HIP source (through src_c/hip/prelude.h) -> CUBIN for sm_NN, or PTX for compute_NN."""
+
+    name = "nvrtc"
+    platform = "nvidia"
+    library_kind = "nvrtc"
+    prefix = "nvrtc"
+    # NVRTC rejects -O3 (it optimises by default); the prelude needs C++17.
+    default_options = ("--std=c++17",)
+
+    def _code_symbols(self, ptx):
+        return ("GetPTXSize", "GetPTX") if ptx else ("GetCUBINSize", "GetCUBIN")
+
+    def supported_archs(self) -> list[int]:
+        n = ctypes.c_int()
+        if self._sym("GetNumSupportedArchs")(ctypes.byref(n)) != 0:
+            return []
+        arr = (ctypes.c_int * n.value)()
+        self._sym("GetSupportedArchs")(arr)
+        return list(arr)
+
+    def supports(self, arch: str) -> bool:
+        m = _SM_RE.match(arch or "")
+        return bool(m) and int(m.group(2)) in self.supported_archs()
+
+    def why_unsupported(self, arch):
+        return f"this NVRTC supports sm_/compute_ {', '.join(map(str, self.supported_archs()))}"
+
+
+_PROBE = """
+import sys
+from hipsched.gpu.compilers import HiprtcCompiler
+c = HiprtcCompiler()
+c.supports = lambda arch: True
+c.compile('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }', "probe.hip", sys.argv[1])
+"""
+
+
+def _probe_in_child(arch: str) -> bool:
+    """Compile a one-line kernel for `arch` in a child process: True if it neither failed nor aborted."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE, arch], capture_output=True, timeout=120, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0
+
+
+_compilers: dict[str, Compiler] = {}
+_compilers_lock = threading.Lock()
+
+
+def get_compiler(target: str) -> Compiler:
+    """The compiler for a platform ("amd" | "nvidia") or a target (gfx90a, sm_90). Works with no GPU.
+    Raises GpuError(kind="unavailable") naming the missing library."""
+    platform = target if target in ("amd", "nvidia") else platform_of(target)
+    with _compilers_lock:
+        if platform not in _compilers:
+            cls = HiprtcCompiler if platform == "amd" else NvrtcCompiler
+            try:
+                _compilers[platform] = cls()
+            except (libs.LibraryNotFound, AttributeError) as e:
+                raise GpuError("unavailable", f"{cls.name} not available: {e}", name=f"{cls.name}-missing") from None
+        return _compilers[platform]

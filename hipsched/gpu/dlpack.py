@@ -1,0 +1,145 @@
+"""DLPack capsules through ctypes: producing a `dltensor` capsule for a device pointer and consuming
+one from another library (CuPy, PyTorch, JAX). Only the legacy unversioned DLManagedTensor is spoken,
+which every producer still accepts when `max_version` is not passed."""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from ..errors import GpuError
+
+kDLCPU, kDLCUDA, kDLCUDAHost, kDLROCM, kDLROCMHost, kDLCUDAManaged = 1, 2, 3, 10, 11, 13
+GPU_DEVICE_TYPES = (kDLCUDA, kDLROCM, kDLCUDAManaged)
+_CODE = {"i": 0, "u": 1, "f": 2, "b": 6, "c": 5}   # numpy kind -> DLDataTypeCode (kDLBool = 6)
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# Raw-pointer variants for the capsule destructor: the capsule is being deallocated there, and
+# wrapping it in a py_object would resurrect it (incref/decref) and free it twice.
+_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
+_raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+
+# Capsule names must outlive every capsule: module-level constants.
+_NAME = ctypes.c_char_p(b"dltensor")
+_USED = ctypes.c_char_p(b"used_dltensor")
+
+# Exported tensors alive in other libraries: address of the DLManagedTensor -> (struct, owner).
+_exported: dict[int, tuple] = {}
+_exported_lock = threading.Lock()
+
+
+@_Deleter
+def _deleter(managed):
+    with _exported_lock:
+        _exported.pop(ctypes.cast(managed, ctypes.c_void_p).value, None)
+
+
+def _capsule_destructor_impl(capsule_ptr):
+    # Called when our capsule dies. Consumed capsules were renamed "used_dltensor" and the consumer
+    # calls the deleter itself; an unconsumed one still owns its tensor, so release it here.
+    if _raw_is_valid(capsule_ptr, _NAME):
+        addr = _raw_get_pointer(capsule_ptr, _NAME)
+        with _exported_lock:
+            _exported.pop(addr, None)
+
+
+_capsule_destructor = _CapsuleDestructor(_capsule_destructor_impl)
+
+
+def dl_dtype(dtype: np.dtype) -> DLDataType:
+    dtype = np.dtype(dtype)
+    if dtype.kind not in _CODE:
+        raise GpuError("unsupported", f"dtype {dtype} has no DLPack type code")
+    return DLDataType(_CODE[dtype.kind], dtype.itemsize * 8, 1)
+
+
+def np_dtype(t: DLDataType) -> np.dtype:
+    kinds = {v: k for k, v in _CODE.items()}
+    if t.lanes != 1 or t.code not in kinds:
+        raise GpuError("unsupported", f"DLPack dtype (code={t.code}, bits={t.bits}, lanes={t.lanes}) not supported")
+    return np.dtype("?" if t.code == 6 else f"{kinds[t.code]}{t.bits // 8}")
+
+
+def make_capsule(ptr: int, shape, strides_elems, dtype, device: tuple[int, int], owner):
+    """A `dltensor` capsule viewing `ptr`; `owner` is kept alive until the consumer's deleter runs."""
+    ndim = len(shape)
+    shape_arr = (ctypes.c_int64 * max(ndim, 1))(*shape)
+    strides_arr = (ctypes.c_int64 * max(ndim, 1))(*strides_elems) if strides_elems is not None else None
+    m = DLManagedTensor()
+    m.dl_tensor.data = ptr
+    m.dl_tensor.device = DLDevice(*device)
+    m.dl_tensor.ndim = ndim
+    m.dl_tensor.dtype = dl_dtype(dtype)
+    m.dl_tensor.shape = shape_arr
+    m.dl_tensor.strides = strides_arr
+    m.dl_tensor.byte_offset = 0
+    m.manager_ctx = None
+    m.deleter = _deleter
+    addr = ctypes.addressof(m)
+    with _exported_lock:
+        _exported[addr] = (m, shape_arr, strides_arr, owner)
+    return _api.PyCapsule_New(addr, _NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+
+
+class ConsumedTensor:
+    """A DLPack tensor taken from a producer: its fields, plus the producer's deleter run on release."""
+
+    def __init__(self, capsule):
+        if not _api.PyCapsule_IsValid(capsule, _NAME):
+            raise GpuError("unsupported", "object is not an unconsumed DLPack 'dltensor' capsule")
+        addr = _api.PyCapsule_GetPointer(capsule, _NAME)
+        self._managed = ctypes.cast(addr, ctypes.POINTER(DLManagedTensor))
+        t = self._managed.contents.dl_tensor
+        self.device = (t.device.device_type, t.device.device_id)
+        self.dtype = np_dtype(t.dtype)
+        self.shape = tuple(t.shape[i] for i in range(t.ndim))
+        self.strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None   # in elements
+        self.ptr = (t.data or 0) + t.byte_offset
+        # From here on we own the tensor: the producer's capsule destructor must not free it.
+        _api.PyCapsule_SetName(capsule, _USED)
+        self._released = False
+
+    def release(self):
+        if not self._released:
+            self._released = True
+            deleter = self._managed.contents.deleter
+            if deleter:
+                deleter(self._managed)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass

@@ -1,0 +1,197 @@
+"""Kernel sources, the on-disk code-object cache and the in-process module cache.
+
+Sources are src_c/hip/*.hip (package data `hipsched.hip_src` once installed; the source tree when
+running in place), each with src_c/hip/prelude.h prepended so the same text compiles with hiprtc and
+NVRTC. Code objects are cached on disk keyed by everything that changes the binary (see
+`cache_key`); a short, corrupt or mismatched entry is a miss and is rewritten, never an error. Loaded
+modules are cached per (runtime, device, source) for the life of the process."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+import tempfile
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+from ..errors import GpuError
+
+FORMAT_VERSION = 1
+_MAGIC = b"HSCHKO01"
+_HEADER = struct.Struct("<8s32sQ32s")   # magic, key digest, payload length, payload sha256
+PRELUDE = "prelude.h"
+_KERNEL_RE = re.compile(r"(?:__global__|HS_KERNEL)\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(")
+
+
+def _source_dir():
+    """The directory holding the .hip files: the installed package data, else the source tree."""
+    try:
+        root = resources.files("hipsched.hip_src")
+        if any(p.name.endswith(".hip") for p in root.iterdir()):
+            return root
+    except (ModuleNotFoundError, FileNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "src_c" / "hip"
+
+
+def kernel_sources() -> dict[str, str]:
+    """{file name: prelude + source} for every src_c/hip/*.hip, sorted by name."""
+    root = _source_dir()
+    entries = {p.name: p for p in root.iterdir()} if root.is_dir() else {}
+    prelude = entries[PRELUDE].read_text() if PRELUDE in entries else ""
+    return {name: prelude + "\n#line 1 \"" + name + "\"\n" + entries[name].read_text()
+            for name in sorted(entries) if name.endswith(".hip")}
+
+
+def kernel_names(source: str) -> list[str]:
+    """The __global__ function names a source defines (they are extern "C", so these are the symbols)."""
+    return sorted(set(_KERNEL_RE.findall(source)))
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("HIPSCHED_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hipsched" / "kernels"
+
+
+def cache_key(compiler_name: str, compiler_version: str, arch: str, options, source: str) -> str:
+    """Hex digest over everything that can change the code object (the source includes the prelude)."""
+    h = hashlib.sha256()
+    for part in (str(FORMAT_VERSION), compiler_name, compiler_version, arch, "\x1f".join(options), source):
+        data = part.encode()
+        h.update(struct.pack("<Q", len(data)))   # length-prefixed so no two part lists collide
+        h.update(data)
+    return h.hexdigest()
+
+
+def read_entry(path: Path, key: str) -> bytes | None:
+    """The payload of a cache file, or None if it is missing, short, corrupt or for another key."""
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    if len(blob) < _HEADER.size:
+        return None
+    magic, digest, length, payload_sha = _HEADER.unpack_from(blob)
+    payload = blob[_HEADER.size:]
+    if (magic != _MAGIC or digest != bytes.fromhex(key) or length != len(payload)
+            or hashlib.sha256(payload).digest() != payload_sha):
+        return None
+    return payload
+
+
+def write_entry(path: Path, key: str, payload: bytes) -> None:
+    """Write atomically: a temp file in the same directory, then os.replace. Concurrent writers of the
+    same key each replace the file with a complete, identical entry; readers never see a partial one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = _HEADER.pack(_MAGIC, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest())
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".co")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header + payload)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class KernelCache:
+    """Compile-or-load code objects for one compiler, and load them as modules on a runtime.
+
+    `code_object` needs no device; `function` loads the module once per (device, source, options) and
+    returns the function handle for a launch."""
+
+    def __init__(self, compiler, cache_dir=None, sources: dict[str, str] | None = None):
+        self.compiler = compiler
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        self._sources = sources
+        self._lock = threading.RLock()
+        self._modules: dict[tuple, int] = {}
+        self._functions: dict[tuple, int] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def sources(self) -> dict[str, str]:
+        if self._sources is None:
+            self._sources = kernel_sources()
+        return self._sources
+
+    def source(self, source_name: str) -> str:
+        if source_name not in self.sources:
+            raise GpuError("compile", f"no kernel source {source_name!r} (have: {', '.join(self.sources) or 'none'})")
+        return self.sources[source_name]
+
+    def entry_path(self, key: str) -> Path:
+        return self.cache_dir / key[:2] / f"{key}.co"
+
+    def code_object(self, source_name: str, arch: str, options=()) -> bytes:
+        """The code object for `source_name` on `arch`: from disk when a valid entry exists, else
+        compiled and written. A cache directory that cannot be written only costs the disk cache."""
+        source = self.source(source_name)
+        options = tuple(options)
+        key = cache_key(self.compiler.name, self.compiler.version(), arch, options, source)
+        path = self.entry_path(key)
+        payload = read_entry(path, key)
+        if payload is not None:
+            self.hits += 1
+            return payload
+        self.misses += 1
+        payload = self.compiler.compile(source, source_name, arch, options)
+        try:
+            write_entry(path, key, payload)
+        except OSError:
+            pass
+        return payload
+
+    def function(self, runtime, source_name: str, kernel_name: str, options=()) -> int:
+        """Function handle for `kernel_name` in `source_name`, compiled for the runtime's current
+        device; the module is loaded once per (runtime, device, source, options)."""
+        device = runtime.current_device()
+        fkey = (id(runtime), device, source_name, tuple(options), kernel_name)
+        fn = self._functions.get(fkey)
+        if fn is not None:
+            return fn
+        with self._lock:
+            mkey = fkey[:4]
+            module = self._modules.get(mkey)
+            if module is None:
+                arch = runtime.device_info(device).arch
+                module = runtime.module_load(self.code_object(source_name, arch, options))
+                self._modules[mkey] = module
+            fn = runtime.module_function(module, kernel_name)
+            self._functions[fkey] = fn
+            return fn
+
+    def unload(self, runtime) -> None:
+        """Unload every module this cache loaded on `runtime` (at runtime shutdown)."""
+        with self._lock:
+            for mkey in [k for k in self._modules if k[0] == id(runtime)]:
+                try:
+                    runtime.module_unload(self._modules.pop(mkey))
+                except GpuError:
+                    pass
+            for fkey in [k for k in self._functions if k[0] == id(runtime)]:
+                del self._functions[fkey]
+
+
+def compile_all(compiler, arch: str, cache_dir=None, options=()) -> list[tuple]:
+    """Compile every kernel source for `arch` through the disk cache. Returns one row per source:
+    (source, kernel names, code-object bytes or the GpuError, seconds, compiler version)."""
+    cache = KernelCache(compiler, cache_dir)
+    rows = []
+    for name, text in cache.sources.items():
+        t0 = time.perf_counter()
+        try:
+            result = cache.code_object(name, arch, options)
+        except GpuError as e:
+            result = e
+        rows.append((name, kernel_names(text), result, time.perf_counter() - t0, compiler.version()))
+    return rows

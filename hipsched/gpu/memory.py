@@ -1,0 +1,372 @@
+"""Device memory: DeviceArray (CUDA Array Interface v3 and DLPack, both ways), host<->device helpers
+and the resident cache that keeps device copies of host arrays reused across calls."""
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from ..errors import GpuError
+from . import dlpack
+
+DEFAULT_RESIDENT_BYTES = 1 << 30
+
+
+def _runtime_or_default(runtime):
+    if runtime is not None:
+        return runtime
+    from .detect import get_runtime
+    rt = get_runtime()
+    if rt is None:
+        from .detect import unavailable_reason
+        raise GpuError("unavailable", f"no GPU runtime: {unavailable_reason()}", name="no-runtime")
+    return rt
+
+
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+def _is_c_contiguous(shape, strides_bytes, itemsize) -> bool:
+    if strides_bytes is None:
+        return True
+    expected = _c_strides(shape, itemsize)
+    # Strides of length-1 axes are meaningless (producers put anything there).
+    return all(n <= 1 or s == e for n, s, e in zip(shape, strides_bytes, expected))
+
+
+class _Allocation:
+    """Owns one device allocation; freed when the last DeviceArray viewing it goes."""
+
+    def __init__(self, runtime, nbytes: int):
+        self.runtime = runtime
+        self.nbytes = nbytes
+        self.ptr = runtime.malloc(nbytes) if nbytes else 0
+        fin = weakref.finalize(self, _free_quietly, runtime, self.ptr)
+        fin.atexit = False   # the runtime may be torn down first; the driver reclaims it at exit anyway
+
+
+def _free_quietly(runtime, ptr):
+    if ptr:
+        try:
+            runtime.free(ptr)
+        except Exception:
+            pass
+
+
+class DeviceArray:
+    """A C-contiguous (or explicitly strided) array in device memory.
+
+    `owner` keeps whatever backs `ptr` alive: an owned allocation (freed with the last reference), a
+    consumed DLPack tensor, or a foreign object such as a CuPy array. `stream` is the stream the data
+    was last written on (None: already complete); it is what __cuda_array_interface__ reports."""
+
+    def __init__(self, ptr, shape, dtype, runtime, owner=None, strides=None, stream=None, device=None):
+        self.ptr = int(ptr)
+        self.shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        self.dtype = np.dtype(dtype)
+        self.runtime = runtime
+        self.owner = owner
+        self.strides = tuple(int(s) for s in strides) if strides is not None else \
+            _c_strides(self.shape, self.dtype.itemsize)     # bytes, like NumPy
+        self.stream = stream
+        if device is None:
+            platform = getattr(runtime, "platform", "nvidia")
+            device = (dlpack.kDLROCM if platform == "amd" else dlpack.kDLCUDA,
+                      runtime.current_device() if runtime is not None else 0)
+        self.device = tuple(device)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def empty(cls, shape, dtype="float32", runtime=None, stream=None) -> "DeviceArray":
+        runtime = _runtime_or_default(runtime)
+        shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        alloc = _Allocation(runtime, nbytes)
+        return cls(alloc.ptr, shape, dtype, runtime, owner=alloc, stream=stream)
+
+    @classmethod
+    def from_external(cls, obj, runtime=None) -> "DeviceArray":
+        """Zero-copy view of a GPU array from another library (CAI v2/v3 or DLPack); keeps `obj` alive.
+        Raises GpuError("unsupported") for host arrays and non-contiguous layouts."""
+        if isinstance(obj, DeviceArray):
+            return obj
+        cai = getattr(obj, "__cuda_array_interface__", None)
+        if cai is not None:
+            return cls._from_cai(obj, cai, runtime)
+        if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+            dev = tuple(obj.__dlpack_device__())
+            if dev[0] not in dlpack.GPU_DEVICE_TYPES:
+                raise GpuError("unsupported", f"DLPack object lives on device type {dev[0]}, not a GPU "
+                                              f"(use a host array instead)")
+            tensor = dlpack.ConsumedTensor(obj.__dlpack__())
+            return cls._checked(tensor.ptr, tensor.shape, tensor.dtype,
+                                None if tensor.strides is None else
+                                tuple(s * tensor.dtype.itemsize for s in tensor.strides),
+                                runtime, owner=(tensor, obj), stream=None, device=tensor.device)
+        raise GpuError("unsupported", f"{type(obj).__name__} exposes neither __cuda_array_interface__ nor "
+                                      f"DLPack on a GPU")
+
+    @classmethod
+    def _from_cai(cls, obj, cai, runtime):
+        if cai.get("version", 0) < 2:
+            raise GpuError("unsupported", "__cuda_array_interface__ version < 2 is not supported")
+        if cai.get("mask") is not None:
+            raise GpuError("unsupported", "masked __cuda_array_interface__ arrays are not supported")
+        dtype = np.dtype(cai["typestr"])
+        ptr = cai["data"][0] or 0
+        # CAI carries no device id: the array is taken to live on the runtime's current device.
+        return cls._checked(ptr, tuple(cai["shape"]), dtype, cai.get("strides"), runtime, owner=obj,
+                            stream=cai.get("stream"), device=None)
+
+    @classmethod
+    def _checked(cls, ptr, shape, dtype, strides_bytes, runtime, owner, stream, device):
+        if not _is_c_contiguous(shape, strides_bytes, dtype.itemsize):
+            raise GpuError("unsupported", f"non-contiguous device array (shape {tuple(shape)}, strides "
+                                          f"{tuple(strides_bytes)} bytes): make it contiguous first")
+        if runtime is None:
+            from .detect import get_runtime
+            runtime = get_runtime()
+        return cls(ptr, shape, dtype, runtime, owner=owner, stream=stream, device=device)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_c_contiguous(self) -> bool:
+        return _is_c_contiguous(self.shape, self.strides, self.itemsize)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d DeviceArray")
+        return self.shape[0]
+
+    def __repr__(self):
+        return (f"DeviceArray(shape={self.shape}, dtype={self.dtype}, ptr=0x{self.ptr:x}, "
+                f"device={self.device})")
+
+    def reshape(self, *shape) -> "DeviceArray":
+        """A view with another shape (same element count, contiguous only)."""
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        if -1 in shape:
+            known = int(np.prod([n for n in shape if n != -1], dtype=np.int64))
+            shape = tuple(self.size // max(known, 1) if n == -1 else n for n in shape)
+        if int(np.prod(shape, dtype=np.int64)) != self.size or not self.is_c_contiguous:
+            raise GpuError("unsupported", f"cannot reshape {self.shape} to {shape}")
+        return DeviceArray(self.ptr, shape, self.dtype, self.runtime, owner=self, stream=self.stream,
+                           device=self.device)
+
+    # ------------------------------------------------------------------ interop
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        # CAI v3: "stream" is the stream consumers must wait on before reading; None means the data
+        # is already complete. The null stream (0) is not allowed by the spec, so it maps to 1
+        # (the legacy default stream).
+        stream = self.stream
+        if stream == 0:
+            stream = 1
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False), "version": 3,
+                "strides": None if self.is_c_contiguous else self.strides, "stream": stream}
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError("DeviceArray.__dlpack__ does not copy")
+        if dl_device is not None and tuple(dl_device) != self.device:
+            raise BufferError(f"DeviceArray lives on {self.device}, cannot export to {tuple(dl_device)}")
+        # Make the data complete for a consumer on another stream: wait for ours to finish first.
+        if self.stream not in (None, 0) and stream not in (None, -1) and self.runtime is not None:
+            self.runtime.stream_synchronize(int(self.stream))
+        strides = None if self.is_c_contiguous else tuple(s // self.itemsize for s in self.strides)
+        return dlpack.make_capsule(self.ptr, self.shape, strides, self.dtype, self.device, owner=self)
+
+    # ------------------------------------------------------------------ copies
+    def get(self, stream=None) -> np.ndarray:
+        """Copy to a new host NumPy array (synchronous)."""
+        if not self.is_c_contiguous:
+            raise GpuError("unsupported", "cannot copy a non-contiguous DeviceArray to the host")
+        runtime = _runtime_or_default(self.runtime)
+        out = np.empty(self.shape, dtype=self.dtype)
+        if out.nbytes:
+            s = _stream_int(stream if stream is not None else self.stream)
+            runtime.memcpy_dtoh(out.ctypes.data, self.ptr, out.nbytes, s)
+            runtime.stream_synchronize(s)
+        return out
+
+    def set(self, host: np.ndarray, stream=None) -> None:
+        """Overwrite with the contents of a host array of the same shape and dtype (synchronous)."""
+        host = np.ascontiguousarray(host, dtype=self.dtype)
+        if host.shape != self.shape:
+            raise GpuError("unsupported", f"shape {host.shape} does not match DeviceArray {self.shape}")
+        runtime = _runtime_or_default(self.runtime)
+        s = _stream_int(stream if stream is not None else self.stream)
+        if host.nbytes:
+            runtime.memcpy_htod(self.ptr, host.ctypes.data, host.nbytes, s)
+            runtime.stream_synchronize(s)
+
+
+def _stream_int(stream) -> int:
+    from .streams import as_stream_handle
+    return as_stream_handle(stream)
+
+
+def to_device(np_array, runtime=None, stream=0, dtype=None) -> DeviceArray:
+    """Copy a host array to a new device array (made C-contiguous first); returns when the copy is
+    done, so the host array may change afterwards."""
+    runtime = _runtime_or_default(runtime)
+    host = np.ascontiguousarray(np_array, dtype=dtype)
+    out = DeviceArray.empty(host.shape, host.dtype, runtime)
+    s = _stream_int(stream)
+    if host.nbytes:
+        runtime.memcpy_htod(out.ptr, host.ctypes.data, host.nbytes, s)
+        runtime.stream_synchronize(s)
+    return out
+
+
+def to_host(x) -> np.ndarray:
+    """NumPy view/copy of anything: host arrays pass through, device arrays are copied back."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, DeviceArray):
+        return x.get()
+    if hasattr(x, "__cuda_array_interface__") or (hasattr(x, "__dlpack_device__") and
+                                                   tuple(x.__dlpack_device__())[0] in dlpack.GPU_DEVICE_TYPES):
+        return DeviceArray.from_external(x).get()
+    return np.asarray(x)
+
+
+def is_device_array(x) -> bool:
+    """True for DeviceArray and for foreign GPU arrays (CAI, or DLPack on a GPU device)."""
+    if isinstance(x, DeviceArray) or hasattr(x, "__cuda_array_interface__"):
+        return True
+    try:
+        return hasattr(x, "__dlpack_device__") and tuple(x.__dlpack_device__())[0] in dlpack.GPU_DEVICE_TYPES
+    except Exception:
+        return False
+
+
+_SAMPLES = 256
+
+
+def fingerprint(arr: np.ndarray) -> tuple:
+    """Cheap version stamp of a host array: data pointer, shape, dtype, strides and a hash of up to
+    256 evenly spaced elements plus the last one. Detects reallocation, reshaping and most bulk
+    rewrites; it cannot see an in-place change confined to elements between the samples."""
+    flat = arr.reshape(-1) if arr.flags.c_contiguous else np.ravel(arr)
+    step = max(1, flat.size // _SAMPLES)
+    sample = flat[::step][:_SAMPLES].tobytes() + (flat[-1:].tobytes() if flat.size else b"")
+    return (arr.ctypes.data, arr.shape, arr.dtype.str, arr.strides, hash(sample))
+
+
+class ResidentCache:
+    """Device copies of host arrays reused across calls (a search corpus, weights), LRU by bytes.
+
+    A hit needs the very same host object (checked through a weak reference, so a recycled id() can
+    never hit) with an unchanged `fingerprint`. Entries go when the host array is garbage collected,
+    on `invalidate(arr)`, or when evicted to stay under `max_bytes` (HIPSCHED_RESIDENT_BYTES)."""
+
+    def __init__(self, runtime, max_bytes: int | None = None):
+        self.runtime = runtime
+        if max_bytes is None:
+            max_bytes = int(os.environ.get("HIPSCHED_RESIDENT_BYTES", DEFAULT_RESIDENT_BYTES))
+        self.max_bytes = int(max_bytes)
+        self._entries: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def _lookup(self, host: np.ndarray):
+        entry = self._entries.get(id(host))
+        if entry is None:
+            return None
+        ref, stamp, dev = entry
+        if ref() is not host or stamp != fingerprint(host):
+            self._drop(id(host))
+            return None
+        return dev
+
+    def is_resident(self, host) -> bool:
+        """True when `get(host)` would reuse a device copy (no transfer)."""
+        if not isinstance(host, np.ndarray):
+            return False
+        with self._lock:
+            return self._lookup(host) is not None
+
+    def get(self, host: np.ndarray, stream=0) -> DeviceArray:
+        """The device copy of `host`: reused if resident and unchanged, else uploaded (and kept if it
+        fits in max_bytes)."""
+        with self._lock:
+            dev = self._lookup(host)
+            if dev is not None:
+                self._entries.move_to_end(id(host))
+                self.hits += 1
+                return dev
+        self.misses += 1
+        dev = to_device(host, self.runtime, stream)
+        if dev.nbytes > self.max_bytes or not host.flags.c_contiguous:
+            return dev
+        try:
+            ref = weakref.ref(host, self._on_collect(id(host)))
+        except TypeError:   # objects without weakref support are never cached
+            return dev
+        with self._lock:
+            self._drop(id(host))
+            while self._entries and self.bytes + dev.nbytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
+            self._entries[id(host)] = (ref, fingerprint(host), dev)
+            self.bytes += dev.nbytes
+        return dev
+
+    def _on_collect(self, key):
+        this = weakref.ref(self)
+
+        def callback(ref):
+            cache = this()
+            if cache is not None:
+                with cache._lock:
+                    entry = cache._entries.get(key)
+                    if entry is not None and entry[0] is ref:
+                        cache._drop(key)
+        return callback
+
+    def _drop(self, key):
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry[2].nbytes
+
+    def invalidate(self, host) -> None:
+        with self._lock:
+            self._drop(id(host))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
+
+    def __len__(self):
+        return len(self._entries)
