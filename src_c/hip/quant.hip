@@ -1,0 +1,234 @@
+// GGUF block-quantized weights on the GPU: dequantize, matrix-vector and matrix-matrix products.
+//
+// Layouts (ggml, blocks of 32 along each row of a (n, k) matrix, rows of k/32 blocks, no padding):
+//   Q8_0: fp16 d, then 32 int8 q             (34 bytes)  value = q * d
+//   Q4_0: fp16 d, then 16 bytes of nibbles   (18 bytes)  element j = low nibble of byte j,
+//                                                         element j+16 = high nibble; value = (q - 8) * d
+// Blocks are 34/18 bytes, so a block (and its fp16 scale) is only 2-byte aligned: everything below
+// reads 16-bit words and converts the scale by hand, which is exact and identical on both vendors.
+// Products accumulate in fp32 against the float activations as given (x is never re-quantized).
+
+#define HSQ_Q8_BYTES 34
+#define HSQ_Q4_BYTES 18
+
+// IEEE half -> float, exact for every input (subnormals, inf, NaN included).
+HS_DEV float hsq_half(hs_u32 h) {
+    const hs_u32 sign = (h & 0x8000u) << 16;
+    const hs_u32 e = (h >> 10) & 0x1fu;
+    const hs_u32 m = h & 0x3ffu;
+    if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        const float f = (float)m * 5.9604644775390625e-8f;  // m * 2^-24
+        return sign ? -f : f;
+    }
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// Byte i (0..3) of w, which holds bytes already offset to unsigned (q + bias), as an exact float
+// minus `bias`. Int->float conversion runs at a quarter rate on NVIDIA, so there the byte is placed in
+// the mantissa of 2^23 (one PRMT) and the constant subtracted; AMD converts bytes at full rate.
+#ifdef HS_NVIDIA
+#define HSQ_BYTE_F(w, i, bias) (__uint_as_float(__byte_perm((w), 0x4B000000u, (i) | 0x7540)) - (8388608.0f + (bias)))
+#else
+#define HSQ_BYTE_F(w, i, bias) ((float)(((w) >> (8 * (i))) & 0xffu) - (bias))
+#endif
+
+// ------------------------------------------------------------------ dequantize
+
+// One thread per 4 outputs (a float4 store); 8 threads per block of 32.
+HS_KERNEL void hs_dequantize_q8_0(const hs_u16* __restrict__ src, float4* __restrict__ dst, hs_i64 nblocks) {
+    const hs_i64 total = nblocks * 8;
+    for (hs_i64 t = hs_gid(); t < total; t += hs_gstride()) {
+        const hs_u16* blk = src + (t >> 3) * (HSQ_Q8_BYTES / 2);
+        const int part = (int)(t & 7);
+        const float d = hsq_half(blk[0]);
+        const hs_u32 w = ((hs_u32)blk[1 + 2 * part] | ((hs_u32)blk[2 + 2 * part] << 16)) ^ 0x80808080u;
+        dst[t] = make_float4(HSQ_BYTE_F(w, 0, 128.0f) * d, HSQ_BYTE_F(w, 1, 128.0f) * d,
+                             HSQ_BYTE_F(w, 2, 128.0f) * d, HSQ_BYTE_F(w, 3, 128.0f) * d);
+    }
+}
+
+HS_KERNEL void hs_dequantize_q4_0(const hs_u16* __restrict__ src, float4* __restrict__ dst, hs_i64 nblocks) {
+    const hs_i64 total = nblocks * 8;
+    for (hs_i64 t = hs_gid(); t < total; t += hs_gstride()) {
+        const hs_u16* blk = src + (t >> 3) * (HSQ_Q4_BYTES / 2);
+        const int part = (int)(t & 7);            // outputs 4*part .. 4*part+3
+        const int word = 1 + 2 * (part & 3);      // bytes 4*(part&3) .. +3
+        const float d = hsq_half(blk[0]);
+        hs_u32 w = (hs_u32)blk[word] | ((hs_u32)blk[word + 1] << 16);
+        w = (part < 4 ? w : (w >> 4)) & 0x0f0f0f0fu;
+        dst[t] = make_float4(HSQ_BYTE_F(w, 0, 8.0f) * d, HSQ_BYTE_F(w, 1, 8.0f) * d,
+                             HSQ_BYTE_F(w, 2, 8.0f) * d, HSQ_BYTE_F(w, 3, 8.0f) * d);
+    }
+}
+
+// ------------------------------------------------------------------ matrix-vector
+
+// Dot product of one "unit" of a row with x: a half block (16 values) for Q8_0, a whole block for
+// Q4_0 (its two halves share the same 16 bytes). `xs` points at the unit's first x value, 16-byte aligned.
+HS_DEV float hsq_dot_q8_half(const hs_u16* blk, int half, const float4* xs) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const hs_u32 w = ((hs_u32)blk[1 + 8 * half + 2 * i] | ((hs_u32)blk[2 + 8 * half + 2 * i] << 16)) ^ 0x80808080u;
+        const float4 xv = xs[i];
+        s += HSQ_BYTE_F(w, 0, 128.0f) * xv.x + HSQ_BYTE_F(w, 1, 128.0f) * xv.y +
+             HSQ_BYTE_F(w, 2, 128.0f) * xv.z + HSQ_BYTE_F(w, 3, 128.0f) * xv.w;
+    }
+    return s * hsq_half(blk[0]);
+}
+
+HS_DEV float hsq_dot_q4_block(const hs_u16* blk, const float4* xs) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const hs_u32 w = (hs_u32)blk[1 + 2 * i] | ((hs_u32)blk[2 + 2 * i] << 16);
+        const hs_u32 lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+        const float4 xl = xs[i], xh = xs[4 + i];
+        s += HSQ_BYTE_F(lo, 0, 8.0f) * xl.x + HSQ_BYTE_F(lo, 1, 8.0f) * xl.y +
+             HSQ_BYTE_F(lo, 2, 8.0f) * xl.z + HSQ_BYTE_F(lo, 3, 8.0f) * xl.w;
+        s += HSQ_BYTE_F(hi, 0, 8.0f) * xh.x + HSQ_BYTE_F(hi, 1, 8.0f) * xh.y +
+             HSQ_BYTE_F(hi, 2, 8.0f) * xh.z + HSQ_BYTE_F(hi, 3, 8.0f) * xh.w;
+    }
+    return s * hsq_half(blk[0]);
+}
+
+// y = W x, bandwidth bound: each warp owns HSQ_NR consecutive rows and its lanes stride over the row's
+// units, so a warp reads contiguous bytes and each x load serves HSQ_NR rows. x must be 16-byte aligned.
+#define HSQ_NR 2
+
+template <int Q8>
+HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                       hs_i64 n, hs_i64 k) {
+    const int lane = threadIdx.x % HS_WARP;
+    const hs_i64 row0 = ((hs_i64)blockIdx.x * (blockDim.x / HS_WARP) + threadIdx.x / HS_WARP) * HSQ_NR;
+    if (row0 >= n) return;
+    const hs_i64 nb = k / 32;
+    const hs_i64 bs = Q8 ? HSQ_Q8_BYTES : HSQ_Q4_BYTES;
+    const hs_i64 units = Q8 ? 2 * nb : nb;
+    const hs_i64 nrows = n - row0 < HSQ_NR ? n - row0 : HSQ_NR;
+    float acc[HSQ_NR];
+#pragma unroll
+    for (int r = 0; r < HSQ_NR; ++r) acc[r] = 0.0f;
+    for (hs_i64 u = lane; u < units; u += HS_WARP) {
+        const hs_i64 b = Q8 ? (u >> 1) : u;
+        const float4* xs = reinterpret_cast<const float4*>(x + (Q8 ? u * 16 : u * 32));
+#pragma unroll
+        for (int r = 0; r < HSQ_NR; ++r) {
+            if (r < nrows) {
+                const hs_u16* blk = reinterpret_cast<const hs_u16*>(w + ((row0 + r) * nb + b) * bs);
+                acc[r] += Q8 ? hsq_dot_q8_half(blk, (int)(u & 1), xs) : hsq_dot_q4_block(blk, xs);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < HSQ_NR; ++r) {
+        const float s = hs_warp_reduce<HsSum>(acc[r]);
+        if (lane == 0 && r < nrows) y[row0 + r] = s;
+    }
+}
+
+HS_KERNEL void hs_qmatvec_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                               hs_i64 n, hs_i64 k) {
+    hsq_matvec<1>(w, x, y, n, k);
+}
+
+HS_KERNEL void hs_qmatvec_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                               hs_i64 n, hs_i64 k) {
+    hsq_matvec<0>(w, x, y, n, k);
+}
+
+// ------------------------------------------------------------------ matrix-matrix
+
+// Y (n, m) = W (n, k) X (k, m), all row-major. A 64x64 output tile per block of 256 threads, k in steps
+// of one quant block: the W tile is dequantized into shared memory once and reused by 64 columns.
+// Thread (tr, tc) computes rows 4*tr..4*tr+3 and columns tc, tc+16, tc+32, tc+48 (strided so the
+// shared X reads of a warp hit 16 consecutive banks). Launch: grid (ceil(n/64), ceil(m/64)), block 256.
+#define HSQ_TM 64
+#define HSQ_TN 64
+
+template <int Q8>
+HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                       hs_i64 n, hs_i64 k, hs_i64 m) {
+    __shared__ float ws[32][HSQ_TM + 1];
+    __shared__ float xs[32][HSQ_TN];
+    const int tid = threadIdx.x;
+    const int tr = tid / 16, tc = tid % 16;
+    const hs_i64 r0 = (hs_i64)blockIdx.x * HSQ_TM, c0 = (hs_i64)blockIdx.y * HSQ_TN;
+    const hs_i64 nb = k / 32;
+    const hs_i64 bs = Q8 ? HSQ_Q8_BYTES : HSQ_Q4_BYTES;
+    // W loader: thread -> (row lr, eighth le of the block: elements 8*le .. 8*le+7)
+    const int lr = tid / 4, le = tid % 4;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (hs_i64 b = 0; b < nb; ++b) {
+        if (r0 + lr < n) {
+            const hs_u16* blk = reinterpret_cast<const hs_u16*>(w + ((r0 + lr) * nb + b) * bs);
+            const float d = hsq_half(blk[0]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                hs_u32 v;
+                if (Q8) {
+                    const int wd = 1 + 4 * le + 2 * h;
+                    v = ((hs_u32)blk[wd] | ((hs_u32)blk[wd + 1] << 16)) ^ 0x80808080u;
+                } else {
+                    const int wd = 1 + 4 * (le & 1) + 2 * h;   // bytes 8*(le&1)+4h .. +3
+                    v = (hs_u32)blk[wd] | ((hs_u32)blk[wd + 1] << 16);
+                    v = (le < 2 ? v : (v >> 4)) & 0x0f0f0f0fu;
+                }
+                const float bias = Q8 ? 128.0f : 8.0f;
+                ws[8 * le + 4 * h + 0][lr] = HSQ_BYTE_F(v, 0, bias) * d;
+                ws[8 * le + 4 * h + 1][lr] = HSQ_BYTE_F(v, 1, bias) * d;
+                ws[8 * le + 4 * h + 2][lr] = HSQ_BYTE_F(v, 2, bias) * d;
+                ws[8 * le + 4 * h + 3][lr] = HSQ_BYTE_F(v, 3, bias) * d;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ws[8 * le + e][lr] = 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int idx = tid + 256 * e;           // 2048 = 32 x 64 values, coalesced along columns
+            const int kk = idx / HSQ_TN, cc = idx % HSQ_TN;
+            xs[kk][cc] = (c0 + cc < m) ? x[(b * 32 + kk) * m + c0 + cc] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < 32; ++kk) {
+            float a[4], bv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = ws[kk][4 * tr + i];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) bv[j] = xs[kk][tc + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * bv[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const hs_i64 r = r0 + 4 * tr + i;
+        if (r >= n) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const hs_i64 c = c0 + tc + 16 * j;
+            if (c < m) y[r * m + c] = acc[i][j];
+        }
+    }
+}
+
+HS_KERNEL void hs_qmatmat_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                               hs_i64 n, hs_i64 k, hs_i64 m) {
+    hsq_matmat<1>(w, x, y, n, k, m);
+}
+
+HS_KERNEL void hs_qmatmat_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                               hs_i64 n, hs_i64 k, hs_i64 m) {
+    hsq_matmat<0>(w, x, y, n, k, m);
+}
