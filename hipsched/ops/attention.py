@@ -1,1 +1,51 @@
-"""attention ops: validation and work measures (see base.py)."""
+"""attention: scaled dot-product attention on (batch, heads, seq, head_dim) float32 arrays.
+
+    out[b, h, i] = sum_j softmax_j(scale * q[b, h, i] . k[b, h, j]) v[b, h, j]
+
+`scale` defaults to 1/sqrt(head_dim). With `causal=True` query i sees keys j <= i only, aligned at the
+top-left exactly as torch.nn.functional.scaled_dot_product_attention(is_causal=True), also when
+seq_q != seq_k; every query then sees key 0, so no row is fully masked. seq_k == 0 (no keys at all)
+gives zeros, as PyTorch does. NaN or inf in a row's scores propagates to that row's output as the formula
+gives it (NumPy-style); PyTorch's CPU flash kernel instead returns zeros for such rows.
+
+The CPU kernel (src_c/cpu/attention.inc) is tiled with an online softmax: its scratch is
+O(64 * (head_dim + 64)) floats per thread, never seq_q x seq_k. Results agree with a float64
+reference to about 1e-5 relative (float32 accumulation, an exp2 accurate to ~1e-7)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Call, as_f32, is_device_array, check_ndim, check_result_fits, finite_scalar, register, shape_mismatch
+
+OP = "attention"
+
+
+@register(OP)
+def prepare(q, k, v, causal=False, scale=None) -> Call:
+    q = as_f32(q, OP, "q")
+    k = as_f32(k, OP, "k")
+    v = as_f32(v, OP, "v")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_ndim(x, (4,), OP, name)
+    if tuple(k.shape) != tuple(v.shape):
+        raise shape_mismatch(OP, "k", k.shape, "v", v.shape, "k and v must both be (batch, heads, seq_k, head_dim)")
+    if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
+        raise shape_mismatch(OP, "q", q.shape, "k", k.shape,
+                             "batch, heads and head_dim must agree; only the sequence lengths may differ")
+    on_device = [is_device_array(x) for x in (q, k, v)]
+    if any(on_device) and not all(on_device):
+        raise TypeError(f"{OP}: q, k and v must all be host arrays or all be device arrays")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{OP}: causal must be a bool, got {causal!r}")
+    b, h, sq, d = (int(s) for s in q.shape)
+    sk = int(k.shape[2])
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    scale = finite_scalar(scale, OP, "scale")
+    check_result_fits(OP, b, h, sq, d)
+    return Call(OP, (q, k, v), {"causal": bool(causal), "scale": scale},
+                size=b * h * sq * sk * d,
+                nbytes=4 * (2 * b * h * sq * d + 2 * b * h * sk * d),
+                on_device=all(on_device))

@@ -1,0 +1,17 @@
+/* Scaled dot-product attention on contiguous float32 (batch*heads, seq, head_dim) slabs, tiled with an
+ * online softmax (flash attention): scratch is O(tile * (head_dim + tile)) per thread, never
+ * seq_q x seq_k. The public function picks its SIMD variant once (cpu_features.h) and splits
+ * (slab, query tile) work items over OpenMP threads; callers release the GIL. */
+#ifndef HS_ATTENTION_H
+#define HS_ATTENTION_H
+#include <stdint.h>
+
+/* Queries per work item: threads split (slab, query tile) pairs. */
+#define HS_ATTENTION_QTILE 64
+
+/* out[s, i, :] = sum_j softmax_j(scale * q[s, i, :] . k[s, j, :]) v[s, j, :] for s < slabs, i < seq_q,
+ * j < seq_k; with `causal`, query i sees keys j <= i only (top-left aligned, as PyTorch's is_causal).
+ * seq_k == 0 gives zeros. Returns 0, or -1 when the per-thread scratch could not be allocated. */
+int hs_attention_f32(const float *q, const float *k, const float *v, float *out, int64_t slabs,
+                     int64_t seq_q, int64_t seq_k, int64_t head_dim, float scale, int causal);
+#endif
