@@ -8,15 +8,9 @@ converts anything else into GpuError too, so the glue stays free of error handli
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
 
 import numpy as np
 
-from ..errors import GpuError
-
-# Default share of device memory the resident cache may hold when HIPSCHED_RESIDENT_BYTES is unset.
-_RESIDENT_SHARE = 0.25
 # Grid-stride kernels need only enough blocks to fill the device; more just adds scheduling work.
 _BLOCKS_PER_CU = 16
 
@@ -26,16 +20,6 @@ def _as_dim3(v) -> tuple[int, int, int]:
         return (int(v), 1, 1)
     t = tuple(int(x) for x in v)
     return (t + (1, 1, 1))[:3]
-
-
-def _resident_budget(total_memory: int) -> int:
-    env = os.environ.get("HIPSCHED_RESIDENT_BYTES")
-    if env:
-        try:
-            return max(0, int(float(env)))
-        except ValueError:
-            raise GpuError("unavailable", f"HIPSCHED_RESIDENT_BYTES={env!r} is not a byte count") from None
-    return int(total_memory * _RESIDENT_SHARE)
 
 
 class GpuContext:
@@ -52,23 +36,23 @@ class GpuContext:
         self.arch = self.device.arch
         self.platform = self.device.platform
         self.cache = KernelCache(rt.compiler, cache_dir=cache_dir)
-        budget = _resident_budget(self.device.total_memory) if resident_bytes is None else int(resident_bytes)
-        self.resident = ResidentCache(rt, budget)
-        self._functions: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
+        # resident_bytes None: HIPSCHED_RESIDENT_BYTES or the memory module's default
+        self.resident = ResidentCache(rt, resident_bytes)
+        self._blas = None
+        self._blas_tried = False
 
     # ------------------------------------------------------------------ kernels
     def function(self, source: str, kernel: str) -> int:
         """Function handle for `kernel` in src_c/hip/<source>.hip (compiled or loaded on first use)."""
-        key = (source, kernel)
-        fn = self._functions.get(key)
-        if fn is None:
-            with self._lock:
-                fn = self._functions.get(key)
-                if fn is None:
-                    fn = self.cache.function(self.rt, source, kernel)
-                    self._functions[key] = fn
-        return fn
+        return self.cache.function(self.rt, source, kernel)
+
+    def blas(self):
+        """The vendor BLAS (hipsched.gpu.blas.Blas) for this device, or None when none can be loaded."""
+        if not self._blas_tried:
+            from .blas import load_blas
+            self._blas = load_blas(self.platform)
+            self._blas_tried = True
+        return self._blas
 
     def blocks_for(self, n: int, block: int = 256) -> int:
         """Blocks for a grid-stride loop over n items: enough to fill every compute unit, no more."""
@@ -92,15 +76,7 @@ class GpuContext:
         """An uninitialised device array owned by hipsched (freed with its last reference)."""
         from .memory import DeviceArray
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        # A zero-byte malloc may return a null pointer; a real (tiny) allocation keeps .ptr meaningful.
-        ptr = self.rt.malloc(max(nbytes, 4))
-        try:
-            return DeviceArray(ptr, shape, dtype, self.rt, stream=stream)
-        except BaseException:
-            self.rt.free(ptr)
-            raise
+        return DeviceArray.empty(shape, dtype, runtime=self.rt, stream=stream)
 
     # ------------------------------------------------------------------ launches
     def launch(self, fn: int, grid, block, args, shared: int = 0, stream: int = 0) -> None:
@@ -129,3 +105,11 @@ class GpuContext:
 
     def synchronize(self, stream: int = 0) -> None:
         self.rt.stream_synchronize(int(stream or 0))
+
+    def close(self) -> None:
+        """Drop device copies, the BLAS handle and the loaded modules (the runtime stays usable)."""
+        self.resident.clear()
+        if self._blas is not None:
+            self._blas.close()
+            self._blas = None
+        self.cache.unload(self.rt)

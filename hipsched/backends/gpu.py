@@ -1,0 +1,220 @@
+"""GpuBackend: runs a validated Call on the GPU through the detected runtime and the compiled kernels.
+
+What the scheduler asks of it (capabilities, free memory, transfer volume) is answered without touching
+the device where possible. `run` maps the op to its launch glue `hipsched.gpu.ops_<family>.<op>(ctx,
+call, stream)` through GPU_IMPLS and turns ANY failure into GpuError, so the executor can always fall
+back to the CPU. Results come back where the inputs live: NumPy for host inputs, DeviceArray for device
+inputs. `create_gpu_backend` never raises: with no GPU the backend says so in `unavailable_reason`."""
+from __future__ import annotations
+
+import importlib
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from ..errors import GpuError
+
+# op -> (module under hipsched.gpu, function): the launch glue for each op
+GPU_IMPLS = {
+    "add": ("ops_basic", "add"),
+    "scale": ("ops_basic", "scale"),
+    "softmax": ("ops_basic", "softmax"),
+    "cosine_similarity": ("ops_basic", "cosine_similarity"),
+    "top_k": ("ops_basic", "top_k"),
+    "matmul": ("ops_basic", "matmul"),
+    "dequantize": ("ops_quant", "dequantize"),
+    "qmatmul": ("ops_quant", "qmatmul"),
+    "attention": ("ops_attention", "attention"),
+    "spread_activation": ("ops_graph", "spread_activation"),
+}
+
+_QTYPES = ("q8_0", "q4_0")
+# op -> dtypes (Call.dtype) with a GPU path
+SUPPORTED_DTYPES = {op: ("float32",) for op in GPU_IMPLS}
+SUPPORTED_DTYPES.update(dequantize=_QTYPES, qmatmul=_QTYPES)
+
+# Largest Call.size per op. Every kernel indexes with 64 bits, so the practical limit is device memory,
+# which the scheduler checks separately through device_bytes_needed() and free_memory().
+MAX_ELEMENTS = {op: 2**62 for op in GPU_IMPLS}
+
+
+def _host_arrays(x):
+    """The host NumPy arrays a call argument would upload (QuantizedTensor -> its block bytes)."""
+    if isinstance(x, np.ndarray):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [a for item in x for a in _host_arrays(item)]
+    data = getattr(x, "data", None)
+    if isinstance(data, np.ndarray) and not hasattr(x, "__cuda_array_interface__"):
+        return [data]
+    return []
+
+
+def _config_value(config, name, default=None):
+    if config is None:
+        return default
+    if isinstance(config, dict):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def _no_runtime_reason() -> str:
+    try:
+        from ..gpu import detect
+        attempts = detect.attempts()
+        reasons = [f"{a.name}: {a.reason}" for a in attempts if not a.ok]
+        return "; ".join(reasons) or "no GPU runtime was selected"
+    except Exception as e:  # the detection layer itself is broken: still report, never raise
+        return f"GPU detection failed: {type(e).__name__}: {e}"
+
+
+class GpuBackend:
+    name = "gpu"
+
+    def __init__(self, config=None):
+        self.available = False
+        self.unavailable_reason: str | None = None
+        self.runtime_name: str | None = None
+        self.device_name: str | None = None
+        self.device_arch: str | None = None
+        self._ctx = None
+        self._fns = {}
+        self._lock = threading.Lock()
+        try:
+            from ..gpu import detect
+            rt = detect.get_runtime()
+            if rt is None:
+                self.unavailable_reason = _no_runtime_reason()
+                return
+            from ..gpu.context import GpuContext
+            self._ctx = GpuContext(rt, device_index=int(_config_value(config, "gpu_device_id", 0) or 0),
+                                   cache_dir=_config_value(config, "cache_dir"),
+                                   resident_bytes=_config_value(config, "resident_bytes"))
+            self.runtime_name = rt.name
+            self.device_name = self._ctx.device.name
+            self.device_arch = self._ctx.device.arch
+            if not rt.compiler.supports(self.device_arch):
+                why = getattr(rt.compiler, "why_unsupported", lambda a: f"{rt.compiler.name} cannot target {a}")
+                self.unavailable_reason = why(self.device_arch)
+                return
+            self.available = True
+        except Exception as e:
+            self.available = False
+            self.unavailable_reason = f"GPU initialisation failed: {type(e).__name__}: {e}"
+
+    # ------------------------------------------------------------------ capabilities
+    def supports(self, op: str, dtype: str) -> bool:
+        """Whether op with this Call.dtype has a GPU path (a table; availability is `available`)."""
+        return dtype in SUPPORTED_DTYPES.get(op, ())
+
+    def max_elements(self, op: str) -> int:
+        return MAX_ELEMENTS.get(op, 0)
+
+    def free_memory(self) -> int:
+        if not self.available:
+            return 0
+        try:
+            return int(self._ctx.rt.mem_info()[0])
+        except Exception:
+            return 0
+
+    def device_bytes_needed(self, call) -> int:
+        """Inputs + outputs (call.nbytes) plus the scratch an op allocates on the device."""
+        extra = 0
+        if call.op in ("cosine_similarity", "top_k") and len(call.args) >= 2:
+            q, T = call.args[0], call.args[1]
+            m = 1 if len(q.shape) == 1 else q.shape[0]
+            extra = 4 * m  # query norms
+            if call.op == "top_k":
+                extra += 4 * m * T.shape[0] * 2 + 12 * m * T.shape[0]  # scores + first-pass partials (bound)
+        return int(call.nbytes) + extra
+
+    def transfer_bytes(self, call) -> tuple[int, int]:
+        """(host->device, device->host) bytes this call copies: inputs not already resident, outputs."""
+        if call.on_device:
+            return (0, 0)
+        arrays = _host_arrays(call.args)
+        total_in = sum(a.nbytes for a in arrays)
+        resident = self._ctx.resident if self.available else None
+        h2d = sum(a.nbytes for a in arrays if resident is None or not resident.is_resident(a))
+        return (int(h2d), int(max(0, call.nbytes - total_in)))
+
+    # ------------------------------------------------------------------ running
+    def _impl(self, op):
+        fn = self._fns.get(op)
+        if fn is None:
+            if op not in GPU_IMPLS:
+                raise GpuError("unsupported", f"no GPU implementation of {op!r}")
+            module, name = GPU_IMPLS[op]
+            try:
+                fn = getattr(importlib.import_module(f"hipsched.gpu.{module}"), name)
+            except (ImportError, AttributeError) as e:
+                raise GpuError("unsupported", f"GPU glue for {op!r} cannot load: {e}") from e
+            self._fns[op] = fn
+        return fn
+
+    def run(self, call, stream=None):
+        if not self.available:
+            raise GpuError("unavailable", self.unavailable_reason or "no GPU")
+        try:
+            from ..gpu.streams import as_stream_handle
+            return self._impl(call.op)(self._ctx, call, as_stream_handle(stream))
+        except GpuError:
+            raise
+        except MemoryError as e:
+            raise GpuError("oom", f"{call.op} on the GPU: {e}") from e
+        except Exception as e:
+            raise GpuError("runtime", f"{call.op} on the GPU: {type(e).__name__}: {e}") from e
+
+    def measure_transfer(self, small: int = 4, large: int = 16 << 20, repeat: int = 7) -> dict:
+        """Latency (a `small`-byte copy) and bandwidth (a `large`-byte copy) each way, medians of
+        `repeat` synchronised copies from pageable host memory (what hipsched's uploads use)."""
+        if not self.available:
+            raise GpuError("unavailable", self.unavailable_reason or "no GPU")
+        try:
+            rt = self._ctx.rt
+            host = np.ones(large // 4, dtype=np.float32)
+            dev = self._ctx.empty(host.shape, np.float32, 0)
+
+            def timed(copy, nbytes):
+                times = []
+                for _ in range(repeat + 1):
+                    t = time.perf_counter()
+                    copy(nbytes)
+                    rt.stream_synchronize(0)
+                    times.append(time.perf_counter() - t)
+                return statistics.median(times[1:])  # the first copy warms up the path
+
+            def h2d(n): rt.memcpy_htod(dev.ptr, host.ctypes.data, n, 0)
+            def d2h(n): rt.memcpy_dtoh(host.ctypes.data, dev.ptr, n, 0)
+
+            result = {}
+            for name, fn in (("h2d", h2d), ("d2h", d2h)):
+                lat = timed(fn, small)
+                big = timed(fn, large)
+                result[f"{name}_latency_us"] = lat * 1e6
+                result[f"{name}_gbps"] = large / max(big - lat, 1e-9) / 1e9
+            return result
+        except GpuError:
+            raise
+        except Exception as e:
+            raise GpuError("runtime", f"measure_transfer: {type(e).__name__}: {e}") from e
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ctx is not None:
+                try:
+                    self._ctx.close()
+                except Exception:
+                    pass
+                self._ctx = None
+            self.available = False
+            if self.unavailable_reason is None:
+                self.unavailable_reason = "closed"
+
+
+def create_gpu_backend(config=None) -> GpuBackend:
+    """The GPU backend; never raises (available=False with unavailable_reason when there is no GPU)."""
+    return GpuBackend(config)  # __init__ turns every failure into unavailable_reason

@@ -1,0 +1,109 @@
+"""The vendor BLAS for matmul, through ctypes: hipBLAS or rocBLAS on AMD, cuBLAS on NVIDIA.
+
+All three share sgemm_strided_batched's argument list (handle, opA, opB, m, n, k, &alpha, A, lda,
+strideA, B, ldb, strideB, &beta, C, ldc, strideC, batch); only the symbol names and the "no transpose"
+constant differ, so one class serves them through a small table. They are column-major: a row-major
+C = A @ B is computed as the column-major C^T = B^T @ A^T, which reads the same memory with no copy.
+
+`load_blas(platform)` returns None when no library can be opened (the tiled kernel in matmul.hip then
+runs). HIPSCHED_BLAS=none forces that fallback; HIPSCHED_BLAS_LIBRARY names a library file to use."""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import threading
+
+from ..errors import GpuError
+
+# name -> (platform, library files, create, destroy, set_stream, sgemm_strided_batched, op_none)
+FLAVOURS = {
+    "hipblas": ("amd", ["libhipblas.so", "libhipblas.so.3", "libhipblas.so.2", "libhipblas.so.1", "libhipblas.so.0"],
+                "hipblasCreate", "hipblasDestroy", "hipblasSetStream", "hipblasSgemmStridedBatched", 111),
+    "rocblas": ("amd", ["librocblas.so", "librocblas.so.5", "librocblas.so.4", "librocblas.so.3", "librocblas.so.0"],
+                "rocblas_create_handle", "rocblas_destroy_handle", "rocblas_set_stream",
+                "rocblas_sgemm_strided_batched", 111),
+    "cublas": ("nvidia", ["libcublas.so", "libcublas.so.13", "libcublas.so.12", "libcublas.so.11"],
+               "cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSgemmStridedBatched", 0),
+}
+
+
+def _candidate_files(names, platform) -> list[str]:
+    roots = [os.environ.get("ROCM_PATH"), "/opt/rocm"] if platform == "amd" else \
+        [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    paths = []
+    for root in filter(None, roots):
+        paths += [os.path.join(root, sub, n) for sub in ("lib", "lib64") for n in names]
+    if platform == "nvidia":  # pip wheels: site-packages/nvidia/{cu13,cublas}/lib
+        for entry in sys.path:
+            for pattern in ("nvidia/cu*/lib/libcublas.so*", "nvidia/cublas/lib/libcublas.so*"):
+                paths += sorted((p for p in glob.glob(os.path.join(entry or ".", pattern)) if "Lt" not in p),
+                                reverse=True)
+    return paths + list(names)
+
+
+class Blas:
+    """One opened vendor BLAS with a handle bound to the current device."""
+
+    def __init__(self, flavour: str, lib: ctypes.CDLL, path: str):
+        self.flavour = flavour
+        self.path = path
+        _, _, create, destroy, set_stream, gemm, self._op_n = FLAVOURS[flavour]
+        self._lib = lib
+        self._destroy = getattr(lib, destroy)
+        self._set_stream = getattr(lib, set_stream)
+        self._set_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self._gemm = getattr(lib, gemm)
+        i, i64, p = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+        self._gemm.argtypes = [p, i, i, i, i, i, p, p, i, i64, p, i, i64, p, p, i, i64, i]
+        self._handle = ctypes.c_void_p()
+        self._check(getattr(lib, create)(ctypes.byref(self._handle)), create)
+        self._lock = threading.Lock()  # a handle's stream is shared state
+        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    def _check(self, status: int, what: str):
+        if status != 0:
+            kind = "oom" if (self.flavour == "cublas" and status == 3) else "launch"
+            raise GpuError(kind, f"{self.flavour} {what} returned status {status}", name=f"{self.flavour}_status_{status}")
+
+    def sgemm_rowmajor(self, a, b, c, M, N, K, batch=1, stride_a=0, stride_b=0, stride_c=0, stream=0):
+        """Row-major C (M, N) = A (M, K) @ B (K, N) for `batch` matrices at the given element strides
+        (0 broadcasts that operand); device pointers or objects with .ptr."""
+        if max(M, N, K, batch) >= 2**31:
+            raise GpuError("unsupported", f"{self.flavour}: {batch}x{M}x{N}x{K} exceeds 32-bit BLAS dimensions")
+        pa, pb, pc = (ctypes.c_void_p(int(getattr(x, "ptr", x))) for x in (a, b, c))
+        with self._lock:
+            self._check(self._set_stream(self._handle, ctypes.c_void_p(int(stream or 0))), "set_stream")
+            # column-major C^T (N x M) = B^T (N x K) @ A^T (K x M)
+            self._check(self._gemm(self._handle, self._op_n, self._op_n, N, M, K, ctypes.byref(self._alpha),
+                                   pb, N, stride_b, pa, K, stride_a, ctypes.byref(self._beta), pc, N,
+                                   stride_c or M * N, batch), "sgemm_strided_batched")
+
+    def close(self):
+        if self._handle:
+            try:
+                self._destroy(self._handle)
+            except Exception:
+                pass
+            self._handle = ctypes.c_void_p()
+
+
+def load_blas(platform: str, flavours=None) -> Blas | None:
+    """The first vendor BLAS for `platform` ("amd" | "nvidia") that opens and creates a handle, or None.
+    Call with the runtime's device current (the handle binds to it)."""
+    if os.environ.get("HIPSCHED_BLAS", "").lower() == "none":
+        return None
+    override = os.environ.get("HIPSCHED_BLAS_LIBRARY")
+    for flavour in flavours or [f for f, spec in FLAVOURS.items() if spec[0] == platform]:
+        plat, names = FLAVOURS[flavour][:2]
+        for path in ([override] if override else _candidate_files(names, plat)):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            try:
+                return Blas(flavour, lib, path)
+            except (AttributeError, GpuError):
+                break  # the library is there but unusable (wrong flavour or no device): try the next one
+    return None
