@@ -1,0 +1,333 @@
+"""ctypes bindings to the HIP runtime (libamdhip64) and the CUDA driver API (libcuda).
+
+The HIP module API mirrors the CUDA driver API argument for argument (hipModuleLoadData /
+cuModuleLoadData, hipModuleLaunchKernel / cuLaunchKernel, hipMemcpyHtoDAsync / cuMemcpyHtoDAsync_v2,
+...), so one class holds the one code path and each vendor is a symbol table. Every wrapper has the
+same shape: call, then one status check that turns a non-zero code into a GpuError carrying the
+runtime's own error name."""
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+
+from ..errors import GpuError
+from . import libs
+from .runtime import DeviceInfo, Runtime
+from .status import gpu_error
+
+c_void_p, c_size_t, c_int, c_uint, c_float, c_char_p = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                         ctypes.c_uint, ctypes.c_float, ctypes.c_char_p)
+P = ctypes.POINTER
+
+# canonical name -> (argtypes); the symbol tables below name the vendor function for each.
+SIGNATURES = {
+    "init": [c_uint],
+    "driver_version": [P(c_int)],
+    "device_count": [P(c_int)],
+    "device_name": [c_char_p, c_int, c_int],
+    "device_total_mem": [P(c_size_t), c_int],
+    "device_attribute": [P(c_int), c_int, c_int],
+    "mem_info": [P(c_size_t), P(c_size_t)],
+    "malloc": [P(c_void_p), c_size_t],
+    "free": [c_void_p],
+    "memcpy_htod": [c_void_p, c_void_p, c_size_t, c_void_p],
+    "memcpy_dtoh": [c_void_p, c_void_p, c_size_t, c_void_p],
+    "memcpy_dtod": [c_void_p, c_void_p, c_size_t, c_void_p],
+    "memset_d8": [c_void_p, ctypes.c_ubyte, c_size_t, c_void_p],
+    "stream_create": [P(c_void_p), c_uint],
+    "stream_destroy": [c_void_p],
+    "stream_synchronize": [c_void_p],
+    "stream_wait_event": [c_void_p, c_void_p, c_uint],
+    "event_create": [P(c_void_p), c_uint],
+    "event_destroy": [c_void_p],
+    "event_record": [c_void_p, c_void_p],
+    "event_synchronize": [c_void_p],
+    "event_elapsed": [P(c_float), c_void_p, c_void_p],
+    "synchronize": [],
+    "module_load": [P(c_void_p), c_char_p],
+    "module_unload": [c_void_p],
+    "module_function": [P(c_void_p), c_void_p, c_char_p],
+    "launch": [c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p, P(c_void_p),
+               P(c_void_p)],
+}
+
+HIP_SYMBOLS = {
+    "init": "hipInit", "driver_version": "hipDriverGetVersion", "device_count": "hipGetDeviceCount",
+    "device_name": "hipDeviceGetName", "device_total_mem": "hipDeviceTotalMem",
+    "device_attribute": "hipDeviceGetAttribute", "mem_info": "hipMemGetInfo", "malloc": "hipMalloc",
+    "free": "hipFree", "memcpy_htod": "hipMemcpyHtoDAsync", "memcpy_dtoh": "hipMemcpyDtoHAsync",
+    "memcpy_dtod": "hipMemcpyDtoDAsync", "memset_d8": "hipMemsetD8Async",
+    "stream_create": "hipStreamCreateWithFlags", "stream_destroy": "hipStreamDestroy",
+    "stream_synchronize": "hipStreamSynchronize", "stream_wait_event": "hipStreamWaitEvent",
+    "event_create": "hipEventCreateWithFlags", "event_destroy": "hipEventDestroy",
+    "event_record": "hipEventRecord", "event_synchronize": "hipEventSynchronize",
+    "event_elapsed": "hipEventElapsedTime", "synchronize": "hipDeviceSynchronize",
+    "module_load": "hipModuleLoadData", "module_unload": "hipModuleUnload",
+    "module_function": "hipModuleGetFunction", "launch": "hipModuleLaunchKernel",
+}
+
+CUDA_SYMBOLS = {
+    "init": "cuInit", "driver_version": "cuDriverGetVersion", "device_count": "cuDeviceGetCount",
+    "device_name": "cuDeviceGetName", "device_total_mem": "cuDeviceTotalMem_v2",
+    "device_attribute": "cuDeviceGetAttribute", "mem_info": "cuMemGetInfo_v2", "malloc": "cuMemAlloc_v2",
+    "free": "cuMemFree_v2", "memcpy_htod": "cuMemcpyHtoDAsync_v2", "memcpy_dtoh": "cuMemcpyDtoHAsync_v2",
+    "memcpy_dtod": "cuMemcpyDtoDAsync_v2", "memset_d8": "cuMemsetD8Async",
+    "stream_create": "cuStreamCreate", "stream_destroy": "cuStreamDestroy_v2",
+    "stream_synchronize": "cuStreamSynchronize", "stream_wait_event": "cuStreamWaitEvent",
+    "event_create": "cuEventCreate", "event_destroy": "cuEventDestroy_v2",
+    "event_record": "cuEventRecord", "event_synchronize": "cuEventSynchronize",
+    "event_elapsed": "cuEventElapsedTime", "synchronize": "cuCtxSynchronize",
+    "module_load": "cuModuleLoadData", "module_unload": "cuModuleUnload",
+    "module_function": "cuModuleGetFunction", "launch": "cuLaunchKernel",
+}
+
+# Device attributes (hipDeviceAttribute_t from ROCm's hip_runtime_api.h; CUdevice_attribute).
+HIP_ATTR = {"multiprocessors": 63, "warp_size": 87, "cc_major": 23, "cc_minor": 61}
+CUDA_ATTR = {"multiprocessors": 16, "warp_size": 10, "cc_major": 75, "cc_minor": 76}
+_STREAM_NON_BLOCKING = 1     # hipStreamNonBlocking == CU_STREAM_NON_BLOCKING
+_EVENT_DEFAULT = 0
+_GFX_RE = re.compile(rb"gfx[0-9a-f]+(?::[a-z]+[+-])*")
+
+
+class CtypesRuntime(Runtime):
+    """HIP or CUDA through ctypes. Construct with `CtypesRuntime("hip")` or `("cuda")`; the
+    constructor initialises the driver and raises GpuError(kind="unavailable") if there is no
+    library or no device."""
+
+    def __init__(self, vendor: str):
+        if vendor not in ("hip", "cuda"):
+            raise ValueError(f"vendor must be 'hip' or 'cuda', got {vendor!r}")
+        self.vendor = vendor
+        self.name = vendor
+        self.platform = "amd" if vendor == "hip" else "nvidia"
+        self._symbols = HIP_SYMBOLS if vendor == "hip" else CUDA_SYMBOLS
+        self._attr = HIP_ATTR if vendor == "hip" else CUDA_ATTR
+        try:
+            self._lib, self.library_path = libs.open_library(vendor)
+        except libs.LibraryNotFound as e:
+            raise GpuError("unavailable", str(e), name=f"{vendor}-library-missing") from None
+        self._fns = {}
+        for canon, symbol in self._symbols.items():
+            fn = getattr(self._lib, symbol, None)
+            if fn is None:
+                raise GpuError("unavailable", f"{self.library_path} lacks {symbol}", name="symbol-missing")
+            fn.restype = c_int
+            fn.argtypes = SIGNATURES[canon]
+            self._fns[canon] = fn
+        self._setup_error_names()
+        self._device = 0
+        self._contexts: dict[int, int] = {}
+        self._tls = threading.local()
+        self._compiler = None
+        self._infos: dict[int, DeviceInfo] = {}
+        if vendor == "hip":
+            self.device_count()   # says hipErrorNoDevice where hipInit would only say InvalidDevice
+        self._call("init", 0)
+        if self.device_count() < 1:
+            raise GpuError("unavailable", "no device", name="hipErrorNoDevice" if vendor == "hip" else
+                           "CUDA_ERROR_NO_DEVICE")
+        self.set_device(0)
+
+    # ------------------------------------------------------------------ plumbing
+    def _setup_error_names(self):
+        if self.vendor == "hip":
+            fn = self._lib.hipGetErrorName
+            fn.restype, fn.argtypes = c_char_p, [c_int]
+            self._error_name = lambda code: (fn(code) or b"").decode() or None
+        else:
+            fn = self._lib.cuGetErrorName
+            fn.restype, fn.argtypes = c_int, [c_int, P(c_char_p)]
+
+            def name(code):
+                out = c_char_p()
+                return out.value.decode() if fn(code, ctypes.byref(out)) == 0 and out.value else None
+            self._error_name = name
+
+    def _call(self, canon: str, *args):
+        status = self._fns[canon](*args)
+        if status != 0:
+            raise gpu_error(self._error_name(status), self._symbols[canon], status)
+
+    def _ctx(self):
+        # The CUDA driver API needs a current context per thread; HIP keeps the device per thread.
+        if getattr(self._tls, "device", None) == self._device:
+            return
+        if self.vendor == "cuda":
+            ctx = self._contexts.get(self._device)
+            if ctx is None:
+                dev, handle = c_int(), c_void_p()
+                self._raw("cuDeviceGet", [P(c_int), c_int], ctypes.byref(dev), self._device)
+                self._raw("cuDevicePrimaryCtxRetain", [P(c_void_p), c_int], ctypes.byref(handle), dev.value)
+                ctx = self._contexts[self._device] = handle.value
+            self._raw("cuCtxSetCurrent", [c_void_p], ctx)
+        else:
+            self._raw("hipSetDevice", [c_int], self._device)
+        self._tls.device = self._device
+
+    def _raw(self, symbol, argtypes, *args):
+        fn = getattr(self._lib, symbol)
+        fn.restype, fn.argtypes = c_int, argtypes
+        status = fn(*args)
+        if status != 0:
+            raise gpu_error(self._error_name(status), symbol, status)
+
+    @property
+    def compiler(self):
+        if self._compiler is None:
+            from .compilers import get_compiler
+            self._compiler = get_compiler(self.platform)
+        return self._compiler
+
+    # ------------------------------------------------------------------ devices
+    def device_count(self) -> int:
+        n = c_int()
+        self._call("device_count", ctypes.byref(n))
+        return n.value
+
+    def _device_handle(self, index):
+        if self.vendor == "cuda":
+            dev = c_int()
+            self._raw("cuDeviceGet", [P(c_int), c_int], ctypes.byref(dev), index)
+            return dev.value
+        return index
+
+    def _attribute(self, key, dev) -> int:
+        v = c_int()
+        self._call("device_attribute", ctypes.byref(v), self._attr[key], dev)
+        return v.value
+
+    def _amd_arch(self, index) -> str:
+        # hipDeviceProp_t changes layout between ROCm releases; its gcnArchName is the only "gfx..."
+        # string in it, so it is found by pattern rather than by offset.
+        buf = ctypes.create_string_buffer(16384)
+        for symbol in ("hipGetDevicePropertiesR0600", "hipGetDeviceProperties"):
+            if hasattr(self._lib, symbol):
+                self._raw(symbol, [c_void_p, c_int], buf, index)
+                m = _GFX_RE.search(buf.raw)
+                if m:
+                    return m.group(0).decode()
+        raise GpuError("runtime", "could not read the device's gfx architecture", name="no-arch")
+
+    def device_info(self, index: int) -> DeviceInfo:
+        if index in self._infos:
+            return self._infos[index]
+        dev = self._device_handle(index)
+        name = ctypes.create_string_buffer(256)
+        self._call("device_name", name, 256, dev)
+        total = c_size_t()
+        self._call("device_total_mem", ctypes.byref(total), dev)
+        if self.vendor == "cuda":
+            arch = f"sm_{self._attribute('cc_major', dev)}{self._attribute('cc_minor', dev)}"
+        else:
+            arch = self._amd_arch(index)
+        warp = 64 if arch.startswith("gfx9") or arch.startswith("gfx8") or arch.startswith("gfx7") else 32
+        info = DeviceInfo(index=index, name=name.value.decode(errors="replace"), arch=arch,
+                          total_memory=total.value, platform=self.platform, warp_size=warp,
+                          multiprocessors=self._attribute("multiprocessors", dev))
+        self._infos[index] = info
+        return info
+
+    def set_device(self, index: int) -> None:
+        if not 0 <= index < self.device_count():
+            raise GpuError("unavailable", f"device {index} does not exist", name="invalid-device")
+        self._device = index
+        self._tls.device = None
+        self._ctx()
+
+    def mem_info(self):
+        self._ctx()
+        free, total = c_size_t(), c_size_t()
+        self._call("mem_info", ctypes.byref(free), ctypes.byref(total))
+        return free.value, total.value
+
+    # ------------------------------------------------------------------ memory
+    def malloc(self, nbytes: int) -> int:
+        self._ctx()
+        ptr = c_void_p()
+        self._call("malloc", ctypes.byref(ptr), max(int(nbytes), 1))
+        return ptr.value or 0
+
+    def free(self, ptr: int) -> None:
+        self._ctx()
+        self._call("free", c_void_p(ptr))
+
+    def memcpy_htod(self, dst, src_host_ptr, nbytes, stream=0):
+        self._ctx()
+        self._call("memcpy_htod", c_void_p(dst), c_void_p(src_host_ptr), nbytes, c_void_p(stream))
+
+    def memcpy_dtoh(self, dst_host_ptr, src, nbytes, stream=0):
+        self._ctx()
+        self._call("memcpy_dtoh", c_void_p(dst_host_ptr), c_void_p(src), nbytes, c_void_p(stream))
+
+    def memcpy_dtod(self, dst, src, nbytes, stream=0):
+        self._ctx()
+        self._call("memcpy_dtod", c_void_p(dst), c_void_p(src), nbytes, c_void_p(stream))
+
+    def memset(self, dst, value, nbytes, stream=0):
+        self._ctx()
+        self._call("memset_d8", c_void_p(dst), value & 0xFF, nbytes, c_void_p(stream))
+
+    # ------------------------------------------------------------------ streams and events
+    def stream_create(self) -> int:
+        self._ctx()
+        s = c_void_p()
+        self._call("stream_create", ctypes.byref(s), _STREAM_NON_BLOCKING)
+        return s.value or 0
+
+    def stream_destroy(self, stream):
+        self._call("stream_destroy", c_void_p(stream))
+
+    def stream_synchronize(self, stream):
+        self._ctx()
+        self._call("stream_synchronize", c_void_p(stream))
+
+    def stream_wait_event(self, stream, event):
+        self._ctx()
+        self._call("stream_wait_event", c_void_p(stream), c_void_p(event), 0)
+
+    def event_create(self) -> int:
+        self._ctx()
+        e = c_void_p()
+        self._call("event_create", ctypes.byref(e), _EVENT_DEFAULT)
+        return e.value or 0
+
+    def event_destroy(self, event):
+        self._call("event_destroy", c_void_p(event))
+
+    def event_record(self, event, stream=0):
+        self._ctx()
+        self._call("event_record", c_void_p(event), c_void_p(stream))
+
+    def event_synchronize(self, event):
+        self._call("event_synchronize", c_void_p(event))
+
+    def event_elapsed_ms(self, start, end) -> float:
+        ms = c_float()
+        self._call("event_elapsed", ctypes.byref(ms), c_void_p(start), c_void_p(end))
+        return ms.value
+
+    def synchronize(self):
+        self._ctx()
+        self._call("synchronize")
+
+    # ------------------------------------------------------------------ modules and launches
+    def module_load(self, image: bytes) -> int:
+        self._ctx()
+        m = c_void_p()
+        self._call("module_load", ctypes.byref(m), image)
+        return m.value or 0
+
+    def module_unload(self, module):
+        self._ctx()
+        self._call("module_unload", c_void_p(module))
+
+    def module_function(self, module, name) -> int:
+        f = c_void_p()
+        self._call("module_function", ctypes.byref(f), c_void_p(module), name.encode())
+        return f.value or 0
+
+    def launch(self, function, grid, block, args, shared_bytes=0, stream=0):
+        self._ctx()
+        params = (c_void_p * max(len(args), 1))(*[ctypes.cast(ctypes.pointer(a), c_void_p) for a in args])
+        self._call("launch", c_void_p(function), *grid, *block, shared_bytes, c_void_p(stream), params, None)

@@ -1,0 +1,194 @@
+"""Runtime binding through AMD's hip-python (`from hip import hip`).
+
+hip-python returns a tuple (hipError_t, values...) from every call; `_unwrap` is the one place that
+checks the error and unpacks the values, turning handles (its Pointer types) into plain ints. Kernel
+compilation goes through hipsched.gpu.compilers.HiprtcCompiler (ctypes on the same hiprtc library),
+so the target allow-list that keeps ROCm 5.x hiprtc from aborting the process is shared with the
+ctypes binding; for hip-python's own hiprtc module, `point_hiprtc_at` does the ROCm 5.x library fix."""
+from __future__ import annotations
+
+import ctypes
+
+from ..errors import GpuError
+from .runtime import DeviceInfo, Runtime
+from .status import gpu_error
+
+_STREAM_NON_BLOCKING = 1
+
+
+def _import_hip():
+    try:
+        from hip import hip
+    except Exception as e:   # ImportError, or a broken install raising anything at import
+        raise GpuError("unavailable", f"hip-python not importable: {e}", name="hip-python-missing") from None
+    return hip
+
+
+def point_hiprtc_at(library_path: str) -> None:
+    """Make hip-python's hiprtc module load `library_path` (ROCm 5.x keeps hiprtc inside
+    libamdhip64.so.5, where hip-python looks for libhiprtc.so). Must run before its first hiprtc call.
+    Older hip-python exposes `hip.chiprtc.DLL`; newer resolves paths in rocm.bindings.util.paths."""
+    try:
+        import hip as hip_pkg
+        chiprtc = getattr(hip_pkg, "chiprtc", None)
+        if chiprtc is not None and hasattr(chiprtc, "DLL"):
+            chiprtc.DLL = library_path.encode() if isinstance(chiprtc.DLL, bytes) else library_path
+            return
+        from rocm.bindings.util import paths
+        original = paths.get_library_path
+        if getattr(original, "_hipsched_patched", False):
+            return
+
+        def get_library_path(shortname, *args, **kwargs):
+            if shortname == "hiprtc":
+                return library_path.encode()
+            return original(shortname, *args, **kwargs)
+        get_library_path._hipsched_patched = True
+        paths.get_library_path = get_library_path
+    except Exception:
+        pass
+
+
+def _as_int(value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return ctypes.cast(value.as_c_void_p(), ctypes.c_void_p).value or 0
+
+
+class HipPythonRuntime(Runtime):
+    name = "hip-python"
+    platform = "amd"
+
+    def __init__(self):
+        self._hip = _import_hip()
+        self._device = 0
+        self._compiler = None
+        self._infos: dict[int, DeviceInfo] = {}
+        if self.device_count() < 1:
+            raise GpuError("unavailable", "no device", name="hipErrorNoDevice")
+        self.set_device(0)
+
+    def _unwrap(self, what: str, result):
+        """(err, v1, v2, ...) -> None | v1 | (v1, v2, ...); GpuError with the error's name otherwise."""
+        if not isinstance(result, tuple):
+            result = (result,)
+        err, values = result[0], result[1:]
+        code = int(getattr(err, "value", err))
+        if code != 0:
+            raise gpu_error(getattr(err, "name", None), what, code)
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else values
+
+    def _do(self, fname: str, *args):
+        fn = getattr(self._hip, fname, None)
+        if fn is None:
+            raise GpuError("unavailable", f"hip-python lacks {fname}", name="symbol-missing")
+        try:
+            result = fn(*args)
+        except GpuError:
+            raise
+        except Exception as e:   # argument conversion or loader errors inside the binding
+            raise GpuError("runtime", f"{fname} raised {type(e).__name__}: {e}", name=type(e).__name__) from None
+        return self._unwrap(fname, result)
+
+    @property
+    def compiler(self):
+        if self._compiler is None:
+            from .compilers import get_compiler
+            self._compiler = get_compiler("amd")
+            point_hiprtc_at(getattr(self._compiler, "library_path", "libamdhip64.so.5"))
+        return self._compiler
+
+    # devices
+    def device_count(self) -> int:
+        return int(self._do("hipGetDeviceCount"))
+
+    def device_info(self, index: int) -> DeviceInfo:
+        if index not in self._infos:
+            props = self._do("hipGetDeviceProperties", index)
+            name, arch = props.name, props.gcnArchName
+            name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+            arch = arch.decode(errors="replace") if isinstance(arch, bytes) else str(arch)
+            self._infos[index] = DeviceInfo(
+                index=index, name=name, arch=arch, total_memory=int(props.totalGlobalMem), platform="amd",
+                warp_size=int(props.warpSize), multiprocessors=int(props.multiProcessorCount))
+        return self._infos[index]
+
+    def set_device(self, index: int) -> None:
+        self._do("hipSetDevice", index)
+        self._device = index
+
+    def mem_info(self):
+        free, total = self._do("hipMemGetInfo")
+        return int(free), int(total)
+
+    # memory
+    def malloc(self, nbytes):
+        return _as_int(self._do("hipMalloc", max(int(nbytes), 1)))
+
+    def free(self, ptr):
+        self._do("hipFree", ptr)
+
+    def memcpy_htod(self, dst, src_host_ptr, nbytes, stream=0):
+        self._do("hipMemcpyHtoDAsync", dst, src_host_ptr, nbytes, stream)
+
+    def memcpy_dtoh(self, dst_host_ptr, src, nbytes, stream=0):
+        self._do("hipMemcpyDtoHAsync", dst_host_ptr, src, nbytes, stream)
+
+    def memcpy_dtod(self, dst, src, nbytes, stream=0):
+        self._do("hipMemcpyDtoDAsync", dst, src, nbytes, stream)
+
+    def memset(self, dst, value, nbytes, stream=0):
+        self._do("hipMemsetD8Async", dst, value & 0xFF, nbytes, stream)
+
+    # streams and events
+    def stream_create(self):
+        return _as_int(self._do("hipStreamCreateWithFlags", _STREAM_NON_BLOCKING))
+
+    def stream_destroy(self, stream):
+        self._do("hipStreamDestroy", stream)
+
+    def stream_synchronize(self, stream):
+        self._do("hipStreamSynchronize", stream)
+
+    def stream_wait_event(self, stream, event):
+        self._do("hipStreamWaitEvent", stream, event, 0)
+
+    def event_create(self):
+        return _as_int(self._do("hipEventCreate"))
+
+    def event_destroy(self, event):
+        self._do("hipEventDestroy", event)
+
+    def event_record(self, event, stream=0):
+        self._do("hipEventRecord", event, stream)
+
+    def event_synchronize(self, event):
+        self._do("hipEventSynchronize", event)
+
+    def event_elapsed_ms(self, start, end):
+        return float(self._do("hipEventElapsedTime", start, end))
+
+    def synchronize(self):
+        self._do("hipDeviceSynchronize")
+
+    # modules and launches
+    def module_load(self, image: bytes):
+        return _as_int(self._do("hipModuleLoadData", image))
+
+    def module_unload(self, module):
+        self._do("hipModuleUnload", module)
+
+    def module_function(self, module, name):
+        return _as_int(self._do("hipModuleGetFunction", module, name.encode()))
+
+    def launch(self, function, grid, block, args, shared_bytes=0, stream=0):
+        params = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+        self._do("hipModuleLaunchKernel", function, *grid, *block, shared_bytes, stream,
+                 ctypes.addressof(params), None)
