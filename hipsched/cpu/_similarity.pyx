@@ -1,0 +1,101 @@
+# Wrappers of src_c/cpu/similarity*.c: take validated float32 C-contiguous arrays (ops/similarity.py
+# and ops/linalg.py check shapes and convert dtypes), allocate results, run kernels without the GIL.
+# Few queries: one fused pass over the targets (dots and norms together, memory-bound). Many queries:
+# BLAS (np.matmul) on normalised queries, then the target norms applied per column in C.
+cimport numpy as cnp
+import numpy as np
+from libc.stdint cimport int64_t
+
+from hipsched.cpu._carray cimport f32_ptr
+
+cnp.import_array()
+
+cdef extern from "similarity.h" nogil:
+    int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out)
+    void hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv)
+    void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s)
+    int hs_topk_f32(const float *scores, int64_t m, int64_t n, int64_t k, int64_t *idx, float *val)
+
+# Up to this many queries the fused kernel re-reads each target row from L1 per query; beyond it a
+# BLAS product reuses targets across queries better.
+FUSED_MAX_QUERIES = 8
+# Scores held at once by top_k (per block of queries), bytes.
+TOPK_BLOCK_BYTES = 32 << 20
+
+
+cdef inv_norms(T):
+    cdef float *pt = f32_ptr(T, "T")
+    cdef int64_t n = T.shape[0], d = T.shape[1]
+    inv = np.empty(n, np.float32)
+    cdef float *pi = <float *>cnp.PyArray_DATA(inv)
+    with nogil:
+        hs_inv_norms_f32(pt, n, d, pi)
+    return inv
+
+
+cdef cosine_into(Q, T, out, t_inv):
+    """out (m, n) = cos(Q (m, d), T (n, d)); t_inv: T's inverse norms, or None to compute them if needed.
+    Returns t_inv (computed or given) so top_k's query blocks share it."""
+    cdef float *pq = f32_ptr(Q, "q")
+    cdef float *pt = f32_ptr(T, "T")
+    cdef float *po = f32_ptr(out, "out")
+    cdef int64_t m = Q.shape[0], n = T.shape[0], d = T.shape[1]
+    cdef int rc
+    if m == 0 or n == 0:
+        return t_inv
+    if m <= FUSED_MAX_QUERIES:
+        with nogil:
+            rc = hs_cosine_f32(pq, m, pt, n, d, po)
+        if rc != 0:
+            raise MemoryError("cosine_similarity: out of memory")
+        return t_inv
+    if t_inv is None:
+        t_inv = inv_norms(T)
+    q_inv = inv_norms(Q)
+    np.matmul(Q * q_inv[:, None], T.T, out=out)
+    cdef float *ps = <float *>cnp.PyArray_DATA(t_inv)
+    with nogil:
+        hs_scale_cols_f32(po, m, n, ps)
+    return t_inv
+
+
+def cosine_similarity(q, T):
+    """q (d,) or (m, d) against T (n, d) -> (n,) or (m, n) float32. A zero vector scores 0 against any
+    finite vector; NaN or inf in either vector gives NaN."""
+    Q = q.reshape(1, -1) if q.ndim == 1 else q
+    out = np.empty((Q.shape[0], T.shape[0]), np.float32)
+    cosine_into(Q, T, out, None)
+    return out[0] if q.ndim == 1 else out
+
+
+def top_k(q, T, k):
+    """The min(k, n) rows of T most similar to q by cosine -> (indices int64, scores float32), best
+    first, ties to the lower index, NaN scores last; q (m, d) gives (m, k') arrays."""
+    Q = q.reshape(1, -1) if q.ndim == 1 else q
+    cdef int64_t m = Q.shape[0], n = T.shape[0], kk = min(int(k), T.shape[0]), b0, b1, block
+    idx = np.empty((m, kk), np.int64)
+    val = np.empty((m, kk), np.float32)
+    cdef int64_t *pi = <int64_t *>cnp.PyArray_DATA(idx)
+    cdef float *pv = <float *>cnp.PyArray_DATA(val)
+    cdef float *ps
+    cdef int rc
+    if m and kk:
+        block = max(1, min(m, TOPK_BLOCK_BYTES // (4 * n)))
+        scores = np.empty((block, n), np.float32)
+        t_inv = None
+        for b0 in range(0, m, block):
+            b1 = min(m, b0 + block)
+            t_inv = cosine_into(Q[b0:b1], T, scores[:b1 - b0], t_inv)
+            ps = <float *>cnp.PyArray_DATA(scores)
+            with nogil:
+                rc = hs_topk_f32(ps, b1 - b0, n, kk, pi + b0 * kk, pv + b0 * kk)
+            if rc != 0:
+                raise MemoryError("top_k: out of memory")
+    if q.ndim == 1:
+        return idx[0], val[0]
+    return idx, val
+
+
+def matmul(a, b):
+    """a @ b through NumPy's BLAS (float32 in, float32 out)."""
+    return np.matmul(a, b)

@@ -1,0 +1,50 @@
+/* Public similarity functions: pick the variant once (hs_cpu_level) and split rows over threads. */
+#include <stdlib.h>
+#include "cpu_features.h"
+#include "similarity.h"
+
+#define HS_BOTH(ret, name, args) ret name##_avx2 args; ret name##_scalar args;
+HS_BOTH(void, hs_cosine_rows, (const float *q, const float *qinv, int64_t m, const float *T, int64_t n,
+                               int64_t d, int64_t lo, int64_t hi, float *out))
+HS_BOTH(void, hs_inv_norms_rows, (const float *T, int64_t d, int64_t lo, int64_t hi, float *inv))
+HS_BOTH(void, hs_mul_range, (float *x, const float *s, int64_t n))
+#define HS_PICK(name) (hs_cpu_level() == HS_LEVEL_AVX2 ? name##_avx2 : name##_scalar)
+
+#define HS_ROW_BLOCK 256          /* target rows per work item: enough to amortise the loop, small
+                                     enough that two threads share the rows evenly */
+#define HS_GRAIN (1 << 18)        /* floats read before a second thread pays off */
+
+int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out) {
+    if (m <= 0 || n <= 0) return 0;
+    void (*f)(const float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t, int64_t,
+              float *) = HS_PICK(hs_cosine_rows);
+    float *qinv = malloc(sizeof(float) * (size_t)m);
+    if (!qinv) return -1;
+    HS_PICK(hs_inv_norms_rows)(q, d, 0, m, qinv);
+    int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
+    #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n * d, HS_GRAIN))
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
+        f(q, qinv, m, T, n, d, lo, hi, out);
+    }
+    free(qinv);
+    return 0;
+}
+
+void hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
+    if (n <= 0) return;
+    void (*f)(const float *, int64_t, int64_t, int64_t, float *) = HS_PICK(hs_inv_norms_rows);
+    int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
+    #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n * d, HS_GRAIN))
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
+        f(T, d, lo, hi, inv);
+    }
+}
+
+void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s) {
+    if (m <= 0 || n <= 0) return;
+    void (*f)(float *, const float *, int64_t) = HS_PICK(hs_mul_range);
+    #pragma omp parallel for schedule(static) num_threads(hs_threads_for(m * n, HS_GRAIN))
+    for (int64_t i = 0; i < m; i++) f(x + i * n, s, n);
+}

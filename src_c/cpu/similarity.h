@@ -1,0 +1,25 @@
+/* Cosine similarity and exact top-k on contiguous float32. Row norms come from the same pass over the
+ * targets as the dot products (the targets are what costs: memory bandwidth). The wrapper
+ * (_similarity.pyx) uses these for few queries, and BLAS (np.matmul) plus hs_inv_norms_f32 and
+ * hs_scale_cols_f32 for many. */
+#ifndef HS_SIMILARITY_H
+#define HS_SIMILARITY_H
+#include <stdint.h>
+
+/* out[i*n + r] = cos(q_i, T_r) for m queries q (m, d) and targets T (n, d), one pass over T.
+ * Either vector zero (norm exactly 0) and the other finite -> 0; NaN/inf -> NaN as the formula gives.
+ * 0, or -1 when out of memory. */
+int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out);
+
+/* inv[r] = 1 / ||T_r|| for T (n, d); 0 where the norm is 0 or not finite (so a zero row scores 0,
+ * and a NaN/inf row scores NaN through its NaN/inf dot product). */
+void hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv);
+
+/* x[i, j] *= s[j] for x (m, n). */
+void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s);
+
+/* For each of m rows of scores (m, n), the k best (k <= n): idx/val (m, k), best first. Order: higher
+ * score first, ties to the lower index, NaN after every number (NaNs by index). 0, or -1 when out of
+ * memory. */
+int hs_topk_f32(const float *scores, int64_t m, int64_t n, int64_t k, int64_t *idx, float *val);
+#endif
