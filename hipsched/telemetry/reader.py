@@ -1,0 +1,102 @@
+"""Reading JSONL logs in bounded memory: line by line, whatever the file size, with malformed lines
+(and a cut last line) skipped and counted rather than fatal. Rotated siblings (LOG.1, LOG.2, ...) can be
+read oldest first so a run's events come back in order."""
+from __future__ import annotations
+
+import calendar
+import glob
+import json
+import os
+import re
+
+from .events import is_op_event
+
+
+class ReadStats:
+    __slots__ = ("lines", "events", "service", "malformed", "files")
+
+    def __init__(self):
+        self.lines = self.events = self.service = self.malformed = 0
+        self.files = []
+
+    def to_dict(self):
+        return {"files": list(self.files), "lines": self.lines, "events": self.events,
+                "service_records": self.service, "malformed_lines": self.malformed}
+
+
+def with_rotated(path: str) -> list[str]:
+    """[LOG.N, ..., LOG.1, LOG]: the rotated files oldest first, then the live one (those that exist)."""
+    rotated = []
+    for p in glob.glob(glob.escape(path) + ".*"):
+        m = re.fullmatch(re.escape(path) + r"\.(\d+)", p)
+        if m:
+            rotated.append((int(m.group(1)), p))
+    out = [p for _, p in sorted(rotated, reverse=True)]
+    if os.path.exists(path):
+        out.append(path)
+    return out
+
+
+def expand(paths, rotated=True) -> list[str]:
+    out = []
+    for p in paths:
+        p = os.fspath(p)
+        files = with_rotated(p) if rotated else [p]
+        if not files:
+            raise FileNotFoundError(f"no telemetry log at {p}")
+        out += [f for f in files if f not in out]
+    return out
+
+
+def parse_line(line, stats: ReadStats):
+    """The record of one line, or None (blank or malformed, counted)."""
+    line = line.strip()
+    if not line:
+        return None
+    stats.lines += 1
+    try:
+        d = json.loads(line)
+    except ValueError:
+        stats.malformed += 1
+        return None
+    if not isinstance(d, dict) or d.get("v") != 1:
+        stats.malformed += 1
+        return None
+    if is_op_event(d):
+        stats.events += 1
+    else:
+        stats.service += 1
+    return d
+
+
+def iter_records(paths, stats: ReadStats | None = None, rotated=True):
+    """Every record (events and service records such as drop reports) of the logs, file by file."""
+    stats = stats if stats is not None else ReadStats()
+    for f in expand(paths, rotated):
+        stats.files.append(f)
+        with open(f, "r", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                d = parse_line(line, stats)
+                if d is not None:
+                    yield d
+
+
+class TsParser:
+    """ISO 8601 '...Z' timestamps to epoch seconds, fast: the date-and-seconds part is converted once
+    per distinct second (strptime per line would dominate reading a large log)."""
+
+    def __init__(self):
+        self._prefix = None
+        self._base = 0
+
+    def __call__(self, s: str) -> float | None:
+        try:
+            p = s[:19]
+            if p != self._prefix:
+                self._base = calendar.timegm((int(p[0:4]), int(p[5:7]), int(p[8:10]), int(p[11:13]),
+                                              int(p[14:16]), int(p[17:19]), 0, 0, 0))
+                self._prefix = p
+            frac = s[20:-1] if s.endswith("Z") else s[20:]
+            return self._base + (int(frac) / 10 ** len(frac) if frac else 0.0)
+        except (TypeError, ValueError, IndexError):
+            return None

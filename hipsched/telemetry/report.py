@@ -1,0 +1,92 @@
+"""The analyzer's result as readable text tables (what `analyze` prints and the demo shows)."""
+from __future__ import annotations
+
+from .advice import _fmt_size
+
+
+def _t(us):
+    if us is None:
+        return "-"
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} us"
+
+
+_TEXT_COLUMNS = {"op", "backend", "from", "error", "uncertainty"}
+
+
+def _table(header, rows):
+    if not rows:
+        return ["  (none)"]
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    left = {0} | {i for i, h in enumerate(header) if h in _TEXT_COLUMNS}
+
+    def line(r):
+        return "  " + "  ".join(c.ljust(w[i]) if i in left else c.rjust(w[i]) for i, c in enumerate(r)).rstrip()
+    return [line(cells[0]), "  " + "  ".join("-" * x for x in w)] + [line(r) for r in cells[1:]]
+
+
+def render(res: dict) -> str:
+    out = []
+    inp = res.get("inputs") or {}
+    runs = res.get("runs", [])
+    out.append(f"hipsched telemetry analysis: {inp.get('events', 0)} events from {len(inp.get('files', []))} file(s), "
+               f"{len(runs)} run(s); {inp.get('malformed_lines', 0)} malformed lines skipped, "
+               f"{res.get('duplicates_skipped', 0)} duplicate events skipped, {res.get('dropped_events', 0)} dropped "
+               "by the writer")
+    for r in runs:
+        out.append(f"  run {r['run']} on {r['host']} ({r['device']}): {r['events']} events, {r['first_ts']} .. {r['last_ts']}")
+
+    out.append("\nPer op and backend")
+    out += _table(["op", "backend", "calls", "total", "p50", "p95", "p99", "fallbacks"],
+                  [[r["op"], r["backend"], r["count"], _t(r["total_us"]), _t(r["p50_us"]), _t(r["p95_us"]),
+                    _t(r["p99_us"]), r["fallbacks"]] for r in res.get("ops", [])])
+
+    both = [r for r in res.get("speedup", []) if r["speedup"] is not None]
+    out.append("\nGPU speedup over CPU by size bucket (medians; buckets with both sides measured)")
+    out += _table(["op", "size", "cpu p50", "gpu p50", "speedup", "calls cpu/gpu"],
+                  [[r["op"], _fmt_size(r["size"]), _t(r["cpu_p50_us"]), _t(r["gpu_p50_us"]), f"{r['speedup']:.2f}x",
+                    f"{r['cpu_count']}/{r['gpu_count']}"] for r in both])
+
+    out.append("\nCrossover (size where the GPU starts to win)")
+    rows = []
+    for c in res.get("crossover", []):
+        if c["status"] == "crossover":
+            est = f"~{_fmt_size(c['size'])}"
+            unc = f"between {_fmt_size(c['low'])} and {_fmt_size(c['high'])}" + ("" if c["monotone"] else " (noisy)")
+        elif c["status"] == "gpu_always":
+            est, unc = f"<= {_fmt_size(c['high'])}", "GPU faster at every size seen"
+        elif c["status"] == "cpu_always":
+            est, unc = f"> {_fmt_size(c['low'])}", "CPU faster at every size seen"
+        else:
+            est, unc = "-", f"GPU loses at the largest size (~{_fmt_size(c['low'])})"
+        rows.append([c["op"], est, unc])
+    out += _table(["op", "crossover", "uncertainty"], rows)
+
+    ro = res.get("routing", {})
+    o = ro.get("overall", {})
+    out.append("\nRouting (calls on the faster side of their size bucket; cost-model decisions only)")
+    rows = [[r["op"], r["judged"], "-" if r["accuracy"] is None else f"{r['accuracy']:.1%}", _t(r["regret_us"]),
+             "-" if r["regret_pct"] is None else f"{r['regret_pct']:.1f}%", r["unjudged"]] for r in ro.get("per_op", [])]
+    if o:
+        rows.append(["(all)", o["judged"], "-" if o["accuracy"] is None else f"{o['accuracy']:.1%}", _t(o["regret_us"]),
+                     "-" if o["regret_pct"] is None else f"{o['regret_pct']:.1f}%", o["unjudged"]])
+    out += _table(["op", "judged", "accuracy", "regret", "regret %", "not judged"], rows)
+
+    out.append("\nFallbacks by error")
+    out += _table(["op", "from", "count", "error"],
+                  [[f["op"], f["backend"], f["count"], f["error"]] for f in res.get("fallbacks", [])])
+    health = [h for h in res.get("gpu_health", []) if h["gpu_failed"] or h["breaker_opened"]]
+    if health:
+        out.append("\nGPU health")
+        out += _table(["op", "ok", "failed", "success", "breaker opened"],
+                      [[h["op"], h["gpu_ok"], h["gpu_failed"], f"{h['success_rate']:.1%}" if h["success_rate"] is not None
+                        else "-", h["breaker_opened"]] for h in health])
+
+    adv = res.get("advice", [])
+    out.append("\nAdvice")
+    out += [f"  - {a}" for a in adv] if adv else ["  (nothing to flag)"]
+    return "\n".join(out)
