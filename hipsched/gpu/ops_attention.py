@@ -1,0 +1,43 @@
+"""GPU launch glue for attention (kernel: src_c/hip/attention.hip, fp32 flash attention).
+
+q (B, H, Sq, hd), k and v (B, H, Sk, hd) float32 contiguous; the kernel for the smallest head-dim
+class >= hd runs with the rest of the dims zero-padded in registers (hd up to 256)."""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+
+from ..errors import GpuError
+
+HEAD_DIM_CLASSES = (32, 64, 128, 256)
+MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
+_THREADS = 128  # HSA_THREADS
+
+
+def head_dim_class(hd: int) -> int:
+    for d in HEAD_DIM_CLASSES:
+        if hd <= d:
+            return d
+    raise GpuError("unsupported", f"attention: head_dim {hd} exceeds the GPU kernel's maximum {MAX_HEAD_DIM}")
+
+
+def attention(ctx, call, stream):
+    q, k, v = (ctx.upload(a, stream) for a in call.args[:3])
+    causal = bool(call.params.get("causal", False))
+    scale = call.params.get("scale")
+    b, h, sq, hd = (int(s) for s in q.shape)
+    sk = int(k.shape[2])
+    out = ctx.empty((b, h, sq, hd), np.float32, stream)
+    if b * h * sq * hd == 0:
+        return ctx.finish(out, call, stream)
+    d = head_dim_class(hd)
+    scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
+    rows = _THREADS // (d // 32)
+    blocks = -(-sq // rows) * b * h
+    fn = ctx.function("attention", f"hs_attention_d{d}")
+    ctx.launch(fn, blocks, _THREADS,
+               (q, k, v, out, ctypes.c_int64(sq), ctypes.c_int64(sk), ctypes.c_int32(hd),
+                ctypes.c_float(scale), ctypes.c_int32(1 if causal else 0)), stream=stream)
+    return ctx.finish(out, call, stream)

@@ -1,0 +1,57 @@
+"""GPU launch glue for spread_activation (kernels: src_c/hip/graph.hip).
+
+Per step, on one stream: zero the accumulator, push w_ij * a[i] along every edge (atomic adds), then
+apply a_new = a + decay * acc, clamp to [0, 1] and zero under threshold into the other of two ping-pong
+buffers; the inputs are never written. The CSR arrays go through the resident cache, so a graph reused
+across calls is uploaded once."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+_BLOCK = 256
+_GROUP = 8  # HSG_GROUP: lanes per row in the push kernel
+
+
+def _index_array(a, allowed):
+    """Host index array in a dtype the kernels take (converted only when it is not one already)."""
+    a = np.asarray(a)
+    if a.dtype not in allowed:
+        a = a.astype(allowed[-1])
+    return np.ascontiguousarray(a)
+
+
+def spread_activation(ctx, call, stream):
+    indptr, indices, weights, seeds = call.args
+    decay = float(call.params["decay"])
+    steps = int(call.params["steps"])
+    threshold = float(call.params["threshold"])
+    s = int(stream or 0)
+    n = int(seeds.shape[0])
+    cur = ctx.upload(seeds, stream)
+    out = ctx.empty((n,), np.float32, stream)
+    if n == 0 or steps == 0:
+        if n:
+            ctx.rt.memcpy_dtod(out.ptr, cur.ptr, 4 * n, s)
+        return ctx.finish(out, call, stream)
+
+    ip = ctx.upload(_index_array(indptr, (np.dtype(np.int64),)), stream)
+    ix = ctx.upload(_index_array(indices, (np.dtype(np.int32), np.dtype(np.int64))), stream)
+    w = ctx.upload(np.ascontiguousarray(weights, dtype=np.float32), stream)
+    push = ctx.function("graph", "hs_spread_push_i32" if ix.dtype == np.int32 else "hs_spread_push_i64")
+    finish = ctx.function("graph", "hs_spread_finish")
+    acc = ctx.empty((n,), np.float32, stream)
+    other = ctx.empty((n,), np.float32, stream) if steps > 1 else None
+    push_grid = ctx.blocks_for(n * _GROUP, _BLOCK)
+    fin_grid = ctx.blocks_for(n, _BLOCK)
+    # The last step must land in `out`: with an even count the first step writes `other`.
+    dst = out if steps % 2 == 1 else other
+    for _ in range(steps):
+        ctx.rt.memset(acc.ptr, 0, 4 * n, s)
+        ctx.launch(push, push_grid, _BLOCK, (ip, ix, w, cur, acc, ctypes.c_int64(n)), stream=stream)
+        ctx.launch(finish, fin_grid, _BLOCK,
+                   (cur, acc, dst, ctypes.c_int64(n), ctypes.c_float(decay), ctypes.c_float(threshold)),
+                   stream=stream)
+        cur, dst = dst, (other if dst is out else out)
+    return ctx.finish(out, call, stream)
