@@ -184,7 +184,9 @@ class KernelCache:
 
 def compile_all(compiler, arch: str, cache_dir=None, options=()) -> list[tuple]:
     """Compile every kernel source for `arch` through the disk cache. Returns one row per source:
-    (source, kernel names, code-object bytes or the GpuError, seconds, compiler version)."""
+    (source, kernel names, code-object bytes or the GpuError, seconds, compiler version). Kernel names
+    come from the code object's symbol table (so macro-generated kernels count), else the source."""
+    from .codeobject import kernel_symbols
     cache = KernelCache(compiler, cache_dir)
     rows = []
     for name, text in cache.sources.items():
@@ -193,5 +195,7 @@ def compile_all(compiler, arch: str, cache_dir=None, options=()) -> list[tuple]:
             result = cache.code_object(name, arch, options)
         except GpuError as e:
             result = e
-        rows.append((name, kernel_names(text), result, time.perf_counter() - t0, compiler.version()))
+        seconds = time.perf_counter() - t0
+        names = (kernel_symbols(result) if isinstance(result, bytes) else None) or kernel_names(text)
+        rows.append((name, names, result, seconds, compiler.version()))
     return rows

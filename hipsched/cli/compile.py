@@ -1,0 +1,58 @@
+"""python -m hipsched compile --arch gfx90a [--arch sm_90 ...] [--cache-dir DIR]: compile every GPU
+kernel source ahead of time into the code-object cache, with no GPU needed (containers, clusters, CI).
+Prints one line per source: its kernels, code-object size, compile (or cache) time and the compiler.
+Exit status 1 if any source failed for any target."""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_arguments(parser):
+    parser.add_argument("--arch", action="append", required=True, metavar="TARGET",
+                        help="target: gfx906, gfx90a, gfx90a:sramecc+:xnack-, gfx1030, sm_80, sm_90, ... "
+                             "(repeat for several)")
+    parser.add_argument("--cache-dir", default=None, help="code-object cache (default: HIPSCHED_CACHE_DIR "
+                        "or ~/.cache/hipsched/kernels)")
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+
+
+def run(args) -> int:
+    from ..errors import GpuError
+    from ..gpu.compilers import get_compiler
+    from ..gpu.kernels import KernelCache, compile_all
+
+    failed = 0
+    rows_out = []
+    for arch in args.arch:
+        try:
+            compiler = get_compiler(arch)
+            if not compiler.supports(arch):
+                why = getattr(compiler, "why_unsupported", lambda a: "unsupported target")(arch)
+                raise GpuError("compile", f"{compiler.version()} cannot compile for {arch}: {why}")
+        except GpuError as e:
+            print(f"{arch}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        rows = compile_all(compiler, arch, cache_dir=args.cache_dir)
+        if not rows:
+            print(f"{arch}: no kernel sources found", file=sys.stderr)
+            failed += 1
+            continue
+        if not args.json:
+            print(f"{arch} with {compiler.version()} -> {KernelCache(compiler, args.cache_dir).cache_dir}")
+        for source, kernels, result, seconds, version in rows:
+            ok = not isinstance(result, Exception)
+            failed += not ok
+            row = {"arch": arch, "source": source, "kernels": kernels, "ok": ok, "seconds": round(seconds, 3),
+                   "compiler": version, "bytes": len(result) if ok else None, "error": None if ok else str(result)}
+            rows_out.append(row)
+            if args.json:
+                continue
+            status = f"{row['bytes']:>9,d} B" if ok else "   FAILED  "
+            print(f"  {source:<18} {status} {seconds:7.2f} s  {len(kernels):2d} kernels: {', '.join(kernels)}")
+            if not ok:
+                print("    " + str(result).replace("\n", "\n    "), file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows_out, indent=2))
+    return 1 if failed else 0
