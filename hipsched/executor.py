@@ -1,22 +1,426 @@
 """Executor: validate -> decide -> run -> (on GpuError) rerun on CPU -> record.
 
-SKELETON: this first version only validates and runs on the CPU; the scheduler issue replaces the
-body of `_run` with the decision core, fallback and telemetry. The public op methods below are the
-API and keep their signatures."""
+The decision and the performance model live in the Cython core (hipsched._sched); this module wires
+it to the backends, the telemetry and the model store. A GPU failure never reaches the caller unless
+allow_fallback is False: the call reruns on the CPU and the event records the error."""
 from __future__ import annotations
 
-from .backends.cpu import CpuBackend
+import logging
+import math
+import sys
+import threading
+import time
+
+from . import _sched
+from .backends.cpu import CPU_IMPLS, CpuBackend
+from .chunking import chunkable, run_chunked
+from .config import HybridConfig
+from .errors import GpuError
 from .ops import OPS
+from .ops.base import Call
+from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
+                         PerformanceTracker, SelectionReason, us_or_none)
+
+log = logging.getLogger("hipsched")
+
+_perf_ns = time.perf_counter_ns
+_F_PRESENT, _F_SUPPORTS, _F_FITS = _sched.F_GPU_PRESENT, _sched.F_GPU_SUPPORTS, _sched.F_FITS
+_F_WANT_CPU, _F_WANT_GPU = _sched.F_WANT_CPU, _sched.F_WANT_GPU
+_WANT = {"auto": 0, "cpu": _F_WANT_CPU, "gpu": _F_WANT_GPU}
+_REASON_STR = tuple(r.value for r in REASONS)
+_FREE_MEMORY_TTL_NS = 10_000_000  # free device memory is re-read at most every 10 ms
+_DTYPES = ("float32", "q8_0", "q4_0")
+
+
+class _NoGpu:
+    """Stands in when no GPU backend can be created (its module missing or broken)."""
+    name = "gpu"
+    available = False
+    runtime_name = device_name = device_arch = None
+
+    def __init__(self, reason):
+        self.unavailable_reason = reason
+
+    def supports(self, op, dtype):
+        return False
+
+    def close(self):
+        pass
+
+
+def _create_gpu(config):
+    try:
+        from .backends.gpu import create_gpu_backend
+    except Exception as e:  # the GPU layer is optional: its absence must not break the CPU path
+        return _NoGpu(f"hipsched.backends.gpu cannot load: {type(e).__name__}: {e}")
+    try:
+        return create_gpu_backend(config)
+    except Exception as e:  # the contract says it never raises; stay safe if it does
+        return _NoGpu(f"GPU backend failed to start: {type(e).__name__}: {e}")
+
+
+def _create_telemetry(config, device):
+    if not config.telemetry_enabled:
+        return None
+    try:
+        from .telemetry import Telemetry, path_from_env
+    except ImportError as e:
+        log.warning("hipsched: telemetry unavailable (%s); only counters are kept", e)
+        return None
+    return Telemetry(path=config.telemetry_path or path_from_env(), ring_size=config.telemetry_ring_size,
+                     queue_size=config.telemetry_queue_size, rotate_bytes=config.telemetry_rotate_bytes,
+                     device=device)
 
 
 class Executor:
-    def __init__(self, config=None, **overrides):
-        self.config = config
+    """Runs each op on the backend predicted to finish first. `config` is a HybridConfig (None: read
+    the TOML file and HIPSCHED_* variables); keyword `overrides` set config fields; `gpu_backend`
+    replaces the GPU backend (an object implementing the GpuBackend interface)."""
+
+    def __init__(self, config=None, *, gpu_backend=None, **overrides):
+        if config is None:
+            config = HybridConfig(**overrides)
+        elif overrides:
+            values = {k: v for k, v in config.as_dict().items() if k != "num_threads"}
+            values.update(overrides)
+            config = HybridConfig(config_file=False, env={}, **values)
+        self.config = cfg = config
         self._cpu = CpuBackend()
+        gpu = gpu_backend if gpu_backend is not None else _create_gpu(cfg)
+        self._injector = None
+        if cfg.fault_inject and getattr(gpu, "available", False):
+            from .faults import FaultInjectingBackend
+            gpu = self._injector = FaultInjectingBackend(gpu, cfg.fault_inject)
+        self._gpu = gpu
+        self._gpu_present = bool(getattr(gpu, "available", False))
+        self._core = _sched.SchedCore(
+            window=cfg.performance_window_size, min_batch=cfg.gpu_min_batch_size, min_samples=cfg.min_samples,
+            exploration_share=cfg.exploration_share, reprobe_interval=cfg.reprobe_interval,
+            strategy=cfg.strategy, backend_only=cfg.backend, force_cpu=cfg.force_cpu_mode,
+            breaker_failures=cfg.breaker_failures, health_min_samples=cfg.health_min_samples,
+            success_threshold=cfg.gpu_success_rate_threshold, speedup_threshold=cfg.gpu_speedup_threshold,
+            cooldown_s=cfg.breaker_cooldown_s)
+        self._tel = _create_telemetry(cfg, getattr(gpu, "device_name", None) if self._gpu_present else "cpu")
+        self._slots = {}            # (op, dtype) -> (slot, capability flags, max size)
+        self._prepare = {name: spec.prepare for name, spec in OPS.items()}
+        self._min_batch = cfg.gpu_min_batch_size
+        self._free = (0, 0)         # (read at ns, bytes)
+        self._warned = set()
+        self._warn_lock = threading.Lock()
+        self._closed = False
+        self.performance_tracker = PerformanceTracker(self._core)
+        self._model_path = self._model_key = None
+        if cfg.persist_model:
+            self._load_model()
+        if self._gpu_present and not self._transfer_loaded:
+            self._measure_transfer()
+
+    # ------------------------------------------------------------------ model
+    def _load_model(self):
+        from . import model_store
+        version = getattr(sys.modules.get("hipsched"), "__version__", "0")
+        self._model_key = model_store.model_key(getattr(self._gpu, "device_name", None) if self._gpu_present
+                                                else None, version)
+        self._model_path = model_store.model_path(self.config.cache_dir, self._model_key)
+        self._transfer_loaded = False
+        loaded = model_store.load_model(self._model_path, self._model_key)
+        if loaded is not None:
+            samples, transfer = loaded
+            self._core.import_samples(samples)
+            if transfer:
+                self._core.set_transfer(**transfer)
+                self._transfer_loaded = True
+
+    _transfer_loaded = False
+
+    def _measure_transfer(self):
+        try:
+            self._core.set_transfer(**self._gpu.measure_transfer())
+            self._transfer_loaded = True
+        except Exception as e:  # keep the default link model; the GPU may still work
+            log.warning("hipsched: could not measure host<->device transfers (%s); assuming a PCIe link", e)
+
+    def save_model(self, path=None) -> str | None:
+        """Writes the learned model to the cache directory (or `path`); returns the file written."""
+        from . import model_store
+        if path is None:
+            if self._model_path is None:
+                version = getattr(sys.modules.get("hipsched"), "__version__", "0")
+                self._model_key = model_store.model_key(
+                    getattr(self._gpu, "device_name", None) if self._gpu_present else None, version)
+                self._model_path = model_store.model_path(self.config.cache_dir, self._model_key)
+            path = self._model_path
+        model_store.save_model(path, self._model_key, self._core.export_samples(),
+                               self._core.transfer_model() if self._transfer_loaded else None)
+        return path
+
+    # ------------------------------------------------------------------ the hot path
+    def _slot(self, op, dtype):
+        key = (op, dtype)
+        s = self._slots.get(key)
+        if s is None:
+            flags, max_size = 0, 0
+            if self._gpu_present:
+                flags |= _F_PRESENT
+                try:
+                    if self._gpu.supports(op, dtype):
+                        flags |= _F_SUPPORTS
+                        max_size = int(self._gpu.max_elements(op))
+                except Exception as e:
+                    log.warning("hipsched: GPU capability query for %s/%s failed (%s); using the CPU", op, dtype, e)
+            s = self._slots[key] = (self._core.slot(op, dtype), flags, max_size)
+        return s
+
+    def _free_memory(self):
+        now = _perf_ns()
+        t, free = self._free
+        if now - t > _FREE_MEMORY_TTL_NS:
+            free = int(self._gpu.free_memory())
+            self._free = (now, free)
+        return free
+
+    def _gpu_terms(self, call, flags, max_size):
+        """Capability flags and the copies for a call that could go to the GPU."""
+        if call.size > max_size:
+            return flags & ~_F_SUPPORTS, 0, 0
+        try:
+            if self._gpu.device_bytes_needed(call) <= self._free_memory():
+                flags |= _F_FITS
+            h2d, d2h = self._gpu.transfer_bytes(call)
+        except Exception as e:  # a failing query means the GPU cannot be trusted with this call
+            log.debug("hipsched: GPU query failed for %s: %s", call.op, e)
+            return flags & ~_F_SUPPORTS, 0, 0
+        return flags, h2d, d2h
 
     def _run(self, op, backend, stream, *args, **kwargs):
-        call = OPS[op].prepare(*args, **kwargs)
-        return self._cpu.run(call)
+        try:
+            prepare = self._prepare[op]
+        except KeyError:
+            prepare = self._prepare_missing(op)
+        call = prepare(*args, **kwargs)
+        want = _WANT.get(backend)
+        if want is None:
+            raise ValueError(f"{op}: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
+        slot, flags, max_size = self._slots.get((op, call.dtype)) or self._slot(op, call.dtype)
+        flags |= want
+        h2d = d2h = 0
+        if flags & _F_SUPPORTS and call.size >= self._min_batch and not want & _F_WANT_CPU:
+            flags, h2d, d2h = self._gpu_terms(call, flags, max_size)
+        be, reason, pc, pg = self._core.decide(slot, call.size, h2d, d2h, flags)
+        if be == 0 and not call.on_device and not (want == _F_WANT_GPU and not self.config.allow_fallback):
+            # the common case: host data on the CPU
+            t0 = _perf_ns()
+            out = self._cpu.run(call)
+            dur = (_perf_ns() - t0) * 1e-3
+            self._core.record(slot, 0, call.size, dur)
+            tel = self._tel
+            if tel is not None:
+                tel.record(op, "cpu", _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur, pc, pg, stream)
+            return out
+        if be == 0:
+            if want == _F_WANT_GPU and not self.config.allow_fallback:
+                raise GpuError("unavailable", f"{op}: backend='gpu' was asked for but the GPU cannot take this "
+                               f"call ({_REASON_STR[reason]}; {getattr(self._gpu, 'unavailable_reason', None)})")
+            return self._run_cpu_device(call, slot, reason, pc, pg, stream)
+        return self._run_gpu(call, slot, reason, pc, pg, h2d, d2h, stream, want)
+
+    def _prepare_missing(self, op):
+        if op in OPS:  # registered after this executor was built
+            self._prepare[op] = OPS[op].prepare
+            return self._prepare[op]
+        raise NotImplementedError(f"hipsched: op {op!r} is not available (its family is not built or registered)")
+
+    def _run_cpu_device(self, call, slot, reason, pc, pg, stream, fallback=None):
+        """CPU run of device inputs: download, run, upload, so the result lives where the inputs did."""
+        from .gpu.memory import is_device_array, to_device, to_host
+        t0 = _perf_ns()
+        host_args = tuple(to_host(a) if is_device_array(a) else a for a in call.args)
+        out = self._cpu.run(Call(call.op, host_args, call.params, call.size, call.nbytes, call.dtype, False))
+        out = tuple(to_device(o) for o in out) if isinstance(out, tuple) else to_device(out)
+        dur = (_perf_ns() - t0) * 1e-3
+        self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback)
+        return out
+
+    def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0):
+        self._core.record(slot, be, call.size, dur, h2d, d2h, True, True, fallback is not None)
+        if self._tel is not None:
+            self._tel.record(call.op, BACKENDS[be], _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur,
+                             pc, pg, stream, fallback)
+
+    def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream, want):
+        t0 = _perf_ns()
+        try:
+            try:
+                out = self._gpu.run(call, stream)
+            except GpuError as e:
+                if e.kind != "oom" or not chunkable(call):
+                    raise
+                self._free = (0, 0)
+                out = run_chunked(self._gpu, call, stream, e)
+        except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
+            dur = (_perf_ns() - t0) * 1e-3
+            err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
+            self._core.record(slot, 1, call.size, dur, h2d, d2h, False, False, False)
+            if err.kind == "oom":
+                self._free = (0, 0)
+            return self._fallback(call, slot, err, pc, pg, stream)
+        dur = (_perf_ns() - t0) * 1e-3
+        self._finish(call, slot, 1, reason, dur, pc, pg, stream, None, h2d, d2h)
+        return out
+
+    def _fallback(self, call, slot, err, pc, pg, stream):
+        if not self.config.allow_fallback:
+            if self._tel is not None:  # the failed attempt is still an event, so logs show it
+                self._tel.record(call.op, "gpu", "cpu_fallback", call.size, call.dtype, call.nbytes, 0.0, pc, pg,
+                                 stream, ("gpu", str(err)))
+            raise err
+        key = (call.op, err.kind)
+        if key not in self._warned:
+            with self._warn_lock:
+                if key not in self._warned:
+                    self._warned.add(key)
+                    log.warning("hipsched: %s failed on the GPU (%s); rerunning on the CPU. Later %s failures "
+                                "of this op fall back silently (see telemetry 'fallback').", call.op, err, err.kind)
+        reason = 2  # cpu_fallback
+        if call.on_device:
+            return self._run_cpu_device(call, slot, reason, pc, pg, stream, ("gpu", str(err)))
+        t0 = _perf_ns()
+        out = self._cpu.run(call)
+        self._finish(call, slot, 0, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, ("gpu", str(err)))
+        return out
+
+    # ------------------------------------------------------------------ decisions without running
+    def select_backend(self, op, size, dtype="float32", *, nbytes=None, on_device=False,
+                       backend="auto") -> BackendSelection:
+        """The decision a call of this op, size and dtype would get now, without running anything or
+        changing any state. Copies are counted as `nbytes` host->device unless `on_device`."""
+        if op not in CPU_IMPLS and op not in OPS:
+            raise ValueError(f"select_backend: unknown op {op!r}; ops: {', '.join(sorted(CPU_IMPLS))}")
+        if not isinstance(size, (int, float)) or isinstance(size, bool) or size < 0 or not math.isfinite(size):
+            raise ValueError(f"select_backend: size must be a finite number >= 0, got {size!r}")
+        want = _WANT.get(backend)
+        if want is None:
+            raise ValueError(f"select_backend: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
+        slot, flags, max_size = self._slot(op, dtype)
+        flags |= want
+        h2d = 0 if on_device or nbytes is None else nbytes
+        if flags & _F_SUPPORTS:
+            if size > max_size:
+                flags &= ~_F_SUPPORTS
+            else:
+                try:
+                    if nbytes is None or nbytes <= self._free_memory():
+                        flags |= _F_FITS
+                except Exception:
+                    flags &= ~_F_SUPPORTS
+        be, reason, pc, pg = self._core.decide(slot, size, h2d, 0, flags, False)
+        return BackendSelection(BACKENDS[be], REASONS[reason], {"cpu": us_or_none(pc), "gpu": us_or_none(pg)})
+
+    def capabilities(self) -> ExecutorCapabilities:
+        from . import cpu_features
+        feats = cpu_features()
+        ops = [OpCapability(op, "cpu", ("float32",) if op not in ("dequantize", "qmatmul") else ("q8_0", "q4_0"),
+                            sys.maxsize, None) for op in CPU_IMPLS]
+        reasons = ()
+        if self._gpu_present:
+            for op in CPU_IMPLS:
+                try:
+                    dts = tuple(d for d in _DTYPES if self._gpu.supports(op, d))
+                    if dts:
+                        ops.append(OpCapability(op, "gpu", dts, int(self._gpu.max_elements(op)), "gpu"))
+                except Exception:
+                    continue
+        else:
+            r = getattr(self._gpu, "unavailable_reason", None) or "no GPU backend"
+            reasons = tuple(p.strip() for p in str(r).split(";") if p.strip())
+        if self.config.force_cpu_mode:
+            reasons += ("force_cpu_mode is set",)
+        return ExecutorCapabilities(
+            gpu_available=self._gpu_present, gpu_device_name=getattr(self._gpu, "device_name", None),
+            cpu_simd_level=feats.get("simd", "scalar"), reasons=reasons,
+            gpu_runtime=getattr(self._gpu, "runtime_name", None), gpu_arch=getattr(self._gpu, "device_arch", None),
+            cpu_threads=int(feats.get("threads", 1)), ops=tuple(ops))
+
+    def gpu_health(self, op) -> dict:
+        """Breaker state and success rate of `op` on the GPU."""
+        return self._core.health(op)
+
+    # ------------------------------------------------------------------ telemetry
+    def stats(self):
+        """BackendStats: exact counts and times per backend since start (or clear_telemetry)."""
+        if self._tel is not None:
+            return self._tel.stats()
+        c = self._core.counters()
+        try:
+            from .telemetry import BackendStats
+            return BackendStats(**c)
+        except ImportError:
+            return c
+
+    @property
+    def events(self):
+        return self._tel.events if self._tel is not None else []
+
+    @property
+    def telemetry(self):
+        return self._tel
+
+    def summary(self):
+        return self._tel.summary() if self._tel is not None else None
+
+    def operations_by_type(self, op):
+        return self._tel.operations_by_type(op) if self._tel is not None else {}
+
+    def print_debug_summary(self, file=None):
+        if self._tel is not None:
+            self._tel.print_debug_summary(file)
+        else:
+            print(f"hipsched: telemetry disabled; counters: {self._core.counters()}", file=file or sys.stderr)
+
+    def clear_telemetry(self):
+        if self._tel is not None:
+            self._tel.clear()
+        self._core.reset_counters()
+
+    def scope(self, phase=None, **tags):
+        if self._tel is not None:
+            return self._tel.scope(phase, **tags)
+        from contextlib import nullcontext
+        return nullcontext()
+
+    # ------------------------------------------------------------------ calibration and lifecycle
+    def calibrate(self, ops=None, progress=True, repeats=3, max_seconds_per_op=None):
+        """Sweeps sizes of each op on both backends (forced), feeding the model; saves it. Returns a
+        {op: [(size, cpu_us, gpu_us or None)]} table of medians."""
+        from .calibration import calibrate
+        table = calibrate(self, ops=ops, progress=progress, repeats=repeats, max_seconds_per_op=max_seconds_per_op)
+        if self.config.persist_model:
+            self.save_model()
+        return table
+
+    def close(self):
+        """Saves the model (persist_model), flushes telemetry and releases the GPU. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.config.persist_model:
+            try:
+                self.save_model()
+            except OSError as e:
+                log.warning("hipsched: could not save the model to %s: %s", self._model_path, e)
+        if self._tel is not None:
+            self._tel.close()
+        try:
+            self._gpu.close()
+        except Exception as e:
+            log.warning("hipsched: GPU backend close failed: %s", e)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # ------------------------------------------------------------------ ops
     def add(self, a, b, *, backend="auto", stream=None):

@@ -1,0 +1,68 @@
+# The scheduler core's C state: declarations only (the logic is in _sched.pyx).
+from cpython.pythread cimport PyThread_type_lock
+
+cdef enum:
+    NBUCKETS = 48          # log2 size buckets: sizes up to 2**48 work units
+    MAX_SLOTS = 512        # (op, dtype) pairs
+    MAX_OPS = 128          # ops with a health record
+
+cdef struct Bucket:
+    double *ring           # last `window` latencies (us), arrival order
+    double *work_ring      # the work measure of each of those samples
+    double *sorted         # the same latencies, ascending (median in O(1), update in O(window))
+    int n                  # samples held (<= window)
+    int pos                # next slot to overwrite in the rings
+    double work_sum        # sum of work_ring[:n], for the bucket's mean work
+    long long total        # samples ever recorded
+    long long calls        # decisions taken for sizes in this bucket (exploration pacing)
+
+cdef struct Fit:           # t = a + b * work, weighted least squares over bucket medians
+    double a
+    double b
+    int valid
+    int dirty
+
+cdef struct Slot:          # one (op, dtype): a model per backend (0 cpu, 1 gpu)
+    int op_index
+    Bucket buckets[2][NBUCKETS]
+    Fit fit[2]
+
+cdef struct Health:        # GPU health of one op: success window + circuit breaker
+    unsigned char *window  # 1 success, 0 failure, ring of `window` outcomes
+    int n
+    int pos
+    int failures_in_window
+    int consecutive_failures
+    int state              # 0 closed, 1 open, 2 half-open
+    int probe_in_flight
+    long long opened_at_ns
+    long long successes
+    long long failures
+    long long times_opened
+
+cdef struct Counters:      # exact per-executor totals (only ever changed under the lock)
+    long long total
+    long long cpu
+    long long gpu
+    long long fallback
+    double cpu_time_us
+    double gpu_time_us
+
+cdef struct Params:
+    int window
+    int min_batch
+    int min_samples
+    int explore_period     # 1 in explore_period calls of an under-sampled bucket explores
+    int reprobe_period     # 1 in reprobe_period calls re-measures the losing side (0: never)
+    int strategy           # 0 automatic, 1 gpu_preferred, 2 cpu_preferred, 3 backend_only
+    int backend_only       # 0 cpu, 1 gpu (strategy backend_only)
+    int force_cpu
+    int breaker_failures
+    int health_min_samples
+    double success_threshold
+    double speedup_threshold
+    long long cooldown_ns
+    double h2d_latency_us
+    double h2d_us_per_byte
+    double d2h_latency_us
+    double d2h_us_per_byte

@@ -1,0 +1,557 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The scheduler core: per-call CPU/GPU decision, performance model and GPU health, in C structs.
+
+Every sample, decision and health change happens under one lock, so counts stay exact with many
+Python threads. Decide and record allocate nothing: all rings are allocated when an (op, dtype) slot
+is first registered. The rules and the model are described in docs/scheduling.md."""
+from libc.stdlib cimport calloc, free
+from libc.string cimport memmove
+from libc.math cimport NAN, isnan, log2
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from cpython.pythread cimport (PyThread_allocate_lock, PyThread_free_lock, PyThread_acquire_lock,
+                               PyThread_release_lock, WAIT_LOCK)
+
+# backends
+DEF CPU = 0
+DEF GPU = 1
+
+# decision flags (what the executor knows about this call)
+F_GPU_PRESENT = 1      # a working GPU backend exists
+F_GPU_SUPPORTS = 2     # it has this op and dtype, and the size is within its maximum
+F_FITS = 4             # the call fits in free device memory
+F_WANT_CPU = 8         # backend="cpu" on this call
+F_WANT_GPU = 16        # backend="gpu" on this call
+DEF _F_GPU_PRESENT = 1
+DEF _F_GPU_SUPPORTS = 2
+DEF _F_FITS = 4
+DEF _F_WANT_CPU = 8
+DEF _F_WANT_GPU = 16
+
+# reasons (indices into scheduling.SelectionReason order)
+REASONS = ("gpu_available", "gpu_unavailable", "cpu_fallback", "cost_model", "memory_constraint",
+           "user_preference", "below_min_batch", "gpu_unhealthy", "exploring")
+DEF R_GPU_AVAILABLE = 0
+DEF R_GPU_UNAVAILABLE = 1
+DEF R_CPU_FALLBACK = 2
+DEF R_COST_MODEL = 3
+DEF R_MEMORY = 4
+DEF R_USER = 5
+DEF R_BELOW_MIN = 6
+DEF R_UNHEALTHY = 7
+DEF R_EXPLORING = 8
+
+STRATEGIES = ("automatic", "gpu_preferred", "cpu_preferred", "backend_only")
+BREAKER_STATES = ("closed", "open", "half_open")
+DEF S_CLOSED = 0
+DEF S_OPEN = 1
+DEF S_HALF_OPEN = 2
+
+# A re-probe of the losing side is skipped when it is predicted this many times slower: drift that
+# large would not go unnoticed anyway, and probing it would cost more than it could ever win back.
+DEF REPROBE_MAX_RATIO = 4.0
+# A GPU sample is its wall time less the modelled copies, but never less than this share of the wall
+# time (a too-pessimistic transfer model must not produce zero-cost kernels).
+DEF MIN_KERNEL_SHARE = 0.1
+
+
+cdef inline long long now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1000000000LL + ts.tv_nsec
+
+
+cdef inline int bucket_of(double size) noexcept nogil:
+    if size < 2.0:
+        return 0
+    cdef int b = <int>log2(size)
+    return b if b < NBUCKETS else NBUCKETS - 1
+
+
+cdef inline int lower_bound(const double *s, int n, double v) noexcept nogil:
+    cdef int lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if s[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline double bucket_median(const Bucket *bk) noexcept nogil:
+    # the lower median: with two samples, one of them a spike, the normal one wins
+    return bk.sorted[(bk.n - 1) >> 1]
+
+
+cdef void bucket_add(Bucket *bk, int window, double t, double work) noexcept nogil:
+    cdef int i
+    if bk.n == window:  # evict the oldest sample from the sorted view
+        i = lower_bound(bk.sorted, bk.n, bk.ring[bk.pos])
+        memmove(&bk.sorted[i], &bk.sorted[i + 1], (bk.n - i - 1) * sizeof(double))
+        bk.n -= 1
+        bk.work_sum -= bk.work_ring[bk.pos]
+    i = lower_bound(bk.sorted, bk.n, t)
+    memmove(&bk.sorted[i + 1], &bk.sorted[i], (bk.n - i) * sizeof(double))
+    bk.sorted[i] = t
+    bk.n += 1
+    bk.ring[bk.pos] = t
+    bk.work_ring[bk.pos] = work
+    bk.work_sum += work
+    bk.pos = (bk.pos + 1) % window
+    bk.total += 1
+
+
+cdef void refit(Slot *s, int be) noexcept nogil:
+    """Weighted least squares t = a + b*w over the buckets' (mean work, median), weights 1/t^2 so
+    that every bucket counts by its relative error (sizes span many orders of magnitude)."""
+    cdef double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0, x, y, wt, det, a, b
+    cdef int i, npts = 0
+    cdef Bucket *bk
+    cdef Fit *f = &s.fit[be]
+    f.dirty = 0
+    for i in range(NBUCKETS):
+        bk = &s.buckets[be][i]
+        if bk.n == 0:
+            continue
+        x = bk.work_sum / bk.n
+        y = bucket_median(bk)
+        if y <= 0:
+            y = 1e-3
+        wt = 1.0 / (y * y)
+        sw += wt; swx += wt * x; swy += wt * y; swxx += wt * x * x; swxy += wt * x * y
+        npts += 1
+    if npts == 0:
+        f.valid = 0
+        return
+    if npts == 1:
+        # one point says nothing about the shape: split it between fixed and per-unit cost
+        x = swx / sw
+        y = swy / sw
+        f.a = 0.5 * y
+        f.b = 0.5 * y / x if x > 0 else 0.0
+        f.valid = 1
+        return
+    det = sw * swxx - swx * swx
+    if det <= 0:
+        f.a = swy / sw; f.b = 0.0
+    else:
+        b = (sw * swxy - swx * swy) / det
+        a = (swy - b * swx) / sw
+        if b < 0:           # cost cannot fall with work: a constant
+            a = swy / sw; b = 0.0
+        elif a < 0:         # nor be negative for tiny work: a line through the origin
+            a = 0.0; b = swxy / swxx
+        f.a = a; f.b = b
+    f.valid = 1
+
+
+cdef inline double fit_at(Fit *f, double w) noexcept nogil:
+    return f.a + f.b * w
+
+
+cdef double predict_us(Slot *s, int be, double size) noexcept nogil:
+    """Bucket median (scaled by the fit's slope within the bucket), else the fit, else NaN."""
+    cdef int b = bucket_of(size)
+    cdef Bucket *bk = &s.buckets[be][b]
+    cdef Fit *f = &s.fit[be]
+    cdef double med, ratio, at_mean
+    if f.dirty:
+        refit(s, be)
+    if bk.n > 0:
+        med = bucket_median(bk)
+        if f.valid:
+            at_mean = fit_at(f, bk.work_sum / bk.n)
+            if at_mean > 0:
+                ratio = fit_at(f, size) / at_mean
+                if ratio < 0.5:
+                    ratio = 0.5
+                elif ratio > 2.0:
+                    ratio = 2.0
+                med *= ratio
+        return med
+    if f.valid:
+        return fit_at(f, size)
+    return NAN
+
+
+cdef class SchedCore:
+    """Owns the C state; the Python Executor calls `decide` and `record` once per call each."""
+    cdef Params p
+    cdef Slot *slots[MAX_SLOTS]
+    cdef int nslots
+    cdef Health hl[MAX_OPS]
+    cdef int nops
+    cdef Counters c
+    cdef PyThread_type_lock lock
+    cdef dict slot_ids
+    cdef dict op_ids
+
+    def __cinit__(self):
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError("hipsched: cannot allocate the scheduler lock")
+        self.slot_ids = {}
+        self.op_ids = {}
+
+    def __init__(self, int window=100, int min_batch=64, int min_samples=3, double exploration_share=0.2,
+                 int reprobe_interval=200, str strategy="automatic", str backend_only="cpu",
+                 bint force_cpu=False, int breaker_failures=3, int health_min_samples=20,
+                 double success_threshold=0.95, double speedup_threshold=1.0, double cooldown_s=5.0):
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self.p.window = window
+        self.p.min_batch = min_batch
+        self.p.min_samples = min_samples
+        self.p.explore_period = max(1, <int>(1.0 / exploration_share + 0.5)) if exploration_share > 0 else 0
+        self.p.reprobe_period = reprobe_interval
+        self.p.strategy = STRATEGIES.index(strategy)
+        self.p.backend_only = 1 if backend_only == "gpu" else 0
+        self.p.force_cpu = force_cpu
+        self.p.breaker_failures = breaker_failures
+        self.p.health_min_samples = health_min_samples
+        self.p.success_threshold = success_threshold
+        self.p.speedup_threshold = speedup_threshold
+        self.p.cooldown_ns = <long long>(cooldown_s * 1e9)
+        # until measured: a PCIe-class link (about 10 us per copy, 12 GB/s)
+        self.set_transfer(10.0, 12.0, 10.0, 12.0)
+
+    def __dealloc__(self):
+        cdef int i, be, b
+        for i in range(self.nslots):
+            for be in range(2):
+                for b in range(NBUCKETS):
+                    free(self.slots[i].buckets[be][b].ring)
+                    free(self.slots[i].buckets[be][b].work_ring)
+                    free(self.slots[i].buckets[be][b].sorted)
+            free(self.slots[i])
+        for i in range(self.nops):
+            free(self.hl[i].window)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    # ------------------------------------------------------------ setup (not the hot path)
+    def set_transfer(self, double h2d_latency_us, double h2d_gbps, double d2h_latency_us, double d2h_gbps):
+        """Copy cost model: latency (us) plus bytes / bandwidth (GB/s = 1e3 bytes per us)."""
+        if h2d_gbps <= 0 or d2h_gbps <= 0 or h2d_latency_us < 0 or d2h_latency_us < 0:
+            raise ValueError("transfer model needs latencies >= 0 and bandwidths > 0")
+        self.p.h2d_latency_us = h2d_latency_us
+        self.p.h2d_us_per_byte = 1.0 / (h2d_gbps * 1e3)
+        self.p.d2h_latency_us = d2h_latency_us
+        self.p.d2h_us_per_byte = 1.0 / (d2h_gbps * 1e3)
+
+    def transfer_model(self):
+        return {"h2d_latency_us": self.p.h2d_latency_us, "h2d_gbps": 1.0 / (self.p.h2d_us_per_byte * 1e3),
+                "d2h_latency_us": self.p.d2h_latency_us, "d2h_gbps": 1.0 / (self.p.d2h_us_per_byte * 1e3)}
+
+    cdef int _op_index(self, str op) except -1:
+        cdef int i
+        cdef unsigned char *w
+        i = self.op_ids.get(op, -1)
+        if i >= 0:
+            return i
+        if self.nops >= MAX_OPS:
+            raise RuntimeError(f"hipsched: more than {MAX_OPS} ops")
+        w = <unsigned char *>calloc(self.p.window, 1)
+        if w == NULL:
+            raise MemoryError()
+        i = self.nops
+        self.hl[i].window = w
+        self.nops += 1
+        self.op_ids[op] = i
+        return i
+
+    def slot(self, str op, str dtype):
+        """The slot id of (op, dtype), created (and its rings allocated) on first use."""
+        key = (op, dtype)
+        sid = self.slot_ids.get(key)
+        if sid is not None:
+            return sid
+        cdef Slot *s
+        cdef int be, b, w = self.p.window
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            sid = self.slot_ids.get(key)
+            if sid is not None:
+                return sid
+            if self.nslots >= MAX_SLOTS:
+                raise RuntimeError(f"hipsched: more than {MAX_SLOTS} (op, dtype) pairs")
+            s = <Slot *>calloc(1, sizeof(Slot))
+            if s == NULL:
+                raise MemoryError()
+            for be in range(2):
+                for b in range(NBUCKETS):
+                    s.buckets[be][b].ring = <double *>calloc(w, sizeof(double))
+                    s.buckets[be][b].work_ring = <double *>calloc(w, sizeof(double))
+                    s.buckets[be][b].sorted = <double *>calloc(w, sizeof(double))
+                    if (s.buckets[be][b].ring == NULL or s.buckets[be][b].work_ring == NULL
+                            or s.buckets[be][b].sorted == NULL):
+                        raise MemoryError()
+            s.op_index = self._op_index(op)
+            self.slots[self.nslots] = s
+            sid = self.nslots
+            self.nslots += 1
+            self.slot_ids[key] = sid
+            return sid
+        finally:
+            PyThread_release_lock(self.lock)
+
+    # ------------------------------------------------------------ the hot path
+    cdef inline double _xfer(self, double h2d, double d2h) noexcept nogil:
+        cdef double t = 0
+        if h2d > 0:
+            t += self.p.h2d_latency_us + h2d * self.p.h2d_us_per_byte
+        if d2h > 0:
+            t += self.p.d2h_latency_us + d2h * self.p.d2h_us_per_byte
+        return t
+
+    cdef int _decide(self, Slot *s, double size, double h2d, double d2h, int flags,
+                     double *pc, double *pg, bint commit) noexcept nogil:
+        """Returns backend | reason << 1, and the predicted us on each side (NaN when unknown).
+        Without `commit` nothing changes (exploration pacing, breaker state): a what-if query."""
+        cdef Params *p = &self.p
+        cdef Health *h = &self.hl[s.op_index]
+        cdef Bucket *bc
+        cdef Bucket *bg
+        cdef int gpu_ok = (flags & _F_GPU_PRESENT) and (flags & _F_GPU_SUPPORTS)
+        cdef long long calls
+        cdef double c, g
+        c = predict_us(s, CPU, size)
+        g = predict_us(s, GPU, size)
+        if not isnan(g):
+            g += self._xfer(h2d, d2h)
+        pc[0] = c
+        pg[0] = g
+        # 1. what the user asked for
+        if p.force_cpu or flags & _F_WANT_CPU:
+            return CPU | R_USER << 1
+        if flags & _F_WANT_GPU or (p.strategy == 3 and p.backend_only == GPU):
+            return (GPU | R_USER << 1) if gpu_ok else (CPU | R_GPU_UNAVAILABLE << 1)
+        if p.strategy == 3:
+            return CPU | R_USER << 1
+        # 2. capability
+        if not gpu_ok:
+            return CPU | R_GPU_UNAVAILABLE << 1
+        if not flags & _F_FITS:
+            return CPU | R_MEMORY << 1
+        # 3. health: while open, CPU; after the cooldown one probe call goes to the GPU
+        if h.state != S_CLOSED:
+            if h.state == S_OPEN and size >= p.min_batch and now_ns() - h.opened_at_ns >= p.cooldown_ns:
+                if commit:
+                    h.state = S_HALF_OPEN
+                    h.probe_in_flight = 1
+                return GPU | R_EXPLORING << 1
+            return CPU | R_UNHEALTHY << 1
+        # 4. too small to be worth a launch
+        if size < p.min_batch:
+            return CPU | R_BELOW_MIN << 1
+        # 5. fixed preferences
+        if p.strategy == 1:
+            return GPU | R_GPU_AVAILABLE << 1
+        if p.strategy == 2:
+            return CPU | R_USER << 1
+        # 6. learn what is not known yet, then re-probe now and then
+        bc = &s.buckets[CPU][bucket_of(size)]
+        bg = &s.buckets[GPU][bucket_of(size)]
+        calls = bc.calls + 1
+        if commit:
+            bc.calls = calls
+        if bg.n < p.min_samples or bc.n < p.min_samples:
+            if p.explore_period > 0 and calls % p.explore_period == 0:
+                return (GPU if bg.n <= bc.n else CPU) | R_EXPLORING << 1
+        elif p.reprobe_period > 0 and calls % p.reprobe_period == 0:
+            if g * p.speedup_threshold < c:   # GPU wins: re-probe the CPU unless far behind
+                if c < REPROBE_MAX_RATIO * g:
+                    return CPU | R_EXPLORING << 1
+            elif g < REPROBE_MAX_RATIO * c:
+                return GPU | R_EXPLORING << 1
+        # 7. the cost model: least predicted completion time, the GPU needing the configured speedup
+        if isnan(g):
+            return CPU | R_COST_MODEL << 1
+        if isnan(c) or g * p.speedup_threshold < c:
+            return GPU | R_COST_MODEL << 1
+        return CPU | R_COST_MODEL << 1
+
+    def decide(self, int slot, double size, double h2d_bytes=0.0, double d2h_bytes=0.0, int flags=0,
+               bint commit=True):
+        """(backend 0 cpu / 1 gpu, reason index into REASONS, predicted cpu us, predicted gpu us)."""
+        cdef double pc, pg
+        cdef int r
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        # The GIL is kept: releasing it would cost more than the decision. The lock still serialises
+        # the state for callers that do release it (and for free-threaded builds).
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        r = self._decide(self.slots[slot], size, h2d_bytes, d2h_bytes, flags, &pc, &pg, commit)
+        PyThread_release_lock(self.lock)
+        return r & 1, r >> 1, pc, pg
+
+    cdef void _health(self, Health *h, bint ok) noexcept nogil:
+        cdef Params *p = &self.p
+        if h.n == p.window:
+            if not h.window[h.pos]:
+                h.failures_in_window -= 1
+        else:
+            h.n += 1
+        h.window[h.pos] = 1 if ok else 0
+        h.pos = (h.pos + 1) % p.window
+        if ok:
+            h.successes += 1
+            h.consecutive_failures = 0
+            if h.state == S_HALF_OPEN:  # the probe worked: close with a clean slate
+                h.state = S_CLOSED
+                h.probe_in_flight = 0
+                h.n = 0
+                h.pos = 0
+                h.failures_in_window = 0
+            return
+        h.failures += 1
+        h.failures_in_window += 1
+        h.consecutive_failures += 1
+        if h.state == S_HALF_OPEN or (h.state == S_CLOSED and (
+                h.consecutive_failures >= p.breaker_failures or
+                (h.n >= p.health_min_samples and
+                 (h.n - h.failures_in_window) < p.success_threshold * h.n))):
+            if h.state == S_CLOSED:
+                h.times_opened += 1
+            h.state = S_OPEN
+            h.probe_in_flight = 0
+            h.opened_at_ns = now_ns()
+
+    cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
+                      bint ok, bint final, bint fallback) noexcept nogil:
+        cdef double t
+        cdef int b
+        if backend == GPU:
+            self._health(&self.hl[s.op_index], ok)
+        if ok and dur_us >= 0:
+            t = dur_us
+            if backend == GPU:
+                t -= self._xfer(h2d, d2h)
+                if t < MIN_KERNEL_SHARE * dur_us:
+                    t = MIN_KERNEL_SHARE * dur_us
+            b = bucket_of(size)
+            bucket_add(&s.buckets[backend][b], self.p.window, t, size)
+            s.fit[backend].dirty = 1
+        if final:
+            self.c.total += 1
+            if fallback:
+                self.c.fallback += 1
+            if backend == GPU:
+                self.c.gpu += 1
+                self.c.gpu_time_us += dur_us
+            else:
+                self.c.cpu += 1
+                self.c.cpu_time_us += dur_us
+
+    def record(self, int slot, int backend, double size, double duration_us, double h2d_bytes=0.0,
+               double d2h_bytes=0.0, bint ok=True, bint final=True, bint fallback=False):
+        """One measured run. A GPU run updates the op's health; a successful run adds a latency sample
+        (GPU samples less the modelled copies); `final` runs count as one operation each."""
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        self._record(self.slots[slot], backend & 1, size, duration_us, h2d_bytes, d2h_bytes, ok, final,
+                     fallback)
+        PyThread_release_lock(self.lock)
+
+    # ------------------------------------------------------------ introspection and persistence
+    def counters(self):
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        c = self.c
+        PyThread_release_lock(self.lock)
+        return {"total_operations": c.total, "cpu_operations": c.cpu, "gpu_operations": c.gpu,
+                "fallback_operations": c.fallback, "cpu_time_us": c.cpu_time_us, "gpu_time_us": c.gpu_time_us}
+
+    def reset_counters(self):
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        self.c.total = self.c.cpu = self.c.gpu = self.c.fallback = 0
+        self.c.cpu_time_us = self.c.gpu_time_us = 0
+        PyThread_release_lock(self.lock)
+
+    def health(self, str op):
+        """The GPU health of `op`: breaker state, success rate over the window, totals."""
+        i = self.op_ids.get(op)
+        if i is None:
+            return {"state": "closed", "success_rate": 1.0, "window": 0, "consecutive_failures": 0,
+                    "successes": 0, "failures": 0, "times_opened": 0}
+        cdef Health h
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        h = self.hl[<int>i]
+        PyThread_release_lock(self.lock)
+        return {"state": BREAKER_STATES[h.state],
+                "success_rate": (h.n - h.failures_in_window) / h.n if h.n else 1.0, "window": h.n,
+                "consecutive_failures": h.consecutive_failures, "successes": h.successes,
+                "failures": h.failures, "times_opened": h.times_opened}
+
+    def predict(self, int slot, int backend, double size):
+        """Predicted kernel us (no copies) on one side, NaN when nothing is known."""
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        cdef double r
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        r = predict_us(self.slots[slot], backend & 1, size)
+        PyThread_release_lock(self.lock)
+        return r
+
+    def buckets(self, int slot, int backend):
+        """[(bucket, samples held, mean work, median us, samples ever)] for buckets with data."""
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        out = []
+        cdef Bucket *bk
+        cdef int b
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            for b in range(NBUCKETS):
+                bk = &self.slots[slot].buckets[backend & 1][b]
+                if bk.n:
+                    out.append((b, bk.n, bk.work_sum / bk.n, bucket_median(bk), bk.total))
+        finally:
+            PyThread_release_lock(self.lock)
+        return out
+
+    def export_samples(self):
+        """{(op, dtype): [[(work, us), ...] cpu oldest first, [...] gpu]} for persistence."""
+        out = {}
+        cdef Bucket *bk
+        cdef int be, b, i, j, w = self.p.window
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            for key, sid in self.slot_ids.items():
+                sides = []
+                for be in range(2):
+                    samples = []
+                    for b in range(NBUCKETS):
+                        bk = &self.slots[<int>sid].buckets[be][b]
+                        for i in range(bk.n):
+                            j = (bk.pos - bk.n + i + w) % w
+                            samples.append((bk.work_ring[j], bk.ring[j]))
+                    sides.append(samples)
+                if sides[0] or sides[1]:
+                    out[key] = sides
+        finally:
+            PyThread_release_lock(self.lock)
+        return out
+
+    def import_samples(self, dict data):
+        """Loads what export_samples produced (samples are model state, not operations: no counts)."""
+        cdef int sid, be
+        cdef double w, t
+        for key, sides in data.items():
+            sid = self.slot(key[0], key[1])
+            for be in range(2):
+                for w, t in sides[be]:
+                    if not (w >= 0 and t >= 0):
+                        raise ValueError(f"bad sample ({w}, {t}) for {key}")
+                    PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                    bucket_add(&self.slots[sid].buckets[be][bucket_of(w)], self.p.window, t, w)
+                    self.slots[sid].fit[be].dirty = 1
+                    PyThread_release_lock(self.lock)
+
+    @property
+    def window(self):
+        return self.p.window
+
+    @property
+    def min_samples(self):
+        return self.p.min_samples

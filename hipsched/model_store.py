@@ -1,0 +1,76 @@
+"""Persistence of the learned performance model: one JSON file per (host, device, package version) in
+the cache directory, so a new process starts calibrated. Written atomically (temp file + os.replace);
+a corrupt file, or one written for another host/device/version, is ignored with a warning."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import tempfile
+import warnings
+
+FORMAT = 1
+
+
+def model_key(device: str | None, version: str) -> dict:
+    return {"host": socket.gethostname(), "machine": platform.machine(), "device": device or "none",
+            "version": version}
+
+
+def model_path(cache_dir: str, key: dict) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir, f"model-{digest}.json")
+
+
+def save_model(path: str, key: dict, samples: dict, transfer: dict | None) -> None:
+    """samples: {(op, dtype): [cpu [(work, us)...], gpu [...]]} as SchedCore.export_samples gives."""
+    payload = {"format": FORMAT, "key": key, "transfer": transfer,
+               "samples": [{"op": op, "dtype": dt, "cpu": sides[0], "gpu": sides[1]}
+                           for (op, dt), sides in sorted(samples.items())]}
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".tmp", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_model(path: str, key: dict):
+    """(samples, transfer) or None when there is no usable file (warning when one exists but is bad)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as fh:
+            payload = json.load(fh)
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise ValueError(f"format {payload.get('format') if isinstance(payload, dict) else '?'} != {FORMAT}")
+        if payload.get("key") != key:
+            warnings.warn(f"hipsched: model file {path} was written for {payload.get('key')}, not {key}; ignored",
+                          RuntimeWarning, stacklevel=3)
+            return None
+        samples = {}
+        for entry in payload["samples"]:
+            sides = []
+            for side in ("cpu", "gpu"):
+                pts = [(float(w), float(t)) for w, t in entry[side]]
+                if not all(math.isfinite(w) and math.isfinite(t) and w >= 0 and t >= 0 for w, t in pts):
+                    raise ValueError(f"bad sample in {entry['op']}/{side}")
+                sides.append(pts)
+            samples[(str(entry["op"]), str(entry["dtype"]))] = sides
+        transfer = payload.get("transfer")
+        if transfer is not None:
+            transfer = {k: float(transfer[k]) for k in ("h2d_latency_us", "h2d_gbps", "d2h_latency_us", "d2h_gbps")}
+        return samples, transfer
+    except (ValueError, KeyError, TypeError, OSError) as e:  # json.JSONDecodeError is a ValueError
+        warnings.warn(f"hipsched: model file {path} is unreadable ({type(e).__name__}: {e}); ignored, starting "
+                      f"from an empty model", RuntimeWarning, stacklevel=3)
+        return None

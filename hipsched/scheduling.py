@@ -1,0 +1,117 @@
+"""The scheduler's public types: strategies, reasons, capabilities, a decision, and the seeds'
+PerformanceTracker view over the learned model. The model itself lives in hipsched._sched."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from . import _sched
+
+
+class ExecutionStrategy(str, Enum):
+    AUTOMATIC = "automatic"
+    GPU_PREFERRED = "gpu_preferred"
+    CPU_PREFERRED = "cpu_preferred"
+    BACKEND_ONLY = "backend_only"
+
+
+class SelectionReason(str, Enum):
+    GPU_AVAILABLE = "gpu_available"          # strategy gpu_preferred sent it to the GPU
+    GPU_UNAVAILABLE = "gpu_unavailable"      # no GPU, or none for this op / dtype / size
+    CPU_FALLBACK = "cpu_fallback"            # the GPU failed; the call reran on the CPU
+    COST_MODEL = "cost_model"                # least predicted completion time
+    MEMORY_CONSTRAINT = "memory_constraint"  # does not fit in free device memory
+    USER_PREFERENCE = "user_preference"      # backend= on the call, force_cpu_mode, or a fixed strategy
+    BELOW_MIN_BATCH = "below_min_batch"      # smaller than gpu_min_batch_size
+    GPU_UNHEALTHY = "gpu_unhealthy"          # the op's circuit breaker is open
+    EXPLORING = "exploring"                  # sent to the side whose model needs samples (or a breaker probe)
+
+
+# the core returns reasons as indices; both tuples must list them in the same order
+REASONS = tuple(SelectionReason(r) for r in _sched.REASONS)
+assert [r.value for r in REASONS] == [r.value for r in SelectionReason]
+BACKENDS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class OpCapability:
+    """What one backend can do for one op."""
+    op: str
+    backend: str
+    dtypes: tuple[str, ...]
+    max_elements: int              # largest Call.size accepted
+    required_feature: str | None = None   # e.g. "avx2" (optional speed-up) or "gpu"
+
+
+@dataclass(frozen=True)
+class BackendSelection:
+    backend_id: str                # "cpu" | "gpu"
+    reason: SelectionReason
+    estimated_cost: dict = field(default_factory=dict)   # {"cpu": us or None, "gpu": us or None}
+
+    @property
+    def backend(self) -> str:
+        return self.backend_id
+
+
+@dataclass(frozen=True)
+class ExecutorCapabilities:
+    gpu_available: bool
+    gpu_device_name: str | None
+    cpu_simd_level: str
+    reasons: tuple[str, ...]       # why the GPU is unavailable (empty when it is available)
+    gpu_runtime: str | None = None
+    gpu_arch: str | None = None
+    cpu_threads: int = 1
+    ops: tuple[OpCapability, ...] = ()
+
+    def supports(self, op: str, backend: str = "gpu") -> bool:
+        return any(c.op == op and c.backend == backend for c in self.ops)
+
+
+def us_or_none(x: float):
+    return None if x is None or math.isnan(x) else float(x)
+
+
+class PerformanceTracker:
+    """The seeds' tracker API over the executor's learned model. Latencies in microseconds; `size` is
+    the op's work measure (Call.size), needed to put a sample in its size bucket."""
+
+    def __init__(self, core, dtype: str = "float32"):
+        self._core = core
+        self._dtype = dtype
+
+    def _slot(self, op):
+        return self._core.slot(op, self._dtype)
+
+    def record_cpu_latency(self, op: str, latency_us: float, size: int = 1) -> None:
+        self._core.record(self._slot(op), 0, size, latency_us, 0.0, 0.0, True, False, False)
+
+    def record_gpu_success(self, op: str, latency_us: float, size: int = 1) -> None:
+        self._core.record(self._slot(op), 1, size, latency_us, 0.0, 0.0, True, False, False)
+
+    def record_gpu_failure(self, op: str, size: int = 1) -> None:
+        self._core.record(self._slot(op), 1, size, 0.0, 0.0, 0.0, False, False, False)
+
+    def gpu_speedup(self, op: str, size: int | None = None):
+        """Predicted CPU time / GPU kernel time at `size`, or, without a size, the median of that
+        ratio over the size buckets measured on both sides. None when there is not enough data."""
+        sid = self._slot(op)
+        if size is not None:
+            c, g = self._core.predict(sid, 0, size), self._core.predict(sid, 1, size)
+            return None if math.isnan(c) or math.isnan(g) or g <= 0 else c / g
+        cpu = {b[0]: b[3] for b in self._core.buckets(sid, 0)}
+        ratios = sorted(cpu[b[0]] / b[3] for b in self._core.buckets(sid, 1) if b[0] in cpu and b[3] > 0)
+        return ratios[(len(ratios) - 1) // 2] if ratios else None
+
+    def gpu_success_rate(self, op: str) -> float:
+        """Share of the op's recent GPU runs (the window) that succeeded; 1.0 before any."""
+        return self._core.health(op)["success_rate"]
+
+    def breaker_state(self, op: str) -> str:
+        return self._core.health(op)["state"]
+
+    def samples(self, op: str, backend: str = "cpu") -> list[tuple]:
+        """[(bucket, samples held, mean size, median us, samples ever)] per measured size bucket."""
+        return self._core.buckets(self._slot(op), BACKENDS.index(backend))
