@@ -122,10 +122,10 @@ def _as_queries(q_in):
 def _cosine_scores(ctx, q, T, m, n, d, stream):
     """Device (m, n) cosine scores; q and T already on the device."""
     scores = ctx.empty((m, n), np.float32, stream)
-    qq = ctx.empty((m,), np.float32, stream)
+    qinv = ctx.empty((m,), np.float32, stream)
     warps_per_block = BLOCK // ctx.warp_size
-    ctx.launch(ctx.function("similarity", "hs_row_sqnorm_f32"), max(1, min(-(-m // warps_per_block), 65535)),
-               BLOCK, (q, qq, c_int64(m), c_int64(d)), stream=stream)
+    ctx.launch(ctx.function("similarity", "hs_row_inv_norm_f32"), max(1, min(-(-m // warps_per_block), 65535)),
+               BLOCK, (q, qinv, c_int64(m), c_int64(d)), stream=stream)
     vec = d % 4 == 0 and _aligned(q, T)
     many = m > 1
     name = "hs_cosine_f32_q8" if many else "hs_cosine_f32_q1"
@@ -134,7 +134,7 @@ def _cosine_scores(ctx, q, T, m, n, d, stream):
     grid = ctx.blocks_for(n * ctx.warp_size, BLOCK)
     step = COSINE_MQ if many else 1
     for q0 in range(0, m, step):
-        ctx.launch(fn, grid, BLOCK, (q, qq, T, scores, c_int64(m), c_int64(n), c_int64(d), c_int64(q0)),
+        ctx.launch(fn, grid, BLOCK, (q, qinv, T, scores, c_int64(m), c_int64(n), c_int64(d), c_int64(q0)),
                    stream=stream)
     return scores
 

@@ -1,31 +1,34 @@
 // Cosine similarity of m queries against the n rows of T, and exact top-k by that score on the device.
-// Semantics of the CPU engine: sim = dot / (|q| * |t|), and 0 when either vector is all zeros; NaN in
-// an input propagates. Top-k ranks by score descending, ties to the lower index, NaN below every number.
+// Same arithmetic as the CPU engine: sim = (float)(dot * qinv * tinv) in double, where inv(nn) =
+// 1/sqrt(nn) for a norm 0 < nn < inf and 0 otherwise. So a zero vector scores 0 against any finite
+// vector, and NaN or inf in either vector gives NaN (the dot is NaN/inf, times 0 or not).
+// Top-k ranks by score descending, ties to the lower index, NaN below every number.
 
-// Squared norms of the rows of x (rows, d): one warp per row.
-HS_KERNEL void hs_row_sqnorm_f32(const float* __restrict__ x, float* __restrict__ out, hs_i64 rows, hs_i64 d) {
+HS_DEV double hs_inv_sqrt_norm(float nn) { return (nn > 0.0f && nn < HS_INF) ? 1.0 / sqrt((double)nn) : 0.0; }
+
+// Inverse norms (float, as the CPU keeps them) of the rows of x (rows, d): one warp per row.
+HS_KERNEL void hs_row_inv_norm_f32(const float* __restrict__ x, float* __restrict__ out, hs_i64 rows, hs_i64 d) {
     const int lane = threadIdx.x % HS_WARP;
     const hs_i64 warps = hs_gstride() / HS_WARP;
     for (hs_i64 r = hs_gid() / HS_WARP; r < rows; r += warps) {
         float s = 0.0f;
         for (hs_i64 j = lane; j < d; j += HS_WARP) { const float v = x[r * d + j]; s += v * v; }
         s = hs_warp_reduce<HsSum>(s);
-        if (lane == 0) out[r] = s;
+        if (lane == 0) out[r] = (float)hs_inv_sqrt_norm(s);
     }
 }
 
-HS_DEV float hs_cosine_from(float dot, float qq, float tt) {
-    if (qq == 0.0f || tt == 0.0f) return 0.0f;
-    return dot / (hs_sqrt(qq) * hs_sqrt(tt));
+HS_DEV float hs_cosine_from(float dot, float qinv, float tt) {
+    return (float)((double)dot * (double)qinv * hs_inv_sqrt_norm(tt));
 }
 
 HS_DEV float hs_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
 // One warp per row of T: the row is streamed once (VEC floats per lane per step) while MQ queries are
 // scored against it, and its norm comes from the same loads. Queries beyond MQ take further passes
-// over T (mostly from L2). out is (m, n); qq holds the queries' squared norms.
+// over T (mostly from L2). out is (m, n); qinv holds the queries' inverse norms.
 template <int MQ, int VEC>
-HS_DEV void hs_cosine_body(const float* __restrict__ q, const float* __restrict__ qq, const float* __restrict__ T,
+HS_DEV void hs_cosine_body(const float* __restrict__ q, const float* __restrict__ qinv, const float* __restrict__ T,
                            float* __restrict__ out, hs_i64 m, hs_i64 n, hs_i64 d, hs_i64 q0) {
     const int lane = threadIdx.x % HS_WARP;
     const hs_i64 warps = hs_gstride() / HS_WARP;
@@ -59,21 +62,21 @@ HS_DEV void hs_cosine_body(const float* __restrict__ q, const float* __restrict_
         for (int k = 0; k < MQ; ++k) {
             if (k < nq) {
                 const float dot = hs_warp_reduce<HsSum>(acc[k]);
-                if (lane == 0) out[(q0 + k) * n + r] = hs_cosine_from(dot, qq[q0 + k], tt);
+                if (lane == 0) out[(q0 + k) * n + r] = hs_cosine_from(dot, qinv[q0 + k], tt);
             }
         }
     }
 }
 
 // q0: first query of this pass. *_v4 need d % 4 == 0 and 16-byte aligned q and T.
-HS_KERNEL void hs_cosine_f32_q1(const float* q, const float* qq, const float* T, float* out, hs_i64 m, hs_i64 n,
-                                hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 1>(q, qq, T, out, m, n, d, q0); }
-HS_KERNEL void hs_cosine_f32_q1_v4(const float* q, const float* qq, const float* T, float* out, hs_i64 m, hs_i64 n,
-                                   hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 4>(q, qq, T, out, m, n, d, q0); }
-HS_KERNEL void hs_cosine_f32_q8(const float* q, const float* qq, const float* T, float* out, hs_i64 m, hs_i64 n,
-                                hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 1>(q, qq, T, out, m, n, d, q0); }
-HS_KERNEL void hs_cosine_f32_q8_v4(const float* q, const float* qq, const float* T, float* out, hs_i64 m, hs_i64 n,
-                                   hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 4>(q, qq, T, out, m, n, d, q0); }
+HS_KERNEL void hs_cosine_f32_q1(const float* q, const float* qinv, const float* T, float* out, hs_i64 m, hs_i64 n,
+                                hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 1>(q, qinv, T, out, m, n, d, q0); }
+HS_KERNEL void hs_cosine_f32_q1_v4(const float* q, const float* qinv, const float* T, float* out, hs_i64 m, hs_i64 n,
+                                   hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 4>(q, qinv, T, out, m, n, d, q0); }
+HS_KERNEL void hs_cosine_f32_q8(const float* q, const float* qinv, const float* T, float* out, hs_i64 m, hs_i64 n,
+                                hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 1>(q, qinv, T, out, m, n, d, q0); }
+HS_KERNEL void hs_cosine_f32_q8_v4(const float* q, const float* qinv, const float* T, float* out, hs_i64 m, hs_i64 n,
+                                   hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 4>(q, qinv, T, out, m, n, d, q0); }
 
 // ---------------------------------------------------------------------------------------------- top-k
 

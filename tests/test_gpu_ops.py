@@ -1,0 +1,301 @@
+"""GPU add, scale, softmax, cosine_similarity, top_k and matmul against the CPU engine and NumPy/SciPy,
+over the CPU tests' shapes, host arrays in -> NumPy out and device arrays in -> device arrays out.
+Every test needs a real GPU (marked `gpu`, skipped elsewhere). Tolerances:
+- add, scale: bit-exact (one float32 operation per element, as NumPy does).
+- softmax: |gpu - scipy(float64)| <= 2e-6 * |ref| + 1e-7 per element (device expf is within 2 ulp);
+  NaN exactly where scipy's formula gives NaN.
+- cosine_similarity: |gpu - cpu| <= 3e-6 + 2e-7 * sqrt(d) (float32 dots summed in another order);
+  exactly 0 for zero vectors and NaN where the CPU gives NaN.
+- top_k: identical indices where the scores are separated (random data; duplicated rows give exact
+  ties that must resolve to the lower index on both sides), scores as cosine_similarity.
+- matmul: |gpu - numpy(float64)| <= 1e-5 * (|a| @ |b|) elementwise (vendor BLAS and our tiled kernel).
+"""
+import numpy as np
+import pytest
+
+from hipsched.ops import OPS
+
+pytestmark = pytest.mark.gpu
+
+SIZES = [0, 1, 7, 8, 9, 31, 33, 100, 1000]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from hipsched.backends.gpu import create_gpu_backend
+    be = create_gpu_backend()
+    if not be.available:
+        pytest.skip(f"no GPU: {be.unavailable_reason}")
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    from hipsched.backends.cpu import CpuBackend
+    return CpuBackend()
+
+
+def run(backend, op, *args, **kwargs):
+    return backend.run(OPS[op].prepare(*args, **kwargs))
+
+
+def on_device(x):
+    from hipsched.gpu.memory import to_device
+    return to_device(np.ascontiguousarray(x, dtype=np.float32))
+
+
+def as_host(x):
+    from hipsched.gpu.memory import DeviceArray
+    assert isinstance(x, DeviceArray), f"device inputs must give a DeviceArray, got {type(x).__name__}"
+    return x.get()
+
+
+# ------------------------------------------------------------------ elementwise
+
+@pytest.mark.parametrize("n", SIZES + [4099, 1 << 20])
+def test_add_scale_exact(gpu, rng, n):
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    np.testing.assert_array_equal(run(gpu, "add", a, b), a + b)
+    np.testing.assert_array_equal(run(gpu, "scale", a, 1.7), a * np.float32(1.7))
+    # a device view 4 bytes past an allocation's start is not 16-byte aligned: the scalar kernels run
+    if n > 2:
+        from hipsched.gpu.memory import DeviceArray
+        da, db = on_device(a), on_device(b)
+        va = DeviceArray(da.ptr + 4, (n - 1,), np.float32, da.runtime, owner=da)
+        vb = DeviceArray(db.ptr + 4, (n - 1,), np.float32, db.runtime, owner=db)
+        np.testing.assert_array_equal(as_host(run(gpu, "add", va, vb)), a[1:] + b[1:])
+        np.testing.assert_array_equal(as_host(run(gpu, "scale", va, 0.5)), a[1:] * np.float32(0.5))
+
+
+@pytest.mark.parametrize("shape,bshape", [((5, 8), (8,)), ((3, 4, 6), (4, 6)), ((7, 9), (9,)), ((2, 3), ()),
+                                          ((64, 1024), (1024,)), ((0, 4), (4,))])
+def test_add_bias(gpu, cpu, rng, shape, bshape):
+    a = rng.standard_normal(shape).astype(np.float32)
+    b = np.asarray(rng.standard_normal(bshape), dtype=np.float32)
+    out = run(gpu, "add", a, b)
+    np.testing.assert_array_equal(out, a + b)
+    np.testing.assert_array_equal(out, run(cpu, "add", a, b))
+
+
+def test_elementwise_nan_inf(gpu):
+    a = np.array([np.nan, np.inf, -np.inf, 1.0, 0.0, -0.0, 3e38, 1e-45], np.float32)
+    b = np.array([1.0, -np.inf, -np.inf, np.nan, -0.0, -0.0, 3e38, 1e-45], np.float32)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(run(gpu, "add", a, b), a + b)
+        for alpha in (0.0, -2.5, np.inf, np.nan, 1e300):
+            np.testing.assert_array_equal(run(gpu, "scale", a, alpha), a * np.float32(alpha))
+
+
+def test_elementwise_device_in_device_out(gpu, rng):
+    a = rng.standard_normal((33, 17)).astype(np.float32)
+    b = rng.standard_normal(17).astype(np.float32)
+    np.testing.assert_array_equal(as_host(run(gpu, "add", on_device(a), on_device(b))), a + b)
+    np.testing.assert_array_equal(as_host(run(gpu, "scale", on_device(a), -3.0)), a * np.float32(-3.0))
+
+
+# ------------------------------------------------------------------ softmax
+
+def scipy_softmax(x, axis):
+    from scipy.special import softmax
+    with np.errstate(invalid="ignore"):
+        return softmax(x.astype(np.float64), axis=axis)
+
+
+def check_softmax(out, x, axis):
+    ref = scipy_softmax(x, axis)
+    assert out.dtype == np.float32 and out.shape == x.shape
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_array_less(np.abs(out[ok] - ref[ok]), 2e-6 * np.abs(ref[ok]) + 1e-7)
+
+
+@pytest.mark.parametrize("shape,axis", [((1,), 0), ((7,), -1), ((9, 33), -1), ((31, 8), 0), ((4, 5, 6), 1),
+                                        ((2, 3, 1000), -1), ((3, 20000), -1), ((4096, 4096), -1),
+                                        ((33, 7, 2), 0), ((0, 5), 1), ((5, 0), 1)])
+def test_softmax_matches_scipy(gpu, cpu, rng, shape, axis):
+    x = (rng.standard_normal(shape) * 5).astype(np.float32)
+    out = run(gpu, "softmax", x, axis=axis)
+    check_softmax(out, x, axis)
+    np.testing.assert_allclose(out, run(cpu, "softmax", x, axis=axis), rtol=4e-6, atol=1e-7)
+
+
+def test_softmax_nan_inf_rows(gpu):
+    x = np.array([[1.0, np.nan, 2.0], [np.inf, 1.0, 2.0], [-np.inf, -np.inf, -np.inf],
+                  [-np.inf, 0.0, 1.0], [88.0, 89.0, -200.0]], np.float32)
+    for axis in (-1, 0):
+        check_softmax(run(gpu, "softmax", x, axis=axis), x, axis)
+
+
+def test_softmax_device(gpu, rng):
+    x = rng.standard_normal((8, 300)).astype(np.float32)
+    check_softmax(as_host(run(gpu, "softmax", on_device(x), axis=0)), x, 0)
+
+
+# ------------------------------------------------------------------ similarity
+
+def cos_tol(d):
+    return 3e-6 + 2e-7 * np.sqrt(max(d, 1))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("d", [1, 3, 8, 33, 768])
+def test_cosine_single_query(gpu, cpu, rng, n, d):
+    q = rng.standard_normal(d).astype(np.float32)
+    T = rng.standard_normal((n, d)).astype(np.float32)
+    out = run(gpu, "cosine_similarity", q, T)
+    assert out.shape == (n,) and out.dtype == np.float32
+    np.testing.assert_allclose(out, run(cpu, "cosine_similarity", q, T), rtol=0, atol=cos_tol(d))
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 32])
+def test_cosine_many_queries(gpu, cpu, rng, m):
+    Q = rng.standard_normal((m, 96)).astype(np.float32)
+    T = rng.standard_normal((513, 96)).astype(np.float32)
+    out = run(gpu, "cosine_similarity", Q, T)
+    assert out.shape == (m, 513)
+    np.testing.assert_allclose(out, run(cpu, "cosine_similarity", Q, T), rtol=0, atol=cos_tol(96))
+    ref = (Q.astype(np.float64) @ T.T.astype(np.float64)) / np.outer(np.linalg.norm(Q, axis=1), np.linalg.norm(T, axis=1))
+    np.testing.assert_allclose(out, ref, rtol=0, atol=cos_tol(96))
+
+
+def test_cosine_zero_nan_inf_vectors(gpu, cpu):
+    T = np.array([[0, 0, 0, 0], [1, 2, 3, 4], [np.nan, 1, 1, 1], [np.inf, 0, 0, 0], [1e-30, 0, 0, 0]], np.float32)
+    for q in (np.zeros(4, np.float32), np.array([1, 0, 0, 0], np.float32), np.array([np.nan, 0, 0, 0], np.float32)):
+        g, c = run(gpu, "cosine_similarity", q, T), run(cpu, "cosine_similarity", q, T)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(c))
+        np.testing.assert_allclose(g[~np.isnan(c)], c[~np.isnan(c)], atol=1e-6)
+    assert run(gpu, "cosine_similarity", np.zeros(4, np.float32), T[:2])[0] == 0.0
+    out = run(gpu, "cosine_similarity", np.ones((2, 0), np.float32), np.ones((3, 0), np.float32))
+    np.testing.assert_array_equal(out, np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 3), (33, 10), (100, 100), (100, 150), (5000, 10), (70000, 64),
+                                 (3000, 1024)])
+def test_top_k_matches_cpu(gpu, cpu, rng, n, k):
+    T = rng.standard_normal((n, 24)).astype(np.float32)
+    q = rng.standard_normal(24).astype(np.float32)
+    gi, gs = run(gpu, "top_k", q, T, k)
+    ci, cs = run(cpu, "top_k", q, T, k)
+    assert gi.dtype == np.int64 and gs.dtype == np.float32 and gi.shape == ci.shape == (min(k, n),)
+    np.testing.assert_allclose(gs, cs, atol=cos_tol(24))
+    # indices agree wherever the CPU's neighbours are farther apart than the two sides can differ
+    gap = np.diff(np.concatenate([[np.inf], cs, [-np.inf]]))
+    separated = (np.abs(gap[:-1]) > 2 * cos_tol(24)) & (np.abs(gap[1:]) > 2 * cos_tol(24))
+    np.testing.assert_array_equal(gi[separated], ci[separated])
+    assert np.all(np.diff(gs) <= 0)
+    assert len(set(gi.tolist())) == len(gi)
+
+
+def test_top_k_ties_nan_and_batches(gpu, cpu, rng):
+    base = rng.standard_normal((50, 16)).astype(np.float32)
+    T = np.concatenate([base, base, base[:10]])       # exact duplicate rows: exact ties on both sides
+    T[7] = np.nan                                     # NaN scores rank after every number
+    Q = rng.standard_normal((5, 16)).astype(np.float32)
+    gi, gs = run(gpu, "top_k", Q, T, 110)
+    ci, cs = run(cpu, "top_k", Q, T, 110)
+    assert gi.shape == (5, 110)
+    np.testing.assert_array_equal(gi, ci)
+    np.testing.assert_array_equal(np.isnan(gs), np.isnan(cs))
+    assert np.isnan(gs[:, -1]).all() and (gi[:, -1] == 7).all()
+
+
+def test_top_k_zero_dim(gpu, cpu):
+    gi, gs = run(gpu, "top_k", np.ones(0, np.float32), np.ones((5, 0), np.float32), 3)
+    np.testing.assert_array_equal(gi, [0, 1, 2])
+    np.testing.assert_array_equal(gs, [0, 0, 0])
+
+
+def test_similarity_device_in_device_out(gpu, cpu, rng):
+    Q = rng.standard_normal((3, 40)).astype(np.float32)
+    T = rng.standard_normal((77, 40)).astype(np.float32)
+    out = as_host(run(gpu, "cosine_similarity", on_device(Q), on_device(T)))
+    np.testing.assert_allclose(out, run(cpu, "cosine_similarity", Q, T), atol=cos_tol(40))
+    gi, gs = run(gpu, "top_k", on_device(Q), on_device(T), 5)
+    ci, cs = run(cpu, "top_k", Q, T, 5)
+    np.testing.assert_allclose(as_host(gs), cs, atol=cos_tol(40))
+    assert as_host(gi).dtype == np.int64
+
+
+def test_resident_cache_reuses_and_sees_changes(gpu, cpu, rng):
+    T = rng.standard_normal((300, 32)).astype(np.float32)
+    q = rng.standard_normal(32).astype(np.float32)
+    first = run(gpu, "cosine_similarity", q, T)
+    call = OPS["cosine_similarity"].prepare(q, T)
+    assert gpu.transfer_bytes(call)[0] == 0  # both host inputs went through the resident cache
+    T[:] = rng.standard_normal(T.shape).astype(np.float32)   # a bulk rewrite invalidates the copy
+    np.testing.assert_allclose(run(gpu, "cosine_similarity", q, T), run(cpu, "cosine_similarity", q, T),
+                               atol=cos_tol(32))
+    assert not np.allclose(first, run(cpu, "cosine_similarity", q, T))
+
+
+# ------------------------------------------------------------------ matmul
+
+def check_matmul(out, a, b):
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    bound = 1e-5 * np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64)) + 1e-30
+    assert out.shape == ref.shape and out.dtype == np.float32
+    assert np.all(np.abs(out - ref) <= bound)
+
+
+MATMUL_SHAPES = [((1, 1), (1, 1)), ((7, 9), (9, 31)), ((33, 8), (8, 65)), ((64, 64), (64, 64)),
+                 ((100, 300), (300, 70)), ((9,), (9, 33)), ((33, 9), (9,)), ((2, 5, 7), (7, 3)),
+                 ((5, 7), (4, 7, 3)), ((3, 17, 19), (3, 19, 23)), ((0, 4), (4, 5)), ((3, 0), (0, 5)),
+                 ((512, 1024), (1024, 256))]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES)
+def test_matmul(gpu, rng, sa, sb):
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = rng.standard_normal(sb).astype(np.float32)
+    check_matmul(run(gpu, "matmul", a, b), a, b)
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES[:10])
+def test_matmul_fallback_kernel(rng, monkeypatch, sa, sb):
+    """Our tiled kernel, with the vendor BLAS switched off (a fresh backend reads HIPSCHED_BLAS)."""
+    from hipsched.backends.gpu import create_gpu_backend
+    monkeypatch.setenv("HIPSCHED_BLAS", "none")
+    be = create_gpu_backend()
+    if not be.available:
+        pytest.skip(be.unavailable_reason)
+    try:
+        a = rng.standard_normal(sa).astype(np.float32)
+        b = rng.standard_normal(sb).astype(np.float32)
+        check_matmul(run(be, "matmul", a, b), a, b)
+        check_matmul(as_host(run(be, "matmul", on_device(a), on_device(b))), a, b)
+    finally:
+        be.close()
+
+
+def test_matmul_device(gpu, rng):
+    a = rng.standard_normal((40, 50)).astype(np.float32)
+    b = rng.standard_normal((50, 60)).astype(np.float32)
+    check_matmul(as_host(run(gpu, "matmul", on_device(a), on_device(b))), a, b)
+
+
+# ------------------------------------------------------------------ foreign device arrays
+
+def test_torch_tensors_in_and_out(gpu, rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no GPU here")
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    out = run(gpu, "add", ta, tb)
+    back = torch.from_dlpack(out)
+    np.testing.assert_array_equal(back.cpu().numpy(), a + b)
+    np.testing.assert_allclose(as_host(run(gpu, "softmax", ta)), torch.softmax(ta, -1).cpu().numpy(), rtol=2e-6,
+                               atol=1e-7)
+
+
+def test_cupy_arrays_in_and_out(gpu, rng):
+    cp = pytest.importorskip("cupy")
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+    ca = cp.asarray(a)
+    out = run(gpu, "scale", ca, 2.0)
+    np.testing.assert_array_equal(cp.asnumpy(cp.asarray(out)), a * np.float32(2.0))
+    sims = run(gpu, "cosine_similarity", ca, ca)
+    np.testing.assert_allclose(np.diag(cp.asnumpy(cp.asarray(sims))), 1.0, atol=1e-6)
