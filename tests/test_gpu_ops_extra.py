@@ -57,6 +57,8 @@ def raw_blocks(rng, n, k, qtype):
 def gguf_dequantize(w):
     gguf = pytest.importorskip("gguf")
     t = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[w.qtype]
+    if w.shape[0] == 0:  # gguf's q4_0 path cannot reshape an empty array
+        return np.zeros(w.shape, np.float32)
     return np.asarray(gguf.quants.dequantize(np.asarray(w.data), t), dtype=np.float32).reshape(w.shape)
 
 
@@ -139,9 +141,9 @@ def attention_ref(q, k, v, causal, scale):
     return np.einsum("bhij,bhjd->bhid", p, v)
 
 
-def check_attention(got, ref):
+def check_attention(got, ref, tol=2e-5):
     assert got.shape == ref.shape and got.dtype == np.float32
-    assert np.all(np.abs(got - ref) <= 2e-5 * (1 + np.abs(ref))), float(np.max(np.abs(got - ref)))
+    assert np.all(np.abs(got - ref) <= tol * (1 + np.abs(ref))), float(np.max(np.abs(got - ref)))
 
 
 @pytest.mark.parametrize("hd", [1, 7, 8, 33, 64, 100, 128, 200, 256])
@@ -171,7 +173,8 @@ def test_attention_device_arrays_and_large_scores(gpu, rng):
     q, k, v = (rng.standard_normal((1, 4, 65, 32)).astype(np.float32) * 4 for _ in range(3))
     out = gpu.run(OPS["attention"].prepare(to_device(q), to_device(k), to_device(v), causal=True, scale=2.0))
     assert isinstance(out, DeviceArray)
-    check_attention(out.get(), attention_ref(q, k, v, True, 2.0))
+    # Scores reach a few hundred: fp32 rounding of a score s moves its weight by ~s * 6e-8 relative.
+    check_attention(out.get(), attention_ref(q, k, v, True, 2.0), tol=5e-4)
 
 
 def test_attention_head_dim_over_limit_is_gpu_error(gpu, rng):
