@@ -1,0 +1,224 @@
+"""GPU engine benchmark: hipsched's kernels against CuPy and PyTorch on the same device in the same run,
+plus the bandwidth targets measured against a device-to-device copy in the same run.
+
+Usage: python bench/gpu_ops.py [--quick]
+Exits 0 with a message when there is no GPU. Inputs live on the device (DeviceArray), so the table
+measures kernels, not PCIe; each hipsched call is `GpuBackend.run(prepared_call)` plus a synchronize.
+
+Bandwidth rows ("hbm copy" peer): the peer copies, device to device, the same number of bytes the op
+reads + writes, so `peer time / our time` is the share of the copy bandwidth the op reaches; the issue's
+targets are >= 0.7 for cosine_similarity, softmax, add, scale, dequantize and >= 0.6 for the Q8_0
+mat-vec. matmul's target is >= 0.9x torch.matmul, attention's >= 0.5x torch SDPA.
+
+bench/gpu_cases_extra.py, when present, adds cases through `cases(env) -> list[Case]`, env being the
+GpuBench below (backend, torch/cupy or None, device(), call(), copy_peer(), sync())."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import Case, run_cases  # noqa: E402
+
+BW_TARGET = 0.7
+
+
+class GpuBench:
+    """What every GPU case needs: the backend, the peers, device inputs and the copy baseline."""
+
+    def __init__(self, backend, quick=False):
+        from hipsched.ops import OPS
+        self.backend = backend
+        self.rt = backend._ctx.rt
+        self.ops = OPS
+        self.quick = quick
+        self.torch = self._import_torch()
+        self.cupy = self._import("cupy")
+        self._scratch = None
+
+    @staticmethod
+    def _import(name):
+        try:
+            return __import__(name)
+        except Exception:
+            return None
+
+    def _import_torch(self):
+        torch = self._import("torch")
+        return torch if torch is not None and torch.cuda.is_available() else None
+
+    def sync(self):
+        self.rt.synchronize()
+
+    def device(self, x):
+        from hipsched.gpu.memory import to_device
+        return to_device(np.ascontiguousarray(x, dtype=np.float32), runtime=self.rt)
+
+    def call(self, op, *args, **kwargs):
+        """A callable running one prepared hipsched call to completion on the GPU."""
+        c = self.ops[op].prepare(*args, **kwargs)
+        backend, sync = self.backend, self.sync
+
+        def run():
+            backend.run(c)
+            sync()
+        return run
+
+    def copy_peer(self, nbytes):
+        """A device-to-device copy moving `nbytes` in total (nbytes/2 read, nbytes/2 written)."""
+        half = max(4, int(nbytes) // 2 // 4 * 4)
+        if self._scratch is None or self._scratch[0].nbytes < half:
+            self._scratch = (self.backend._ctx.empty(half // 4, np.float32, 0),
+                             self.backend._ctx.empty(half // 4, np.float32, 0))
+        src, dst = self._scratch
+        rt, sync = self.rt, self.sync
+
+        def run():
+            rt.memcpy_dtod(dst.ptr, src.ptr, half, 0)
+            sync()
+        return run
+
+    def torch_peer(self, fn):
+        torch = self.torch
+
+        def run():
+            fn()
+            torch.cuda.synchronize()
+        return run
+
+    def cupy_peer(self, fn):
+        cp = self.cupy
+
+        def run():
+            fn()
+            cp.cuda.Device().synchronize()
+        return run
+
+
+def copy_bandwidth(env, nbytes=1 << 30, repeat=10):
+    """GB/s of a device-to-device copy (bytes read + written per second), timed with events."""
+    rt = env.rt
+    n = nbytes // 2 // 4
+    src, dst = env.backend._ctx.empty(n, np.float32, 0), env.backend._ctx.empty(n, np.float32, 0)
+    start, end = rt.event_create(), rt.event_create()
+    try:
+        rt.memcpy_dtod(dst.ptr, src.ptr, n * 4, 0)
+        rt.event_record(start, 0)
+        for _ in range(repeat):
+            rt.memcpy_dtod(dst.ptr, src.ptr, n * 4, 0)
+        rt.event_record(end, 0)
+        rt.event_synchronize(end)
+        ms = rt.event_elapsed_ms(start, end) / repeat
+    finally:
+        rt.event_destroy(start)
+        rt.event_destroy(end)
+    return 2 * n * 4 / (ms / 1e3) / 1e9
+
+
+def basic_cases(env) -> list[Case]:
+    rng = np.random.default_rng(0)
+    torch, cp = env.torch, env.cupy
+    big = (1 << 24) if env.quick else (1 << 26)          # 64 MiB or 256 MiB of float32
+    cases = []
+
+    def add_bw(op, shape, nbytes, ours):
+        cases.append(Case(op, shape, ours, env.copy_peer(nbytes), "hbm copy (same bytes)", bytes=nbytes,
+                          target=BW_TARGET, family="gpu"))
+
+    def add_peer(op, shape, ours, name, peer, nbytes=0.0, flops=0.0, target=None):
+        cases.append(Case(op, shape, ours, peer, name, bytes=nbytes, flops=flops, target=target, family="gpu"))
+
+    # add / scale
+    a, b = rng.standard_normal(big, dtype=np.float32), rng.standard_normal(big, dtype=np.float32)
+    da, db = env.device(a), env.device(b)
+    shape = f"{big * 4 >> 20} MiB"
+    add_bw("add", shape, 12 * big, env.call("add", da, db))
+    add_bw("scale", shape, 8 * big, env.call("scale", da, 1.5))
+    if torch is not None:
+        ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+        add_peer("add", shape, env.call("add", da, db), "torch a+b", env.torch_peer(lambda: ta + tb), 12 * big)
+        add_peer("scale", shape, env.call("scale", da, 1.5), "torch 1.5*x", env.torch_peer(lambda: ta * 1.5), 8 * big)
+    if cp is not None:
+        ca, cb = cp.asarray(a), cp.asarray(b)
+        add_peer("add", shape, env.call("add", da, db), "cupy a+b", env.cupy_peer(lambda: ca + cb), 12 * big)
+
+    # softmax over the last axis
+    rows = 2048 if env.quick else 8192
+    x = rng.standard_normal((rows, 4096), dtype=np.float32)
+    dx = env.device(x)
+    shape = f"({rows}, 4096) axis=-1"
+    add_bw("softmax", shape, 8 * x.size, env.call("softmax", dx))
+    if torch is not None:
+        tx = torch.from_numpy(x).cuda()
+        add_peer("softmax", shape, env.call("softmax", dx), "torch.softmax",
+                 env.torch_peer(lambda: torch.softmax(tx, -1)), 8 * x.size)
+
+    # cosine similarity and top_k: one 768-d query against 1M (quick: 256K) targets
+    n = (1 << 18) if env.quick else (1 << 20)
+    T = rng.standard_normal((n, 768), dtype=np.float32)
+    q = rng.standard_normal(768, dtype=np.float32)
+    dT, dq = env.device(T), env.device(q)
+    shape = f"q(768) x T({n},768)"
+    tbytes = T.nbytes + 4 * n
+    add_bw("cosine_similarity", shape, tbytes, env.call("cosine_similarity", dq, dT))
+    if torch is not None:
+        tT, tq = torch.from_numpy(T).cuda(), torch.from_numpy(q).cuda()
+        cos = lambda: torch.nn.functional.cosine_similarity(tT, tq[None, :], dim=1)  # noqa: E731
+        add_peer("cosine_similarity", shape, env.call("cosine_similarity", dq, dT), "torch cosine_similarity",
+                 env.torch_peer(cos), tbytes)
+        add_peer("top_k", shape + " k=10", env.call("top_k", dq, dT, 10), "torch cosine+topk",
+                 env.torch_peer(lambda: torch.topk(cos(), 10)), tbytes)
+    if cp is not None:
+        cT, cq = cp.asarray(T), cp.asarray(q)
+        ccos = lambda: (cT @ cq) / (cp.linalg.norm(cT, axis=1) * cp.linalg.norm(cq))  # noqa: E731
+        add_peer("cosine_similarity", shape, env.call("cosine_similarity", dq, dT), "cupy (T@q)/norms",
+                 env.cupy_peer(ccos), tbytes)
+    del T
+
+    # matmul (vendor BLAS through hipsched vs torch.matmul on the same BLAS)
+    size = 2048 if env.quick else 4096
+    A = rng.standard_normal((size, size), dtype=np.float32)
+    B = rng.standard_normal((size, size), dtype=np.float32)
+    dA, dB = env.device(A), env.device(B)
+    shape = f"({size},{size}) @ ({size},{size})"
+    flops = 2.0 * size ** 3
+    if torch is not None:
+        tA, tB = torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda()
+        torch.backends.cuda.matmul.allow_tf32 = False  # same float32 arithmetic as ours
+        add_peer("matmul", shape, env.call("matmul", dA, dB), "torch.matmul (fp32)",
+                 env.torch_peer(lambda: tA @ tB), flops=flops, target=0.9)
+    if cp is not None:
+        cA, cB = cp.asarray(A), cp.asarray(B)
+        add_peer("matmul", shape, env.call("matmul", dA, dB), "cupy matmul", env.cupy_peer(lambda: cA @ cB),
+                 flops=flops)
+    return cases
+
+
+def main(argv):
+    from hipsched.backends.gpu import create_gpu_backend
+    backend = create_gpu_backend()
+    if not backend.available:
+        print(f"bench/gpu_ops.py: no GPU available ({backend.unavailable_reason}); nothing to measure.")
+        return 0
+    env = GpuBench(backend, quick="--quick" in argv)
+    bw = copy_bandwidth(env)
+    blas = backend._ctx.blas()
+    title = (f"hipsched GPU ops ({backend.device_name}, {backend.device_arch}, runtime={backend.runtime_name}, "
+             f"blas={blas.flavour if blas else 'none (tiled kernel)'}; device-to-device copy {bw:.0f} GB/s; "
+             f"peers: torch={'yes' if env.torch else 'no'}, cupy={'yes' if env.cupy else 'no'})")
+    cases = basic_cases(env)
+    try:
+        import gpu_cases_extra
+    except ImportError:
+        gpu_cases_extra = None
+    if gpu_cases_extra is not None:
+        cases += gpu_cases_extra.cases(env)
+    run_cases(cases, title, "gpu_ops.md", repeat=5)
+    backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
