@@ -1,0 +1,28 @@
+/* Spreading activation over a CSR graph (A[i, j] = weight of the edge i -> j, n x n), on contiguous
+ * arrays: indptr int64 (n + 1), indices int32 or int64 (nnz), weights and activations float32.
+ * Each step, from the previous activations a:
+ *     a_new[j] = a[j] + decay * sum_i w_ij a[i];  clamp to [0, 1];  0 where a_new < threshold.
+ * The graph is validated here, in the same pass as the first step: indptr starts at 0, never
+ * decreases and ends at nnz; every index is in [0, n). A bad graph is reported, never read out of
+ * bounds. Callers release the GIL. */
+#ifndef HS_GRAPH_H
+#define HS_GRAPH_H
+#include <stdint.h>
+
+enum {
+    HS_GRAPH_OK = 0,
+    HS_GRAPH_NOMEM = -1,        /* scratch could not be allocated */
+    HS_GRAPH_BAD_INDPTR = -2,   /* *bad = the first offending position of indptr (n: it does not end at nnz) */
+    HS_GRAPH_BAD_INDEX = -3,    /* *bad = a position of indices holding a value outside [0, n) */
+};
+
+/* out (n) = seeds after `steps` steps (steps == 0: a copy of seeds, the graph still validated).
+ * Rows whose activation is exactly 0 add nothing (their edges are checked, not multiplied, so an
+ * inf or NaN weight out of an inactive node does not turn its targets into NaN). */
+int hs_spread_activation_i32(const int64_t *indptr, const int32_t *indices, const float *weights, int64_t n,
+                             int64_t nnz, const float *seeds, float *out, float decay, int64_t steps, float threshold,
+                             int64_t *bad);
+int hs_spread_activation_i64(const int64_t *indptr, const int64_t *indices, const float *weights, int64_t n,
+                             int64_t nnz, const float *seeds, float *out, float decay, int64_t steps, float threshold,
+                             int64_t *bad);
+#endif
