@@ -479,7 +479,7 @@ cdef class SchedCore:
         h = self.hl[<int>i]
         PyThread_release_lock(self.lock)
         return {"state": BREAKER_STATES[h.state],
-                "success_rate": (h.n - h.failures_in_window) / h.n if h.n else 1.0, "window": h.n,
+                "success_rate": (h.n - h.failures_in_window) / <double>h.n if h.n else 1.0, "window": h.n,
                 "consecutive_failures": h.consecutive_failures, "successes": h.successes,
                 "failures": h.failures, "times_opened": h.times_opened}
 

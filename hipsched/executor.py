@@ -184,8 +184,8 @@ class Executor:
         if call.size > max_size:
             return flags & ~_F_SUPPORTS, 0, 0
         try:
-            if self._gpu.device_bytes_needed(call) <= self._free_memory():
-                flags |= _F_FITS
+            if self._gpu.device_bytes_needed(call) > self._free_memory():
+                flags &= ~_F_FITS
             h2d, d2h = self._gpu.transfer_bytes(call)
         except Exception as e:  # a failing query means the GPU cannot be trusted with this call
             log.debug("hipsched: GPU query failed for %s: %s", call.op, e)
@@ -202,7 +202,7 @@ class Executor:
         if want is None:
             raise ValueError(f"{op}: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
         slot, flags, max_size = self._slots.get((op, call.dtype)) or self._slot(op, call.dtype)
-        flags |= want
+        flags |= want | _F_FITS  # small calls are not checked: they fit, and stay on the CPU anyway
         h2d = d2h = 0
         if flags & _F_SUPPORTS and call.size >= self._min_batch and not want & _F_WANT_CPU:
             flags, h2d, d2h = self._gpu_terms(call, flags, max_size)
