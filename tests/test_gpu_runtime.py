@@ -1,0 +1,196 @@
+"""GPU runtime detection, bindings and error mapping, against the real vendor libraries on a machine
+without a GPU (libamdhip64 answers hipErrorNoDevice, libcuda is absent). GPU-only checks are marked."""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hipsched.errors import GpuError
+from hipsched.gpu import detect, libs
+from hipsched.gpu.status import classify, gpu_error
+
+
+def _lib_present(kind):
+    try:
+        libs.open_library(kind)
+        return True
+    except libs.LibraryNotFound:
+        return False
+
+
+needs_hip_lib = pytest.mark.skipif(not _lib_present("hip"), reason="libamdhip64 not installed")
+
+
+@pytest.fixture
+def fresh_detect(monkeypatch):
+    """Clear the cached probe before and after, so env changes take effect and do not leak."""
+    detect.reset()
+    yield monkeypatch
+    detect.reset()
+
+
+def _by_name(attempts):
+    return {a.name: a for a in attempts}
+
+
+@needs_hip_lib
+def test_no_device_reasons_from_real_libraries(fresh_detect):
+    if detect.gpu_available():
+        pytest.skip("a GPU is present")
+    fresh_detect.setenv("HIPSCHED_GPU_RUNTIME", "auto")
+    detect.reset()
+    attempts = detect.attempts()
+    assert [a.name for a in attempts] == ["hip-python", "hip", "cuda"]
+    by = _by_name(attempts)
+    assert not any(a.ok for a in attempts)
+    assert "hipErrorNoDevice" in by["hip"].reason
+    if not _lib_present("cuda"):
+        assert "libcuda" in by["cuda"].reason
+    assert detect.get_runtime() is None
+    assert detect.gpu_available() is False
+    reason = detect.unavailable_reason()
+    assert "hip: hipErrorNoDevice" in reason and "cuda:" in reason
+
+
+@needs_hip_lib
+def test_ctypes_hip_runtime_raises_gpu_error_with_name():
+    from hipsched.gpu.ctypes_api import CtypesRuntime
+    if detect.gpu_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(GpuError) as info:
+        CtypesRuntime("hip")
+    assert info.value.kind == "unavailable"
+    assert info.value.name == "hipErrorNoDevice"
+
+
+def test_cuda_runtime_missing_driver_is_unavailable(monkeypatch):
+    from hipsched.gpu.ctypes_api import CtypesRuntime
+    monkeypatch.setenv("HIPSCHED_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")
+    with pytest.raises(GpuError) as info:
+        CtypesRuntime("cuda")
+    assert info.value.kind == "unavailable"
+    assert "/nonexistent/libcuda.so.1" in str(info.value)
+
+
+def test_runtime_none_and_single_choice(fresh_detect):
+    fresh_detect.setenv("HIPSCHED_GPU_RUNTIME", "none")
+    detect.reset()
+    assert detect.get_runtime() is None
+    assert "disabled" in detect.unavailable_reason()
+    fresh_detect.setenv("HIPSCHED_GPU_RUNTIME", "cuda")
+    fresh_detect.setenv("HIPSCHED_CUDA_LIBRARY", "/nonexistent/libcuda.so")
+    detect.reset()
+    assert [a.name for a in detect.attempts()] == ["cuda"]
+    assert detect.attempts()[0].ok is False
+
+
+def test_bogus_runtime_choice_is_a_clear_reason(fresh_detect):
+    fresh_detect.setenv("HIPSCHED_GPU_RUNTIME", "opencl")
+    detect.reset()
+    assert detect.gpu_available() is False
+    (attempt,) = detect.attempts()
+    assert "'opencl' is not one of" in attempt.reason and "hip-python" in attempt.reason
+
+
+def test_probe_survives_a_binding_that_raises_anything(fresh_detect):
+    def broken(name):
+        raise RuntimeError("binding bug")
+    fresh_detect.setattr(detect, "_construct", broken)
+    fresh_detect.setenv("HIPSCHED_GPU_RUNTIME", "auto")
+    attempts, runtime = detect.probe()
+    assert runtime is None
+    assert all("init error: RuntimeError: binding bug" in a.reason for a in attempts)
+
+
+def test_import_hipsched_without_any_gpu_library():
+    # Every library pointed at a missing file: importing and probing must still work.
+    env = dict(os.environ, HIPSCHED_HIP_LIBRARY="/nonexistent/libamdhip64.so",
+               HIPSCHED_HIPRTC_LIBRARY="/nonexistent/libhiprtc.so", HIPSCHED_CUDA_LIBRARY="/nonexistent/libcuda.so",
+               HIPSCHED_NVRTC_LIBRARY="/nonexistent/libnvrtc.so", HIPSCHED_GPU_RUNTIME="hip")
+    code = ("import hipsched\nfrom hipsched.gpu import detect\nfrom hipsched.gpu.compilers import get_compiler\n"
+            "from hipsched.errors import GpuError\nprint(detect.gpu_available(), detect.unavailable_reason())\n"
+            "try:\n    get_compiler('gfx90a')\nexcept GpuError as e:\n    print(e.kind)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("False hip: ") and "/nonexistent/libamdhip64.so" in r.stdout
+    assert r.stdout.strip().endswith("unavailable")
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("hipErrorOutOfMemory", "oom"), ("CUDA_ERROR_OUT_OF_MEMORY", "oom"), ("hipErrorMemoryAllocation", "oom"),
+    ("hipErrorNoDevice", "unavailable"), ("CUDA_ERROR_NO_DEVICE", "unavailable"),
+    ("hipErrorInsufficientDriver", "unavailable"), ("CUDA_ERROR_NOT_INITIALIZED", "unavailable"),
+    ("hipErrorLaunchTimeOut", "timeout"), ("CUDA_ERROR_LAUNCH_TIMEOUT", "timeout"),
+    ("hipErrorIllegalAddress", "lost"), ("CUDA_ERROR_LAUNCH_FAILED", "lost"), ("hipErrorLaunchFailure", "lost"),
+    ("hipErrorLaunchOutOfResources", "launch"), ("CUDA_ERROR_INVALID_CONFIGURATION", "launch"),
+    ("hipErrorInvalidImage", "compile"), ("CUDA_ERROR_NO_BINARY_FOR_GPU", "compile"),
+    ("HIPRTC_ERROR_COMPILATION", "compile"), ("NVRTC_ERROR_INVALID_OPTION", "compile"),
+    ("hipErrorInvalidValue", "runtime"), (None, "runtime"),
+])
+def test_error_names_map_to_kinds(name, kind):
+    assert classify(name) == kind
+    err = gpu_error(name, "hipSomething", 7)
+    assert isinstance(err, GpuError) and err.kind == kind and err.name == name
+
+
+def test_gpu_error_survives_pickling():
+    err = gpu_error("hipErrorOutOfMemory", "hipMalloc", 2)
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.kind, back.name, str(back)) == (err.kind, err.name, str(err))
+
+
+def test_info_command_reports_runtimes_and_cache(tmp_path):
+    env = dict(os.environ, HIPSCHED_CACHE_DIR=str(tmp_path / "kc"))
+    r = subprocess.run([sys.executable, "-m", "hipsched", "info", "--json"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+    info = json.loads(r.stdout)
+    assert info["kernel_cache_dir"] == str(tmp_path / "kc")
+    assert [a["name"] for a in info["runtimes"]] == ["hip-python", "hip", "cuda"]
+    assert set(info["compilers"]) == {"amd", "nvidia"}
+    assert "simd" in info["cpu"] or "error" in info["cpu"]
+
+
+# ---------------------------------------------------------------------- on a real GPU
+@pytest.mark.gpu
+def test_runtime_round_trip_and_launch(tmp_path):
+    import ctypes
+    from hipsched.gpu.kernels import KernelCache
+    rt = detect.get_runtime()
+    info = rt.device_info(rt.current_device())
+    assert info.total_memory > 0 and info.arch
+    free, total = rt.mem_info()
+    assert 0 < free <= total
+    src = 'extern "C" __global__ void twice(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x;' \
+          ' if (i < n) x[i] *= 2.0f; }'
+    cache = KernelCache(rt.compiler, tmp_path, sources={"t.hip": src})
+    fn = cache.function(rt, "t.hip", "twice")
+    host = np.arange(1000, dtype=np.float32)
+    ptr = rt.malloc(host.nbytes)
+    try:
+        s = rt.stream_create()
+        start, end = rt.event_create(), rt.event_create()
+        rt.memcpy_htod(ptr, host.ctypes.data, host.nbytes, s)
+        rt.event_record(start, s)
+        rt.launch(fn, (4, 1, 1), (256, 1, 1), (ctypes.c_void_p(ptr), ctypes.c_int32(host.size)), 0, s)
+        rt.event_record(end, s)
+        out = np.empty_like(host)
+        rt.memcpy_dtoh(out.ctypes.data, ptr, host.nbytes, s)
+        rt.stream_synchronize(s)
+        assert rt.event_elapsed_ms(start, end) >= 0
+        np.testing.assert_array_equal(out, host * 2)
+        rt.event_destroy(start), rt.event_destroy(end), rt.stream_destroy(s)
+    finally:
+        rt.free(ptr)
+
+
+@pytest.mark.gpu
+def test_out_of_memory_is_a_gpu_error():
+    rt = detect.get_runtime()
+    with pytest.raises(GpuError) as info:
+        rt.malloc(1 << 50)
+    assert info.value.kind == "oom"
