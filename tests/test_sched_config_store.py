@@ -1,0 +1,138 @@
+"""HybridConfig sources and validation, fault-spec parsing, and the persisted model (round trip across
+executors, corrupt and foreign files ignored with a warning)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hipsched import Executor
+from hipsched.config import ConfigError, HybridConfig
+from hipsched.faults import parse_fault_spec
+from hipsched import model_store
+
+from fake_gpu import FakeGpuBackend
+
+
+def test_seed_defaults():
+    c = HybridConfig(config_file=False, env={})
+    assert (c.gpu_min_batch_size, c.gpu_success_rate_threshold, c.performance_window_size, c.force_cpu_mode,
+            c.telemetry_enabled, c.strategy, c.gpu_speedup_threshold) == (64, 0.95, 100, False, True, "automatic", 1.0)
+
+
+def test_precedence_defaults_toml_env_args(tmp_path):
+    toml = tmp_path / "hipsched.toml"
+    toml.write_text('[hipsched]\ngpu_min_batch_size = 128\nstrategy = "cpu_preferred"\nmin_samples = 5\n')
+    env = {"HIPSCHED_CONFIG": str(toml), "HIPSCHED_STRATEGY": "gpu_preferred", "HIPSCHED_MIN_SAMPLES": "7",
+           "HIPSCHED_FORCE_CPU_MODE": "yes"}
+    c = HybridConfig(env=env, min_samples=9)
+    assert c.gpu_min_batch_size == 128          # TOML over default
+    assert c.strategy == "gpu_preferred"        # env over TOML
+    assert c.min_samples == 9                   # argument over env
+    assert c.force_cpu_mode is True
+    assert c.performance_window_size == 100     # untouched default
+
+
+def test_toml_top_level_keys_and_no_fallback_env(tmp_path):
+    toml = tmp_path / "x.toml"
+    toml.write_text("gpu_speedup_threshold = 1.5\n")
+    c = HybridConfig(config_file=str(toml), env={"HIPSCHED_NO_FALLBACK": "1"})
+    assert c.gpu_speedup_threshold == 1.5 and c.allow_fallback is False
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"gpu_success_rate_threshold": 1.5}, ["gpu_success_rate_threshold", "1.5", "[0, 1]"]),
+    ({"strategy": "fastest"}, ["strategy", "'fastest'", "automatic, gpu_preferred"]),
+    ({"performance_window_size": 0}, ["performance_window_size", "0", "[1, 100000]"]),
+    ({"gpu_min_batch_size": "big"}, ["gpu_min_batch_size", "'big'", "an integer"]),
+    ({"force_cpu_mode": 1}, ["force_cpu_mode", "1", "true or false"]),
+    ({"min_samples": 500}, ["min_samples", "500", "performance_window_size"]),
+    ({"fault_inject": "launch=2"}, ["fault_inject", "launch=2", "outside [0, 1]"]),
+    ({"no_such_key": 1}, ["unknown key", "no_such_key", "known keys"]),
+])
+def test_validation_names_key_value_and_allowed(kwargs, words):
+    with pytest.raises(ConfigError) as ei:
+        HybridConfig(config_file=False, env={}, **kwargs)
+    for w in words:
+        assert w in str(ei.value)
+
+
+def test_env_errors_name_the_variable(tmp_path):
+    with pytest.raises(ConfigError, match="HIPSCHED_PERFORMANCE_WINDOW_SIZE"):
+        HybridConfig(config_file=False, env={"HIPSCHED_PERFORMANCE_WINDOW_SIZE": "lots"})
+    with pytest.raises(ConfigError, match=r"gpu_min_batch_size=-1 \(from environment variable"):
+        HybridConfig(config_file=False, env={"HIPSCHED_GPU_MIN_BATCH_SIZE": "-1"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("strategy = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        HybridConfig(config_file=str(bad), env={})
+
+
+def test_num_threads_is_a_read_only_mirror(monkeypatch):
+    monkeypatch.setenv("HIPSCHED_NUM_THREADS", "3")
+    assert HybridConfig(config_file=False).num_threads == 3
+    with pytest.raises(ConfigError, match="unknown key"):
+        HybridConfig(config_file=False, env={}, num_threads=4)
+
+
+def test_fault_spec_parsing():
+    assert parse_fault_spec("launch=0.2,oom=0.05,seed=7") == ({"launch": 0.2, "oom": 0.05}, 7)
+    for bad, msg in [("boom=0.1", "unknown"), ("launch", "key=value"), ("launch=x", "not a number"),
+                     ("launch=0.7,oom=0.6", "add up"), ("seed=x", "not an integer")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_fault_spec(bad)
+
+
+def _learn(ex, rng):
+    x = rng.standard_normal((64, 64), dtype=np.float32)
+    for _ in range(4):
+        ex.add(x, x, backend="cpu")
+        ex.add(x, x, backend="gpu")
+
+
+def test_model_round_trip(tmp_path, rng):
+    gpu = FakeGpuBackend()
+    a = Executor(gpu_backend=gpu, cache_dir=str(tmp_path), telemetry_enabled=False)
+    _learn(a, rng)
+    sel_a = a.select_backend("add", size=4096, nbytes=49152)
+    a.close()
+    files = list(tmp_path.glob("model-*.json"))
+    assert len(files) == 1
+    b = Executor(gpu_backend=FakeGpuBackend(), cache_dir=str(tmp_path), telemetry_enabled=False)
+    sel_b = b.select_backend("add", size=4096, nbytes=49152)
+    assert sel_b == sel_a and sel_b.estimated_cost["cpu"] is not None
+    assert b.performance_tracker.samples("add", "gpu") == a.performance_tracker.samples("add", "gpu")
+    assert b._core.transfer_model()["h2d_gbps"] == pytest.approx(20.0)
+    # another device is another model: nothing loaded
+    other = FakeGpuBackend()
+    other.device_name = "FakeGPU 2"
+    c = Executor(gpu_backend=other, cache_dir=str(tmp_path), telemetry_enabled=False)
+    assert c.select_backend("add", size=4096).estimated_cost == {"cpu": None, "gpu": None}
+
+
+def test_corrupt_or_foreign_model_file_is_ignored_with_a_warning(tmp_path, rng):
+    ex = Executor(gpu_backend=FakeGpuBackend(), cache_dir=str(tmp_path), telemetry_enabled=False)
+    _learn(ex, rng)
+    path = ex.save_model()
+    key = ex._model_key
+    good = json.loads(open(path).read())
+    for content in ["{not json", json.dumps({"format": 99}), json.dumps(dict(good, samples=[{"op": "add"}])),
+                    json.dumps(dict(good, samples=[{"op": "add", "dtype": "float32", "cpu": [[1, -5]], "gpu": []}]))]:
+        with open(path, "w") as fh:
+            fh.write(content)
+        with pytest.warns(RuntimeWarning, match="ignored"):
+            assert model_store.load_model(path, key) is None
+        with pytest.warns(RuntimeWarning):
+            fresh = Executor(gpu_backend=FakeGpuBackend(), cache_dir=str(tmp_path), telemetry_enabled=False)
+        assert fresh.performance_tracker.samples("add", "cpu") == []
+    with open(path, "w") as fh:
+        json.dump(dict(good, key=dict(key, host="elsewhere")), fh)
+    with pytest.warns(RuntimeWarning, match="written for"):
+        assert model_store.load_model(path, key) is None
+
+
+def test_save_is_atomic(tmp_path):
+    path = str(tmp_path / "sub" / "model-x.json")
+    model_store.save_model(path, {"k": 1}, {("add", "float32"): [[(1.0, 2.0)], []]}, None)
+    assert os.listdir(tmp_path / "sub") == ["model-x.json"]   # no temp file left behind
+    assert model_store.load_model(path, {"k": 1}) == ({("add", "float32"): [[(1.0, 2.0)], []]}, None)
