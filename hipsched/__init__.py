@@ -4,7 +4,10 @@ from __future__ import annotations
 import threading
 
 from .errors import GpuError, HipschedError
+from .config import ConfigError, HybridConfig
 from .executor import Executor
+from .scheduling import (BackendSelection, ExecutionStrategy, ExecutorCapabilities, OpCapability,
+                         PerformanceTracker, SelectionReason)
 from .ops import OpType
 from .ops.quant import *  # noqa: F401,F403  (QuantizedTensor, quantize once the quant family lands)
 
