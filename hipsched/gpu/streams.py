@@ -2,6 +2,7 @@
 few streams (round robin, or one fixed stream per telemetry phase) with events for dependencies."""
 from __future__ import annotations
 
+import ctypes
 import threading
 
 from ..errors import GpuError
@@ -12,6 +13,8 @@ def as_stream_handle(obj) -> int:
     `.cuda_stream` (PyTorch), `.handle` or `.value`; GpuError for anything else."""
     if obj is None:
         return 0
+    if isinstance(obj, ctypes.c_void_p):
+        return obj.value or 0
     if isinstance(obj, bool):
         raise GpuError("unsupported", "a bool is not a stream handle")
     if isinstance(obj, int):
@@ -21,7 +24,7 @@ def as_stream_handle(obj) -> int:
     for attr in ("ptr", "cuda_stream", "handle", "value"):
         value = getattr(obj, attr, None)
         if value is not None and not callable(value):
-            if hasattr(value, "value") and not isinstance(value, int):   # ctypes c_void_p
+            if isinstance(value, ctypes.c_void_p):
                 value = value.value or 0
             try:
                 return as_stream_handle(int(value))

@@ -1,0 +1,279 @@
+"""DeviceArray interop structures (CUDA Array Interface v3, DLPack capsules both ways), the
+host<->device helpers and the resident cache. Without a GPU, the DLPack machinery is checked on
+CPU-device tensors that NumPy and PyTorch really produce and consume, and the copy/cache logic runs on
+HostMemoryRuntime, a test double whose "device memory" is host memory. Real-device round trips are
+marked gpu."""
+import ctypes
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+from hipsched.errors import GpuError
+from hipsched.gpu import dlpack
+from hipsched.gpu.memory import DeviceArray, ResidentCache, fingerprint, is_device_array, to_device, to_host
+
+
+class HostMemoryRuntime:
+    """Implements the memory part of the Runtime interface on host memory (for the cache logic)."""
+    platform = "amd"
+
+    def __init__(self):
+        self.buffers, self.freed, self.h2d = {}, [], 0
+
+    def current_device(self):
+        return 0
+
+    def malloc(self, n):
+        buf = ctypes.create_string_buffer(n)
+        self.buffers[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def free(self, ptr):
+        self.freed.append(ptr)
+        del self.buffers[ptr]
+
+    def memcpy_htod(self, dst, src, n, stream=0):
+        self.h2d += 1
+        ctypes.memmove(dst, src, n)
+
+    def memcpy_dtoh(self, dst, src, n, stream=0):
+        ctypes.memmove(dst, src, n)
+
+    def stream_synchronize(self, s):
+        pass
+
+
+@pytest.fixture
+def rt():
+    return HostMemoryRuntime()
+
+
+def test_cuda_array_interface_v3():
+    d = DeviceArray(0x7F0000001000, (3, 4), np.float32, None, stream=None)
+    cai = d.__cuda_array_interface__
+    assert cai == {"shape": (3, 4), "typestr": "<f4", "data": (0x7F0000001000, False), "version": 3,
+                   "strides": None, "stream": None}
+    assert (d.nbytes, d.size, d.ndim, len(d)) == (48, 12, 2, 3)
+    assert DeviceArray(0x1000, (5,), np.float32, None, stream=0).__cuda_array_interface__["stream"] == 1
+    assert DeviceArray(0x1000, (5,), np.float32, None, stream=1234).__cuda_array_interface__["stream"] == 1234
+    strided = DeviceArray(0x1000, (3, 4), np.float32, None, strides=(32, 4))
+    assert strided.__cuda_array_interface__["strides"] == (32, 4)
+
+
+def test_dlpack_device_follows_platform():
+    class Amd:
+        platform = "amd"
+
+        def current_device(self):
+            return 1
+    assert DeviceArray(0x1000, (2,), np.float32, Amd()).__dlpack_device__() == (dlpack.kDLROCM, 1)
+    assert DeviceArray(0x1000, (2,), np.float32, None).__dlpack_device__() == (dlpack.kDLCUDA, 0)
+
+
+def test_dlpack_export_is_consumed_by_numpy_zero_copy():
+    host = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    d = DeviceArray(host.ctypes.data, host.shape, host.dtype, None, owner=host, device=(dlpack.kDLCPU, 0))
+    view = np.from_dlpack(d)
+    assert view.shape == host.shape and view.dtype == np.float32
+    assert np.shares_memory(view, host)
+    ref = weakref.ref(d)
+    del d
+    gc.collect()
+    assert ref() is not None              # the consumer keeps the exporter alive
+    np.testing.assert_array_equal(view, host)
+    del view
+    gc.collect()
+    assert ref() is None                   # ... and releases it through the DLPack deleter
+
+
+def test_unconsumed_capsule_releases_its_owner():
+    host = np.ones(8, np.float32)
+    d = DeviceArray(host.ctypes.data, host.shape, host.dtype, None, owner=host, device=(dlpack.kDLCPU, 0))
+    ref = weakref.ref(d)
+    cap = d.__dlpack__()
+    del d
+    gc.collect()
+    assert ref() is not None
+    del cap
+    gc.collect()
+    assert ref() is None
+
+
+def test_dlpack_export_strided_and_dtypes():
+    host = np.arange(12, dtype=np.float64).reshape(3, 4)
+    d = DeviceArray(host.ctypes.data, (3, 2), host.dtype, None, owner=host, strides=(32, 16),
+                    device=(dlpack.kDLCPU, 0))
+    np.testing.assert_array_equal(np.from_dlpack(d), host[:, ::2])
+    i8 = np.arange(5, dtype=np.int8)
+    np.testing.assert_array_equal(np.from_dlpack(DeviceArray(i8.ctypes.data, (5,), np.int8, None, owner=i8,
+                                                             device=(1, 0))), i8)
+    with pytest.raises(BufferError):
+        d.__dlpack__(dl_device=(dlpack.kDLCUDA, 0))
+
+
+def test_consume_numpy_and_torch_capsules():
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = dlpack.ConsumedTensor(host.__dlpack__())
+    assert (t.device, t.shape, t.dtype, t.ptr) == ((dlpack.kDLCPU, 0), (2, 3), np.dtype(np.float32),
+                                                   host.ctypes.data)
+    t.release()
+    torch = pytest.importorskip("torch")
+    x = torch.arange(10, dtype=torch.int64)[2:]
+    t = dlpack.ConsumedTensor(torch.utils.dlpack.to_dlpack(x))
+    assert t.ptr == x.data_ptr() and t.shape == (8,) and t.dtype == np.int64
+    t.release()
+    with pytest.raises(GpuError):
+        dlpack.ConsumedTensor(object())
+
+
+def test_a_capsule_cannot_be_consumed_twice():
+    cap = np.zeros(3, np.float32).__dlpack__()
+    t = dlpack.ConsumedTensor(cap)
+    with pytest.raises(GpuError):
+        dlpack.ConsumedTensor(cap)
+    t.release()
+
+
+class FakeCai:
+    def __init__(self, ptr, shape, typestr="<f4", strides=None, version=3, stream=None):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False),
+                                         "version": version, "strides": strides, "stream": stream}
+
+
+def test_from_external_cuda_array_interface(rt):
+    src = FakeCai(0xABC000, (4, 5), stream=77)
+    d = DeviceArray.from_external(src, runtime=rt)
+    assert (d.ptr, d.shape, d.dtype, d.stream, d.owner) == (0xABC000, (4, 5), np.float32, 77, src)
+    # Explicit C strides and length-1 axes with odd strides are contiguous too.
+    assert DeviceArray.from_external(FakeCai(0x10, (4, 5), strides=(20, 4)), runtime=rt).shape == (4, 5)
+    assert DeviceArray.from_external(FakeCai(0x10, (1, 5), strides=(999, 4)), runtime=rt).shape == (1, 5)
+    with pytest.raises(GpuError, match="non-contiguous"):
+        DeviceArray.from_external(FakeCai(0x10, (4, 5), strides=(4, 16)), runtime=rt)
+    with pytest.raises(GpuError, match="version"):
+        DeviceArray.from_external(FakeCai(0x10, (4,), version=1), runtime=rt)
+
+
+def test_from_external_rejects_host_objects(rt):
+    with pytest.raises(GpuError, match="not a GPU"):
+        DeviceArray.from_external(np.zeros(3, np.float32), runtime=rt)
+    with pytest.raises(GpuError):
+        DeviceArray.from_external([1.0, 2.0], runtime=rt)
+    assert not is_device_array(np.zeros(2)) and is_device_array(FakeCai(0x10, (2,)))
+
+
+def test_to_device_get_and_owned_memory_is_freed(rt):
+    host = np.random.default_rng(0).standard_normal((7, 9)).astype(np.float32)
+    d = to_device(host, runtime=rt)
+    assert d.shape == host.shape and d.ptr in rt.buffers
+    np.testing.assert_array_equal(d.get(), host)
+    np.testing.assert_array_equal(to_host(d), host)
+    d.set(host * 2)
+    np.testing.assert_array_equal(d.get(), host * 2)
+    view = d.reshape(-1)
+    ptr = d.ptr
+    del d
+    gc.collect()
+    assert ptr not in rt.freed              # the reshaped view keeps the allocation alive
+    np.testing.assert_array_equal(view.get(), (host * 2).ravel())
+    del view
+    gc.collect()
+    assert ptr in rt.freed
+    # A wrapped foreign pointer is never freed by us.
+    DeviceArray(0x1234, (2,), np.float32, rt)
+    gc.collect()
+    assert 0x1234 not in rt.freed
+
+
+def test_to_device_makes_contiguous_and_converts(rt):
+    host = np.arange(20, dtype=np.float64).reshape(4, 5)[:, ::2]
+    d = to_device(host, runtime=rt, dtype=np.float32)
+    np.testing.assert_array_equal(d.get(), host.astype(np.float32))
+
+
+def test_fingerprint_sees_reallocation_shape_and_sampled_changes():
+    a = np.zeros(10000, np.float32)
+    f = fingerprint(a)
+    assert fingerprint(a) == f
+    a[0] = 1.0
+    assert fingerprint(a) != f
+    b = np.zeros(10000, np.float32)
+    assert fingerprint(b) != fingerprint(a.reshape(100, 100)) != fingerprint(a)
+
+
+def test_resident_cache_hits_until_the_host_array_changes(rt):
+    cache = ResidentCache(rt, max_bytes=1 << 20)
+    w = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    d1 = cache.get(w)
+    assert cache.get(w) is d1 and (cache.hits, cache.misses) == (1, 1) and cache.is_resident(w)
+    assert cache.bytes == w.nbytes
+    w[:] = 0.0                         # a bulk rewrite changes the sampled fingerprint
+    assert not cache.is_resident(w)
+    d2 = cache.get(w)
+    assert d2 is not d1
+    np.testing.assert_array_equal(d2.get(), w)
+    cache.invalidate(w)
+    assert cache.bytes == 0 and not cache.is_resident(w)
+
+
+def test_resident_cache_lru_by_bytes_and_gc(rt):
+    cache = ResidentCache(rt, max_bytes=3 * 4000)
+    arrays = [np.full(1000, i, np.float32) for i in range(4)]
+    for a in arrays[:3]:
+        cache.get(a)
+    cache.get(arrays[0])                 # 0 becomes most recent; 1 is now least recent
+    cache.get(arrays[3])
+    assert cache.is_resident(arrays[0]) and not cache.is_resident(arrays[1]) and cache.is_resident(arrays[3])
+    assert cache.bytes <= cache.max_bytes and len(cache) == 3
+    big = np.zeros(10_000, np.float32)   # larger than the cache: uploaded, not kept
+    assert cache.get(big).get().shape == big.shape and not cache.is_resident(big)
+    del arrays[3]
+    gc.collect()
+    assert len(cache) == 2 and cache.bytes == 2 * 4000
+    cache.clear()
+    assert cache.bytes == 0 and len(cache) == 0
+
+
+def test_resident_cache_size_from_environment(rt, monkeypatch):
+    monkeypatch.setenv("HIPSCHED_RESIDENT_BYTES", "12345")
+    assert ResidentCache(rt).max_bytes == 12345
+
+
+def test_no_runtime_is_a_clear_error(monkeypatch):
+    from hipsched.gpu import detect
+    monkeypatch.setenv("HIPSCHED_GPU_RUNTIME", "none")
+    detect.reset()
+    try:
+        with pytest.raises(GpuError) as info:
+            to_device(np.zeros(3, np.float32))
+        assert info.value.kind == "unavailable" and "disabled" in str(info.value)
+    finally:
+        detect.reset()
+
+
+# ---------------------------------------------------------------------- on a real GPU
+@pytest.mark.gpu
+def test_gpu_round_trip_and_resident_cache():
+    from hipsched.gpu import detect
+    rt = detect.get_runtime()
+    host = np.random.default_rng(2).standard_normal((256, 33)).astype(np.float32)
+    d = to_device(host, runtime=rt)
+    np.testing.assert_array_equal(d.get(), host)
+    cache = ResidentCache(rt, max_bytes=1 << 24)
+    assert cache.get(host) is cache.get(host)
+
+
+@pytest.mark.gpu
+def test_gpu_interop_with_torch_or_cupy():
+    from hipsched.gpu import detect
+    rt = detect.get_runtime()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no GPU")
+    x = torch.arange(64, dtype=torch.float32, device="cuda")
+    d = DeviceArray.from_external(x, runtime=rt)
+    assert d.ptr == x.data_ptr()
+    np.testing.assert_array_equal(d.get(), x.cpu().numpy())
+    y = torch.from_dlpack(to_device(np.ones(5, np.float32), runtime=rt))
+    assert y.device.type == "cuda" and float(y.sum()) == 5.0
