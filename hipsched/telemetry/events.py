@@ -83,6 +83,10 @@ def to_dict(rec, run, host, device) -> dict:
     }
 
 
+_NUMBERS = ',"size":%d,"bytes":%d,"duration_us":%.3f,"predicted_us":{"cpu":%.3f,"gpu":%.3f}'
+_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s}\n'
+
+
 class LineFormatter:
     """Encodes stored tuples as JSON lines on the writer thread. Equivalent to json.dumps(to_dict(..))
     but several times faster: strings that repeat (op, backend, reason, dtype) are escaped once and
@@ -112,38 +116,46 @@ class LineFormatter:
             return "null"
         return "%.3f" % x if -1e300 < x < 1e300 else "null"
 
+    def _names_for(self, key):
+        names = (f',"op":{self._str(key[0])},"backend":{self._str(key[1])},"reason":{self._str(key[2])}'
+                 f',"dtype":{self._str(key[3])}')
+        if len(self._names) < 4096:
+            self._names[key] = names
+        return names
+
+    def _numbers_slow(self, size, nbytes, dur, pc, pg):
+        num = self._num
+        return (f',"size":{int(size)},"bytes":{int(nbytes)},"duration_us":{num(dur)},'
+                f'"predicted_us":{{"cpu":{num(pc)},"gpu":{num(pg)}}}')
+
     def line(self, rec) -> str:
-        t = rec[TS]
+        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb = rec
         sec = int(t)
         if sec != self._sec:
             self._sec = sec
             self._sec_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-        micro = round((t - sec) * 1e6)
+        micro = int((t - sec) * 1e6 + 0.5)
         if micro > 999999:  # rounded up into the next second; clamp rather than re-derive the text
             micro = 999999
-        num = self._num
-        s = rec[STREAM]
-        if s is None:
+        key = (op, backend, reason, dtype)
+        names = self._names.get(key) or self._names_for(key)
+        # One %-format for the numbers when all are finite; None, NaN or inf take the careful path.
+        try:
+            if -1e300 < dur < 1e300 and -1e300 < pc < 1e300 and -1e300 < pg < 1e300:
+                nums = _NUMBERS % (size, nbytes, dur, pc, pg)
+            else:
+                nums = self._numbers_slow(size, nbytes, dur, pc, pg)
+        except TypeError:
+            nums = self._numbers_slow(size, nbytes, dur, pc, pg)
+        if st is None:
             st = "null"
-        elif isinstance(s, int):
-            st = str(s)
+        elif type(st) is int:
+            st = str(st)
         else:
-            st = json.dumps(stream_id(s))
-        sc = rec[SCOPE]
-        fb = rec[FALLBACK]
+            st = json.dumps(stream_id(st))
         fbt = "null" if fb is None else '{"backend":%s,"error":%s}' % (self._str(fb[0]), json.dumps(str(fb[1])))
-        key = (rec[OP], rec[BACKEND], rec[REASON], rec[DTYPE])
-        names = self._names.get(key)
-        if names is None:
-            names = (f',"op":{self._str(key[0])},"backend":{self._str(key[1])},"reason":{self._str(key[2])}'
-                     f',"dtype":{self._str(key[3])}')
-            if len(self._names) < 4096:
-                self._names[key] = names
-        return (f'{self.head}{self._sec_text}.{micro:06d}Z"{self.ident},"seq":{rec[SEQ]}{names}'
-                f',"size":{int(rec[SIZE])},"bytes":{int(rec[NBYTES])}'
-                f',"duration_us":{num(rec[DURATION])},"predicted_us":{{"cpu":{num(rec[PRED_CPU])},'
-                f'"gpu":{num(rec[PRED_GPU])}}},"stream":{st},"phase":{sc.phase_json},"tags":{sc.tags_json}'
-                f',"fallback":{fbt}}}\n')
+        return _LINE % (self.head, self._sec_text, micro, self.ident, seq, names, nums, st, sc.phase_json,
+                        sc.tags_json, fbt)
 
     def dropped_line(self, t, count, total) -> str:
         """The record that reports events lost to a full queue (they are still in the counters)."""

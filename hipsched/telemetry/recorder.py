@@ -17,6 +17,7 @@ from .summary import BackendExecutionSummary, BackendStats, print_debug_summary
 from .writer import JsonlWriter
 
 ENV_PATH = "HIPSCHED_TELEMETRY"
+_now = time.time
 
 
 def path_from_env():
@@ -40,12 +41,15 @@ class Telemetry:
         self._lock = self._counters.lock
         self._cells = self._counters.cells
         self._writer = None
-        self._put = None
+        self._queue = None       # the writer's queue, filled inline by record() (saves a call per event)
+        self._queue_size = 0
         if path is not None and self.enabled:
             self._writer = JsonlWriter(path, ev.LineFormatter(self.run_id, self.host, self.device),
                                        queue_size=queue_size, rotate_bytes=rotate_bytes, keep=rotate_keep,
                                        interval=flush_interval)
-            self._put = self._writer.put
+            self._queue = self._writer.queue
+            self._queue_size = self._writer.queue_size
+            self._drops = self._writer.drop_counter
 
     # ---------------------------------------------------------------- hot path
     def record(self, op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us, pred_gpu_us,
@@ -54,7 +58,7 @@ class Telemetry:
         `fallback` is None or (failed_backend, error_str); `backend` is the one that produced the result."""
         if not self.enabled:
             return
-        rec = (time.time(), next(self._seq), op, backend, reason, size, dtype, nbytes, duration_us,
+        rec = (_now(), next(self._seq), op, backend, reason, size, dtype, nbytes, duration_us,
                pred_cpu_us, pred_gpu_us, stream, _current_scope(), fallback)
         self._ring.append(rec)
         with self._lock:
@@ -66,9 +70,13 @@ class Telemetry:
             if fallback is not None:
                 c[2] += 1
                 self._counters.add_error(op, fallback)
-        put = self._put
-        if put is not None:
-            put(rec)
+        q = self._queue
+        if q is not None:
+            # Same as JsonlWriter.put, inlined; the length check may overshoot by a few under threads.
+            if len(q) < self._queue_size:
+                q.append(rec)
+            else:
+                next(self._drops)
 
     def scope(self, phase=None, **tags):
         """Context manager: events recorded inside carry this phase and these tags (contextvars, so
@@ -129,7 +137,7 @@ class Telemetry:
         """Flush and close the JSONL file; later records stay in memory only. Idempotent."""
         w = self._writer
         if w is not None:
-            self._put = None
+            self._queue = None
             w.close()
 
     def __enter__(self):

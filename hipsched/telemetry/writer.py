@@ -39,7 +39,7 @@ class JsonlWriter:
         self.keep = max(1, int(keep))
         self.interval = interval
         self.queue = deque()
-        self._drops = itertools.count()       # next() on it is atomic under the GIL: exact without a lock
+        self.drop_counter = itertools.count()  # next() on it is atomic under the GIL: exact without a lock
         self._dropped_reported = 0
         self.written = 0                       # lines written (events + service records)
         self.failed = None                     # the error that disabled the writer, if any
@@ -62,12 +62,12 @@ class JsonlWriter:
         if len(q) < self.queue_size:
             q.append(rec)
         else:
-            next(self._drops)
+            next(self.drop_counter)
 
     @property
     def dropped(self) -> int:
         # itertools.count's repr is the only way to read it without advancing it.
-        return int(repr(self._drops)[6:-1])
+        return int(repr(self.drop_counter)[6:-1])
 
     # ---------------------------------------------------------------- thread side
     def _loop(self):
