@@ -249,7 +249,7 @@ class CtypesRuntime(Runtime):
         return ptr.value or 0
 
     def free(self, ptr: int) -> None:
-        self._ctx()
+        self._ctx()   # may run from a finalizer on any thread
         self._call("free", c_void_p(ptr))
 
     def memcpy_htod(self, dst, src_host_ptr, nbytes, stream=0):
@@ -276,6 +276,7 @@ class CtypesRuntime(Runtime):
         return s.value or 0
 
     def stream_destroy(self, stream):
+        self._ctx()
         self._call("stream_destroy", c_void_p(stream))
 
     def stream_synchronize(self, stream):
@@ -293,6 +294,7 @@ class CtypesRuntime(Runtime):
         return e.value or 0
 
     def event_destroy(self, event):
+        self._ctx()
         self._call("event_destroy", c_void_p(event))
 
     def event_record(self, event, stream=0):
@@ -300,9 +302,11 @@ class CtypesRuntime(Runtime):
         self._call("event_record", c_void_p(event), c_void_p(stream))
 
     def event_synchronize(self, event):
+        self._ctx()
         self._call("event_synchronize", c_void_p(event))
 
     def event_elapsed_ms(self, start, end) -> float:
+        self._ctx()
         ms = c_float()
         self._call("event_elapsed", ctypes.byref(ms), c_void_p(start), c_void_p(end))
         return ms.value
@@ -323,6 +327,7 @@ class CtypesRuntime(Runtime):
         self._call("module_unload", c_void_p(module))
 
     def module_function(self, module, name) -> int:
+        self._ctx()
         f = c_void_p()
         self._call("module_function", ctypes.byref(f), c_void_p(module), name.encode())
         return f.value or 0
