@@ -12,7 +12,7 @@ cnp.import_array()
 
 cdef extern from "similarity.h" nogil:
     int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out)
-    void hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv)
+    int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv)
     void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s)
     int hs_topk_f32(const float *scores, int64_t m, int64_t n, int64_t k, int64_t *idx, float *val)
 
@@ -24,18 +24,20 @@ TOPK_BLOCK_BYTES = 32 << 20
 
 
 cdef inv_norms(T):
+    """Inverse row norms, or None when some row's norm is too small or large for float dots (see
+    similarity.h): the caller then takes the fused kernel, which scores such rows in double."""
     cdef float *pt = f32_ptr(T, "T")
-    cdef int64_t n = T.shape[0], d = T.shape[1]
+    cdef int64_t n = T.shape[0], d = T.shape[1], extreme
     inv = np.empty(n, np.float32)
     cdef float *pi = <float *>cnp.PyArray_DATA(inv)
     with nogil:
-        hs_inv_norms_f32(pt, n, d, pi)
-    return inv
+        extreme = hs_inv_norms_f32(pt, n, d, pi)
+    return None if extreme else inv
 
 
 cdef cosine_into(Q, T, out, t_inv):
-    """out (m, n) = cos(Q (m, d), T (n, d)); t_inv: T's inverse norms, or None to compute them if needed.
-    Returns t_inv (computed or given) so top_k's query blocks share it."""
+    """out (m, n) = cos(Q (m, d), T (n, d)). t_inv: T's inverse norms, None (not computed yet) or False
+    (T has extreme rows: fused kernel only). Returns t_inv so top_k's query blocks share it."""
     cdef float *pq = f32_ptr(Q, "q")
     cdef float *pt = f32_ptr(T, "T")
     cdef float *po = f32_ptr(out, "out")
@@ -43,15 +45,20 @@ cdef cosine_into(Q, T, out, t_inv):
     cdef int rc
     if m == 0 or n == 0:
         return t_inv
-    if m <= FUSED_MAX_QUERIES:
+    q_inv = None
+    if m > FUSED_MAX_QUERIES:
+        if t_inv is None:
+            t_inv = inv_norms(T)
+            if t_inv is None:
+                t_inv = False  # remembered across top_k's blocks: T needs the fused kernel
+        if t_inv is not False:
+            q_inv = inv_norms(Q)
+    if q_inv is None:
         with nogil:
             rc = hs_cosine_f32(pq, m, pt, n, d, po)
         if rc != 0:
             raise MemoryError("cosine_similarity: out of memory")
         return t_inv
-    if t_inv is None:
-        t_inv = inv_norms(T)
-    q_inv = inv_norms(Q)
     np.matmul(Q * q_inv[:, None], T.T, out=out)
     cdef float *ps = <float *>cnp.PyArray_DATA(t_inv)
     with nogil:

@@ -4,9 +4,9 @@
 #include "similarity.h"
 
 #define HS_BOTH(ret, name, args) ret name##_avx2 args; ret name##_scalar args;
-HS_BOTH(void, hs_cosine_rows, (const float *q, const float *qinv, int64_t m, const float *T, int64_t n,
+HS_BOTH(void, hs_cosine_rows, (const float *q, const float *qinv, int64_t m, int exact, const float *T, int64_t n,
                                int64_t d, int64_t lo, int64_t hi, float *out))
-HS_BOTH(void, hs_inv_norms_rows, (const float *T, int64_t d, int64_t lo, int64_t hi, float *inv))
+HS_BOTH(int64_t, hs_inv_norms_rows, (const float *T, int64_t d, int64_t lo, int64_t hi, float *inv))
 HS_BOTH(void, hs_mul_range, (float *x, const float *s, int64_t n))
 #define HS_PICK(name) (hs_cpu_level() == HS_LEVEL_AVX2 ? name##_avx2 : name##_scalar)
 
@@ -16,30 +16,31 @@ HS_BOTH(void, hs_mul_range, (float *x, const float *s, int64_t n))
 
 int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out) {
     if (m <= 0 || n <= 0) return 0;
-    void (*f)(const float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t, int64_t,
+    void (*f)(const float *, const float *, int64_t, int, const float *, int64_t, int64_t, int64_t, int64_t,
               float *) = HS_PICK(hs_cosine_rows);
     float *qinv = malloc(sizeof(float) * (size_t)m);
     if (!qinv) return -1;
-    HS_PICK(hs_inv_norms_rows)(q, d, 0, m, qinv);
+    int exact = HS_PICK(hs_inv_norms_rows)(q, d, 0, m, qinv) > 0;
     int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
     #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n * d, HS_GRAIN))
     for (int64_t b = 0; b < blocks; b++) {
         int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
-        f(q, qinv, m, T, n, d, lo, hi, out);
+        f(q, qinv, m, exact, T, n, d, lo, hi, out);
     }
     free(qinv);
     return 0;
 }
 
-void hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
-    if (n <= 0) return;
-    void (*f)(const float *, int64_t, int64_t, int64_t, float *) = HS_PICK(hs_inv_norms_rows);
-    int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
-    #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n * d, HS_GRAIN))
+int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
+    if (n <= 0) return 0;
+    int64_t (*f)(const float *, int64_t, int64_t, int64_t, float *) = HS_PICK(hs_inv_norms_rows);
+    int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK, extreme = 0;
+    #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n * d, HS_GRAIN)) reduction(+: extreme)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
-        f(T, d, lo, hi, inv);
+        extreme += f(T, d, lo, hi, inv);
     }
+    return extreme;
 }
 
 void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s) {

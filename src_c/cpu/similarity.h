@@ -12,8 +12,10 @@
 int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out);
 
 /* inv[r] = 1 / ||T_r|| for T (n, d); 0 where the norm is 0 or not finite (so a zero row scores 0,
- * and a NaN/inf row scores NaN through its NaN/inf dot product). */
-void hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv);
+ * and a NaN/inf row scores NaN through its NaN/inf dot product). Returns how many rows have norms so
+ * small or large (values beyond ~1e-15 or ~1e15) that a float dot product with them loses precision:
+ * when not 0, score with hs_cosine_f32, which handles those rows in double. */
+int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv);
 
 /* x[i, j] *= s[j] for x (m, n). */
 void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s);
