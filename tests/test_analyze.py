@@ -33,6 +33,12 @@ def test_quantiles_match_numpy_within_the_bin_width():
     for q in (0.5, 0.95, 0.99):
         assert h.quantile(q) == pytest.approx(np.quantile(x, q), rel=0.011)
     assert h.count == len(x) and h.total == pytest.approx(x.sum())
+    small = LogHistogram()
+    for v in (1.0, 2.0, 4000.0):
+        small.add(v)
+    assert small.quantile(0.5) == pytest.approx(2.0, rel=0.011)   # nearest rank: the middle value
+    assert small.quantile(0.95) == 4000.0 and small.quantile(0.0) == 1.0  # clamped to the observed extremes
+    assert LogHistogram().quantile(0.5) is None
 
 
 def test_crossover_is_found_within_its_bracket(known):

@@ -45,18 +45,22 @@ class LogHistogram:
         self.max = max(self.max, other.max)
 
     def quantile(self, q: float) -> float | None:
-        """Value at quantile q in [0, 1] (None when empty), clamped to the observed min and max."""
+        """Value at quantile q in [0, 1] by nearest rank (the ceil(q*n)-th smallest value; None when
+        empty), clamped to the observed min and max."""
         if self.count == 0:
             return None
-        rank = q * (self.count - 1)          # 0-based rank, as numpy's default 'linear' method targets
+        k = max(0, math.ceil(q * self.count) - 1)      # 0-based index of the value wanted
+        if k == 0:
+            return self.min                              # the extremes are known exactly
+        if k >= self.count - 1:
+            return self.max
         seen = self.zeros
-        if rank < seen:
+        if k < seen:
             return max(self.min, 0.0)
         for i in sorted(self.bins):
             seen += self.bins[i]
-            if rank < seen:
-                v = GROWTH ** (i + 0.5)
-                return min(max(v, self.min), self.max)
+            if k < seen:
+                return min(max(GROWTH ** (i + 0.5), self.min), self.max)
         return self.max
 
     @property

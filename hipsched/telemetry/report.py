@@ -70,8 +70,9 @@ def render(res: dict) -> str:
     o = ro.get("overall", {})
     out.append("\nRouting (calls on the faster side of their size bucket; cost-model decisions only)")
     rows = [[r["op"], r["judged"], "-" if r["accuracy"] is None else f"{r['accuracy']:.1%}", _t(r["regret_us"]),
-             "-" if r["regret_pct"] is None else f"{r['regret_pct']:.1f}%", r["unjudged"]] for r in ro.get("per_op", [])]
-    if o:
+             "-" if r["regret_pct"] is None else f"{r['regret_pct']:.1f}%", r["unjudged"]] for r in ro.get("per_op", [])
+            if r["judged"] or r["unjudged"]]
+    if rows:
         rows.append(["(all)", o["judged"], "-" if o["accuracy"] is None else f"{o['accuracy']:.1%}", _t(o["regret_us"]),
                      "-" if o["regret_pct"] is None else f"{o['regret_pct']:.1f}%", o["unjudged"]])
     out += _table(["op", "judged", "accuracy", "regret", "regret %", "not judged"], rows)
