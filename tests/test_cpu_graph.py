@@ -72,7 +72,8 @@ def test_large_graph_uses_threads_and_matches(rng):
     indptr, indices, weights = random_graph(rng, 20_000, 400_000)
     seeds = (rng.random(20_000) * 0.02).astype(np.float32)
     for idx in (np.int32, np.int64):
-        out = G.spread_activation(indptr, indices.astype(idx), weights, seeds, decay=0.01, steps=2, threshold=0.0)
+        out = G.spread_activation(indptr.astype(idx), indices.astype(idx), weights, seeds, decay=0.01, steps=2,
+                                  threshold=0.0)
         ref, _ = reference(indptr, indices, weights, seeds, 0.01, 2, 0.0)
         np.testing.assert_allclose(out, ref, rtol=0, atol=5e-6)
 
@@ -210,18 +211,29 @@ def test_bad_arguments():
         hipsched.spread_activation(g, {5: 1.0})
     with pytest.raises(ValueError, match="indptr must hold n"):
         hipsched.spread_activation((np.array([], np.int64), np.array([], np.int64), np.array([])), np.ones(0))
-    with pytest.raises(TypeError, match="1-d contiguous int64"):  # the extension guards its own inputs
-        G.spread_activation(g[0].astype(np.int32), g[1], g[2], np.ones(2, np.float32))
+    with pytest.raises(TypeError, match=r"indices must be a 1-d contiguous int32 \(the dtype of indptr\)"):
+        G.spread_activation(g[0].astype(np.int32), g[1], g[2], np.ones(2, np.float32))  # the extension's guard
 
 
 def test_call_work_measures():
     g = (np.array([0, 1, 3]), np.array([1, 0, 1], np.int32), np.ones(3, np.float32))
     call = OPS["spread_activation"].prepare(g, np.ones(2), decay=0.5, steps=4, threshold=0.1)
     assert call.size == 3 * 4
-    assert [a.dtype for a in call.args] == [np.int64, np.int32, np.float32, np.float32]
+    assert [a.dtype for a in call.args] == [np.int64, np.int64, np.float32, np.float32]  # mixed: both int64
     assert call.params == {"decay": 0.5, "steps": 4, "threshold": 0.1}
-    assert call.nbytes == 3 * 8 + 3 * 4 + 3 * 4 + 2 * 2 * 4
+    assert call.nbytes == 3 * 8 + 3 * 8 + 3 * 4 + 2 * 2 * 4
     assert OPS["spread_activation"].prepare(g, np.ones(2), steps=0).size == 3
+    ip32 = g[0].astype(np.int32)
+    call = OPS["spread_activation"].prepare((ip32, g[1], g[2]), np.ones(2))
+    assert call.args[0] is ip32 and call.args[1] is g[1]  # SciPy's int32 pair passes through uncopied
+
+
+def test_prepare_validates_before_any_backend_runs():
+    """The GPU kernels trust the Call: a bad graph must fail in prepare, not only in the CPU kernel."""
+    with pytest.raises(ValueError, match=r"indices\[1\] = 9 is out of range"):
+        OPS["spread_activation"].prepare((np.array([0, 1, 2]), np.array([1, 9]), np.ones(2)), np.ones(2))
+    with pytest.raises(ValueError, match="indptr is not a valid CSR row pointer at position 2"):
+        OPS["spread_activation"].prepare((np.array([0, 3, 2]), np.array([1, 0]), np.ones(2)), np.ones(2))
 
 
 @settings(max_examples=60, deadline=None)

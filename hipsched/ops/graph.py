@@ -14,15 +14,17 @@ whose activation is exactly 0 adds nothing, even with an inf or NaN weight (it i
 Results are float32, accumulated in float32: within ~1e-6 absolute per step of a float64 evaluation
 for activations in [0, 1] and moderate degrees (summation order differs).
 
-The graph is validated before it is used, in C as part of the first pass over it: indptr must start
+The graph is validated here, before any backend sees it, by one parallel pass in C: indptr must start
 at 0, never decrease and end at nnz; every index must lie in [0, n). A bad graph is a ValueError,
-never a read out of bounds. indptr is used as int64 and indices as int32 or int64 (other integer
-dtypes are converted); weights and seeds as float32. SciPy is never imported here: sparse matrices are
+never a read out of bounds (the CPU kernel checks again as it reads, for direct callers). indptr and
+indices are passed on both int32 (when both are, as SciPy keeps them: no copy) or both int64;
+weights and seeds as float32. SciPy is never imported here: sparse matrices are
 recognised by their attributes."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..cpu._graph import check_csr
 from .base import Call, as_f32, check_ndim, finite_scalar, register, shape_mismatch
 
 OP = "spread_activation"
@@ -44,8 +46,8 @@ def _csr_parts(graph):
                     f"got {type(graph).__name__}")
 
 
-def _index_array(x, name: str, keep=(np.int64,)):
-    """1-d C-contiguous integer array, converted to int64 unless its dtype is one of `keep`."""
+def _index_array(x, name: str):
+    """1-d integer array (any integer dtype; converted later)."""
     try:
         a = np.asarray(x)
     except Exception as e:
@@ -53,11 +55,15 @@ def _index_array(x, name: str, keep=(np.int64,)):
     if a.dtype.kind not in "iu":
         raise TypeError(f"{OP}: {name} must hold integers, got dtype {a.dtype}")
     check_ndim(a, (1,), OP, name)
-    if a.dtype not in keep:
-        a = a.astype(np.int64)  # uint64 beyond int64 wraps negative: the range checks reject it
-    if not (a.flags.c_contiguous and a.flags.aligned):
-        a = np.array(a, order="C", copy=True)
     return a
+
+
+def _index_pair(indptr, indices):
+    """indptr and indices as C-contiguous arrays of one dtype: both int32 when both already are (SciPy's
+    usual case, no copy), else both int64 (uint64 beyond int64 wraps negative: the checks reject it)."""
+    dt = np.int32 if indptr.dtype == np.int32 and indices.dtype == np.int32 else np.int64
+    return tuple(np.ascontiguousarray(a, dtype=dt) if a.dtype != dt or not (a.flags.c_contiguous and a.flags.aligned)
+                 else a for a in (indptr, indices))
 
 
 def _seed_array(seeds, n: int):
@@ -80,8 +86,7 @@ def _seed_array(seeds, n: int):
 @register(OP)
 def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
     indptr, indices, weights, cols = _csr_parts(graph)
-    indptr = _index_array(indptr, "indptr")
-    indices = _index_array(indices, "indices", keep=(np.int32, np.int64))
+    indptr, indices = _index_pair(_index_array(indptr, "indptr"), _index_array(indices, "indices"))
     weights = as_f32(weights, OP, "weights", allow_device=False)
     check_ndim(weights, (1,), OP, "weights")
     if indptr.shape[0] < 1:
@@ -91,6 +96,7 @@ def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
         raise shape_mismatch(OP, "indptr", indptr.shape, "graph", (cols, cols))
     if indices.shape[0] != weights.shape[0]:
         raise shape_mismatch(OP, "indices", indices.shape, "weights", weights.shape, "one weight per edge")
+    check_csr(indptr, indices)  # before any backend sees the graph: the GPU kernels trust it
     seeds = _seed_array(seeds, n)
     decay = finite_scalar(decay, OP, "decay")
     steps = finite_scalar(steps, OP, "steps", lo=0, integer=True)

@@ -1,5 +1,5 @@
-/* Public spreading-activation functions (graph.h): the index-type-independent helpers, then graph.inc
- * instantiated for int32 and int64 indices. */
+/* Public spreading-activation functions (graph.h): the index-type-independent helpers (scratch cache,
+ * finishing pass), then graph.inc instantiated for int32 and int64 CSR arrays. */
 #include <stdlib.h>
 #include <string.h>
 #include "cpu_features.h"
@@ -9,33 +9,8 @@
 #define HS_GRAPH_GRAIN (1LL << 18)
 #define HS_GRAPH_MAX_THREADS 256
 #define GRAPH_PREFETCH 24        /* edges between a target's prefetch and its update */
+#define HS_GRAPH_CHECK_CHUNK 4096  /* indices checked branch-free before looking for the culprit */
 #define HS_GRAPH_FINISH_BLOCK 1024  /* activations summed over the thread accumulators at a time */
-
-/* indptr[0] == 0, indptr[i] <= indptr[i + 1], indptr[n] == nnz; *bad = the first position that
- * breaks it. Together these bound every row's edges inside [0, nnz). */
-static int graph_check_indptr(const int64_t *indptr, int64_t n, int64_t nnz, int64_t *bad) {
-    if (indptr[0] != 0) { *bad = 0; return 0; }
-    for (int64_t i = 0; i < n; i++)
-        if (indptr[i + 1] < indptr[i]) { *bad = i + 1; return 0; }
-    if (indptr[n] != nnz) { *bad = n; return 0; }
-    return 1;
-}
-
-/* bounds[t] .. bounds[t+1]: thread t's rows, cut where the edge count reaches t * nnz / nt (a lower
- * bound search on the validated, non-decreasing indptr). */
-static void graph_split_rows(const int64_t *indptr, int64_t n, int nt, int64_t *bounds) {
-    const int64_t nnz = indptr[n];
-    bounds[0] = 0;
-    bounds[nt] = n;
-    for (int t = 1; t < nt; t++) {
-        int64_t target = nnz / nt * t, lo = bounds[t - 1], hi = n;
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if (indptr[mid] < target) lo = mid + 1; else hi = mid;
-        }
-        bounds[t] = lo;
-    }
-}
 
 /* The accumulators (n floats per thread) are kept between calls, all zero: a fresh 8 MB buffer costs
  * page faults on every call, about a tenth of a one-step scatter over 16M edges. One call at a time
