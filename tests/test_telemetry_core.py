@@ -151,3 +151,20 @@ def test_bad_sizes_are_rejected_with_the_value():
         Telemetry(ring_size=-1)
     with pytest.raises(ValueError, match="queue_size"):
         Telemetry(path="/tmp/never-used.jsonl", queue_size=0)
+
+
+def test_counts_of_ended_threads_survive_and_clear_resets_them():
+    tel = Telemetry()
+    for round_ in range(3):  # many short threads: their shards are folded, not lost
+        ts = [threading.Thread(target=lambda: [rec(tel, op="scale") for _ in range(50)]) for _ in range(10)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert tel.stats().total_operations == 500 * (round_ + 1)
+    rec(tel, op="scale")
+    assert tel.operations_by_type("scale")["cpu"]["count"] == 1501
+    tel.clear()
+    assert tel.stats().total_operations == 0
+    rec(tel, op="scale")
+    assert tel.stats().total_operations == 1

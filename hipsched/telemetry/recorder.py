@@ -1,6 +1,7 @@
-"""Telemetry: the object the Executor records every call into. `record` is the hot path (about half
-a microsecond): it stores one tuple in the ring of recent events, adds to the exact counters and
-hands the same tuple to the JSONL writer's queue; dicts and JSON are built later, off the caller."""
+"""Telemetry: the object the Executor records every call into. `record` is the hot path (well under a
+microsecond): it stores one tuple in the ring of recent events, adds to this thread's shard of the
+exact counters and hands the same tuple to the JSONL writer's queue, taking no lock; dicts and JSON are
+built later, off the caller."""
 from __future__ import annotations
 
 import itertools
@@ -38,8 +39,7 @@ class Telemetry:
         self._ring = deque(maxlen=int(ring_size))
         self._seq = itertools.count()
         self._counters = Counters()
-        self._lock = self._counters.lock
-        self._cells = self._counters.cells
+        self._local = self._counters.local
         self._writer = None
         self._queue = None       # the writer's queue, filled inline by record() (saves a call per event)
         self._queue_size = 0
@@ -61,15 +61,18 @@ class Telemetry:
         rec = (_now(), next(self._seq), op, backend, reason, size, dtype, nbytes, duration_us,
                pred_cpu_us, pred_gpu_us, stream, _current_scope(), fallback)
         self._ring.append(rec)
-        with self._lock:
-            c = self._cells.get((op, backend))
-            if c is None:
-                c = self._cells[(op, backend)] = [0, 0.0, 0]
-            c[0] += 1
-            c[1] += duration_us
-            if fallback is not None:
-                c[2] += 1
-                self._counters.add_error(op, fallback)
+        try:
+            cells = self._local.cells          # this thread's shard: no lock needed (store.py)
+        except AttributeError:
+            cells = self._counters.shard()
+        c = cells.get((op, backend))
+        if c is None:
+            c = cells[(op, backend)] = [0, 0.0, 0]
+        c[0] += 1
+        c[1] += duration_us
+        if fallback is not None:
+            c[2] += 1
+            self._counters.add_error(op, fallback)
         q = self._queue
         if q is not None:
             # Same as JsonlWriter.put, inlined; the length check may overshoot by a few under threads.

@@ -1,6 +1,8 @@
-"""Exact counters per (op, backend) that many threads update at once. A short lock guards the few
-additions each call makes (CPython's `+=` on a list item is not atomic across threads); the lock is
-never held across I/O, so the hot path cannot block on the writer."""
+"""Exact counters per (op, backend) that many threads update at once, without a lock on the hot path:
+each thread adds into its own shard (a dict it alone writes, found through a threading.local), and
+readers sum the shards. Shards of threads that have ended are folded into one retired shard, so a
+program that starts many short threads does not accumulate them. Fallback errors are rare and go
+into one dict under a lock."""
 from __future__ import annotations
 
 import threading
@@ -11,35 +13,62 @@ from .summary import BackendExecutionSummary, BackendStats, OpBackendTotals
 
 class Counters:
     def __init__(self):
+        self.local = threading.local()   # .cells: this thread's shard, (op, backend) -> [count, time_us, fallbacks]
         self.lock = threading.Lock()
-        self.cells = {}        # (op, backend) -> [count, time_us, fallbacks]
-        self.errors = {}       # (op, error) -> count
+        self._shards = []                # [(thread, cells)]
+        self._retired = {}
+        self.errors = {}                 # (op, error) -> count
 
-    def add(self, op, backend, duration_us, fallback):
-        # Record inlines this for speed; kept here as the reference of what one call adds.
+    def shard(self) -> dict:
+        """This thread's shard, created and registered on its first call."""
+        cells = {}
+        self.local.cells = cells
         with self.lock:
-            c = self.cells.get((op, backend))
-            if c is None:
-                c = self.cells[(op, backend)] = [0, 0.0, 0]
-            c[0] += 1
-            c[1] += duration_us
-            if fallback is not None:
-                c[2] += 1
-                self.add_error(op, fallback)
+            self._shards.append((threading.current_thread(), cells))
+        return cells
+
+    def add(self, op, backend, duration_us, fallback=None):
+        """What one call adds (Telemetry.record inlines the same steps for speed)."""
+        try:
+            cells = self.local.cells
+        except AttributeError:
+            cells = self.shard()
+        c = cells.get((op, backend))
+        if c is None:
+            c = cells[(op, backend)] = [0, 0.0, 0]
+        c[0] += 1
+        c[1] += duration_us
+        if fallback is not None:
+            c[2] += 1
+            self.add_error(op, fallback)
 
     def add_error(self, op, fallback):
-        """Caller holds the lock."""
         key = (_name(op), str(fallback[1]))
-        self.errors[key] = self.errors.get(key, 0) + 1
+        with self.lock:
+            self.errors[key] = self.errors.get(key, 0) + 1
 
     def snapshot(self):
+        """Summed cells and the error counts. Exact for every record() that has returned."""
         with self.lock:
-            return {k: tuple(v) for k, v in self.cells.items()}, dict(self.errors)
+            live = []
+            for t, cells in self._shards:
+                if t.is_alive():
+                    live.append((t, cells))
+                else:
+                    _fold(self._retired, cells)
+            self._shards = live
+            total = {k: list(v) for k, v in self._retired.items()}
+            for _, cells in live:
+                _fold(total, cells)
+            return {k: tuple(v) for k, v in total.items()}, dict(self.errors)
 
     def clear(self):
+        """Zero everything. Not atomic with records running at the same moment in other threads."""
         with self.lock:
-            self.cells.clear()
+            self._retired.clear()
             self.errors.clear()
+            for _, cells in self._shards:
+                cells.clear()
 
     def stats(self, dropped=0) -> BackendStats:
         cells, _ = self.snapshot()
@@ -66,3 +95,13 @@ class Counters:
             per_backend[b] = OpBackendTotals(pb.count + count, pb.time_us + time_us, pb.fallbacks + fallbacks)
         return BackendExecutionSummary(per_op, per_backend, errors, dropped)
 
+
+def _fold(into: dict, cells: dict) -> None:
+    for k, v in list(cells.items()):   # list(): one C-level copy, safe while the owner inserts
+        acc = into.get(k)
+        if acc is None:
+            into[k] = list(v)
+        else:
+            acc[0] += v[0]
+            acc[1] += v[1]
+            acc[2] += v[2]
