@@ -204,9 +204,10 @@ class CtypesRuntime(Runtime):
         for symbol in ("hipGetDevicePropertiesR0600", "hipGetDeviceProperties"):
             if hasattr(self._lib, symbol):
                 self._raw(symbol, [c_void_p, c_int], buf, index)
-                m = _GFX_RE.search(buf.raw)
-                if m:
-                    return m.group(0).decode()
+                # The longest match: the name field may also say "gfxNNNN", without the features.
+                found = _GFX_RE.findall(buf.raw)
+                if found:
+                    return max(found, key=len).decode()
         raise GpuError("runtime", "could not read the device's gfx architecture", name="no-arch")
 
     def device_info(self, index: int) -> DeviceInfo:
