@@ -168,3 +168,10 @@ def test_counts_of_ended_threads_survive_and_clear_resets_them():
     assert tel.stats().total_operations == 0
     rec(tel, op="scale")
     assert tel.stats().total_operations == 1
+
+
+@pytest.mark.parametrize("value,expected", [("/tmp/x.jsonl", "/tmp/x.jsonl"), ("", None), ("off", None), ("0", None)])
+def test_path_from_env(monkeypatch, value, expected):
+    from hipsched.telemetry import path_from_env
+    monkeypatch.setenv("HIPSCHED_TELEMETRY", value)
+    assert path_from_env() == expected

@@ -14,7 +14,7 @@ from . import events as ev
 from .scope import current as _current_scope
 from .scope import scope as _scope
 from .store import Counters
-from .summary import BackendExecutionSummary, BackendStats, print_debug_summary
+from .summary import BackendExecutionSummary, BackendStats, OpBackendTotals, print_debug_summary
 from .writer import JsonlWriter
 
 ENV_PATH = "HIPSCHED_TELEMETRY"
@@ -115,7 +115,6 @@ class Telemetry:
     def operations_by_type(self, op) -> dict:
         """{"cpu": {...}, "gpu": {...}} for one op, each {"count", "time_us", "mean_us", "fallbacks"};
         both backends are always present (zeros when the op never ran there)."""
-        from .summary import OpBackendTotals
         per = self.summary().per_op.get(ev.text(op), {})
         out = {b: OpBackendTotals().to_dict() for b in ("cpu", "gpu")}
         for b, t in per.items():

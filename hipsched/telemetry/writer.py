@@ -71,9 +71,11 @@ class JsonlWriter:
 
     # ---------------------------------------------------------------- thread side
     def _loop(self):
-        while not self._stop.wait(self.interval):
-            self.flush()
-        self.flush()
+        try:
+            while not self._stop.wait(self.interval):
+                self.flush()
+        except Exception as e:  # a bug here must not leave callers filling a queue nobody drains
+            self._fail(OSError(f"writer thread failed: {type(e).__name__}: {e}"))
 
     def flush(self) -> None:
         """Write everything queued so far (called by the thread, close() and at exit)."""
