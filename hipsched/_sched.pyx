@@ -555,3 +555,70 @@ cdef class SchedCore:
     @property
     def min_samples(self):
         return self.p.min_samples
+
+
+cdef class FastPath:
+    """The Executor's per-call path compiled: validate (the op's prepare), look up the slot, decide,
+    and for host data on the CPU run, time, record and log the call without returning to Python.
+    Everything else (GPU runs, fallback, device data, errors to raise) goes to the executor's methods."""
+    cdef SchedCore core
+    cdef dict prepare
+    cdef dict slots
+    cdef object slot_miss, prepare_missing, gpu_terms, run_gpu, run_other
+    cdef public object tel_record
+    cdef double min_batch
+    cdef bint allow_fallback
+    cdef tuple reason_str
+
+    def __init__(self, SchedCore core, dict prepare, dict slots, slot_miss, prepare_missing, gpu_terms, run_gpu,
+                 run_other, tel_record, double min_batch, bint allow_fallback, tuple reason_str):
+        self.core, self.prepare, self.slots = core, prepare, slots
+        self.slot_miss, self.prepare_missing, self.gpu_terms = slot_miss, prepare_missing, gpu_terms
+        self.run_gpu, self.run_other, self.tel_record = run_gpu, run_other, tel_record
+        self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
+
+    def run(self, str op, backend, stream, *args, **kwargs):
+        cdef int want, flags, r
+        cdef double size, pc, pg, dur, h2d = 0.0, d2h = 0.0
+        cdef long long t0
+        cdef Slot *s
+        prep = self.prepare.get(op)
+        if prep is None:
+            prep = self.prepare_missing(op)
+        call = prep(*args, **kwargs)
+        if backend == "auto":
+            want = 0
+        elif backend == "cpu":
+            want = _F_WANT_CPU
+        elif backend == "gpu":
+            want = _F_WANT_GPU
+        else:
+            raise ValueError(f"{op}: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
+        dtype = call.dtype
+        entry = self.slots.get((op, dtype))
+        if entry is None:
+            entry = self.slot_miss(op, dtype)
+        slot_o, flags_o, max_size, fn = entry
+        cdef int slot = slot_o
+        flags = <int>flags_o | want | _F_FITS  # small calls are not checked: they fit, and stay on the CPU
+        size = call.size
+        if flags & _F_GPU_SUPPORTS and size >= self.min_batch and not want & _F_WANT_CPU:
+            flags_o, h2d_o, d2h_o = self.gpu_terms(call, flags, max_size)
+            flags, h2d, d2h = flags_o, h2d_o, d2h_o
+        if fn is None or call.on_device or (want == _F_WANT_GPU and not self.allow_fallback):
+            return self.run_other(call, slot, flags, want, h2d, d2h, stream)
+        s = self.core.slots[slot]
+        PyThread_acquire_lock(self.core.lock, WAIT_LOCK)
+        r = self.core._decide(s, size, h2d, d2h, flags, &pc, &pg, True)
+        PyThread_release_lock(self.core.lock)
+        if r & 1:
+            return self.run_gpu(call, slot, r >> 1, pc, pg, h2d, d2h, stream)
+        t0 = now_ns()
+        out = fn(*call.args, **call.params)  # the lock is not held while the kernel runs
+        dur = (now_ns() - t0) * 1e-3
+        PyThread_acquire_lock(self.core.lock, WAIT_LOCK)
+        self.core._record(s, CPU, size, dur, 0.0, 0.0, True, True, False)
+        PyThread_release_lock(self.core.lock)
+        if self.tel_record is not None:
+            self.tel_record(op, "cpu", self.reason_str[r >> 1], call.size, dtype, call.nbytes, dur, pc, pg, stream)
+        return out

@@ -109,6 +109,11 @@ class Executor:
         self._warn_lock = threading.Lock()
         self._closed = False
         self.performance_tracker = PerformanceTracker(self._core)
+        self._fast = _sched.FastPath(self._core, self._prepare, self._slots, self._slot, self._prepare_missing,
+                                     self._gpu_terms, self._run_gpu, self._run_other,
+                                     self._tel.record if self._tel is not None else None, cfg.gpu_min_batch_size,
+                                     cfg.allow_fallback, _REASON_STR)
+        self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
         self._model_path = self._model_key = None
         if cfg.persist_model:
             self._load_model()
@@ -156,6 +161,7 @@ class Executor:
 
     # ------------------------------------------------------------------ the hot path
     def _slot(self, op, dtype):
+        """(core slot, capability flags, GPU max size, CPU function or None) of (op, dtype), cached."""
         key = (op, dtype)
         s = self._slots.get(key)
         if s is None:
@@ -168,7 +174,11 @@ class Executor:
                         max_size = int(self._gpu.max_elements(op))
                 except Exception as e:
                     log.warning("hipsched: GPU capability query for %s/%s failed (%s); using the CPU", op, dtype, e)
-            s = self._slots[key] = (self._core.slot(op, dtype), flags, max_size)
+            try:
+                fn = self._cpu._fns.get(op) or self._cpu._load(op)
+            except (ImportError, KeyError, AttributeError):
+                fn = None  # reported when a call needs it (select_backend works without it)
+            s = self._slots[key] = (self._core.slot(op, dtype), flags, max_size, fn)
         return s
 
     def _free_memory(self):
@@ -192,37 +202,21 @@ class Executor:
             return flags & ~_F_SUPPORTS, 0, 0
         return flags, h2d, d2h
 
-    def _run(self, op, backend, stream, *args, **kwargs):
-        try:
-            prepare = self._prepare[op]
-        except KeyError:
-            prepare = self._prepare_missing(op)
-        call = prepare(*args, **kwargs)
-        want = _WANT.get(backend)
-        if want is None:
-            raise ValueError(f"{op}: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
-        slot, flags, max_size = self._slots.get((op, call.dtype)) or self._slot(op, call.dtype)
-        flags |= want | _F_FITS  # small calls are not checked: they fit, and stay on the CPU anyway
-        h2d = d2h = 0
-        if flags & _F_SUPPORTS and call.size >= self._min_batch and not want & _F_WANT_CPU:
-            flags, h2d, d2h = self._gpu_terms(call, flags, max_size)
+    def _run_other(self, call, slot, flags, want, h2d, d2h, stream):
+        """Calls off the compiled common path (hipsched._sched.FastPath.run, which is `_run`): device
+        data, a CPU family that is not built, or backend='gpu' without fallback."""
         be, reason, pc, pg = self._core.decide(slot, call.size, h2d, d2h, flags)
-        if be == 0 and not call.on_device and not (want == _F_WANT_GPU and not self.config.allow_fallback):
-            # the common case: host data on the CPU
-            t0 = _perf_ns()
-            out = self._cpu.run(call)
-            dur = (_perf_ns() - t0) * 1e-3
-            self._core.record(slot, 0, call.size, dur)
-            tel = self._tel
-            if tel is not None:
-                tel.record(op, "cpu", _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur, pc, pg, stream)
-            return out
-        if be == 0:
-            if want == _F_WANT_GPU and not self.config.allow_fallback:
-                raise GpuError("unavailable", f"{op}: backend='gpu' was asked for but the GPU cannot take this "
-                               f"call ({_REASON_STR[reason]}; {getattr(self._gpu, 'unavailable_reason', None)})")
+        if be == 1:
+            return self._run_gpu(call, slot, reason, pc, pg, h2d, d2h, stream)
+        if want == _F_WANT_GPU and not self.config.allow_fallback:
+            raise GpuError("unavailable", f"{call.op}: backend='gpu' was asked for but the GPU cannot take this "
+                           f"call ({_REASON_STR[reason]}; {getattr(self._gpu, 'unavailable_reason', None)})")
+        if call.on_device:
             return self._run_cpu_device(call, slot, reason, pc, pg, stream)
-        return self._run_gpu(call, slot, reason, pc, pg, h2d, d2h, stream, want)
+        t0 = _perf_ns()
+        out = self._cpu.run(call)  # raises the CPU family's ImportError when it is not built
+        self._finish(call, slot, 0, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream)
+        return out
 
     def _prepare_missing(self, op):
         if op in OPS:  # registered after this executor was built
@@ -247,7 +241,7 @@ class Executor:
             self._tel.record(call.op, BACKENDS[be], _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur,
                              pc, pg, stream, fallback)
 
-    def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream, want):
+    def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
         t0 = _perf_ns()
         try:
             try:
@@ -301,7 +295,7 @@ class Executor:
         want = _WANT.get(backend)
         if want is None:
             raise ValueError(f"select_backend: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
-        slot, flags, max_size = self._slot(op, dtype)
+        slot, flags, max_size, _ = self._slot(op, dtype)
         flags |= want
         h2d = 0 if on_device or nbytes is None else nbytes
         if flags & _F_SUPPORTS:

@@ -1,0 +1,236 @@
+"""Scheduler benchmark: what a decision costs, what the whole dispatch path costs on a tiny call, how
+accurately the learned model routes a workload with known costs, and (with a GPU) a mixed workload run
+four ways: cpu-only, gpu-only, automatic and oracle (the faster side per call, as measured).
+Usage: python bench/dispatch.py [--calls N] [--fake-gpu]
+--fake-gpu runs the four-way comparison on tests/fake_gpu.py to check the code path; its numbers mean
+nothing. Tables are printed and written to bench/results/dispatch.md."""
+import argparse
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a source checkout
+from harness import fmt_time, time_pair  # noqa: E402
+
+import hipsched as hs  # noqa: E402
+from hipsched import _sched  # noqa: E402
+from hipsched.ops import OPS  # noqa: E402
+
+ALL = _sched.F_GPU_PRESENT | _sched.F_GPU_SUPPORTS | _sched.F_FITS
+LINES = []
+
+
+def out(line=""):
+    print(line, flush=True)
+    LINES.append(line)
+
+
+def median_ns(fn, n, repeat=7):
+    fn(n // 10)
+    return float(np.median([fn(n) for _ in range(repeat)]))
+
+
+# ---------------------------------------------------------------- 1. the decision core
+def decision_cost(n=100_000):
+    """ns per decide+record pair on a learned model (full rings: every record evicts a sample)."""
+    core = _sched.SchedCore()
+    slot = core.slot("add", "float32")
+    rng = np.random.default_rng(1)
+    sizes = [float(s) for s in np.exp(rng.uniform(np.log(64), np.log(1 << 22), 1024))]
+    for s in sizes * 40:                  # fill the buckets' windows on both sides
+        core.record(slot, 0, s, 1 + s * 1e-2)
+        core.record(slot, 1, s, 40 + s * 5e-4)
+    decide, record = core.decide, core.record
+
+    def pairs(k):
+        t = time.perf_counter_ns()
+        for i in range(k):
+            s = sizes[i & 1023]
+            be, r, pc, pg = decide(slot, s, 4096.0, 4096.0, ALL)
+            record(slot, be, s, 10.0)
+        return (time.perf_counter_ns() - t) / k
+
+    def empty(k):
+        t = time.perf_counter_ns()
+        for i in range(k):
+            s = sizes[i & 1023]
+            be, r, pc, pg = 0, 0, 0.0, 0.0
+        return (time.perf_counter_ns() - t) / k
+
+    return median_ns(pairs, n), median_ns(empty, n)
+
+
+# ---------------------------------------------------------------- 2. the whole path on 8 elements
+def tiny_call():
+    a = np.ones(8, np.float32)
+    b = np.ones(8, np.float32)
+    ex = hs.Executor(persist_model=False)
+    t_add, t_dot = time_pair(lambda: ex.add(a, b), lambda: np.dot(a, b), repeat=9)
+    # where the time goes (same run): the op's validation, the CPU kernel, telemetry, and the rest
+    from hipsched.backends.cpu import CpuBackend
+    prep = OPS["add"].prepare
+    call = prep(a, b)
+    kern = CpuBackend()._load("add")
+    t_prep, t_kern = time_pair(lambda: prep(a, b), lambda: kern(a, b), repeat=5)
+    stub = hs.Executor(persist_model=False, telemetry_enabled=False)
+    stub._prepare["add"] = lambda x, y: call
+    stub.add(a, b)
+    slot, flags, mx, _ = stub._slots[("add", "float32")]
+    stub._slots[("add", "float32")] = (slot, flags, mx, lambda x, y: None)
+    tel = ex.telemetry
+    t_glue, t_tel = time_pair(lambda: stub.add(a, b),
+                              lambda: tel.record("add", "cpu", "below_min_batch", 8, "float32", 96, 1.0, 1.0, 1.0),
+                              repeat=5)
+    ex.close()
+    stub.close()
+    return t_add, t_dot, {"op validation (prepare)": t_prep, "CPU kernel": t_kern, "telemetry record": t_tel,
+                          "scheduler path (stubbed prepare+kernel, no telemetry)": t_glue}
+
+
+# ---------------------------------------------------------------- 3. routing accuracy on known costs
+def routing_accuracy(calls=20_000, warmup=2_000, noise=0.05, spike_rate=0.002, seed=3):
+    """Two backends with known cost curves (crossover near 8e3 work units), 5% noise and rare 100x
+    spikes; sizes log-uniform over 64..4M. Share of post-warm-up calls sent to the truly faster side,
+    outside a 10% near-tie band."""
+    def cpu(n):
+        return 2.0 + 0.01 * n
+
+    def gpu(n):
+        return 40.0 + 0.0005 * n
+
+    rng = np.random.default_rng(seed)
+    core = _sched.SchedCore()
+    core.set_transfer(0.0, 1e6, 0.0, 1e6)
+    slot = core.slot("cosine_similarity", "float32")
+    sizes = np.exp(rng.uniform(np.log(64), np.log(1 << 22), calls))
+    right = judged = explored = 0
+    for i, n in enumerate(sizes):
+        be, r, _, _ = core.decide(slot, n, 0, 0, ALL)
+        t = (cpu, gpu)[be](n) * float(np.exp(noise * rng.standard_normal()))
+        if rng.random() < spike_rate:
+            t *= 100
+        core.record(slot, be, n, t)
+        if i >= warmup:
+            c, g = cpu(n), gpu(n)
+            explored += r == 8
+            if abs(c - g) > 0.1 * min(c, g):
+                judged += 1
+                right += be == (1 if g < c else 0)
+    return right / judged, judged, explored / (calls - warmup)
+
+
+# ---------------------------------------------------------------- 4. mixed workload, four ways
+def mixed_workload(ex, calls, seed=5):
+    rng = np.random.default_rng(seed)
+
+    def f32(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    levels = {}
+    for e in range(10, 25, 2):                    # 1K .. 16M elements
+        n = 1 << e
+        x = f32(max(1, n // 1024), min(n, 1024))
+        levels.setdefault("add", []).append(((x, f32(*x.shape)), {}))
+        levels.setdefault("scale", []).append(((x, 0.5), {}))
+        levels.setdefault("softmax", []).append(((x,), {}))
+    for n in (256, 1024, 4096, 16384, 65536, 131072):
+        T, q = f32(n, 128), f32(128)
+        levels.setdefault("cosine_similarity", []).append(((q, T), {}))
+        levels.setdefault("top_k", []).append(((q, T, 10), {}))
+    for n in (32, 64, 128, 256, 512, 1024, 2048):
+        levels.setdefault("matmul", []).append(((f32(n, n), f32(n, n)), {}))
+    for s in (32, 64, 128, 256, 512, 1024):
+        levels.setdefault("attention", []).append(((f32(1, 8, s, 64), f32(1, 8, s, 64), f32(1, 8, s, 64)), {}))
+    try:
+        for n in (256, 1024, 4096):
+            w = hs.quantize(f32(n, 4096), "q8_0")
+            levels.setdefault("qmatmul", []).append(((w, f32(4096, 8)), {}))
+    except Exception as e:  # the quant family may be missing
+        out(f"(qmatmul left out: {e})")
+    ops = sorted(levels)
+    work = []
+    for _ in range(calls):
+        op = ops[rng.integers(len(ops))]
+        args, kw = levels[op][rng.integers(len(levels[op]))]
+        work.append((op, args, kw))
+
+    def run_once(op, args, kw, backend):
+        t = time.perf_counter()
+        getattr(ex, op)(*args, backend=backend, **kw)
+        return time.perf_counter() - t
+
+    for _ in range(2):                            # learning passes (exploration, compiles, resident copies)
+        for op, args, kw in work:
+            run_once(op, args, kw, "auto")
+    for op, args, kw in work[: len(work) // 2]:
+        run_once(op, args, kw, "cpu")
+        run_once(op, args, kw, "gpu")
+    tot = {"cpu": 0.0, "gpu": 0.0, "auto": 0.0, "oracle": 0.0}
+    for op, args, kw in work:                     # interleaved per call, so drift hits all alike
+        t = {b: run_once(op, args, kw, b) for b in ("cpu", "gpu", "auto")}
+        for b in t:
+            tot[b] += t[b]
+        tot["oracle"] += min(t["cpu"], t["gpu"])
+    return tot, ops
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=300, help="calls in the mixed GPU workload")
+    ap.add_argument("--fake-gpu", action="store_true", help="four-way comparison on the tests' fake GPU")
+    args = ap.parse_args(argv)
+    feats = hs.cpu_features()
+    out(f"## hipsched dispatch ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"simd={feats['simd']}, threads={feats['threads']}; shared machine, same-run ratios only)\n")
+
+    pair, empty = decision_cost()
+    out("| measure | value | target |")
+    out("|---|---|---|")
+    out(f"| decide + record, Python API calls (median ns per pair) | {pair:.0f} ns (loop alone {empty:.0f} ns) "
+        f"| <= 300 ns {'ok' if pair <= 300 else 'MISSED'} |")
+
+    t_add, t_dot, parts = tiny_call()
+    ratio = t_add / t_dot
+    out(f"| ex.add on 8 elements vs np.dot on 8 elements | {fmt_time(t_add)} vs {fmt_time(t_dot)} = {ratio:.2f}x "
+        f"| <= 1.5x {'ok' if ratio <= 1.5 else 'MISSED'} |")
+    for name, t in parts.items():
+        out(f"| - {name} | {fmt_time(t)} | |")
+
+    acc, judged, explored = routing_accuracy()
+    out(f"| routing accuracy, known costs, 5% noise + 0.2% 100x spikes ({judged} calls judged) | {acc * 100:.2f}% "
+        f"(re-probes {explored * 100:.2f}%) | >= 99% {'ok' if acc >= 0.99 else 'MISSED'} |")
+
+    gpu = None
+    if args.fake_gpu:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        from fake_gpu import FakeGpuBackend
+        gpu = FakeGpuBackend(cost_us=lambda call: 30.0 + call.size * 2e-5)
+    ex = hs.Executor(gpu_backend=gpu, persist_model=False)
+    caps = ex.capabilities()
+    if caps.gpu_available:
+        tot, ops = mixed_workload(ex, args.calls)
+        out(f"\n### mixed workload on {caps.gpu_device_name}{' (FAKE GPU: code-path check only)' if gpu else ''}: "
+            f"{args.calls} calls over {', '.join(ops)}\n")
+        out("| run | total | vs oracle |")
+        out("|---|---|---|")
+        for b in ("cpu", "gpu", "auto", "oracle"):
+            out(f"| {dict(cpu='cpu-only', gpu='gpu-only', auto='automatic', oracle='oracle')[b]} | "
+                f"{fmt_time(tot[b])} | {tot[b] / tot['oracle']:.3f}x |")
+        ok = tot["auto"] <= 1.05 * tot["oracle"] and tot["auto"] < min(tot["cpu"], tot["gpu"])
+        out(f"\ntargets: automatic <= 1.05x oracle and faster than both: {'ok' if ok else 'MISSED'}")
+    else:
+        out(f"\n(no GPU: the mixed four-way comparison needs one; {'; '.join(caps.reasons)})")
+    ex.close()
+    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
+    path = os.path.join(os.path.dirname(__file__), "results", "dispatch.md")
+    with open(path, "w") as fh:
+        fh.write("\n".join(LINES) + "\n")
+    print(f"\nwritten: {path}")
+
+
+if __name__ == "__main__":
+    main()
