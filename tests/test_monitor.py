@@ -1,12 +1,10 @@
 """The monitor CLI: event line format, filters, --summary, and following a file that another thread is
 appending to (partial last lines, malformed lines, rotation)."""
 import argparse
-import io
 import os
 import threading
 import time
 
-import pytest
 
 from hipsched.cli import monitor
 from hipsched.telemetry import Telemetry
@@ -51,7 +49,6 @@ def test_follows_a_file_being_appended_with_rotation_and_bad_lines(tmp_path):
     path = tmp_path / "live.jsonl"
     path.write_text("")
     n = 300
-    done = threading.Event()
 
     def writer():
         tel = Telemetry(path=path, rotate_bytes=20000, rotate_keep=100, flush_interval=0.005)
@@ -70,7 +67,6 @@ def test_follows_a_file_being_appended_with_rotation_and_bad_lines(tmp_path):
             if i % 20 == 0:
                 time.sleep(0.01)
         tel.close()
-        done.set()
 
     f = Follower(path, last_lines=0, poll=0.01)
     t = threading.Thread(target=writer)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import time
 from collections import deque
 
