@@ -174,8 +174,10 @@ class HiprtcCompiler(_RtcCompiler):
         return canonical_amd_target(arch)
 
     def _allow_list(self):
-        # Only the ROCm 5.x library was measured; later releases are probed per target instead.
-        return _HIPRTC_ROCM5_TARGETS if ".so.5" in os.path.basename(self.library_path) else None
+        # Only ROCm 5.2 was measured (a bare .so.5 of unknown minor gets the same, conservative list);
+        # other releases know other targets (5.7 adds gfx11xx), so they are probed per target instead.
+        name = os.path.basename(self.library_path)
+        return _HIPRTC_ROCM5_TARGETS if re.search(r"\.so\.5(\.2\.|$)", name) else None
 
     def why_unsupported(self, arch):
         try:
