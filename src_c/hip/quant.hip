@@ -33,91 +33,73 @@ HS_DEV float hsq_half(hs_u32 h) {
 #define HSQ_BYTE_F(w, i, bias) ((float)(((w) >> (8 * (i))) & 0xffu) - (bias))
 #endif
 
+// The 4 quants 4*part .. 4*part+3 (part 0..7) of a block as 4 bytes holding q + bias (bias 128 for
+// Q8_0, 8 for Q4_0), read as two 16-bit words. Q4_0 parts 4..7 are the high nibbles of parts 0..3's bytes.
+template <int Q8> HS_DEV hs_u32 hsq_quad(const hs_u16* blk, int part) {
+    if (Q8) return ((hs_u32)blk[1 + 2 * part] | ((hs_u32)blk[2 + 2 * part] << 16)) ^ 0x80808080u;
+    const int word = 1 + 2 * (part & 3);
+    const hs_u32 w = (hs_u32)blk[word] | ((hs_u32)blk[word + 1] << 16);
+    return (part < 4 ? w : (w >> 4)) & 0x0f0f0f0fu;
+}
+
+#define HSQ_BIAS(Q8) ((Q8) ? 128.0f : 8.0f)
+#define HSQ_BS(Q8) ((Q8) ? HSQ_Q8_BYTES : HSQ_Q4_BYTES)
+
 // ------------------------------------------------------------------ dequantize
 
 // One thread per 4 outputs (a float4 store); 8 threads per block of 32.
-HS_KERNEL void hs_dequantize_q8_0(const hs_u16* __restrict__ src, float4* __restrict__ dst, hs_i64 nblocks) {
+template <int Q8> HS_DEV void hsq_dequantize(const hs_u16* __restrict__ src, float4* __restrict__ dst, hs_i64 nblocks) {
     const hs_i64 total = nblocks * 8;
     for (hs_i64 t = hs_gid(); t < total; t += hs_gstride()) {
-        const hs_u16* blk = src + (t >> 3) * (HSQ_Q8_BYTES / 2);
-        const int part = (int)(t & 7);
+        const hs_u16* blk = src + (t >> 3) * (HSQ_BS(Q8) / 2);
         const float d = hsq_half(blk[0]);
-        const hs_u32 w = ((hs_u32)blk[1 + 2 * part] | ((hs_u32)blk[2 + 2 * part] << 16)) ^ 0x80808080u;
-        dst[t] = make_float4(HSQ_BYTE_F(w, 0, 128.0f) * d, HSQ_BYTE_F(w, 1, 128.0f) * d,
-                             HSQ_BYTE_F(w, 2, 128.0f) * d, HSQ_BYTE_F(w, 3, 128.0f) * d);
+        const hs_u32 w = hsq_quad<Q8>(blk, (int)(t & 7));
+        dst[t] = make_float4(HSQ_BYTE_F(w, 0, HSQ_BIAS(Q8)) * d, HSQ_BYTE_F(w, 1, HSQ_BIAS(Q8)) * d,
+                             HSQ_BYTE_F(w, 2, HSQ_BIAS(Q8)) * d, HSQ_BYTE_F(w, 3, HSQ_BIAS(Q8)) * d);
     }
 }
 
+HS_KERNEL void hs_dequantize_q8_0(const hs_u16* __restrict__ src, float4* __restrict__ dst, hs_i64 nblocks) {
+    hsq_dequantize<1>(src, dst, nblocks);
+}
+
 HS_KERNEL void hs_dequantize_q4_0(const hs_u16* __restrict__ src, float4* __restrict__ dst, hs_i64 nblocks) {
-    const hs_i64 total = nblocks * 8;
-    for (hs_i64 t = hs_gid(); t < total; t += hs_gstride()) {
-        const hs_u16* blk = src + (t >> 3) * (HSQ_Q4_BYTES / 2);
-        const int part = (int)(t & 7);            // outputs 4*part .. 4*part+3
-        const int word = 1 + 2 * (part & 3);      // bytes 4*(part&3) .. +3
-        const float d = hsq_half(blk[0]);
-        hs_u32 w = (hs_u32)blk[word] | ((hs_u32)blk[word + 1] << 16);
-        w = (part < 4 ? w : (w >> 4)) & 0x0f0f0f0fu;
-        dst[t] = make_float4(HSQ_BYTE_F(w, 0, 8.0f) * d, HSQ_BYTE_F(w, 1, 8.0f) * d,
-                             HSQ_BYTE_F(w, 2, 8.0f) * d, HSQ_BYTE_F(w, 3, 8.0f) * d);
-    }
+    hsq_dequantize<0>(src, dst, nblocks);
 }
 
 // ------------------------------------------------------------------ matrix-vector
 
-// Dot product of one "unit" of a row with x: a half block (16 values) for Q8_0, a whole block for
-// Q4_0 (its two halves share the same 16 bytes). `xs` points at the unit's first x value, 16-byte aligned.
-HS_DEV float hsq_dot_q8_half(const hs_u16* blk, int half, const float4* xs) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const hs_u32 w = ((hs_u32)blk[1 + 8 * half + 2 * i] | ((hs_u32)blk[2 + 8 * half + 2 * i] << 16)) ^ 0x80808080u;
-        const float4 xv = xs[i];
-        s += HSQ_BYTE_F(w, 0, 128.0f) * xv.x + HSQ_BYTE_F(w, 1, 128.0f) * xv.y +
-             HSQ_BYTE_F(w, 2, 128.0f) * xv.z + HSQ_BYTE_F(w, 3, 128.0f) * xv.w;
-    }
-    return s * hsq_half(blk[0]);
-}
-
-HS_DEV float hsq_dot_q4_block(const hs_u16* blk, const float4* xs) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const hs_u32 w = (hs_u32)blk[1 + 2 * i] | ((hs_u32)blk[2 + 2 * i] << 16);
-        const hs_u32 lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
-        const float4 xl = xs[i], xh = xs[4 + i];
-        s += HSQ_BYTE_F(lo, 0, 8.0f) * xl.x + HSQ_BYTE_F(lo, 1, 8.0f) * xl.y +
-             HSQ_BYTE_F(lo, 2, 8.0f) * xl.z + HSQ_BYTE_F(lo, 3, 8.0f) * xl.w;
-        s += HSQ_BYTE_F(hi, 0, 8.0f) * xh.x + HSQ_BYTE_F(hi, 1, 8.0f) * xh.y +
-             HSQ_BYTE_F(hi, 2, 8.0f) * xh.z + HSQ_BYTE_F(hi, 3, 8.0f) * xh.w;
-    }
-    return s * hsq_half(blk[0]);
-}
-
-// y = W x, bandwidth bound: each warp owns HSQ_NR consecutive rows and its lanes stride over the row's
-// units, so a warp reads contiguous bytes and each x load serves HSQ_NR rows. x must be 16-byte aligned.
+// y = W x, bandwidth bound. Each warp owns HSQ_NR consecutive rows (every x load serves all of them).
+// Lanes go 8 to a block, 4 quants each, so one load instruction of the warp reads contiguous memory:
+// 512 bytes of x (float4 per lane) or HS_WARP/8 consecutive blocks of W; a lane-per-block mapping would
+// make every instruction touch the warp's whole strided footprint, and the L1 would be the bottleneck.
+// x must be 16-byte aligned.
 #define HSQ_NR 2
 
 template <int Q8>
 HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                        hs_i64 n, hs_i64 k) {
+    constexpr int BPI = HS_WARP / 8;               // blocks per row per load step
     const int lane = threadIdx.x % HS_WARP;
+    const int part = lane % 8;
     const hs_i64 row0 = ((hs_i64)blockIdx.x * (blockDim.x / HS_WARP) + threadIdx.x / HS_WARP) * HSQ_NR;
     if (row0 >= n) return;
     const hs_i64 nb = k / 32;
-    const hs_i64 bs = Q8 ? HSQ_Q8_BYTES : HSQ_Q4_BYTES;
-    const hs_i64 units = Q8 ? 2 * nb : nb;
     const hs_i64 nrows = n - row0 < HSQ_NR ? n - row0 : HSQ_NR;
+    const hs_u8* rows = w + row0 * nb * HSQ_BS(Q8);
     float acc[HSQ_NR];
 #pragma unroll
     for (int r = 0; r < HSQ_NR; ++r) acc[r] = 0.0f;
-    for (hs_i64 u = lane; u < units; u += HS_WARP) {
-        const hs_i64 b = Q8 ? (u >> 1) : u;
-        const float4* xs = reinterpret_cast<const float4*>(x + (Q8 ? u * 16 : u * 32));
+    for (hs_i64 b = lane / 8; b < nb; b += BPI) {
+        const float4 xv = reinterpret_cast<const float4*>(x)[b * 8 + part];
 #pragma unroll
         for (int r = 0; r < HSQ_NR; ++r) {
             if (r < nrows) {
-                const hs_u16* blk = reinterpret_cast<const hs_u16*>(w + ((row0 + r) * nb + b) * bs);
-                acc[r] += Q8 ? hsq_dot_q8_half(blk, (int)(u & 1), xs) : hsq_dot_q4_block(blk, xs);
+                const hs_u16* blk = reinterpret_cast<const hs_u16*>(rows + (r * nb + b) * HSQ_BS(Q8));
+                const hs_u32 q = hsq_quad<Q8>(blk, part);
+                const float s = HSQ_BYTE_F(q, 0, HSQ_BIAS(Q8)) * xv.x + HSQ_BYTE_F(q, 1, HSQ_BIAS(Q8)) * xv.y +
+                                HSQ_BYTE_F(q, 2, HSQ_BIAS(Q8)) * xv.z + HSQ_BYTE_F(q, 3, HSQ_BIAS(Q8)) * xv.w;
+                acc[r] += s * hsq_half(blk[0]);
             }
         }
     }
@@ -156,7 +138,7 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const float* __restrict__ x,
     const int tr = tid / 16, tc = tid % 16;
     const hs_i64 r0 = (hs_i64)blockIdx.x * HSQ_TM, c0 = (hs_i64)blockIdx.y * HSQ_TN;
     const hs_i64 nb = k / 32;
-    const hs_i64 bs = Q8 ? HSQ_Q8_BYTES : HSQ_Q4_BYTES;
+    const hs_i64 bs = HSQ_BS(Q8);
     // W loader: thread -> (row lr, eighth le of the block: elements 8*le .. 8*le+7)
     const int lr = tid / 4, le = tid % 4;
     float acc[4][4];
@@ -171,16 +153,8 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const float* __restrict__ x,
             const float d = hsq_half(blk[0]);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                hs_u32 v;
-                if (Q8) {
-                    const int wd = 1 + 4 * le + 2 * h;
-                    v = ((hs_u32)blk[wd] | ((hs_u32)blk[wd + 1] << 16)) ^ 0x80808080u;
-                } else {
-                    const int wd = 1 + 4 * (le & 1) + 2 * h;   // bytes 8*(le&1)+4h .. +3
-                    v = (hs_u32)blk[wd] | ((hs_u32)blk[wd + 1] << 16);
-                    v = (le < 2 ? v : (v >> 4)) & 0x0f0f0f0fu;
-                }
-                const float bias = Q8 ? 128.0f : 8.0f;
+                const hs_u32 v = hsq_quad<Q8>(blk, 2 * le + h);
+                const float bias = HSQ_BIAS(Q8);
                 ws[8 * le + 4 * h + 0][lr] = HSQ_BYTE_F(v, 0, bias) * d;
                 ws[8 * le + 4 * h + 1][lr] = HSQ_BYTE_F(v, 1, bias) * d;
                 ws[8 * le + 4 * h + 2][lr] = HSQ_BYTE_F(v, 2, bias) * d;
