@@ -175,3 +175,17 @@ def test_path_from_env(monkeypatch, value, expected):
     from hipsched.telemetry import path_from_env
     monkeypatch.setenv("HIPSCHED_TELEMETRY", value)
     assert path_from_env() == expected
+
+
+def test_nvtx_ranges_are_safe_with_or_without_a_profiler_library():
+    from hipsched.telemetry import nvtx
+    opened = nvtx.push("hipsched:test")
+    assert opened == nvtx.available()
+    if opened:
+        nvtx.pop()
+    with nvtx.annotate("block"):
+        pass
+    tel = Telemetry()
+    with tel.scope(phase="profiled"):
+        rec(tel)
+    assert tel.events[0]["phase"] == "profiled"
