@@ -218,3 +218,17 @@ def test_hip_python_hiprtc_pointed_at_libamdhip64():
     assert r.returncode == 0, r.stderr
     err, size = map(int, r.stdout.split())
     assert err == 0 and size > 1000
+
+
+def test_kernel_params_pack_ctypes_scalars_only():
+    import ctypes
+    from hipsched.gpu.runtime import pack_kernel_params
+    args = (ctypes.c_void_p(0x1000), ctypes.c_int32(7), ctypes.c_float(2.5), ctypes.c_int64(-3))
+    params = pack_kernel_params(args)
+    assert len(params) == 4
+    assert ctypes.c_int32.from_address(params[1]).value == 7
+    assert ctypes.c_float.from_address(params[2]).value == 2.5
+    assert ctypes.c_void_p.from_address(params[0]).value == 0x1000
+    with pytest.raises(GpuError) as info:
+        pack_kernel_params((ctypes.c_int32(1), 5))
+    assert info.value.kind == "launch" and "argument 1" in str(info.value)

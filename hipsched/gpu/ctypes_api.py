@@ -13,7 +13,7 @@ import threading
 
 from ..errors import GpuError
 from . import libs
-from .runtime import DeviceInfo, Runtime
+from .runtime import DeviceInfo, Runtime, pack_kernel_params
 from .status import gpu_error
 
 c_void_p, c_size_t, c_int, c_uint, c_float, c_char_p = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
@@ -145,7 +145,10 @@ class CtypesRuntime(Runtime):
             self._error_name = name
 
     def _call(self, canon: str, *args):
-        status = self._fns[canon](*args)
+        try:
+            status = self._fns[canon](*args)
+        except (ctypes.ArgumentError, TypeError, OverflowError) as e:   # bad handle or size from a caller
+            raise GpuError("runtime", f"{self._symbols[canon]}: bad argument: {e}", name="bad-argument") from None
         if status != 0:
             raise gpu_error(self._error_name(status), self._symbols[canon], status)
 
@@ -335,5 +338,5 @@ class CtypesRuntime(Runtime):
 
     def launch(self, function, grid, block, args, shared_bytes=0, stream=0):
         self._ctx()
-        params = (c_void_p * max(len(args), 1))(*[ctypes.cast(ctypes.pointer(a), c_void_p) for a in args])
+        params = pack_kernel_params(args)
         self._call("launch", c_void_p(function), *grid, *block, shared_bytes, c_void_p(stream), params, None)

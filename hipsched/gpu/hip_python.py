@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 
 from ..errors import GpuError
-from .runtime import DeviceInfo, Runtime
+from .runtime import DeviceInfo, Runtime, pack_kernel_params
 from .status import gpu_error
 
 _STREAM_NON_BLOCKING = 1
@@ -189,6 +189,6 @@ class HipPythonRuntime(Runtime):
         return _as_int(self._do("hipModuleGetFunction", module, name.encode()))
 
     def launch(self, function, grid, block, args, shared_bytes=0, stream=0):
-        params = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+        params = pack_kernel_params(args)
         self._do("hipModuleLaunchKernel", function, *grid, *block, shared_bytes, stream,
                  ctypes.addressof(params), None)

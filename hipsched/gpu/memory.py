@@ -199,7 +199,7 @@ class DeviceArray:
         if dl_device is not None and tuple(dl_device) != self.device:
             raise BufferError(f"DeviceArray lives on {self.device}, cannot export to {tuple(dl_device)}")
         # Make the data complete for a consumer on another stream: wait for ours to finish first.
-        if self.stream not in (None, 0) and stream not in (None, -1) and self.runtime is not None:
+        if self.stream not in (None, 0) and stream != -1 and self.runtime is not None:
             self.runtime.stream_synchronize(int(self.stream))
         strides = None if self.is_c_contiguous else tuple(s // self.itemsize for s in self.strides)
         return dlpack.make_capsule(self.ptr, self.shape, strides, self.dtype, self.device, owner=self)

@@ -8,6 +8,7 @@ A Compiler is separate from a Runtime because compiling needs no device: `python
 compile` and CI use a Compiler alone."""
 from __future__ import annotations
 
+import ctypes
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -113,3 +114,17 @@ class Runtime(ABC):
                args: tuple, shared_bytes: int = 0, stream: int = 0) -> None:
         """Launch with kernelParams. `args` are ctypes scalars (c_void_p for pointers, c_int32,
         c_int64, c_float) in the kernel's parameter order."""
+
+
+def pack_kernel_params(args) -> ctypes.Array:
+    """The `void**` kernelParams array for `args` (ctypes scalars, in the kernel's parameter order).
+    The array points into the ctypes objects, so keep `args` alive until the launch call returns.
+    Raises GpuError(kind="launch") for anything that is not a ctypes scalar."""
+    from ..errors import GpuError
+    pointers = []
+    for i, a in enumerate(args):
+        if not isinstance(a, ctypes._SimpleCData):
+            raise GpuError("launch", f"kernel argument {i} is {type(a).__name__}, not a ctypes scalar "
+                                     f"(c_void_p for pointers, c_int32, c_int64, c_float)", name="bad-argument")
+        pointers.append(ctypes.addressof(a))
+    return (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
