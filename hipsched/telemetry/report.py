@@ -14,12 +14,13 @@ def _t(us):
     return f"{us:.1f} us"
 
 
+_NO_BOTH = "(none: no size bucket has calls measured on both CPU and GPU)"
 _TEXT_COLUMNS = {"op", "backend", "from", "error", "uncertainty"}
 
 
-def _table(header, rows):
+def _table(header, rows, empty="(none)"):
     if not rows:
-        return ["  (none)"]
+        return ["  " + empty]
     cells = [header] + [[str(c) for c in r] for r in rows]
     w = [max(len(r[i]) for r in cells) for i in range(len(header))]
     left = {0} | {i for i, h in enumerate(header) if h in _TEXT_COLUMNS}
@@ -49,7 +50,7 @@ def render(res: dict) -> str:
     out.append("\nGPU speedup over CPU by size bucket (medians; buckets with both sides measured)")
     out += _table(["op", "size", "cpu p50", "gpu p50", "speedup", "calls cpu/gpu"],
                   [[r["op"], _fmt_size(r["size"]), _t(r["cpu_p50_us"]), _t(r["gpu_p50_us"]), f"{r['speedup']:.2f}x",
-                    f"{r['cpu_count']}/{r['gpu_count']}"] for r in both])
+                    f"{r['cpu_count']}/{r['gpu_count']}"] for r in both], _NO_BOTH)
 
     out.append("\nCrossover (size where the GPU starts to win)")
     rows = []
@@ -64,7 +65,7 @@ def render(res: dict) -> str:
         else:
             est, unc = "-", f"GPU loses at the largest size (~{_fmt_size(c['low'])})"
         rows.append([c["op"], est, unc])
-    out += _table(["op", "crossover", "uncertainty"], rows)
+    out += _table(["op", "crossover", "uncertainty"], rows, _NO_BOTH)
 
     ro = res.get("routing", {})
     o = ro.get("overall", {})
@@ -75,7 +76,8 @@ def render(res: dict) -> str:
     if rows:
         rows.append(["(all)", o["judged"], "-" if o["accuracy"] is None else f"{o['accuracy']:.1%}", _t(o["regret_us"]),
                      "-" if o["regret_pct"] is None else f"{o['regret_pct']:.1f}%", o["unjudged"]])
-    out += _table(["op", "judged", "accuracy", "regret", "regret %", "not judged"], rows)
+    out += _table(["op", "judged", "accuracy", "regret", "regret %", "not judged"], rows,
+                  "(none: no cost-model decision in a size bucket measured on both sides)")
 
     out.append("\nFallbacks by error")
     out += _table(["op", "from", "count", "error"],
