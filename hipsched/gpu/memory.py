@@ -3,7 +3,6 @@ and the resident cache that keeps device copies of host arrays reused across cal
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import threading
 import weakref
