@@ -232,3 +232,29 @@ def test_kernel_params_pack_ctypes_scalars_only():
     with pytest.raises(GpuError) as info:
         pack_kernel_params((ctypes.c_int32(1), 5))
     assert info.value.kind == "launch" and "argument 1" in str(info.value)
+
+
+def test_probe_runs_once_under_concurrent_first_use(fresh_detect):
+    import threading
+    calls = []
+
+    def counting(name):
+        calls.append(name)
+        raise GpuError("unavailable", "no device", name="hipErrorNoDevice")
+    fresh_detect.setattr(detect, "_construct", counting)
+    fresh_detect.setenv("HIPSCHED_GPU_RUNTIME", "hip")
+    detect.reset()
+    barrier = threading.Barrier(8)
+    results = []
+
+    def worker():
+        barrier.wait()
+        results.append((detect.gpu_available(), len(detect.attempts())))
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [(False, 1)] * 8
+    assert calls == ["hip"]
+    assert detect.attempts()[0].reason == "hipErrorNoDevice (no device)"
