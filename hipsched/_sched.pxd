@@ -20,7 +20,8 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
     double a
     double b
     int valid
-    int dirty
+    int dirty              # refit before the next prediction (a bucket gained its first sample)
+    int pending            # samples since the last fit; refit once REFIT_EVERY have arrived
 
 cdef struct Slot:          # one (op, dtype): a model per backend (0 cpu, 1 gpu)
     int op_index

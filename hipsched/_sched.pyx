@@ -52,6 +52,9 @@ DEF REPROBE_MAX_RATIO = 4.0
 # A GPU sample is its wall time less the modelled copies, but never less than this share of the wall
 # time (a too-pessimistic transfer model must not produce zero-cost kernels).
 DEF MIN_KERNEL_SHARE = 0.1
+# The fit only serves unseen sizes and the slope inside a bucket, so it may lag a few samples behind:
+# refitting on every record would cost more than the whole decision.
+DEF REFIT_EVERY = 32
 
 
 cdef inline long long now_ns() noexcept nogil:
@@ -109,6 +112,7 @@ cdef void refit(Slot *s, int be) noexcept nogil:
     cdef Bucket *bk
     cdef Fit *f = &s.fit[be]
     f.dirty = 0
+    f.pending = 0
     for i in range(NBUCKETS):
         bk = &s.buckets[be][i]
         if bk.n == 0:
@@ -155,7 +159,7 @@ cdef double predict_us(Slot *s, int be, double size) noexcept nogil:
     cdef Bucket *bk = &s.buckets[be][b]
     cdef Fit *f = &s.fit[be]
     cdef double med, ratio, at_mean
-    if f.dirty:
+    if f.dirty or f.pending >= REFIT_EVERY:
         refit(s, be)
     if bk.n > 0:
         med = bucket_median(bk)
@@ -385,6 +389,30 @@ cdef class SchedCore:
         PyThread_release_lock(self.lock)
         return r & 1, r >> 1, pc, pg
 
+    def time_decide_record(self, int slot, const double[:] sizes, int flags, double duration_us=10.0):
+        """Nanoseconds per decide+record pair as the compiled fast path pays them (lock included, no
+        Python call overhead): one pass over `sizes`, each decision recorded with `duration_us`."""
+        cdef double pc, pg
+        cdef long long t0, t1
+        cdef Py_ssize_t i, n = sizes.shape[0]
+        cdef int r
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        if n == 0:
+            return 0.0
+        cdef Slot *s = self.slots[slot]
+        with nogil:
+            t0 = now_ns()
+            for i in range(n):
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                r = self._decide(s, sizes[i], 4096.0, 4096.0, flags, &pc, &pg, True)
+                PyThread_release_lock(self.lock)
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                self._record(s, r & 1, sizes[i], duration_us, 4096.0, 4096.0, True, True, False)
+                PyThread_release_lock(self.lock)
+            t1 = now_ns()
+        return (t1 - t0) / <double>n
+
     cdef void _health(self, Health *h, bint ok) noexcept nogil:
         cdef Params *p = &self.p
         if h.n == p.window:
@@ -430,8 +458,10 @@ cdef class SchedCore:
                 if t < MIN_KERNEL_SHARE * dur_us:
                     t = MIN_KERNEL_SHARE * dur_us
             b = bucket_of(size)
+            if s.buckets[backend][b].n == 0:
+                s.fit[backend].dirty = 1
+            s.fit[backend].pending += 1
             bucket_add(&s.buckets[backend][b], self.p.window, t, size)
-            s.fit[backend].dirty = 1
         if final:
             self.c.total += 1
             if fallback:

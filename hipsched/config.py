@@ -60,7 +60,8 @@ class HybridConfig:
     telemetry_ring_size: int = 10000
     telemetry_queue_size: int = 65536
     telemetry_rotate_bytes: int = 64 << 20
-    # GPU memory
+    # GPU
+    gpu_device_id: int = 0                       # which device the GPU backend binds
     resident_bytes: int = 256 << 20              # device bytes the GPU backend may keep as a resident cache
     # read-only mirror of HIPSCHED_NUM_THREADS (the CPU kernels read it once at import)
     num_threads: int = field(default_factory=_num_threads, init=False)
@@ -130,6 +131,7 @@ class HybridConfig:
             "telemetry_queue_size": (self.telemetry_queue_size >= 1, "an integer >= 1"),
             "telemetry_rotate_bytes": (self.telemetry_rotate_bytes >= 4096, "an integer >= 4096"),
             "resident_bytes": (self.resident_bytes >= 0, "an integer >= 0"),
+            "gpu_device_id": (self.gpu_device_id >= 0, "an integer >= 0"),
         }
         for key, (ok, allowed) in checks.items():
             if not ok:
