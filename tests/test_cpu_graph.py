@@ -92,6 +92,19 @@ def test_repeated_calls_and_a_failed_call_leave_no_state(rng):
                                                       threshold=0.0), first)
 
 
+def test_concurrent_calls_agree(rng):
+    """One call at a time holds the kernel's cached accumulators; the others must use their own."""
+    from concurrent.futures import ThreadPoolExecutor
+    indptr, indices, weights = random_graph(rng, 20_000, 300_000)
+    seeds = [rng.random(20_000).astype(np.float32) for _ in range(6)]
+    want = [G.spread_activation(indptr, indices, weights, s, decay=0.05, steps=2, threshold=0.0) for s in seeds]
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda s: G.spread_activation(indptr, indices, weights, s, decay=0.05, steps=2,
+                                                          threshold=0.0), seeds * 3))
+    for i, g in enumerate(got):
+        np.testing.assert_array_equal(g, want[i % 6])
+
+
 def test_self_loops_and_duplicate_edges_add_up():
     # 0 -> 0 (0.5), 0 -> 1 twice (0.25 + 0.25), 1 -> 2 (1.0); node 3 isolated
     indptr = np.array([0, 3, 4, 4, 4])

@@ -8,7 +8,9 @@
 /* Least edges worth a thread (~0.2 ms of scattering): a parallel region costs microseconds. */
 #define HS_GRAPH_GRAIN (1LL << 18)
 #define HS_GRAPH_MAX_THREADS 256
+#ifndef GRAPH_PREFETCH
 #define GRAPH_PREFETCH 24        /* edges between a target's prefetch and its update */
+#endif
 #define HS_GRAPH_CHECK_CHUNK 4096  /* indices checked branch-free before looking for the culprit */
 #define HS_GRAPH_FINISH_BLOCK 1024  /* activations summed over the thread accumulators at a time */
 
