@@ -10,6 +10,7 @@ import math
 import sys
 import threading
 import time
+import weakref
 
 from . import _sched
 from .backends.cpu import CPU_IMPLS, CpuBackend
@@ -114,50 +115,28 @@ class Executor:
                                      self._tel.record if self._tel is not None else None, cfg.gpu_min_batch_size,
                                      cfg.allow_fallback, _REASON_STR)
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
-        self._model_path = self._model_key = None
-        if cfg.persist_model:
-            self._load_model()
-        if self._gpu_present and not self._transfer_loaded:
-            self._measure_transfer()
-
-    # ------------------------------------------------------------------ model
-    def _load_model(self):
-        from . import model_store
+        from .model_store import ModelPersistence
         version = getattr(sys.modules.get("hipsched"), "__version__", "0")
-        self._model_key = model_store.model_key(getattr(self._gpu, "device_name", None) if self._gpu_present
-                                                else None, version)
-        self._model_path = model_store.model_path(self.config.cache_dir, self._model_key)
-        self._transfer_loaded = False
-        loaded = model_store.load_model(self._model_path, self._model_key)
-        if loaded is not None:
-            samples, transfer = loaded
-            self._core.import_samples(samples)
-            if transfer:
-                self._core.set_transfer(**transfer)
-                self._transfer_loaded = True
-
-    _transfer_loaded = False
+        self._model = ModelPersistence(self._core, cfg.cache_dir,
+                                       getattr(gpu, "device_name", None) if self._gpu_present else None, version)
+        self._save_at_exit = None
+        if cfg.persist_model:
+            self._model.load()
+            # the model outlives processes that never call close() (the module-level default executor)
+            self._save_at_exit = weakref.finalize(self, self._model.save_quietly)
+        if self._gpu_present and not self._model.transfer_known:
+            self._measure_transfer()
 
     def _measure_transfer(self):
         try:
             self._core.set_transfer(**self._gpu.measure_transfer())
-            self._transfer_loaded = True
+            self._model.transfer_known = True
         except Exception as e:  # keep the default link model; the GPU may still work
             log.warning("hipsched: could not measure host<->device transfers (%s); assuming a PCIe link", e)
 
-    def save_model(self, path=None) -> str | None:
-        """Writes the learned model to the cache directory (or `path`); returns the file written."""
-        from . import model_store
-        if path is None:
-            if self._model_path is None:
-                version = getattr(sys.modules.get("hipsched"), "__version__", "0")
-                self._model_key = model_store.model_key(
-                    getattr(self._gpu, "device_name", None) if self._gpu_present else None, version)
-                self._model_path = model_store.model_path(self.config.cache_dir, self._model_key)
-            path = self._model_path
-        model_store.save_model(path, self._model_key, self._core.export_samples(),
-                               self._core.transfer_model() if self._transfer_loaded else None)
-        return path
+    def save_model(self, path=None) -> str:
+        """Writes the learned model to its file in the cache directory (or to `path`); returns the path."""
+        return self._model.save(path)
 
     # ------------------------------------------------------------------ the hot path
     def _slot(self, op, dtype):
@@ -397,11 +376,8 @@ class Executor:
         if self._closed:
             return
         self._closed = True
-        if self.config.persist_model:
-            try:
-                self.save_model()
-            except OSError as e:
-                log.warning("hipsched: could not save the model to %s: %s", self._model_path, e)
+        if self._save_at_exit is not None:
+            self._save_at_exit()  # saves now, and not again at exit
         if self._tel is not None:
             self._tel.close()
         try:

@@ -74,3 +74,37 @@ def load_model(path: str, key: dict):
         warnings.warn(f"hipsched: model file {path} is unreadable ({type(e).__name__}: {e}); ignored, starting "
                       f"from an empty model", RuntimeWarning, stacklevel=3)
         return None
+
+
+class ModelPersistence:
+    """Binds a SchedCore to its model file: `load()` at start, `save()` on demand, and `save_quietly`
+    for close() and interpreter exit (a failure to save is a warning, never an error at exit)."""
+
+    def __init__(self, core, cache_dir: str, device: str | None, version: str):
+        self.core = core
+        self.key = model_key(device, version)
+        self.path = model_path(cache_dir, self.key)
+        self.transfer_known = False   # True once the transfer model was measured or loaded
+
+    def load(self) -> bool:
+        loaded = load_model(self.path, self.key)
+        if loaded is None:
+            return False
+        samples, transfer = loaded
+        self.core.import_samples(samples)
+        if transfer:
+            self.core.set_transfer(**transfer)
+            self.transfer_known = True
+        return True
+
+    def save(self, path: str | None = None) -> str:
+        path = path or self.path
+        save_model(path, self.key, self.core.export_samples(),
+                   self.core.transfer_model() if self.transfer_known else None)
+        return path
+
+    def save_quietly(self) -> None:
+        try:
+            self.save()
+        except Exception as e:  # at close or exit: report, do not raise
+            warnings.warn(f"hipsched: could not save the model to {self.path}: {e}", RuntimeWarning, stacklevel=2)

@@ -114,8 +114,9 @@ def test_corrupt_or_foreign_model_file_is_ignored_with_a_warning(tmp_path, rng):
     ex = Executor(gpu_backend=FakeGpuBackend(), cache_dir=str(tmp_path), telemetry_enabled=False)
     _learn(ex, rng)
     path = ex.save_model()
-    key = ex._model_key
+    key = ex._model.key
     good = json.loads(open(path).read())
+    alive = []  # an executor saves its model when collected: keep these until the checks are done
     for content in ["{not json", json.dumps({"format": 99}), json.dumps(dict(good, samples=[{"op": "add"}])),
                     json.dumps(dict(good, samples=[{"op": "add", "dtype": "float32", "cpu": [[1, -5]], "gpu": []}]))]:
         with open(path, "w") as fh:
@@ -124,6 +125,7 @@ def test_corrupt_or_foreign_model_file_is_ignored_with_a_warning(tmp_path, rng):
             assert model_store.load_model(path, key) is None
         with pytest.warns(RuntimeWarning):
             fresh = Executor(gpu_backend=FakeGpuBackend(), cache_dir=str(tmp_path), telemetry_enabled=False)
+        alive.append(fresh)
         assert fresh.performance_tracker.samples("add", "cpu") == []
     with open(path, "w") as fh:
         json.dump(dict(good, key=dict(key, host="elsewhere")), fh)
@@ -136,3 +138,21 @@ def test_save_is_atomic(tmp_path):
     model_store.save_model(path, {"k": 1}, {("add", "float32"): [[(1.0, 2.0)], []]}, None)
     assert os.listdir(tmp_path / "sub") == ["model-x.json"]   # no temp file left behind
     assert model_store.load_model(path, {"k": 1}) == ({("add", "float32"): [[(1.0, 2.0)], []]}, None)
+
+
+def test_a_new_process_starts_with_the_saved_model(tmp_path):
+    """The module-level default executor is never closed: its model is saved at interpreter exit and
+    the next process loads it."""
+    import subprocess
+    import sys
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    env.pop("HIPSCHED_CACHE_DIR", None)
+    first = ("import numpy as np, hipsched as hs\n"
+             "for _ in range(5): hs.scale(np.ones(4096, np.float32), 2.0)\n")
+    subprocess.run([sys.executable, "-c", first], env=env, check=True, timeout=120)
+    assert list((tmp_path / "hipsched").glob("model-*.json"))
+    second = ("import hipsched as hs\n"
+              "print(sum(b[1] for b in hs.default_executor().performance_tracker.samples('scale', 'cpu')))\n")
+    r = subprocess.run([sys.executable, "-c", second], env=env, check=True, timeout=120, capture_output=True,
+                       text=True)
+    assert int(r.stdout.strip()) == 5
