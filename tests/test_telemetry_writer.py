@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from hipsched.telemetry import Telemetry
@@ -32,7 +33,11 @@ def test_lines_equal_the_in_memory_events(tmp_path):
             rec(tel, 0)
         rec(tel, 1, fallback=("gpu", "[launch] bad\nthing"))
         tel.record("top_k", "gpu", "exploring", 10, "float32", 40, 7.5, None, 3.25, stream=2)
+        # NumPy scalars (sizes computed from shapes) and non-finite predictions encode as plain JSON
+        tel.record("matmul", "cpu", "cost_model", np.int64(1 << 40), "float32", np.int64(96), np.float32(2.5),
+                   float("inf"), float("nan"))
     assert read_jsonl(path) == tel.events
+    assert tel.events[-1]["size"] == 1 << 40 and tel.events[-1]["predicted_us"] == {"cpu": None, "gpu": None}
     assert tel.path == str(path)
 
 

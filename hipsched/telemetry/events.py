@@ -83,6 +83,7 @@ def to_dict(rec, run, host, device) -> dict:
     }
 
 
+_INF = float("inf")  # the range test below also rejects NaN (every comparison with it is False)
 _NUMBERS = ',"size":%d,"bytes":%d,"duration_us":%.3f,"predicted_us":{"cpu":%.3f,"gpu":%.3f}'
 _LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s}\n'
 
@@ -114,7 +115,7 @@ class LineFormatter:
         # '%.3f' is several times cheaper than repr(round(x, 3)); the range test also rejects NaN.
         if x is None:
             return "null"
-        return "%.3f" % x if -1e300 < x < 1e300 else "null"
+        return "%.3f" % x if -_INF < x < _INF else "null"
 
     def _names_for(self, key):
         names = (f',"op":{self._str(key[0])},"backend":{self._str(key[1])},"reason":{self._str(key[2])}'
@@ -141,7 +142,7 @@ class LineFormatter:
         names = self._names.get(key) or self._names_for(key)
         # One %-format for the numbers when all are finite; None, NaN or inf take the careful path.
         try:
-            if -1e300 < dur < 1e300 and -1e300 < pc < 1e300 and -1e300 < pg < 1e300:
+            if -_INF < dur < _INF and -_INF < pc < _INF and -_INF < pg < _INF:
                 nums = _NUMBERS % (size, nbytes, dur, pc, pg)
             else:
                 nums = self._numbers_slow(size, nbytes, dur, pc, pg)
