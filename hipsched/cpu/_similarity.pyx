@@ -1,7 +1,7 @@
 # Wrappers of src_c/cpu/similarity*.c: take validated float32 C-contiguous arrays (ops/similarity.py
 # and ops/linalg.py check shapes and convert dtypes), allocate results, run kernels without the GIL.
 # Few queries: one fused pass over the targets (dots and norms together, memory-bound). Many queries:
-# BLAS (np.matmul) on normalised queries, then the target norms applied per column in C.
+# BLAS (np.matmul) on normalised queries, then the target norms applied while transposing, in C.
 cimport numpy as cnp
 import numpy as np
 from libc.stdint cimport int64_t
@@ -13,7 +13,7 @@ cnp.import_array()
 cdef extern from "similarity.h" nogil:
     int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out)
     int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv)
-    void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s)
+    void hs_transpose_scale_f32(const float *src, int64_t n, int64_t m, const float *s, float *dst)
     int hs_topk_f32(const float *scores, int64_t m, int64_t n, int64_t k, int64_t *idx, float *val)
 
 # Up to this many queries the fused kernel re-reads each target row from L1 per query; beyond it a
@@ -59,10 +59,12 @@ cdef cosine_into(Q, T, out, t_inv):
         if rc != 0:
             raise MemoryError("cosine_similarity: out of memory")
         return t_inv
-    np.matmul(Q * q_inv[:, None], T.T, out=out)
+    # T @ Qn.T, (n, m): OpenBLAS runs this shape about twice as fast as Qn @ T.T
+    prod = np.matmul(T, (Q * q_inv[:, None]).T)
+    cdef float *pp = <float *>cnp.PyArray_DATA(prod)
     cdef float *ps = <float *>cnp.PyArray_DATA(t_inv)
     with nogil:
-        hs_scale_cols_f32(po, m, n, ps)
+        hs_transpose_scale_f32(pp, n, m, ps, po)
     return t_inv
 
 
@@ -106,3 +108,4 @@ def top_k(q, T, k):
 def matmul(a, b):
     """a @ b through NumPy's BLAS (float32 in, float32 out)."""
     return np.matmul(a, b)
+

@@ -7,7 +7,6 @@
 HS_BOTH(void, hs_cosine_rows, (const float *q, const float *qinv, int64_t m, int exact, const float *T, int64_t n,
                                int64_t d, int64_t lo, int64_t hi, float *out))
 HS_BOTH(int64_t, hs_inv_norms_rows, (const float *T, int64_t d, int64_t lo, int64_t hi, float *inv))
-HS_BOTH(void, hs_mul_range, (float *x, const float *s, int64_t n))
 #define HS_PICK(name) (hs_cpu_level() == HS_LEVEL_AVX2 ? name##_avx2 : name##_scalar)
 
 #define HS_ROW_BLOCK 256          /* target rows per work item: enough to amortise the loop, small
@@ -43,9 +42,16 @@ int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
     return extreme;
 }
 
-void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s) {
+void hs_transpose_scale_f32(const float *src, int64_t n, int64_t m, const float *s, float *dst) {
     if (m <= 0 || n <= 0) return;
-    void (*f)(float *, const float *, int64_t) = HS_PICK(hs_mul_range);
+    /* a tile of src rows stays in L1/L2 while it is written out column by column */
+    const int64_t tile = 64, tiles = (n + tile - 1) / tile;
     #pragma omp parallel for schedule(static) num_threads(hs_threads_for(m * n, HS_GRAIN))
-    for (int64_t i = 0; i < m; i++) f(x + i * n, s, n);
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t lo = t * tile, hi = lo + tile < n ? lo + tile : n;
+        for (int64_t i = 0; i < m; i++) {
+            float *d = dst + i * n;
+            for (int64_t r = lo; r < hi; r++) d[r] = src[r * m + i] * s[r];
+        }
+    }
 }

@@ -1,7 +1,7 @@
 /* Cosine similarity and exact top-k on contiguous float32. Row norms come from the same pass over the
  * targets as the dot products (the targets are what costs: memory bandwidth). The wrapper
  * (_similarity.pyx) uses these for few queries, and BLAS (np.matmul) plus hs_inv_norms_f32 and
- * hs_scale_cols_f32 for many. */
+ * hs_transpose_scale_f32 for many. */
 #ifndef HS_SIMILARITY_H
 #define HS_SIMILARITY_H
 #include <stdint.h>
@@ -17,8 +17,9 @@ int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t 
  * when not 0, score with hs_cosine_f32, which handles those rows in double. */
 int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv);
 
-/* x[i, j] *= s[j] for x (m, n). */
-void hs_scale_cols_f32(float *x, int64_t m, int64_t n, const float *s);
+/* dst[i, r] = src[r, i] * s[r]: BLAS's (n, m) product of targets and normalised queries, turned into
+ * (m, n) cosines in one pass. */
+void hs_transpose_scale_f32(const float *src, int64_t n, int64_t m, const float *s, float *dst);
 
 /* For each of m rows of scores (m, n), the k best (k <= n): idx/val (m, k), best first. Order: higher
  * score first, ties to the lower index, NaN after every number (NaNs by index). 0, or -1 when out of
