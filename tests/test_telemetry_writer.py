@@ -17,7 +17,7 @@ from hipsched.telemetry import Telemetry
 
 
 def rec(tel, i=0, fallback=None):
-    tel.record("add", "cpu", "cost_model", i + 1, "float32", 12 * (i + 1), 1.25 + i, 2.0, 40.0,
+    tel.record("add", "cpu", "cost_model", i + 1, "float32", 12 * (i + 1), 1.25 + i / 7, 2.0 / 3, 40.0,
                fallback=fallback)
 
 

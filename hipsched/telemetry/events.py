@@ -63,10 +63,11 @@ def stream_id(s):
 
 
 def _finite(x):
+    """Microseconds to nanosecond resolution (what the JSON lines carry), None for missing or NaN/inf."""
     if x is None:
         return None
     x = float(x)
-    return x if math.isfinite(x) else None
+    return round(x, 3) if math.isfinite(x) else None
 
 
 def to_dict(rec, run, host, device) -> dict:
