@@ -102,9 +102,8 @@ class Executor:
             success_threshold=cfg.gpu_success_rate_threshold, speedup_threshold=cfg.gpu_speedup_threshold,
             cooldown_s=cfg.breaker_cooldown_s)
         self._tel = _create_telemetry(cfg, getattr(gpu, "device_name", None) if self._gpu_present else "cpu")
-        self._slots = {}            # (op, dtype) -> (slot, capability flags, max size)
+        self._slots = {}            # (op, dtype) -> (core slot, capability flags, GPU max size, CPU fn)
         self._prepare = {name: spec.prepare for name, spec in OPS.items()}
-        self._min_batch = cfg.gpu_min_batch_size
         self._free = (0, 0)         # (read at ns, bytes)
         self._warned = set()
         self._warn_lock = threading.Lock()
@@ -242,10 +241,7 @@ class Executor:
         return out
 
     def _fallback(self, call, slot, err, pc, pg, stream):
-        if not self.config.allow_fallback:
-            if self._tel is not None:  # the failed attempt is still an event, so logs show it
-                self._tel.record(call.op, "gpu", "cpu_fallback", call.size, call.dtype, call.nbytes, 0.0, pc, pg,
-                                 stream, ("gpu", str(err)))
+        if not self.config.allow_fallback:  # no result, so no event; the op's GPU health saw the failure
             raise err
         key = (call.op, err.kind)
         if key not in self._warned:
