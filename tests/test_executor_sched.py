@@ -126,6 +126,16 @@ def test_no_fallback_from_environment(monkeypatch):
     assert make().config.allow_fallback is False
 
 
+def test_fault_injection_from_environment(monkeypatch, x):
+    monkeypatch.setenv("HIPSCHED_FAULT_INJECT", "launch=1.0,seed=1")
+    ex = make()
+    np.testing.assert_array_equal(ex.add(x, x, backend="gpu"), x + x)
+    assert ex.events[-1]["reason"] == "cpu_fallback" and ex._injector.injected == {"launch": 1}
+    monkeypatch.setenv("HIPSCHED_FAULT_INJECT", "explode=0.5")
+    with pytest.raises(ValueError, match="fault_inject"):
+        make()
+
+
 def test_injected_faults_never_reach_the_caller(rng):
     a = rng.standard_normal((1, 256), dtype=np.float32)   # one row: an injected oom cannot be chunked away
     ex = make(fault_inject="launch=0.2,oom=0.05,seed=7", strategy="gpu_preferred", breaker_failures=10 ** 6,
