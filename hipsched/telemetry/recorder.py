@@ -27,6 +27,10 @@ def path_from_env():
 
 
 class Telemetry:
+    """One per Executor: records every call in memory and, with `path`, in a JSONL log (see
+    docs/telemetry.md). `run_id`, `host` and `device` identify its events; they default to a new id,
+    the host name and "cpu"."""
+
     def __init__(self, path=None, enabled=True, ring_size=10000, queue_size=65536, rotate_bytes=64 << 20,
                  host=None, device=None, run_id=None, rotate_keep=8, flush_interval=0.02):
         if ring_size < 0:

@@ -20,27 +20,13 @@ class Counters:
         self.errors = {}                 # (op, error) -> count
 
     def shard(self) -> dict:
-        """This thread's shard, created and registered on its first call."""
+        """This thread's shard, created and registered on its first call. Telemetry.record adds into it
+        directly (count, time, fallbacks), which is what keeps the hot path free of locks and calls."""
         cells = {}
         self.local.cells = cells
         with self.lock:
             self._shards.append((threading.current_thread(), cells))
         return cells
-
-    def add(self, op, backend, duration_us, fallback=None):
-        """What one call adds (Telemetry.record inlines the same steps for speed)."""
-        try:
-            cells = self.local.cells
-        except AttributeError:
-            cells = self.shard()
-        c = cells.get((op, backend))
-        if c is None:
-            c = cells[(op, backend)] = [0, 0.0, 0]
-        c[0] += 1
-        c[1] += duration_us
-        if fallback is not None:
-            c[2] += 1
-            self.add_error(op, fallback)
 
     def add_error(self, op, fallback):
         key = (_name(op), str(fallback[1]))
