@@ -14,6 +14,8 @@ from ..errors import GpuError
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
 _THREADS = 128  # HSA_THREADS
+_ROWS_PER_THREAD = 2  # HSA_R
+_DIMS_PER_THREAD = 16  # a query row is spread over head_dim_class / 16 threads
 
 
 def head_dim_class(hd: int) -> int:
@@ -34,7 +36,7 @@ def attention(ctx, call, stream):
         return ctx.finish(out, call, stream)
     d = head_dim_class(hd)
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
-    rows = _THREADS // (d // 32)
+    rows = _ROWS_PER_THREAD * _THREADS // (d // _DIMS_PER_THREAD)
     blocks = -(-sq // rows) * b * h
     fn = ctx.function("attention", f"hs_attention_d{d}")
     ctx.launch(fn, blocks, _THREADS,

@@ -1,20 +1,23 @@
 // Flash-attention style scaled dot-product attention, fp32 on SIMT cores (no tensor cores: results must
 // match the CPU engine to ~1e-5), for q (B, H, Sq, hd), k and v (B, H, Sk, hd), all contiguous.
 //
-// Tiling: a block of 128 threads owns ROWS query rows of one (batch, head); G = D/32 threads share a row
-// and each holds 32 of its (padded) dims in registers, as 8 float4 chunks interleaved across the group:
-// chunk t of thread g covers dims 4*(t*G+g) .. +3, so the G lanes of a row read consecutive 16-byte
-// words of a shared key (no bank conflicts) and every row of the warp reads the same key (broadcast).
+// Tiling: a block of 128 threads owns ROWS query rows of one (batch, head). G = D/16 threads share a
+// row, each holding 16 of its (padded) dims as 4 float4 chunks interleaved across the group (chunk t
+// of thread g covers dims 4*(t*G+g) .. +3, so the G lanes of a row read consecutive 16-byte words of
+// a shared key: no bank conflicts, and every row group of the warp reads the same words: broadcast).
+// Each thread carries R rows (rows tid/G + i*128/G), so every K or V value read from shared memory
+// feeds R FMAs: shared-memory traffic, not the FMA pipes, would otherwise bound the kernel.
 // K and V stream through shared memory in tiles of BK keys (32 KiB for both); an online softmax in base
-// 2 (q pre-scaled by scale*log2(e)) keeps the state per row at (m, l, o[32]): no Sq x Sk matrix.
+// 2 (q pre-scaled by scale*log2(e)) keeps the state per row at (m, l, o): no Sq x Sk matrix.
 // Causal is top-left aligned like torch SDPA(is_causal=True): row i sees keys j <= i, and key tiles
 // entirely above a block's last row are skipped. A row that sees no key (Sk == 0) gets zeros.
 //
 // Entry points per head-dim class (hd <= D, the rest zero-padded): hs_attention_d32/_d64/_d128/_d256.
-// Launch: block 128, grid (ceil(Sq / ROWS) * B * H), ROWS = 128 / (D / 32).
+// Launch: block 128, grid (ceil(Sq / ROWS) * B * H), ROWS = HSA_R * 128 / (D / 16).
 
 #define HSA_THREADS 128
-#define HSA_CHUNK 16          // keys scored together before one online-softmax rescale
+#define HSA_R 2               // query rows per thread
+#define HSA_CHUNK 8           // keys scored together before one online-softmax rescale
 #define HSA_LOG2E 1.4426950408889634f
 
 HS_DEV float hsa_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
@@ -22,9 +25,10 @@ HS_DEV float hsa_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z *
 template <int D>
 HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                           float* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
-    constexpr int G = D / 32;                 // threads per query row
-    constexpr int ROWS = HSA_THREADS / G;     // query rows per block
-    constexpr int BK = 4096 / D;              // keys per shared tile: 2 * BK * D * 4 bytes = 32 KiB
+    constexpr int G = D / 16;                        // threads per query row
+    constexpr int STRIDE = HSA_THREADS / G;          // distance between a thread's rows
+    constexpr int ROWS = STRIDE * HSA_R;             // query rows per block
+    constexpr int BK = 4096 / D;                     // keys per shared tile: 2 * BK * D * 4 bytes = 32 KiB
     constexpr int D4 = D / 4;
     __shared__ float4 ks[BK][D4];
     __shared__ float4 vs[BK][D4];
@@ -34,25 +38,30 @@ HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__
     const hs_i64 tiles = (sq + ROWS - 1) / ROWS;
     const hs_i64 bh = (hs_i64)blockIdx.x / tiles;
     const hs_i64 q0 = ((hs_i64)blockIdx.x % tiles) * ROWS;
-    const hs_i64 row = q0 + tid / G;
-    const bool live = row < sq;
+    const hs_i64 row0 = q0 + tid / G;                // rows row0 + i * STRIDE
     const float* kb = k + bh * sk * hd;
     const float* vb = v + bh * sk * hd;
 
     const float qs = scale * HSA_LOG2E;
-    float4 qr[8], o[8];
+    float4 qr[HSA_R][4], o[HSA_R][4];
+    float m[HSA_R], l[HSA_R];
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-        float e[4];
+    for (int i = 0; i < HSA_R; ++i) {
+        const hs_i64 row = row0 + i * STRIDE;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int d = 4 * (t * G + g) + c;
-            e[c] = (live && d < hd) ? q[(bh * sq + row) * hd + d] * qs : 0.0f;
+        for (int t = 0; t < 4; ++t) {
+            float e[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int d = 4 * (t * G + g) + c;
+                e[c] = (row < sq && d < hd) ? q[(bh * sq + row) * hd + d] * qs : 0.0f;
+            }
+            qr[i][t] = make_float4(e[0], e[1], e[2], e[3]);
+            o[i][t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        qr[t] = make_float4(e[0], e[1], e[2], e[3]);
-        o[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        m[i] = -HS_INF;
+        l[i] = 0.0f;
     }
-    float m = -HS_INF, l = 0.0f;
 
     // Causal: keys past the block's last row are masked for every row of the block.
     hs_i64 kend = sk;
@@ -71,54 +80,78 @@ HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__
         __syncthreads();
 #pragma unroll 1
         for (int c0 = 0; c0 < BK; c0 += HSA_CHUNK) {
-            float s[HSA_CHUNK];
-            float mnew = m;
+            float s[HSA_R][HSA_CHUNK];
 #pragma unroll
             for (int jj = 0; jj < HSA_CHUNK; ++jj) {
-                float p = 0.0f;
+                float4 kv[4];
 #pragma unroll
-                for (int t = 0; t < 8; ++t) p += hsa_dot4(qr[t], ks[c0 + jj][t * G + g]);
-#pragma unroll
-                for (int msk = 1; msk < G; msk <<= 1) p += HS_SHFL_XOR(p, msk);
+                for (int t = 0; t < 4; ++t) kv[t] = ks[c0 + jj][t * G + g];
                 const hs_i64 key = kt + c0 + jj;
-                const bool vis = key < kend && (!causal || key <= row);
-                s[jj] = vis ? p : -HS_INF;
-                mnew = fmaxf(mnew, s[jj]);
-            }
-            // Until a row has seen a key its max is -inf; a finite stand-in keeps exp2 at exactly 0
-            // instead of NaN, without a branch that would split the lanes of a shuffle group.
-            const float ms = (mnew == -HS_INF) ? 0.0f : mnew;
-            const float alpha = exp2f(m - ms);
-            l *= alpha;
 #pragma unroll
-            for (int t = 0; t < 8; ++t) {
-                o[t].x *= alpha; o[t].y *= alpha; o[t].z *= alpha; o[t].w *= alpha;
-            }
+                for (int i = 0; i < HSA_R; ++i) {
+                    float p = hsa_dot4(qr[i][0], kv[0]) + hsa_dot4(qr[i][1], kv[1]) +
+                              hsa_dot4(qr[i][2], kv[2]) + hsa_dot4(qr[i][3], kv[3]);
 #pragma unroll
-            for (int jj = 0; jj < HSA_CHUNK; ++jj) {
-                const float p = exp2f(s[jj] - ms);
-                l += p;
-#pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    const float4 vv = vs[c0 + jj][t * G + g];
-                    o[t].x += p * vv.x; o[t].y += p * vv.y; o[t].z += p * vv.z; o[t].w += p * vv.w;
+                    for (int msk = 1; msk < G; msk <<= 1) p += HS_SHFL_XOR(p, msk);
+                    const bool vis = key < kend && (!causal || key <= row0 + i * STRIDE);
+                    s[i][jj] = vis ? p : -HS_INF;
                 }
             }
-            m = mnew;
+            float ms[HSA_R];
+#pragma unroll
+            for (int i = 0; i < HSA_R; ++i) {
+                float mnew = m[i];
+#pragma unroll
+                for (int jj = 0; jj < HSA_CHUNK; ++jj) mnew = fmaxf(mnew, s[i][jj]);
+                // Until a row has seen a key its max is -inf; a finite stand-in keeps exp2 at exactly 0
+                // instead of NaN, without a branch that would split the lanes of a shuffle group.
+                ms[i] = (mnew == -HS_INF) ? 0.0f : mnew;
+                const float alpha = exp2f(m[i] - ms[i]);
+                m[i] = mnew;
+                l[i] *= alpha;
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    o[i][t].x *= alpha; o[i][t].y *= alpha; o[i][t].z *= alpha; o[i][t].w *= alpha;
+                }
+#pragma unroll
+                for (int jj = 0; jj < HSA_CHUNK; ++jj) {
+                    s[i][jj] = exp2f(s[i][jj] - ms[i]);
+                    l[i] += s[i][jj];
+                }
+            }
+#pragma unroll
+            for (int jj = 0; jj < HSA_CHUNK; ++jj) {
+                float4 vv[4];
+#pragma unroll
+                for (int t = 0; t < 4; ++t) vv[t] = vs[c0 + jj][t * G + g];
+#pragma unroll
+                for (int i = 0; i < HSA_R; ++i) {
+                    const float p = s[i][jj];
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) {
+                        o[i][t].x += p * vv[t].x; o[i][t].y += p * vv[t].y;
+                        o[i][t].z += p * vv[t].z; o[i][t].w += p * vv[t].w;
+                    }
+                }
+            }
         }
         __syncthreads();
     }
 
-    if (!live) return;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float* orow = out + (bh * sq + row) * hd;
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-        const int d = 4 * (t * G + g);
-        if (d + 0 < hd) orow[d + 0] = o[t].x * inv;
-        if (d + 1 < hd) orow[d + 1] = o[t].y * inv;
-        if (d + 2 < hd) orow[d + 2] = o[t].z * inv;
-        if (d + 3 < hd) orow[d + 3] = o[t].w * inv;
+    for (int i = 0; i < HSA_R; ++i) {
+        const hs_i64 row = row0 + i * STRIDE;
+        if (row >= sq) continue;
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        float* orow = out + (bh * sq + row) * hd;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const int d = 4 * (t * G + g);
+            if (d + 0 < hd) orow[d + 0] = o[i][t].x * inv;
+            if (d + 1 < hd) orow[d + 1] = o[i][t].y * inv;
+            if (d + 2 < hd) orow[d + 2] = o[i][t].z * inv;
+            if (d + 3 < hd) orow[d + 3] = o[i][t].w * inv;
+        }
     }
 }
 
