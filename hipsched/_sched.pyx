@@ -2,8 +2,8 @@
 """The scheduler core: per-call CPU/GPU decision, performance model and GPU health, in C structs.
 
 Every sample, decision and health change happens under one lock, so counts stay exact with many
-Python threads. Decide and record allocate nothing: all rings are allocated when an (op, dtype) slot
-is first registered. The rules and the model are described in docs/scheduling.md."""
+Python threads. Decisions never allocate; a record allocates only for a size bucket's first sample
+(its rings), once per bucket. The rules and the model are described in docs/scheduling.md."""
 from libc.stdlib cimport calloc, free
 from libc.string cimport memmove
 from libc.math cimport NAN, isnan, log2
@@ -86,8 +86,22 @@ cdef inline double bucket_median(const Bucket *bk) noexcept nogil:
     return bk.sorted[(bk.n - 1) >> 1]
 
 
+cdef bint bucket_alloc(Bucket *bk, int window) noexcept nogil:
+    # once per bucket, at its first sample: most of the 48 buckets of most slots never see one
+    bk.ring = <double *>calloc(window, sizeof(double))
+    bk.work_ring = <double *>calloc(window, sizeof(double))
+    bk.sorted = <double *>calloc(window, sizeof(double))
+    if bk.ring == NULL or bk.work_ring == NULL or bk.sorted == NULL:
+        free(bk.ring); free(bk.work_ring); free(bk.sorted)
+        bk.ring = bk.work_ring = bk.sorted = NULL
+        return False
+    return True
+
+
 cdef void bucket_add(Bucket *bk, int window, double t, double work) noexcept nogil:
     cdef int i
+    if bk.ring == NULL and not bucket_alloc(bk, window):
+        return  # out of memory: the sample is dropped, the model keeps what it has
     if bk.n == window:  # evict the oldest sample from the sorted view
         i = lower_bound(bk.sorted, bk.n, bk.ring[bk.pos])
         memmove(&bk.sorted[i], &bk.sorted[i + 1], (bk.n - i - 1) * sizeof(double))
@@ -271,7 +285,6 @@ cdef class SchedCore:
         if sid is not None:
             return sid
         cdef Slot *s
-        cdef int be, b, w = self.p.window
         PyThread_acquire_lock(self.lock, WAIT_LOCK)
         try:
             sid = self.slot_ids.get(key)
@@ -279,17 +292,9 @@ cdef class SchedCore:
                 return sid
             if self.nslots >= MAX_SLOTS:
                 raise RuntimeError(f"hipsched: more than {MAX_SLOTS} (op, dtype) pairs")
-            s = <Slot *>calloc(1, sizeof(Slot))
+            s = <Slot *>calloc(1, sizeof(Slot))  # bucket rings come with their first sample
             if s == NULL:
                 raise MemoryError()
-            for be in range(2):
-                for b in range(NBUCKETS):
-                    s.buckets[be][b].ring = <double *>calloc(w, sizeof(double))
-                    s.buckets[be][b].work_ring = <double *>calloc(w, sizeof(double))
-                    s.buckets[be][b].sorted = <double *>calloc(w, sizeof(double))
-                    if (s.buckets[be][b].ring == NULL or s.buckets[be][b].work_ring == NULL
-                            or s.buckets[be][b].sorted == NULL):
-                        raise MemoryError()
             s.op_index = self._op_index(op)
             self.slots[self.nslots] = s
             sid = self.nslots
