@@ -252,3 +252,19 @@ def test_spread_activation_self_loops_duplicates_and_scipy(gpu):
     ref = spread_ref(g.indptr.astype(np.int64), g.indices, g.data, seeds, 0.5, 3, 0.0)
     np.testing.assert_array_equal(got, ref.astype(np.float32))
     np.testing.assert_array_equal(cpu, ref.astype(np.float32))
+
+
+def test_spread_activation_int32_pair_and_special_values(gpu):
+    """SciPy-style int32 indptr+indices; an inf weight out of an inactive node adds nothing; a NaN seed
+    propagates as the CPU rule says (np.clip keeps NaN)."""
+    indptr = np.array([0, 2, 3, 4, 4], np.int32)
+    indices = np.array([1, 2, 3, 0], np.int32)
+    weights = np.array([0.5, np.inf, 0.25, 1.0], np.float32)
+    seeds = np.array([0.0, 0.5, 0.0, 0.0], np.float32)  # node 0 (inf edge) inactive
+    got, cpu = run_both(gpu, "spread_activation", (indptr, indices, weights), seeds, decay=1.0, steps=1)
+    np.testing.assert_array_equal(got, np.array([0.0, 0.5, 0.0, 0.125], np.float32))
+    np.testing.assert_array_equal(got, cpu)
+    seeds = np.array([0.0, np.nan, 0.0, 0.0], np.float32)
+    got, cpu = run_both(gpu, "spread_activation", (indptr, indices, weights), seeds, decay=1.0, steps=2)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(cpu))
+    assert np.isnan(got[1]) and np.isnan(got[3])

@@ -26,15 +26,15 @@ def head_dim_class(hd: int) -> int:
 
 
 def attention(ctx, call, stream):
-    q, k, v = (ctx.upload(a, stream) for a in call.args[:3])
+    b, h, sq, hd = (int(s) for s in call.args[0].shape)
+    sk = int(call.args[1].shape[2])
+    d = head_dim_class(hd)  # before any upload: an unsupported call costs nothing
     causal = bool(call.params.get("causal", False))
     scale = call.params.get("scale")
-    b, h, sq, hd = (int(s) for s in q.shape)
-    sk = int(k.shape[2])
     out = ctx.empty((b, h, sq, hd), np.float32, stream)
     if b * h * sq * hd == 0:
         return ctx.finish(out, call, stream)
-    d = head_dim_class(hd)
+    q, k, v = (ctx.upload(a, stream) for a in call.args[:3])
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
     rows = _ROWS_PER_THREAD * _THREADS // (d // _DIMS_PER_THREAD)
     blocks = -(-sq // rows) * b * h

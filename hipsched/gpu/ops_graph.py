@@ -14,12 +14,12 @@ _BLOCK = 256
 _GROUP = 8  # HSG_GROUP: lanes per row in the push kernel
 
 
-def _index_array(a, allowed):
-    """Host index array in a dtype the kernels take (converted only when it is not one already)."""
-    a = np.asarray(a)
-    if a.dtype not in allowed:
-        a = a.astype(allowed[-1])
-    return np.ascontiguousarray(a)
+def _index_pair(indptr, indices):
+    """indptr and indices as the kernels take them: both int32 or both int64. The op's prepare already
+    hands them over that way (untouched, so resident copies are reused); anything else is converted."""
+    if indptr.dtype == indices.dtype and indptr.dtype in (np.int32, np.int64):
+        return indptr, indices
+    return (np.ascontiguousarray(indptr, dtype=np.int64), np.ascontiguousarray(indices, dtype=np.int64))
 
 
 def spread_activation(ctx, call, stream):
@@ -36,8 +36,8 @@ def spread_activation(ctx, call, stream):
             ctx.rt.memcpy_dtod(out.ptr, cur.ptr, 4 * n, s)
         return ctx.finish(out, call, stream)
 
-    ip = ctx.upload(_index_array(indptr, (np.dtype(np.int64),)), stream)
-    ix = ctx.upload(_index_array(indices, (np.dtype(np.int32), np.dtype(np.int64))), stream)
+    indptr, indices = _index_pair(indptr, indices)
+    ip, ix = ctx.upload(indptr, stream), ctx.upload(indices, stream)
     w = ctx.upload(np.ascontiguousarray(weights, dtype=np.float32), stream)
     push = ctx.function("graph", "hs_spread_push_i32" if ix.dtype == np.int32 else "hs_spread_push_i64")
     finish = ctx.function("graph", "hs_spread_finish")

@@ -4,12 +4,13 @@
 // Push walks the rows (sources) in CSR order and atomically adds w_ij * a[i] into acc[j]; rows whose
 // activation is exactly 0 add nothing and are skipped (early steps touch only the seeds' neighbourhood).
 // Float atomics make the summation order vary between runs: results agree with the CPU engine to
-// rounding, not bit for bit. indptr is int64; indices int32 or int64 (two entry points).
+// rounding, not bit for bit. indptr and indices are both int32 or both int64 (two entry points), as
+// the op hands them to either engine (SciPy's int32 arrays go through without a copy).
 
 #define HSG_GROUP 8   // lanes per row: most rows are short, a full warp per row would idle
 
 template <class I>
-HS_DEV void hsg_push(const hs_i64* __restrict__ indptr, const I* __restrict__ indices,
+HS_DEV void hsg_push(const I* __restrict__ indptr, const I* __restrict__ indices,
                      const float* __restrict__ weights, const float* __restrict__ a, float* __restrict__ acc,
                      hs_i64 n) {
     const hs_i64 total = n * HSG_GROUP;
@@ -17,13 +18,13 @@ HS_DEV void hsg_push(const hs_i64* __restrict__ indptr, const I* __restrict__ in
         const hs_i64 row = t / HSG_GROUP;
         const float ai = a[row];
         if (ai == 0.0f) continue;
-        const hs_i64 end = indptr[row + 1];
-        for (hs_i64 e = indptr[row] + (t % HSG_GROUP); e < end; e += HSG_GROUP)
+        const hs_i64 end = (hs_i64)indptr[row + 1];
+        for (hs_i64 e = (hs_i64)indptr[row] + (t % HSG_GROUP); e < end; e += HSG_GROUP)
             atomicAdd(acc + (hs_i64)indices[e], weights[e] * ai);
     }
 }
 
-HS_KERNEL void hs_spread_push_i32(const hs_i64* __restrict__ indptr, const hs_i32* __restrict__ indices,
+HS_KERNEL void hs_spread_push_i32(const hs_i32* __restrict__ indptr, const hs_i32* __restrict__ indices,
                                   const float* __restrict__ weights, const float* __restrict__ a,
                                   float* __restrict__ acc, hs_i64 n) {
     hsg_push<hs_i32>(indptr, indices, weights, a, acc, n);
