@@ -48,7 +48,7 @@ def test_cosine_one_query(rng, n, d):
     np.testing.assert_allclose(out, _cos_ref(q, T), atol=2e-6, rtol=0)
 
 
-@pytest.mark.parametrize("m", [0, 1, 2, 8, 9, 33])  # 9 and 33 take the BLAS path
+@pytest.mark.parametrize("m", [0, 1, 2, 3, 5, 8, 12, 13, 33])  # 13 and 33 take the BLAS path
 @pytest.mark.parametrize("n,d", [(0, 5), (1, 1), (33, 9), (300, 64), (1000, 7)])
 def test_cosine_many_queries(rng, m, n, d):
     q = rng.standard_normal((m, d)).astype(np.float32)
@@ -58,7 +58,7 @@ def test_cosine_many_queries(rng, m, n, d):
     np.testing.assert_allclose(out, _cos_ref(q, T), atol=2e-6, rtol=0)
 
 
-@pytest.mark.parametrize("m", [None, 3, 12])
+@pytest.mark.parametrize("m", [None, 3, 20])
 def test_cosine_zero_nan_inf_vectors(rng, m):
     d = 10
     T = rng.standard_normal((6, d)).astype(np.float32)
@@ -79,7 +79,7 @@ def test_cosine_zero_nan_inf_vectors(rng, m):
     np.testing.assert_allclose(out, np.atleast_2d(_cos_ref(q, T)), atol=2e-6, rtol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("m", [None, 2, 12])
+@pytest.mark.parametrize("m", [None, 2, 20])
 def test_cosine_tiny_and_huge_vectors_scored_in_double(rng, m):
     T = rng.standard_normal((40, 24)).astype(np.float32)
     T[3] *= np.float32(1e-30)  # squares underflow float32

@@ -18,7 +18,7 @@ cdef extern from "similarity.h" nogil:
 
 # Up to this many queries the fused kernel re-reads each target row from L1 per query; beyond it a
 # BLAS product reuses targets across queries better.
-FUSED_MAX_QUERIES = 8
+FUSED_MAX_QUERIES = 12
 # Scores held at once by top_k (per block of queries), bytes.
 TOPK_BLOCK_BYTES = 32 << 20
 
