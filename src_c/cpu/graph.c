@@ -75,13 +75,21 @@ static void graph_finish(const float *a, float *acc, int nt, int64_t n, float de
 }
 
 #define GRAPH_IDX int32_t
+#define GRAPH_UIDX uint32_t
+#define GRAPH_IDX_MAX INT32_MAX
 #define GRAPH_FN(name) name##_i32
 #include "graph.inc"
 #undef GRAPH_IDX
+#undef GRAPH_UIDX
+#undef GRAPH_IDX_MAX
 #undef GRAPH_FN
 
 #define GRAPH_IDX int64_t
+#define GRAPH_UIDX uint64_t
+#define GRAPH_IDX_MAX INT64_MAX
 #define GRAPH_FN(name) name##_i64
 #include "graph.inc"
 #undef GRAPH_IDX
+#undef GRAPH_UIDX
+#undef GRAPH_IDX_MAX
 #undef GRAPH_FN
