@@ -473,15 +473,18 @@ cdef class SchedCore:
                 self.c.fallback += 1
             if backend == GPU:
                 self.c.gpu += 1
-                self.c.gpu_time_us += dur_us
+                if dur_us > 0:
+                    self.c.gpu_time_us += dur_us
             else:
                 self.c.cpu += 1
-                self.c.cpu_time_us += dur_us
+                if dur_us > 0:
+                    self.c.cpu_time_us += dur_us
 
     def record(self, int slot, int backend, double size, double duration_us, double h2d_bytes=0.0,
                double d2h_bytes=0.0, bint ok=True, bint final=True, bint fallback=False):
         """One measured run. A GPU run updates the op's health; a successful run adds a latency sample
-        (GPU samples less the modelled copies); `final` runs count as one operation each."""
+        (GPU samples less the modelled copies) unless duration_us < 0 (not a completion time, e.g. work
+        left queued on a stream); `final` runs count as one operation each."""
         if slot < 0 or slot >= self.nslots:
             raise IndexError(f"hipsched: no scheduler slot {slot}")
         PyThread_acquire_lock(self.lock, WAIT_LOCK)

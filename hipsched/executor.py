@@ -214,7 +214,10 @@ class Executor:
         return out
 
     def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0):
-        self._core.record(slot, be, call.size, dur, h2d, d2h, True, True, fallback is not None)
+        # A GPU run on device data returns with the work still queued on the stream: its wall time is
+        # not a completion time, so it counts but does not teach the model (-1: no sample).
+        sample = -1.0 if be == 1 and call.on_device else dur
+        self._core.record(slot, be, call.size, sample, h2d, d2h, True, True, fallback is not None)
         if self._tel is not None:
             self._tel.record(call.op, BACKENDS[be], _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur,
                              pc, pg, stream, fallback)
