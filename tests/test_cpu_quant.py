@@ -219,8 +219,11 @@ def test_quantized_tensor_accepts_bytes_memoryview_and_gguf_tensors(rng, tmp_pat
     assert np.array_equal(hs.dequantize(qt), gguf.quants.dequantize(np.asarray(t.data), GT.Q8_0))
 
 
-def test_quantized_tensor_is_read_only(rng):
+def test_quantized_tensor_is_read_only_and_pickles(rng):
+    import pickle
     w = hs.quantize(weights(rng, 2, 32), "q8_0")
+    w2 = pickle.loads(pickle.dumps(w))
+    assert (w2.shape, w2.qtype) == (w.shape, w.qtype) and np.array_equal(w2.data, w.data)
     with pytest.raises(ValueError):
         w.data[0, 0] = 1
     with pytest.raises(AttributeError):

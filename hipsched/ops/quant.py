@@ -82,6 +82,9 @@ class QuantizedTensor:
             raise AttributeError("QuantizedTensor is immutable")
         object.__setattr__(self, name, value)
 
+    def __reduce__(self):  # pickles (e.g. to worker processes) as its bytes
+        return (QuantizedTensor, (np.array(self._data), self._shape, self._qtype))
+
     def __repr__(self):
         return f"QuantizedTensor(shape={self._shape}, qtype={self._qtype!r}, nbytes={self.nbytes})"
 
