@@ -24,9 +24,16 @@ def _rows(x):
 def _plan(call):
     """(number of independent pieces, split(lo, hi) -> args, combine(results) -> result) or None."""
     op, args = call.op, call.args
-    if not args or not all(isinstance(a, np.ndarray) for a in args[:1]):
+    if not args:
         return None
     x = args[0]
+    if op == "qmatmul" and len(args) >= 2 and isinstance(args[1], np.ndarray) and args[1].ndim == 2 \
+            and args[1].shape[1] >= 2:
+        w, v = args[0], args[1]
+        return v.shape[1], (lambda lo, hi: (w, np.ascontiguousarray(v[:, lo:hi])) + tuple(args[2:])), \
+            (lambda rs: np.concatenate(rs, axis=1))
+    if not isinstance(x, np.ndarray):
+        return None
     if op in ("add", "scale", "matmul"):
         if x.ndim < 1 or x.shape[0] < 2:
             return None
@@ -47,11 +54,6 @@ def _plan(call):
     if op == "top_k" and x.ndim == 2 and x.shape[0] >= 2:
         return x.shape[0], (lambda lo, hi: (x[lo:hi],) + tuple(args[1:])), \
             (lambda rs: tuple(np.concatenate(p, axis=0) for p in zip(*rs)))
-    if op == "qmatmul" and len(args) >= 2 and isinstance(args[1], np.ndarray) and args[1].ndim == 2 \
-            and args[1].shape[1] >= 2:
-        w, v = args[0], args[1]
-        return v.shape[1], (lambda lo, hi: (w, np.ascontiguousarray(v[:, lo:hi])) + tuple(args[2:])), \
-            (lambda rs: np.concatenate(rs, axis=1))
     if op == "attention" and len(args) >= 3 and all(isinstance(a, np.ndarray) and a.ndim == 4 for a in args[:3]):
         b, h = x.shape[0], x.shape[1]
         if b * h < 2:

@@ -241,3 +241,25 @@ def test_telemetry_views_and_scope(x):
     off = make(telemetry_enabled=False)
     off.add(x, x)
     assert off.stats().total_operations == 1 and off.events == []
+
+
+@pytest.mark.parametrize("op", ["add", "scale", "softmax", "matmul", "cosine_similarity", "top_k", "qmatmul",
+                                "attention"])
+def test_every_chunkable_op_splits_to_the_cpu_result(op, rng):
+    """Out of memory on the GPU: chunks that fit, run on the GPU, combined, equal the CPU's answer."""
+    a = rng.standard_normal((24, 32), dtype=np.float32)
+    x4 = rng.standard_normal((2, 3, 16, 8), dtype=np.float32)
+    args = {"add": (a, a), "scale": (a, 3.0), "softmax": (a,), "matmul": (a, a.T.copy()),
+            "cosine_similarity": (a[:3], a), "top_k": (a[:6], a, 5),
+            "qmatmul": (hs.quantize(a, "q8_0"), rng.standard_normal((32, 6), dtype=np.float32)),
+            "attention": (x4, x4 * 0.5, x4 + 1)}[op]
+    want = getattr(make(FakeGpuBackend(available=False)), op)(*args)
+    probe = make(FakeGpuBackend(ops=(op,), dtypes=("float32", "q8_0")))
+    getattr(probe, op)(*args, backend="gpu")
+    whole = probe.events[-1]["bytes"]
+    gpu = FakeGpuBackend(ops=(op,), dtypes=("float32", "q8_0"), oom_above_bytes=whole * 2 // 3, free_memory=whole)
+    ex = make(gpu)
+    got = getattr(ex, op)(*args, backend="gpu")
+    assert ex.events[-1]["backend"] == "gpu" and gpu.ok_runs >= 2
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
