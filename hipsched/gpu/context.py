@@ -43,7 +43,10 @@ class GpuContext:
 
     # ------------------------------------------------------------------ kernels
     def function(self, source: str, kernel: str) -> int:
-        """Function handle for `kernel` in src_c/hip/<source>.hip (compiled or loaded on first use)."""
+        """Function handle for `kernel` in src_c/hip/<source>.hip (compiled or loaded on first use).
+        `source` may be given with or without the .hip suffix."""
+        if source not in self.cache.sources and source + ".hip" in self.cache.sources:
+            source += ".hip"
         return self.cache.function(self.rt, source, kernel)
 
     def blas(self):
