@@ -156,6 +156,14 @@ def test_bad_arguments():
         A.attention(x.astype(np.float64), x, x)
 
 
+def test_result_too_large_is_memory_error():
+    """A broadcast view can stand for more memory than the machine has: MemoryError, not a crash."""
+    q = np.broadcast_to(np.float32(1), (1 << 16, 1 << 16, 8, 64))
+    k = np.zeros((1 << 16, 1 << 16, 0, 64), np.float32)  # empty: no memory behind it
+    with pytest.raises(MemoryError):
+        hipsched.attention(q, k, k)
+
+
 def test_call_work_measures():
     q = np.zeros((2, 3, 5, 8), np.float32)
     k = np.zeros((2, 3, 7, 8), np.float32)

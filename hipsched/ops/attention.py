@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .base import Call, as_f32, is_device_array, check_ndim, check_result_fits, finite_scalar, register, shape_mismatch
+from .base import Call, as_f32, check_ndim, check_result_fits, finite_scalar, is_device_array, register, shape_mismatch
 
 OP = "attention"
 
@@ -34,9 +34,6 @@ def prepare(q, k, v, causal=False, scale=None) -> Call:
     if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
         raise shape_mismatch(OP, "q", q.shape, "k", k.shape,
                              "batch, heads and head_dim must agree; only the sequence lengths may differ")
-    on_device = [is_device_array(x) for x in (q, k, v)]
-    if any(on_device) and not all(on_device):
-        raise TypeError(f"{OP}: q, k and v must all be host arrays or all be device arrays")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"{OP}: causal must be a bool, got {causal!r}")
     b, h, sq, d = (int(s) for s in q.shape)
@@ -48,4 +45,4 @@ def prepare(q, k, v, causal=False, scale=None) -> Call:
     return Call(OP, (q, k, v), {"causal": bool(causal), "scale": scale},
                 size=b * h * sq * sk * d,
                 nbytes=4 * (2 * b * h * sq * d + 2 * b * h * sk * d),
-                on_device=all(on_device))
+                on_device=any(is_device_array(x) for x in (q, k, v)))
