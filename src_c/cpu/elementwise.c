@@ -5,9 +5,9 @@
 #include "elementwise.h"
 
 #define HS_BOTH(ret, name, args) ret name##_avx2 args; ret name##_scalar args;
-HS_BOTH(void, hs_add_range, (const float *a, const float *b, float *out, int64_t n))
-HS_BOTH(void, hs_add_scalar_range, (const float *a, float b, float *out, int64_t n))
-HS_BOTH(void, hs_scale_range, (const float *x, float alpha, float *out, int64_t n))
+HS_BOTH(void, hs_add_range, (const float *a, const float *b, float *out, int64_t n, int stream))
+HS_BOTH(void, hs_add_scalar_range, (const float *a, float b, float *out, int64_t n, int stream))
+HS_BOTH(void, hs_scale_range, (const float *x, float alpha, float *out, int64_t n, int stream))
 HS_BOTH(void, hs_exp_range, (const float *x, float *out, int64_t n))
 HS_BOTH(void, hs_softmax_row, (const float *x, float *y, int64_t len))
 HS_BOTH(void, hs_softmax_cols, (const float *x, float *y, int64_t len, int64_t inner, int64_t c0, int64_t c1))
@@ -15,41 +15,43 @@ HS_BOTH(void, hs_softmax_cols, (const float *x, float *y, int64_t len, int64_t i
 
 #define HS_STREAM_BLOCK 16384    /* elements per work item of a streaming op (64 KiB) */
 #define HS_STREAM_GRAIN (1 << 18) /* below ~1 MiB a second thread costs more than it saves */
+#define HS_NT_MIN (1 << 22)       /* results from 16 MiB on bypass the cache (the L3 could not keep them) */
 
 void hs_add_f32(const float *a, const float *b, float *out, int64_t n, int64_t nb) {
     if (n <= 0) return;
+    int stream = n >= HS_NT_MIN;
     if (nb == n) {
-        void (*f)(const float *, const float *, float *, int64_t) = HS_PICK(hs_add_range);
+        void (*f)(const float *, const float *, float *, int64_t, int) = HS_PICK(hs_add_range);
         int64_t blocks = (n + HS_STREAM_BLOCK - 1) / HS_STREAM_BLOCK;
         #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n, HS_STREAM_GRAIN))
         for (int64_t blk = 0; blk < blocks; blk++) {
             int64_t lo = blk * HS_STREAM_BLOCK, hi = lo + HS_STREAM_BLOCK < n ? lo + HS_STREAM_BLOCK : n;
-            f(a + lo, b + lo, out + lo, hi - lo);
+            f(a + lo, b + lo, out + lo, hi - lo, stream);
         }
     } else if (nb == 1) {
-        void (*f)(const float *, float, float *, int64_t) = HS_PICK(hs_add_scalar_range);
+        void (*f)(const float *, float, float *, int64_t, int) = HS_PICK(hs_add_scalar_range);
         int64_t blocks = (n + HS_STREAM_BLOCK - 1) / HS_STREAM_BLOCK;
         #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n, HS_STREAM_GRAIN))
         for (int64_t blk = 0; blk < blocks; blk++) {
             int64_t lo = blk * HS_STREAM_BLOCK, hi = lo + HS_STREAM_BLOCK < n ? lo + HS_STREAM_BLOCK : n;
-            f(a + lo, b[0], out + lo, hi - lo);
+            f(a + lo, b[0], out + lo, hi - lo, stream);
         }
     } else {  /* bias: one pass of b per row of nb elements */
-        void (*f)(const float *, const float *, float *, int64_t) = HS_PICK(hs_add_range);
+        void (*f)(const float *, const float *, float *, int64_t, int) = HS_PICK(hs_add_range);
         int64_t rows = n / nb;
         #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n, HS_STREAM_GRAIN))
-        for (int64_t r = 0; r < rows; r++) f(a + r * nb, b, out + r * nb, nb);
+        for (int64_t r = 0; r < rows; r++) f(a + r * nb, b, out + r * nb, nb, stream);
     }
 }
 
 void hs_scale_f32(const float *x, float alpha, float *out, int64_t n) {
     if (n <= 0) return;
-    void (*f)(const float *, float, float *, int64_t) = HS_PICK(hs_scale_range);
+    void (*f)(const float *, float, float *, int64_t, int) = HS_PICK(hs_scale_range);
     int64_t blocks = (n + HS_STREAM_BLOCK - 1) / HS_STREAM_BLOCK;
     #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n, HS_STREAM_GRAIN))
     for (int64_t blk = 0; blk < blocks; blk++) {
         int64_t lo = blk * HS_STREAM_BLOCK, hi = lo + HS_STREAM_BLOCK < n ? lo + HS_STREAM_BLOCK : n;
-        f(x + lo, alpha, out + lo, hi - lo);
+        f(x + lo, alpha, out + lo, hi - lo, n >= HS_NT_MIN);
     }
 }
 
