@@ -1,5 +1,4 @@
 # The scheduler core's C state: declarations only (the logic is in _sched.pyx).
-from cpython.pythread cimport PyThread_type_lock
 
 cdef enum:
     NBUCKETS = 48          # log2 size buckets: sizes up to 2**48 work units

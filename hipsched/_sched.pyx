@@ -4,12 +4,27 @@
 Every sample, decision and health change happens under one lock, so counts stay exact with many
 Python threads. Decisions never allocate; a record allocates only for a size bucket's first sample
 (its rings), once per bucket. The rules and the model are described in docs/scheduling.md."""
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memmove
 from libc.math cimport NAN, isnan, log2
+import threading
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
-from cpython.pythread cimport (PyThread_allocate_lock, PyThread_free_lock, PyThread_acquire_lock,
-                               PyThread_release_lock, WAIT_LOCK)
+
+cdef extern from *:
+    """
+    #include <sched.h>
+    /* A test-and-test-and-set spin lock: the critical sections are a few hundred instructions of
+       plain C that never block, so spinning is cheaper than a semaphore round trip (about 4x on an
+       uncontended acquire/release). A waiter yields its core so a preempted holder can finish. */
+    static inline void hs_lock(char *l) {
+        while (__atomic_test_and_set(l, __ATOMIC_ACQUIRE)) {
+            while (__atomic_load_n(l, __ATOMIC_RELAXED)) sched_yield();
+        }
+    }
+    static inline void hs_unlock(char *l) { __atomic_clear(l, __ATOMIC_RELEASE); }
+    """
+    void hs_lock(char *l) nogil
+    void hs_unlock(char *l) nogil
 
 # backends
 DEF CPU = 0
@@ -200,14 +215,14 @@ cdef class SchedCore:
     cdef Health hl[MAX_OPS]
     cdef int nops
     cdef Counters c
-    cdef PyThread_type_lock lock
+    cdef char lock
     cdef dict slot_ids
     cdef dict op_ids
+    cdef object create_lock
 
     def __cinit__(self):
-        self.lock = PyThread_allocate_lock()
-        if self.lock == NULL:
-            raise MemoryError("hipsched: cannot allocate the scheduler lock")
+        self.lock = 0
+        self.create_lock = threading.Lock()
         self.slot_ids = {}
         self.op_ids = {}
 
@@ -244,8 +259,6 @@ cdef class SchedCore:
             free(self.slots[i])
         for i in range(self.nops):
             free(self.hl[i].window)
-        if self.lock != NULL:
-            PyThread_free_lock(self.lock)
 
     # ------------------------------------------------------------ setup (not the hot path)
     def set_transfer(self, double h2d_latency_us, double h2d_gbps, double d2h_latency_us, double d2h_gbps):
@@ -279,14 +292,14 @@ cdef class SchedCore:
         return i
 
     def slot(self, str op, str dtype):
-        """The slot id of (op, dtype), created (and its rings allocated) on first use."""
+        """The slot id of (op, dtype), created on first use. Creation is serialised by a Python lock
+        (it touches dicts, which may run Python code); the spin lock only covers the C publish."""
         key = (op, dtype)
         sid = self.slot_ids.get(key)
         if sid is not None:
             return sid
         cdef Slot *s
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
-        try:
+        with self.create_lock:
             sid = self.slot_ids.get(key)
             if sid is not None:
                 return sid
@@ -296,13 +309,13 @@ cdef class SchedCore:
             if s == NULL:
                 raise MemoryError()
             s.op_index = self._op_index(op)
+            hs_lock(&self.lock)
             self.slots[self.nslots] = s
             sid = self.nslots
             self.nslots += 1
+            hs_unlock(&self.lock)
             self.slot_ids[key] = sid
             return sid
-        finally:
-            PyThread_release_lock(self.lock)
 
     # ------------------------------------------------------------ the hot path
     cdef inline double _xfer(self, double h2d, double d2h) noexcept nogil:
@@ -389,9 +402,9 @@ cdef class SchedCore:
             raise IndexError(f"hipsched: no scheduler slot {slot}")
         # The GIL is kept: releasing it would cost more than the decision. The lock still serialises
         # the state for callers that do release it (and for free-threaded builds).
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        hs_lock(&self.lock)
         r = self._decide(self.slots[slot], size, h2d_bytes, d2h_bytes, flags, &pc, &pg, commit)
-        PyThread_release_lock(self.lock)
+        hs_unlock(&self.lock)
         return r & 1, r >> 1, pc, pg
 
     def time_decide_record(self, int slot, const double[:] sizes, int flags, double duration_us=10.0):
@@ -409,12 +422,12 @@ cdef class SchedCore:
         with nogil:
             t0 = now_ns()
             for i in range(n):
-                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                hs_lock(&self.lock)
                 r = self._decide(s, sizes[i], 4096.0, 4096.0, flags, &pc, &pg, True)
-                PyThread_release_lock(self.lock)
-                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                hs_unlock(&self.lock)
+                hs_lock(&self.lock)
                 self._record(s, r & 1, sizes[i], duration_us, 4096.0, 4096.0, True, True, False)
-                PyThread_release_lock(self.lock)
+                hs_unlock(&self.lock)
             t1 = now_ns()
         return (t1 - t0) / <double>n
 
@@ -487,24 +500,25 @@ cdef class SchedCore:
         left queued on a stream); `final` runs count as one operation each."""
         if slot < 0 or slot >= self.nslots:
             raise IndexError(f"hipsched: no scheduler slot {slot}")
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        hs_lock(&self.lock)
         self._record(self.slots[slot], backend & 1, size, duration_us, h2d_bytes, d2h_bytes, ok, final,
                      fallback)
-        PyThread_release_lock(self.lock)
+        hs_unlock(&self.lock)
 
     # ------------------------------------------------------------ introspection and persistence
     def counters(self):
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        cdef Counters c
+        hs_lock(&self.lock)
         c = self.c
-        PyThread_release_lock(self.lock)
+        hs_unlock(&self.lock)
         return {"total_operations": c.total, "cpu_operations": c.cpu, "gpu_operations": c.gpu,
                 "fallback_operations": c.fallback, "cpu_time_us": c.cpu_time_us, "gpu_time_us": c.gpu_time_us}
 
     def reset_counters(self):
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        hs_lock(&self.lock)
         self.c.total = self.c.cpu = self.c.gpu = self.c.fallback = 0
         self.c.cpu_time_us = self.c.gpu_time_us = 0
-        PyThread_release_lock(self.lock)
+        hs_unlock(&self.lock)
 
     def health(self, str op):
         """The GPU health of `op`: breaker state, success rate over the window, totals."""
@@ -513,9 +527,9 @@ cdef class SchedCore:
             return {"state": "closed", "success_rate": 1.0, "window": 0, "consecutive_failures": 0,
                     "successes": 0, "failures": 0, "times_opened": 0}
         cdef Health h
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        hs_lock(&self.lock)
         h = self.hl[<int>i]
-        PyThread_release_lock(self.lock)
+        hs_unlock(&self.lock)
         return {"state": BREAKER_STATES[h.state],
                 "success_rate": (h.n - h.failures_in_window) / <double>h.n if h.n else 1.0, "window": h.n,
                 "consecutive_failures": h.consecutive_failures, "successes": h.successes,
@@ -526,49 +540,62 @@ cdef class SchedCore:
         if slot < 0 or slot >= self.nslots:
             raise IndexError(f"hipsched: no scheduler slot {slot}")
         cdef double r
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        hs_lock(&self.lock)
         r = predict_us(self.slots[slot], backend & 1, size)
-        PyThread_release_lock(self.lock)
+        hs_unlock(&self.lock)
         return r
 
+    # Introspection copies C state under the spin lock and builds Python objects after releasing it:
+    # creating objects can run arbitrary Python (a GC finalizer) and switch threads, and a thread
+    # spinning for the lock while holding the GIL would then wait forever.
     def buckets(self, int slot, int backend):
         """[(bucket, samples held, mean work, median us, samples ever)] for buckets with data."""
         if slot < 0 or slot >= self.nslots:
             raise IndexError(f"hipsched: no scheduler slot {slot}")
-        out = []
-        cdef Bucket *bk
         cdef int b
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
-        try:
-            for b in range(NBUCKETS):
-                bk = &self.slots[slot].buckets[backend & 1][b]
-                if bk.n:
-                    out.append((b, bk.n, bk.work_sum / bk.n, bucket_median(bk), bk.total))
-        finally:
-            PyThread_release_lock(self.lock)
-        return out
+        cdef int n[NBUCKETS]
+        cdef double mean[NBUCKETS]
+        cdef double med[NBUCKETS]
+        cdef long long total[NBUCKETS]
+        cdef Bucket *bk
+        hs_lock(&self.lock)
+        for b in range(NBUCKETS):
+            bk = &self.slots[slot].buckets[backend & 1][b]
+            n[b] = bk.n
+            if bk.n:
+                mean[b] = bk.work_sum / bk.n
+                med[b] = bucket_median(bk)
+                total[b] = bk.total
+        hs_unlock(&self.lock)
+        return [(b, n[b], mean[b], med[b], total[b]) for b in range(NBUCKETS) if n[b]]
 
     def export_samples(self):
         """{(op, dtype): [[(work, us), ...] cpu oldest first, [...] gpu]} for persistence."""
         out = {}
         cdef Bucket *bk
-        cdef int be, b, i, j, w = self.p.window
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        cdef int be, b, i, j, k, w = self.p.window
+        cdef double *buf = <double *>malloc(2 * NBUCKETS * w * sizeof(double))
+        if buf == NULL:
+            raise MemoryError()
         try:
-            for key, sid in self.slot_ids.items():
+            for key, sid in list(self.slot_ids.items()):
                 sides = []
                 for be in range(2):
-                    samples = []
+                    k = 0
+                    hs_lock(&self.lock)
                     for b in range(NBUCKETS):
                         bk = &self.slots[<int>sid].buckets[be][b]
                         for i in range(bk.n):
                             j = (bk.pos - bk.n + i + w) % w
-                            samples.append((bk.work_ring[j], bk.ring[j]))
-                    sides.append(samples)
+                            buf[2 * k] = bk.work_ring[j]
+                            buf[2 * k + 1] = bk.ring[j]
+                            k += 1
+                    hs_unlock(&self.lock)
+                    sides.append([(buf[2 * i], buf[2 * i + 1]) for i in range(k)])
                 if sides[0] or sides[1]:
                     out[key] = sides
         finally:
-            PyThread_release_lock(self.lock)
+            free(buf)
         return out
 
     def import_samples(self, dict data):
@@ -581,10 +608,10 @@ cdef class SchedCore:
                 for w, t in sides[be]:
                     if not (w >= 0 and t >= 0):
                         raise ValueError(f"bad sample ({w}, {t}) for {key}")
-                    PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                    hs_lock(&self.lock)
                     bucket_add(&self.slots[sid].buckets[be][bucket_of(w)], self.p.window, t, w)
                     self.slots[sid].fit[be].dirty = 1
-                    PyThread_release_lock(self.lock)
+                    hs_unlock(&self.lock)
 
     @property
     def window(self):
@@ -646,17 +673,17 @@ cdef class FastPath:
         if fn is None or call.on_device or (want == _F_WANT_GPU and not self.allow_fallback):
             return self.run_other(call, slot, flags, want, h2d, d2h, stream)
         s = self.core.slots[slot]
-        PyThread_acquire_lock(self.core.lock, WAIT_LOCK)
+        hs_lock(&self.core.lock)
         r = self.core._decide(s, size, h2d, d2h, flags, &pc, &pg, True)
-        PyThread_release_lock(self.core.lock)
+        hs_unlock(&self.core.lock)
         if r & 1:
             return self.run_gpu(call, slot, r >> 1, pc, pg, h2d, d2h, stream)
         t0 = now_ns()
         out = fn(*call.args, **call.params)  # the lock is not held while the kernel runs
         dur = (now_ns() - t0) * 1e-3
-        PyThread_acquire_lock(self.core.lock, WAIT_LOCK)
+        hs_lock(&self.core.lock)
         self.core._record(s, CPU, size, dur, 0.0, 0.0, True, True, False)
-        PyThread_release_lock(self.core.lock)
+        hs_unlock(&self.core.lock)
         if self.tel_record is not None:
             self.tel_record(op, "cpu", self.reason_str[r >> 1], call.size, dtype, call.nbytes, dur, pc, pg, stream)
         return out

@@ -263,3 +263,35 @@ def test_every_chunkable_op_splits_to_the_cpu_result(op, rng):
     assert ex.events[-1]["backend"] == "gpu" and gpu.ok_runs >= 2
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_introspection_while_calls_run_does_not_deadlock():
+    """Model views (export, buckets, health, predictions) taken while threads run calls."""
+    ex = make(FakeGpuBackend(), gpu_min_batch_size=8, exploration_share=0.5)
+    stop = threading.Event()
+    errors = []
+
+    def caller():
+        a = np.ones(16, np.float32)
+        try:
+            while not stop.is_set():
+                ex.scale(a, 2.0)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(300):
+            ex._core.export_samples()
+            ex.performance_tracker.samples("scale", "gpu")
+            ex.gpu_health("scale")
+            ex.select_backend("scale", size=16)
+            ex.stats()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and not errors
+    assert ex.stats().total_operations == ex._core.counters()["total_operations"] > 0
