@@ -136,3 +136,16 @@ def test_public_api_routes_to_the_cpu_kernels(rng):
         np.testing.assert_array_equal(api.add(a, b, backend="cpu"), a + b)
         np.testing.assert_array_equal(api.scale(a, 3, backend="cpu"), a * np.float32(3))
         np.testing.assert_allclose(api.softmax(a, axis=0, backend="cpu"), _softmax_ref(a, 0), rtol=1e-5)
+
+
+def test_extension_refuses_arrays_its_kernels_cannot_read_safely():
+    with pytest.raises(TypeError):
+        E.add(np.ones(4), np.ones(4))  # float64
+    with pytest.raises(TypeError):
+        E.scale([1.0, 2.0], 2.0)  # not an array
+    with pytest.raises(TypeError):
+        E.softmax(np.ones((4, 4), np.float32)[:, ::2])  # not C-contiguous
+    with pytest.raises(ValueError):
+        E.add(np.ones(4, np.float32), np.ones(3, np.float32))
+    with pytest.raises(ValueError):
+        E.softmax(np.ones(4, np.float32), 1)

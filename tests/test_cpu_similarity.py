@@ -192,3 +192,15 @@ def test_public_api_routes_to_the_cpu_kernels(rng):
         idx, val = api.top_k(q[0], T, 5, backend="cpu")
         np.testing.assert_array_equal(idx, _rank_ref(S.cosine_similarity(q[0], T), 5))
         np.testing.assert_array_equal(api.matmul(q, T.T, backend="cpu"), q @ T.T)
+
+
+def test_extension_refuses_arrays_its_kernels_cannot_read_safely():
+    f32 = np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError):
+        S.cosine_similarity(np.ones(3), f32)  # float64
+    with pytest.raises(TypeError):
+        S.cosine_similarity(np.ones(3, np.float32), np.ones((3, 4), np.float32).T)  # not C-contiguous
+    with pytest.raises(ValueError):
+        S.cosine_similarity(np.ones(5, np.float32), f32)  # d mismatch would read out of bounds
+    with pytest.raises(ValueError):
+        S.top_k(f32[0], f32, 0)

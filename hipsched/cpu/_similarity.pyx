@@ -41,6 +41,9 @@ cdef cosine_into(Q, T, out, t_inv):
     cdef float *pq = f32_ptr(Q, "q")
     cdef float *pt = f32_ptr(T, "T")
     cdef float *po = f32_ptr(out, "out")
+    if Q.ndim != 2 or T.ndim != 2 or Q.shape[1] != T.shape[1] or out.shape != (Q.shape[0], T.shape[0]):
+        # the kernels trust these shapes with raw pointers (hipsched.ops reports them properly)
+        raise ValueError(f"cosine_similarity: q {Q.shape} and T {T.shape} must be (m, d) and (n, d)")
     cdef int64_t m = Q.shape[0], n = T.shape[0], d = T.shape[1]
     cdef int rc
     if m == 0 or n == 0:
@@ -81,6 +84,8 @@ def top_k(q, T, k):
     """The min(k, n) rows of T most similar to q by cosine -> (indices int64, scores float32), best
     first, ties to the lower index, NaN scores last; q (m, d) gives (m, k') arrays."""
     Q = q.reshape(1, -1) if q.ndim == 1 else q
+    if int(k) < 1:
+        raise ValueError(f"top_k: k must be >= 1, got {k}")
     cdef int64_t m = Q.shape[0], n = T.shape[0], kk = min(int(k), T.shape[0]), b0, b1, block
     idx = np.empty((m, kk), np.int64)
     val = np.empty((m, kk), np.float32)
