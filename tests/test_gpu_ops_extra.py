@@ -88,7 +88,7 @@ def check_product(got, w, x):
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("n,k", [(0, 32), (1, 32), (7, 64), (8, 96), (9, 32), (31, 64), (33, 4096), (130, 256)])
-@pytest.mark.parametrize("m", [None, 1, 3, 8, 70])
+@pytest.mark.parametrize("m", [None, 1, 3, 8, 9, 70])
 def test_qmatmul_matches_reference_and_cpu(gpu, rng, qtype, n, k, m):
     w = quantized(rng, n, k, qtype)
     x = rng.standard_normal((k,) if m is None else (k, m)).astype(np.float32)

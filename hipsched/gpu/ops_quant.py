@@ -15,6 +15,7 @@ from ..ops.quant import BLOCK_BYTES, QK
 _DEQ_BLOCK = 256
 _MATVEC_BLOCK = 128      # threads; each warp/wavefront owns _MATVEC_ROWS rows
 _MATVEC_ROWS = 2         # HSQ_NR in quant.hip
+_MATVEC_COLS = 8         # up to this many columns of x go through the mat-vec kernel (MC = 8)
 _TILE = 64               # HSQ_TM / HSQ_TN in quant.hip
 _MAX_GRID_Y = 65535
 
@@ -66,11 +67,16 @@ def qmatmul(ctx, call, stream):
         return ctx.finish(out, call, stream)
     wd = weights(ctx, w, stream)
     q = _suffix(w)
+    rows_per_block = (_MATVEC_BLOCK // ctx.warp_size) * _MATVEC_ROWS
     if m == 1:
-        rows_per_block = (_MATVEC_BLOCK // ctx.warp_size) * _MATVEC_ROWS
         fn = ctx.function("quant", f"hs_qmatvec_{q}")
         ctx.launch(fn, -(-n // rows_per_block), _MATVEC_BLOCK,
                    (wd, _aligned(ctx, x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k)), stream=stream)
+    elif m <= _MATVEC_COLS:
+        fn = ctx.function("quant", f"hs_qmatvec8_{q}")
+        ctx.launch(fn, -(-n // rows_per_block), _MATVEC_BLOCK,
+                   (wd, ctx.upload(x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int32(m)),
+                   stream=stream)
     else:
         grid_y = -(-m // _TILE)
         if grid_y > _MAX_GRID_Y:

@@ -69,16 +69,17 @@ HS_KERNEL void hs_dequantize_q4_0(const hs_u16* __restrict__ src, float4* __rest
 
 // ------------------------------------------------------------------ matrix-vector
 
-// y = W x, bandwidth bound. Each warp owns HSQ_NR consecutive rows (every x load serves all of them).
-// Lanes go 8 to a block, 4 quants each, so one load instruction of the warp reads contiguous memory:
-// 512 bytes of x (float4 per lane) or HS_WARP/8 consecutive blocks of W; a lane-per-block mapping would
-// make every instruction touch the warp's whole strided footprint, and the L1 would be the bottleneck.
-// x must be 16-byte aligned.
+// Y = W X, bandwidth bound, for X (k,) or (k, m) with m <= MC. Each warp owns HSQ_NR consecutive rows
+// (every x load serves all of them). Lanes go 8 to a block, 4 quants each, so one load instruction of
+// the warp reads contiguous memory: HS_WARP/8 consecutive blocks of W, or the X rows of those quants
+// (a lane-per-block mapping would make every instruction touch the warp's whole strided footprint,
+// and the L1 would be the bottleneck). MC == 1: x is a vector read as float4 (16-byte aligned);
+// MC == 8: any 1 <= m <= 8 columns, Y (n, m) row-major, each quant's conversion reused by m columns.
 #define HSQ_NR 2
 
-template <int Q8>
+template <int Q8, int MC>
 HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                       hs_i64 n, hs_i64 k) {
+                       hs_i64 n, hs_i64 k, int m) {
     constexpr int BPI = HS_WARP / 8;               // blocks per row per load step
     const int lane = threadIdx.x % HS_WARP;
     const int part = lane % 8;
@@ -87,42 +88,69 @@ HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x,
     const hs_i64 nb = k / 32;
     const hs_i64 nrows = n - row0 < HSQ_NR ? n - row0 : HSQ_NR;
     const hs_u8* rows = w + row0 * nb * HSQ_BS(Q8);
-    float acc[HSQ_NR];
+    float acc[HSQ_NR][MC];
 #pragma unroll
-    for (int r = 0; r < HSQ_NR; ++r) acc[r] = 0.0f;
+    for (int r = 0; r < HSQ_NR; ++r)
+#pragma unroll
+        for (int c = 0; c < MC; ++c) acc[r][c] = 0.0f;
     for (hs_i64 b = lane / 8; b < nb; b += BPI) {
-        const float4 xv = reinterpret_cast<const float4*>(x)[b * 8 + part];
+        float xv[4][MC];                           // X rows 32b + 4part + i, columns c
+        if (MC == 1) {
+            const float4 t = reinterpret_cast<const float4*>(x)[b * 8 + part];
+            xv[0][0] = t.x; xv[1][0] = t.y; xv[2][0] = t.z; xv[3][0] = t.w;
+        } else {
+            const float* xr = x + (b * 32 + 4 * part) * m;
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int c = 0; c < MC; ++c) xv[i][c] = c < m ? xr[i * m + c] : 0.0f;
+        }
 #pragma unroll
         for (int r = 0; r < HSQ_NR; ++r) {
             if (r < nrows) {
                 const hs_u16* blk = reinterpret_cast<const hs_u16*>(rows + (r * nb + b) * HSQ_BS(Q8));
                 const hs_u32 q = hsq_quad<Q8>(blk, part);
-                const float s = HSQ_BYTE_F(q, 0, HSQ_BIAS(Q8)) * xv.x + HSQ_BYTE_F(q, 1, HSQ_BIAS(Q8)) * xv.y +
-                                HSQ_BYTE_F(q, 2, HSQ_BIAS(Q8)) * xv.z + HSQ_BYTE_F(q, 3, HSQ_BIAS(Q8)) * xv.w;
-                acc[r] += s * hsq_half(blk[0]);
+                const float d = hsq_half(blk[0]);
+                const float f0 = HSQ_BYTE_F(q, 0, HSQ_BIAS(Q8)), f1 = HSQ_BYTE_F(q, 1, HSQ_BIAS(Q8));
+                const float f2 = HSQ_BYTE_F(q, 2, HSQ_BIAS(Q8)), f3 = HSQ_BYTE_F(q, 3, HSQ_BIAS(Q8));
+#pragma unroll
+                for (int c = 0; c < MC; ++c)
+                    acc[r][c] += (f0 * xv[0][c] + f1 * xv[1][c] + f2 * xv[2][c] + f3 * xv[3][c]) * d;
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < HSQ_NR; ++r) {
-        const float s = hs_warp_reduce<HsSum>(acc[r]);
-        if (lane == 0 && r < nrows) y[row0 + r] = s;
-    }
+    for (int r = 0; r < HSQ_NR; ++r)
+#pragma unroll
+        for (int c = 0; c < MC; ++c) {
+            const float s = hs_warp_reduce<HsSum>(acc[r][c]);
+            if (lane == 0 && r < nrows && c < m) y[(row0 + r) * m + c] = s;
+        }
 }
 
 HS_KERNEL void hs_qmatvec_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                hs_i64 n, hs_i64 k) {
-    hsq_matvec<1>(w, x, y, n, k);
+    hsq_matvec<1, 1>(w, x, y, n, k, 1);
 }
 
 HS_KERNEL void hs_qmatvec_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                hs_i64 n, hs_i64 k) {
-    hsq_matvec<0>(w, x, y, n, k);
+    hsq_matvec<0, 1>(w, x, y, n, k, 1);
+}
+
+HS_KERNEL void hs_qmatvec8_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                hs_i64 n, hs_i64 k, int m) {
+    hsq_matvec<1, 8>(w, x, y, n, k, m);
+}
+
+HS_KERNEL void hs_qmatvec8_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+                                hs_i64 n, hs_i64 k, int m) {
+    hsq_matvec<0, 8>(w, x, y, n, k, m);
 }
 
 // ------------------------------------------------------------------ matrix-matrix
 
-// Y (n, m) = W (n, k) X (k, m), all row-major. A 64x64 output tile per block of 256 threads, k in steps
+// Y (n, m) = W (n, k) X (k, m) for m > 8, all row-major. A 64x64 output tile per block of 256 threads, k in steps
 // of one quant block: the W tile is dequantized into shared memory once and reused by 64 columns.
 // Thread (tr, tc) computes rows 4*tr..4*tr+3 and columns tc, tc+16, tc+32, tc+48 (strided so the
 // shared X reads of a warp hit 16 consecutive banks). Launch: grid (ceil(n/64), ceil(m/64)), block 256.
