@@ -1,26 +1,10 @@
 # The scheduler core's C state: declarations only (the logic is in _sched.pyx).
 
+from hipsched._perfmodel cimport Bucket, Fit, NBUCKETS
+
 cdef enum:
-    NBUCKETS = 48          # log2 size buckets: sizes up to 2**48 work units
     MAX_SLOTS = 512        # (op, dtype) pairs
     MAX_OPS = 128          # ops with a health record
-
-cdef struct Bucket:
-    double *ring           # last `window` latencies (us), arrival order
-    double *work_ring      # the work measure of each of those samples
-    double *sorted         # the same latencies, ascending (median in O(1), update in O(window))
-    int n                  # samples held (<= window)
-    int pos                # next slot to overwrite in the rings
-    double work_sum        # sum of work_ring[:n], for the bucket's mean work
-    long long total        # samples ever recorded
-    long long calls        # decisions taken for sizes in this bucket (exploration pacing)
-
-cdef struct Fit:           # t = a + b * work, weighted least squares over bucket medians
-    double a
-    double b
-    int valid
-    int dirty              # refit before the next prediction (a bucket gained its first sample)
-    int pending            # samples since the last fit; refit once REFIT_EVERY have arrived
 
 cdef struct Slot:          # one (op, dtype): a model per backend (0 cpu, 1 gpu)
     int op_index

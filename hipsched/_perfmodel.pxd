@@ -1,0 +1,156 @@
+# The performance model of one (op, backend, dtype): log2 size buckets holding a window of latencies
+# (median read in O(1), updated in O(window)) and a weighted least-squares line for unseen sizes.
+# Inline C only (no runtime module): hipsched._sched cimports it. See docs/scheduling.md.
+from libc.stdlib cimport calloc, free
+from libc.string cimport memmove
+from libc.math cimport NAN, log2
+
+cdef enum:
+    NBUCKETS = 48          # log2 size buckets: sizes up to 2**48 work units
+    # The fit only serves unseen sizes and the slope inside a bucket, so it may lag a few samples
+    # behind: refitting on every record would cost more than the whole decision.
+    REFIT_EVERY = 32
+
+cdef struct Bucket:
+    double *ring           # last `window` latencies (us), arrival order (allocated at the first sample)
+    double *work_ring      # the work measure of each of those samples
+    double *sorted         # the same latencies, ascending
+    int n                  # samples held (<= window)
+    int pos                # next slot to overwrite in the rings
+    double work_sum        # sum of work_ring[:n], for the bucket's mean work
+    long long total        # samples ever recorded
+    long long calls        # decisions taken for sizes in this bucket (exploration pacing)
+
+cdef struct Fit:           # t = a + b * work, weighted least squares over bucket medians
+    double a
+    double b
+    int valid
+    int dirty              # refit before the next prediction (a bucket gained its first sample)
+    int pending            # samples since the last fit; refit once REFIT_EVERY have arrived
+
+
+cdef inline int bucket_of(double size) noexcept nogil:
+    if size < 2.0:
+        return 0
+    cdef int b = <int>log2(size)
+    return b if b < NBUCKETS else NBUCKETS - 1
+
+
+cdef inline int lower_bound(const double *s, int n, double v) noexcept nogil:
+    cdef int lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if s[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline double bucket_median(const Bucket *bk) noexcept nogil:
+    # the lower median: with two samples, one of them a spike, the normal one wins
+    return bk.sorted[(bk.n - 1) >> 1]
+
+
+cdef inline bint bucket_alloc(Bucket *bk, int window) noexcept nogil:
+    # once per bucket, at its first sample: most of the 48 buckets of most slots never see one
+    bk.ring = <double *>calloc(window, sizeof(double))
+    bk.work_ring = <double *>calloc(window, sizeof(double))
+    bk.sorted = <double *>calloc(window, sizeof(double))
+    if bk.ring == NULL or bk.work_ring == NULL or bk.sorted == NULL:
+        free(bk.ring); free(bk.work_ring); free(bk.sorted)
+        bk.ring = bk.work_ring = bk.sorted = NULL
+        return False
+    return True
+
+
+cdef inline void bucket_add(Bucket *bk, int window, double t, double work) noexcept nogil:
+    cdef int i
+    if bk.ring == NULL and not bucket_alloc(bk, window):
+        return  # out of memory: the sample is dropped, the model keeps what it has
+    if bk.n == window:  # evict the oldest sample from the sorted view
+        i = lower_bound(bk.sorted, bk.n, bk.ring[bk.pos])
+        memmove(&bk.sorted[i], &bk.sorted[i + 1], (bk.n - i - 1) * sizeof(double))
+        bk.n -= 1
+        bk.work_sum -= bk.work_ring[bk.pos]
+    i = lower_bound(bk.sorted, bk.n, t)
+    memmove(&bk.sorted[i + 1], &bk.sorted[i], (bk.n - i) * sizeof(double))
+    bk.sorted[i] = t
+    bk.n += 1
+    bk.ring[bk.pos] = t
+    bk.work_ring[bk.pos] = work
+    bk.work_sum += work
+    bk.pos = (bk.pos + 1) % window
+    bk.total += 1
+
+
+cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
+    """Weighted least squares t = a + b*w over the buckets' (mean work, median), weights 1/t^2 so
+    that every bucket counts by its relative error (sizes span many orders of magnitude)."""
+    cdef double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0, x, y, wt, det, a, b
+    cdef int i, npts = 0
+    cdef Bucket *bk
+    f.dirty = 0
+    f.pending = 0
+    for i in range(NBUCKETS):
+        bk = &bks[i]
+        if bk.n == 0:
+            continue
+        x = bk.work_sum / bk.n
+        y = bucket_median(bk)
+        if y <= 0:
+            y = 1e-3
+        wt = 1.0 / (y * y)
+        sw += wt; swx += wt * x; swy += wt * y; swxx += wt * x * x; swxy += wt * x * y
+        npts += 1
+    if npts == 0:
+        f.valid = 0
+        return
+    if npts == 1:
+        # one point says nothing about the shape: split it between fixed and per-unit cost
+        x = swx / sw
+        y = swy / sw
+        f.a = 0.5 * y
+        f.b = 0.5 * y / x if x > 0 else 0.0
+        f.valid = 1
+        return
+    det = sw * swxx - swx * swx
+    if det <= 0:
+        f.a = swy / sw; f.b = 0.0
+    else:
+        b = (sw * swxy - swx * swy) / det
+        a = (swy - b * swx) / sw
+        if b < 0:           # cost cannot fall with work: a constant
+            a = swy / sw; b = 0.0
+        elif a < 0:         # nor be negative for tiny work: a line through the origin
+            a = 0.0; b = swxy / swxx
+        f.a = a; f.b = b
+    f.valid = 1
+
+
+cdef inline double fit_at(Fit *f, double w) noexcept nogil:
+    return f.a + f.b * w
+
+
+cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
+    """Bucket median (scaled by the fit's slope within the bucket), else the fit, else NaN."""
+    cdef int b = bucket_of(size)
+    cdef Bucket *bk = &bks[b]
+    cdef double med, ratio, at_mean
+    if f.dirty or f.pending >= REFIT_EVERY:
+        refit(bks, f)
+    if bk.n > 0:
+        med = bucket_median(bk)
+        if f.valid:
+            at_mean = fit_at(f, bk.work_sum / bk.n)
+            if at_mean > 0:
+                ratio = fit_at(f, size) / at_mean
+                if ratio < 0.5:
+                    ratio = 0.5
+                elif ratio > 2.0:
+                    ratio = 2.0
+                med *= ratio
+        return med
+    if f.valid:
+        return fit_at(f, size)
+    return NAN
