@@ -117,11 +117,16 @@ def test_qmatmul_device_inputs_give_device_results(gpu, rng, qtype):
 
 
 def test_qmatmul_weights_stay_resident(gpu, rng):
+    from hipsched.gpu.memory import to_device
     w = quantized(rng, 64, 256, "q8_0")
-    x = rng.standard_normal(256).astype(np.float32)
-    first = gpu.run(OPS["qmatmul"].prepare(w, x))
-    again = gpu.run(OPS["qmatmul"].prepare(w, 2 * x))
-    np.testing.assert_allclose(again, 2 * first, rtol=1e-6, atol=1e-6)
+    x = to_device(rng.standard_normal(256).astype(np.float32))  # device x: only w uses the cache
+    first = gpu.run(OPS["qmatmul"].prepare(w, x)).get()
+    hits = gpu._ctx.resident.hits
+    again = gpu.run(OPS["qmatmul"].prepare(w, x)).get()
+    assert gpu._ctx.resident.hits == hits + 1
+    np.testing.assert_array_equal(again, first)
+    w2 = quantized(rng, 64, 256, "q8_0")  # another tensor is never served from w's device copy
+    check_product(gpu.run(OPS["qmatmul"].prepare(w2, x)).get(), w2, x.get())
 
 
 # ------------------------------------------------------------------ attention
