@@ -104,8 +104,10 @@ def scipy_softmax(x, axis):
 
 
 def check_softmax(out, x, axis):
-    ref = scipy_softmax(x, axis)
     assert out.dtype == np.float32 and out.shape == x.shape
+    if x.size == 0:
+        return  # scipy cannot reduce an empty axis; the shape is the whole answer
+    ref = scipy_softmax(x, axis)
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     ok = ~np.isnan(ref)
     np.testing.assert_array_less(np.abs(out[ok] - ref[ok]), 2e-6 * np.abs(ref[ok]) + 1e-7)

@@ -1,12 +1,36 @@
 // Cosine similarity of m queries against the n rows of T, and exact top-k by that score on the device.
 // Same arithmetic as the CPU engine: sim = (float)(dot * qinv * tinv) in double, where inv(nn) =
-// 1/sqrt(nn) for a norm 0 < nn < inf and 0 otherwise. So a zero vector scores 0 against any finite
-// vector, and NaN or inf in either vector gives NaN (the dot is NaN/inf, times 0 or not).
+// 1/sqrt(nn) for a norm 0 < nn < inf and 0 otherwise, so NaN or inf in either vector gives NaN.
+// A squared norm outside [1e-30, 1e30] in float may have lost its value to under- or overflow, so a
+// pair with such a vector (a zero vector included) is scored in double from the inputs instead:
+// zero vector -> 0 (NaN if the other holds NaN/inf), as the CPU does.
 // Top-k ranks by score descending, ties to the lower index, NaN below every number.
 
+#define HS_NN_TINY 1e-30f
+#define HS_NN_HUGE 1e30f
+HS_DEV bool hs_nn_extreme(float nn) { return nn < HS_NN_TINY || nn > HS_NN_HUGE; }  // NaN: false
 HS_DEV double hs_inv_sqrt_norm(float nn) { return (nn > 0.0f && nn < HS_INF) ? 1.0 / sqrt((double)nn) : 0.0; }
 
-// Inverse norms (float, as the CPU keeps them) of the rows of x (rows, d): one warp per row.
+HS_DEV double hs_warp_sum_d(double v) {
+#pragma unroll
+    for (int o = HS_WARP / 2; o > 0; o >>= 1) v += HS_SHFL_XOR(v, o);
+    return v;
+}
+
+// cos(a, b) accumulated in double by a whole warp (every lane gets it): the rare extreme-norm pairs.
+__device__ __noinline__ float hs_cos_exact_warp(const float* a, const float* b, hs_i64 d, int lane) {
+    double ab = 0.0, aa = 0.0, bb = 0.0;
+    for (hs_i64 j = lane; j < d; j += HS_WARP) {
+        const double x = a[j], y = b[j];
+        ab += x * y; aa += x * x; bb += y * y;
+    }
+    ab = hs_warp_sum_d(ab); aa = hs_warp_sum_d(aa); bb = hs_warp_sum_d(bb);
+    if (aa == 0.0 || bb == 0.0) return (float)(ab * 0.0);
+    return (float)(ab / (sqrt(aa) * sqrt(bb)));
+}
+
+// Inverse norms (float, as the CPU keeps them) of the rows of x (rows, d), one warp per row;
+// -1 marks an extreme norm, whose pairs the cosine kernel scores in double.
 HS_KERNEL void hs_row_inv_norm_f32(const float* __restrict__ x, float* __restrict__ out, hs_i64 rows, hs_i64 d) {
     const int lane = threadIdx.x % HS_WARP;
     const hs_i64 warps = hs_gstride() / HS_WARP;
@@ -14,19 +38,15 @@ HS_KERNEL void hs_row_inv_norm_f32(const float* __restrict__ x, float* __restric
         float s = 0.0f;
         for (hs_i64 j = lane; j < d; j += HS_WARP) { const float v = x[r * d + j]; s += v * v; }
         s = hs_warp_reduce<HsSum>(s);
-        if (lane == 0) out[r] = (float)hs_inv_sqrt_norm(s);
+        if (lane == 0) out[r] = hs_nn_extreme(s) ? -1.0f : (float)hs_inv_sqrt_norm(s);
     }
-}
-
-HS_DEV float hs_cosine_from(float dot, float qinv, float tt) {
-    return (float)((double)dot * (double)qinv * hs_inv_sqrt_norm(tt));
 }
 
 HS_DEV float hs_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
 // One warp per row of T: the row is streamed once (VEC floats per lane per step) while MQ queries are
 // scored against it, and its norm comes from the same loads. Queries beyond MQ take further passes
-// over T (mostly from L2). out is (m, n); qinv holds the queries' inverse norms.
+// over T (mostly from L2). out is (m, n); qinv holds the queries' inverse norms (-1: extreme).
 template <int MQ, int VEC>
 HS_DEV void hs_cosine_body(const float* __restrict__ q, const float* __restrict__ qinv, const float* __restrict__ T,
                            float* __restrict__ out, hs_i64 m, hs_i64 n, hs_i64 d, hs_i64 q0) {
@@ -57,12 +77,16 @@ HS_DEV void hs_cosine_body(const float* __restrict__ q, const float* __restrict_
                     if (k < nq) acc[k] += tv * q[(q0 + k) * d + j];
             }
         }
-        tt = hs_warp_reduce<HsSum>(tt);
+        tt = hs_warp_reduce<HsSum>(tt);  // the xor butterfly leaves the same sum in every lane
+        const bool row_exact = hs_nn_extreme(tt);
 #pragma unroll
         for (int k = 0; k < MQ; ++k) {
             if (k < nq) {
                 const float dot = hs_warp_reduce<HsSum>(acc[k]);
-                if (lane == 0) out[(q0 + k) * n + r] = hs_cosine_from(dot, qinv[q0 + k], tt);
+                const float qi = qinv[q0 + k];
+                const float sim = (row_exact || qi < 0.0f) ? hs_cos_exact_warp(q + (q0 + k) * d, t, d, lane)
+                                                           : (float)((double)dot * (double)qi * hs_inv_sqrt_norm(tt));
+                if (lane == 0) out[(q0 + k) * n + r] = sim;
             }
         }
     }
