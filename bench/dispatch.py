@@ -62,8 +62,8 @@ def decision_cost(n=100_000):
         return (time.perf_counter_ns() - t) / k
 
     arr = np.array(sizes * 100, dtype=np.float64)
-    compiled = float(np.median([core.time_decide_record(slot, arr, ALL) for _ in range(7)]))
-    return compiled, median_ns(pairs, n), median_ns(empty, n)
+    runs = [core.time_decide_record(slot, arr, ALL) for _ in range(9)]
+    return (float(np.median(runs)), float(min(runs))), median_ns(pairs, n), median_ns(empty, n)
 
 
 # ---------------------------------------------------------------- 2. the whole path on 8 elements
@@ -192,8 +192,8 @@ def main(argv=None):
     compiled, pair, empty = decision_cost()
     out("| measure | value | target |")
     out("|---|---|---|")
-    out(f"| decide + record as the compiled path pays it (median ns per pair, lock included) | {compiled:.0f} ns "
-        f"| <= 300 ns {'ok' if compiled <= 300 else 'MISSED'} |")
+    out(f"| decide + record as the compiled path pays it (ns per pair, lock included; median of 9 passes, "
+        f"best) | {compiled[0]:.0f} ns (best {compiled[1]:.0f} ns) | <= 300 ns {'ok' if compiled[0] <= 300 else 'MISSED'} |")
     out(f"| decide + record through the Python API (2 calls) | {pair:.0f} ns (loop alone {empty:.0f} ns) | |")
 
     t_add, t_dot, parts = tiny_call()

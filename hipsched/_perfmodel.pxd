@@ -65,18 +65,25 @@ cdef inline bint bucket_alloc(Bucket *bk, int window) noexcept nogil:
 
 
 cdef inline void bucket_add(Bucket *bk, int window, double t, double work) noexcept nogil:
-    cdef int i
+    cdef int i, j
     if bk.ring == NULL and not bucket_alloc(bk, window):
         return  # out of memory: the sample is dropped, the model keeps what it has
-    if bk.n == window:  # evict the oldest sample from the sorted view
+    if bk.n == window:
+        # the new sample replaces the oldest in the sorted view: shift only what lies between them
         i = lower_bound(bk.sorted, bk.n, bk.ring[bk.pos])
-        memmove(&bk.sorted[i], &bk.sorted[i + 1], (bk.n - i - 1) * sizeof(double))
-        bk.n -= 1
+        j = lower_bound(bk.sorted, bk.n, t)
+        if j > i:
+            j -= 1
+            memmove(&bk.sorted[i], &bk.sorted[i + 1], (j - i) * sizeof(double))
+        elif j < i:
+            memmove(&bk.sorted[j + 1], &bk.sorted[j], (i - j) * sizeof(double))
+        bk.sorted[j] = t
         bk.work_sum -= bk.work_ring[bk.pos]
-    i = lower_bound(bk.sorted, bk.n, t)
-    memmove(&bk.sorted[i + 1], &bk.sorted[i], (bk.n - i) * sizeof(double))
-    bk.sorted[i] = t
-    bk.n += 1
+    else:
+        i = lower_bound(bk.sorted, bk.n, t)
+        memmove(&bk.sorted[i + 1], &bk.sorted[i], (bk.n - i) * sizeof(double))
+        bk.sorted[i] = t
+        bk.n += 1
     bk.ring[bk.pos] = t
     bk.work_ring[bk.pos] = work
     bk.work_sum += work

@@ -240,3 +240,19 @@ def test_export_import_round_trip():
     assert d.buckets(sd, 0) == [b[:4] + (8,) for b in c.buckets(s, 0)]
     assert d.predict(sd, 1, 50000) == c.predict(s, 1, 50000)
     assert d.counters()["total_operations"] == 0
+
+
+@pytest.mark.parametrize("window", [1, 2, 7, 100])
+def test_bucket_median_matches_numpy_over_the_window(window):
+    """The incrementally sorted ring gives the lower median of exactly the last `window` samples."""
+    rng = np.random.default_rng(window)
+    c = core(window=window)
+    s = c.slot("add", "float32")
+    values = np.round(rng.lognormal(3, 1, 500), 1)   # rounding makes ties, the hard case
+    values[::37] *= 100                               # and spikes
+    for k, v in enumerate(values, 1):
+        c.record(s, 0, 1000, float(v))
+        last = np.sort(values[max(0, k - window):k])
+        (b, n, mean, med, total), = c.buckets(s, 0)
+        assert (n, total) == (len(last), k)
+        assert med == last[(len(last) - 1) // 2]
