@@ -1,5 +1,6 @@
 /* Public elementwise functions: pick the variant once (hs_cpu_level) and split the work over threads.
- * Grains are the least work worth a thread: a parallel region costs a few microseconds. Results of
+ * Grains are the least work worth a thread: a parallel region costs a few microseconds. Work items are
+ * handed out dynamically, so a thread the OS preempts (2 shared cores) does not hold up the other. Results of
  * HS_NT_MIN floats and more are written with streaming stores (see elementwise.inc). */
 #include <stdlib.h>
 #include "cpu_features.h"
@@ -35,7 +36,7 @@ static inline void hs_stream_fence(int stream) {
         int threads_ = hs_threads_for((n), (grain));                                       \
         _Pragma("omp parallel num_threads(threads_)")                                      \
         {                                                                                  \
-            _Pragma("omp for schedule(static) nowait")                                     \
+            _Pragma("omp for schedule(dynamic, 4) nowait")                                 \
             for (int64_t blk = 0; blk < blocks_; blk++) {                                  \
                 int64_t lo = blk * HS_BLOCK, hi = lo + HS_BLOCK < (n) ? lo + HS_BLOCK : (n); \
                 BODY;                                                                      \
@@ -58,7 +59,7 @@ void hs_add_f32(const float *a, const float *b, float *out, int64_t n, int64_t n
         int64_t rows = n / nb;
         #pragma omp parallel num_threads(hs_threads_for(n, HS_GRAIN))
         {
-            #pragma omp for schedule(static) nowait
+            #pragma omp for schedule(dynamic, 64) nowait
             for (int64_t r = 0; r < rows; r++) f(a + r * nb, b, out + r * nb, nb, stream);
             hs_stream_fence(stream);
         }
@@ -88,7 +89,7 @@ void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int6
         #pragma omp parallel num_threads(nt)
         {
             float *tmp = stream ? malloc(sizeof(float) * (size_t)len) : NULL;  /* NULL: in place */
-            #pragma omp for schedule(static) nowait
+            #pragma omp for schedule(dynamic, 16) nowait
             for (int64_t o = 0; o < outer; o++) f(x + o * len, out + o * len, len, tmp);
             hs_stream_fence(tmp != NULL);
             free(tmp);
@@ -96,7 +97,7 @@ void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int6
     } else {
         void (*f)(const float *, float *, int64_t, int64_t, int64_t, int64_t) = HS_PICK(hs_softmax_cols);
         int64_t cblocks = (inner + HS_SOFTMAX_COLS - 1) / HS_SOFTMAX_COLS, items = outer * cblocks;
-        #pragma omp parallel for schedule(static) num_threads(nt)
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
         for (int64_t it = 0; it < items; it++) {
             int64_t o = it / cblocks, c0 = (it % cblocks) * HS_SOFTMAX_COLS;
             int64_t c1 = c0 + HS_SOFTMAX_COLS < inner ? c0 + HS_SOFTMAX_COLS : inner;

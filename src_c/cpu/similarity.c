@@ -1,4 +1,5 @@
-/* Public similarity functions: pick the variant once (hs_cpu_level) and split rows over threads. */
+/* Public similarity functions: pick the variant once (hs_cpu_level) and split rows over threads, handed
+ * out dynamically so a preempted thread does not hold up the other. */
 #include <stdlib.h>
 #include "cpu_features.h"
 #include "similarity.h"
@@ -21,7 +22,7 @@ int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t 
     if (!qinv) return -1;
     int exact = HS_PICK(hs_inv_norms_rows)(q, d, 0, m, qinv) > 0;
     int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
-    #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n * d, HS_GRAIN))
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(hs_threads_for(n * d, HS_GRAIN))
     for (int64_t b = 0; b < blocks; b++) {
         int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
         f(q, qinv, m, exact, T, n, d, lo, hi, out);
@@ -34,7 +35,7 @@ int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
     if (n <= 0) return 0;
     int64_t (*f)(const float *, int64_t, int64_t, int64_t, float *) = HS_PICK(hs_inv_norms_rows);
     int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK, extreme = 0;
-    #pragma omp parallel for schedule(static) num_threads(hs_threads_for(n * d, HS_GRAIN)) reduction(+: extreme)
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(hs_threads_for(n * d, HS_GRAIN)) reduction(+: extreme)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
         extreme += f(T, d, lo, hi, inv);
@@ -46,7 +47,7 @@ void hs_transpose_scale_f32(const float *src, int64_t n, int64_t m, const float 
     if (m <= 0 || n <= 0) return;
     /* a tile of src rows stays in L1/L2 while it is written out column by column */
     const int64_t tile = 64, tiles = (n + tile - 1) / tile;
-    #pragma omp parallel for schedule(static) num_threads(hs_threads_for(m * n, HS_GRAIN))
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(hs_threads_for(m * n, HS_GRAIN))
     for (int64_t t = 0; t < tiles; t++) {
         int64_t lo = t * tile, hi = lo + tile < n ? lo + tile : n;
         for (int64_t i = 0; i < m; i++) {
