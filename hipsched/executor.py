@@ -20,7 +20,7 @@ from .errors import GpuError
 from .ops import OPS
 from .ops.base import Call
 from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
-                         PerformanceTracker, SelectionReason, us_or_none)
+                         PerformanceTracker, us_or_none)
 
 log = logging.getLogger("hipsched")
 
