@@ -295,3 +295,13 @@ def test_introspection_while_calls_run_does_not_deadlock():
             t.join(timeout=60)
     assert not any(t.is_alive() for t in threads) and not errors
     assert ex.stats().total_operations == ex._core.counters()["total_operations"] > 0
+
+
+def test_missing_gpu_layer_leaves_a_working_cpu_executor(monkeypatch, x):
+    import sys
+    monkeypatch.setitem(sys.modules, "hipsched.backends.gpu", None)   # import fails
+    ex = Executor(persist_model=False)
+    caps = ex.capabilities()
+    assert not caps.gpu_available and "cannot load" in caps.reasons[0]
+    np.testing.assert_array_equal(ex.add(x, x), x + x)
+    assert ex.events[-1]["reason"] == "gpu_unavailable"
