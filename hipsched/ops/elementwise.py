@@ -14,15 +14,23 @@ import numbers
 
 import numpy as np
 
+from . import base
 from .base import Call, as_f32, check_result_fits, is_device_array, register, shape_mismatch
+
+_ndarray = np.ndarray
 
 
 def _on_device(*arrays) -> bool:
-    return any(is_device_array(a) for a in arrays)
+    return any(type(a) is not _ndarray and is_device_array(a) for a in arrays)
 
 
-def _count(shape) -> int:
-    return math.prod(int(s) for s in shape)
+def _elements(op: str, shape) -> int:
+    """Element count of a float32 result of `shape`, MemoryError (check_result_fits) if it cannot fit.
+    These results are the size of an input, so the full check runs only past the cheap bound."""
+    n = math.prod(shape)
+    if 4 * n > base.PHYSICAL_MEMORY:
+        check_result_fits(op, *shape)
+    return n
 
 
 @register("add")
@@ -32,13 +40,14 @@ def prepare_add(a, b) -> Call:
     sa, sb = tuple(a.shape), tuple(b.shape)
     if sb != sa and not (len(sb) <= len(sa) and sa[len(sa) - len(sb):] == sb):
         raise shape_mismatch("add", "a", sa, "b", sb, "b must have a's shape or a trailing part of it")
-    check_result_fits("add", *sa)
-    n, nb = _count(sa), _count(sb)
+    n, nb = _elements("add", sa), math.prod(sb)
     return Call("add", (a, b), {}, size=n, nbytes=4 * (2 * n + nb), on_device=_on_device(a, b))
 
 
 def _real_scalar(value, op: str, name: str) -> float:
     """A real scalar (Python or NumPy number, or a 0-d real array); NaN and inf allowed."""
+    if type(value) is float or type(value) is int:  # the common case, before the ABC checks
+        return float(value)
     if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
         return float(value)
     if isinstance(value, (numbers.Real, np.bool_)) and not isinstance(value, (str, bytes)):
@@ -50,8 +59,7 @@ def _real_scalar(value, op: str, name: str) -> float:
 def prepare_scale(x, alpha) -> Call:
     x = as_f32(x, "scale", "x")
     alpha = _real_scalar(alpha, "scale", "alpha")
-    check_result_fits("scale", *x.shape)
-    n = _count(x.shape)
+    n = _elements("scale", x.shape)
     return Call("scale", (x,), {"alpha": alpha}, size=n, nbytes=8 * n, on_device=_on_device(x))
 
 
@@ -65,6 +73,5 @@ def prepare_softmax(x, axis=-1) -> Call:
         raise ValueError("softmax: x must have at least one dimension, got a 0-d array")
     if not -nd <= axis < nd:
         raise ValueError(f"softmax: axis {axis} is out of range for shape {tuple(x.shape)}")
-    check_result_fits("softmax", *x.shape)
-    n = _count(x.shape)
+    n = _elements("softmax", x.shape)
     return Call("softmax", (x,), {"axis": int(axis) % nd}, size=n, nbytes=8 * n, on_device=_on_device(x))
