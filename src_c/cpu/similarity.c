@@ -18,16 +18,21 @@ int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t 
     if (m <= 0 || n <= 0) return 0;
     void (*f)(const float *, const float *, int64_t, int, const float *, int64_t, int64_t, int64_t, int64_t,
               float *) = HS_PICK(hs_cosine_rows);
-    float *qinv = malloc(sizeof(float) * (size_t)m);
+    float qinv_stack[64], *qinv = m <= 64 ? qinv_stack : malloc(sizeof(float) * (size_t)m);
     if (!qinv) return -1;
     int exact = HS_PICK(hs_inv_norms_rows)(q, d, 0, m, qinv) > 0;
-    int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(hs_threads_for(n * d, HS_GRAIN))
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
-        f(q, qinv, m, exact, T, n, d, lo, hi, out);
+    int nt = hs_threads_for(n * d * m, HS_GRAIN);
+    if (nt == 1) {  /* small calls skip the OpenMP runtime */
+        f(q, qinv, m, exact, T, n, d, 0, n, out);
+    } else {
+        int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
+            f(q, qinv, m, exact, T, n, d, lo, hi, out);
+        }
     }
-    free(qinv);
+    if (qinv != qinv_stack) free(qinv);
     return 0;
 }
 
