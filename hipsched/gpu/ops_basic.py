@@ -163,8 +163,8 @@ def top_k(ctx, call, stream):
     kout = min(k, n)
     if kout > TOPK_MAX_K:
         raise GpuError("unsupported", f"top_k: k={k} is above the GPU limit {TOPK_MAX_K}")
-    if n >= 2**31 // TOPK_SEG * TOPK_SEG:
-        raise GpuError("unsupported", f"top_k: {n} targets is above the GPU limit")
+    if n >= 2**31 // TOPK_SEG * TOPK_SEG or m > 65535:  # segments and queries index the grid
+        raise GpuError("unsupported", f"top_k: {m} queries x {n} targets is above the GPU grid limits")
     one = len(q_in.shape) == 1
     out_shape = (kout,) if one else (m, kout)
     if m == 0 or kout == 0:
@@ -226,7 +226,7 @@ def matmul(ctx, call, stream):
     if blas is not None:
         blas.sgemm_rowmajor(a, b, c, M, N, K, batch, sa, sb, M * N, stream)
     else:
-        if max(M, N, K) >= 2**31 or batch > 65535:
+        if max(M, N, K) >= 2**31 or batch > 65535 or -(-M // 64) > 65535:
             raise GpuError("unsupported", f"matmul: {batch}x{M}x{N}x{K} is beyond the fallback kernel's grid")
         grid = (-(-N // 64), -(-M // 64), batch)
         ctx.launch(ctx.function("matmul", "hs_matmul_f32"), grid, 256,
