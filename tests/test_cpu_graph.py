@@ -228,7 +228,7 @@ def test_bad_arguments():
         hipsched.spread_activation(g, {5: 1.0})
     with pytest.raises(ValueError, match="indptr must hold n"):
         hipsched.spread_activation((np.array([], np.int64), np.array([], np.int64), np.array([])), np.ones(0))
-    with pytest.raises(TypeError, match=r"indices must be a 1-d contiguous int32 \(the dtype of indptr\)"):
+    with pytest.raises(TypeError, match=r"indices must be a 1-d contiguous int32 \(as indptr\)"):
         G.spread_activation(g[0].astype(np.int32), g[1], g[2], np.ones(2, np.float32))  # the extension's guard
 
 

@@ -25,10 +25,11 @@ cdef extern from "graph.h" nogil:
 OP = "spread_activation"
 
 
-cdef inline void *_vec(cnp.ndarray a, int typenum, str name, str want) except NULL:
+cdef inline void *_vec(cnp.ndarray a, int typenum, str name) except NULL:
     # The kernel reads raw memory: a wrong dtype, layout or rank here would read out of bounds, so refuse
     # it (ops/graph.py converts; this only guards direct callers of the extension).
     if cnp.PyArray_TYPE(a) != typenum or not cnp.PyArray_IS_C_CONTIGUOUS(a) or a.ndim != 1:
+        want = {cnp.NPY_FLOAT32: "float32", cnp.NPY_INT32: "int32 (as indptr)", cnp.NPY_INT64: "int64"}[typenum]
         raise TypeError(f"{OP}: {name} must be a 1-d contiguous {want} array (validate through hipsched.ops)")
     return cnp.PyArray_DATA(a)
 
@@ -37,8 +38,8 @@ cdef int _index_type(cnp.ndarray indptr, cnp.ndarray indices) except -1:
     cdef int t = cnp.PyArray_TYPE(indptr)
     if t != cnp.NPY_INT32 and t != cnp.NPY_INT64:
         t = cnp.NPY_INT64
-    _vec(indptr, t, "indptr", "int32 or int64")
-    _vec(indices, t, "indices", f"{np.dtype(indptr.dtype)} (the dtype of indptr)")
+    _vec(indptr, t, "indptr")
+    _vec(indices, t, "indices")
     if indptr.shape[0] < 1:
         raise ValueError(f"{OP}: indptr must hold n + 1 >= 1 offsets, got an empty array")
     return t
@@ -46,6 +47,8 @@ cdef int _index_type(cnp.ndarray indptr, cnp.ndarray indices) except -1:
 
 cdef _raise_for(int rc, int64_t bad, cnp.ndarray indptr, cnp.ndarray indices):
     cdef int64_t n = indptr.shape[0] - 1, nnz = indices.shape[0]
+    if rc == HS_GRAPH_OK:
+        return
     if rc == HS_GRAPH_BAD_INDPTR:
         raise ValueError(f"{OP}: indptr is not a valid CSR row pointer at position {bad} (value {indptr[bad]}): "
                          f"it must start at 0, never decrease, and end at nnz = {nnz}")
@@ -78,8 +81,8 @@ def spread_activation(cnp.ndarray indptr, cnp.ndarray indices, cnp.ndarray weigh
     cdef int t = _index_type(indptr, indices)
     cdef void *pp = cnp.PyArray_DATA(indptr)
     cdef void *pi = cnp.PyArray_DATA(indices)
-    cdef float *pw = <float *>_vec(weights, cnp.NPY_FLOAT32, "weights", "float32")
-    cdef float *ps = <float *>_vec(seeds, cnp.NPY_FLOAT32, "seeds", "float32")
+    cdef float *pw = <float *>_vec(weights, cnp.NPY_FLOAT32, "weights")
+    cdef float *ps = <float *>_vec(seeds, cnp.NPY_FLOAT32, "seeds")
     cdef int64_t n = indptr.shape[0] - 1, nnz = indices.shape[0], bad = 0
     if weights.shape[0] != nnz:
         raise ValueError(f"{OP}: shapes do not match: indices ({nnz},) vs weights ({weights.shape[0]},)")
