@@ -15,6 +15,8 @@
 // Entry points per head-dim class (hd <= D, the rest zero-padded): hs_attention_d32/_d64/_d128/_d256.
 // Launch: block 128, grid (ceil(Sq / ROWS) * B * H), ROWS = HSA_R * 128 / (D / 16).
 
+// Launch bounds matter on AMD: without them hipcc budgets registers for 1024-thread blocks (64 VGPRs)
+// and this kernel would spill most of its state to scratch.
 #define HSA_THREADS 128
 #define HSA_R 2               // query rows per thread
 #define HSA_CHUNK 8           // keys scored together before one online-softmax rescale
@@ -156,7 +158,7 @@ HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__
 }
 
 #define HSA_ENTRY(D)                                                                                      \
-    HS_KERNEL void hs_attention_d##D(const float* __restrict__ q, const float* __restrict__ k,            \
+    HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_d##D(const float* __restrict__ q, const float* __restrict__ k,            \
                                      const float* __restrict__ v, float* __restrict__ out, hs_i64 sq,     \
                                      hs_i64 sk, int hd, float scale, int causal) {                        \
         hsa_attention<D>(q, k, v, out, sq, sk, hd, scale, causal);                                        \

@@ -76,6 +76,9 @@ HS_KERNEL void hs_dequantize_q4_0(const hs_u16* __restrict__ src, float4* __rest
 // and the L1 would be the bottleneck). MC == 1: x is a vector read as float4 (16-byte aligned);
 // MC == 8: any 1 <= m <= 8 columns, Y (n, m) row-major, each quant's conversion reused by m columns.
 #define HSQ_NR 2
+// Launch sizes, declared so AMD compilers budget registers for them (not for 1024-thread blocks).
+#define HSQ_MV_THREADS 128
+#define HSQ_MM_THREADS 256
 
 template <int Q8, int MC>
 HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
@@ -128,22 +131,22 @@ HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x,
         }
 }
 
-HS_KERNEL void hs_qmatvec_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                hs_i64 n, hs_i64 k) {
     hsq_matvec<1, 1>(w, x, y, n, k, 1);
 }
 
-HS_KERNEL void hs_qmatvec_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                hs_i64 n, hs_i64 k) {
     hsq_matvec<0, 1>(w, x, y, n, k, 1);
 }
 
-HS_KERNEL void hs_qmatvec8_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec8_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                 hs_i64 n, hs_i64 k, int m) {
     hsq_matvec<1, 8>(w, x, y, n, k, m);
 }
 
-HS_KERNEL void hs_qmatvec8_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec8_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                 hs_i64 n, hs_i64 k, int m) {
     hsq_matvec<0, 8>(w, x, y, n, k, m);
 }
@@ -225,12 +228,12 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const float* __restrict__ x,
     }
 }
 
-HS_KERNEL void hs_qmatmat_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+HS_KERNEL void __launch_bounds__(HSQ_MM_THREADS) hs_qmatmat_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                hs_i64 n, hs_i64 k, hs_i64 m) {
     hsq_matmat<1>(w, x, y, n, k, m);
 }
 
-HS_KERNEL void hs_qmatmat_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+HS_KERNEL void __launch_bounds__(HSQ_MM_THREADS) hs_qmatmat_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
                                hs_i64 n, hs_i64 k, hs_i64 m) {
     hsq_matmat<0>(w, x, y, n, k, m);
 }
