@@ -128,6 +128,8 @@ def test_softmax_nan_inf_rows(gpu):
                   [-np.inf, 0.0, 1.0], [88.0, 89.0, -200.0]], np.float32)
     for axis in (-1, 0):
         check_softmax(run(gpu, "softmax", x, axis=axis), x, axis)
+    x4 = np.concatenate([x, x[:, :1]], axis=1)  # rows of 4: the float4 kernel
+    check_softmax(run(gpu, "softmax", x4, axis=-1), x4, -1)
 
 
 def test_softmax_device(gpu, rng):

@@ -100,9 +100,11 @@ def softmax(ctx, call, stream):
     y = ctx.empty(shape, np.float32, stream)
     if inner == 1:
         cached = length <= SOFTMAX_CACHED_LEN
-        block = 512 if length >= 4096 else (256 if length >= 512 else 64)
-        grid = min(outer, 65535 * 8)
-        ctx.launch(ctx.function("softmax", "hs_softmax_rows_f32"), grid, block,
+        vec = length % 4 == 0 and _aligned(x, y)
+        items = length // 4 if vec else length  # per row, what the block's threads stride over
+        block = 512 if items >= 4096 else (256 if items >= 512 else 64)
+        grid = min(outer, 1 << 20)  # the kernel strides over further rows
+        ctx.launch(ctx.function("softmax", "hs_softmax_rows_f32_v4" if vec else "hs_softmax_rows_f32"), grid, block,
                    (x, y, c_int64(outer), c_int64(length), c_int32(int(cached))),
                    shared=length * 4 if cached else 0, stream=stream)
     else:
