@@ -90,7 +90,9 @@ class GpuBackend:
                 return
             from ..gpu.context import GpuContext
             self._ctx = GpuContext(rt, device_index=int(_config_value(config, "gpu_device_id", 0) or 0),
-                                   cache_dir=_config_value(config, "cache_dir"),
+                                   # kernels: HIPSCHED_CACHE_DIR or ~/.cache/hipsched/kernels, the
+                                   # place `python -m hipsched compile` fills ahead of time
+                                   cache_dir=_config_value(config, "kernel_cache_dir"),
                                    resident_bytes=_config_value(config, "resident_bytes"))
             self.runtime_name = rt.name
             self.device_name = self._ctx.device.name
