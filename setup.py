@@ -16,7 +16,10 @@ only = {s for s in os.environ.get("HIPSCHED_BUILD_ONLY", "").split(",") if s}
 def cpu_extension(pyx):
     family = os.path.basename(pyx)[1:-4]
     sources = [pyx] + sorted(glob.glob(f"src_c/cpu/{family}.c") + glob.glob(f"src_c/cpu/{family}_*.c"))
+    # .inc bodies and shared headers are not compiled on their own: list them so an edit rebuilds.
+    depends = sorted(glob.glob(f"src_c/cpu/{family}*.inc") + glob.glob("src_c/cpu/*.h"))
     return Extension(f"hipsched.cpu._{family}", sources, include_dirs=[np.get_include(), "src_c/cpu"],
+                     depends=depends,
                      extra_compile_args=C_FLAGS, extra_link_args=["-fopenmp"],
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
