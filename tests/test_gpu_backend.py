@@ -166,6 +166,15 @@ class _RecordingRuntime:
         from hipsched.gpu.runtime import DeviceInfo
         self.info = DeviceInfo(0, "fake", "sm_90", 1 << 30, "nvidia", 32, 4)
         self.launches = []
+        self.next_ptr, self.live = 1 << 20, set()
+
+    def malloc(self, nbytes):  # distinct fake addresses: nothing ever dereferences them
+        self.next_ptr += max(nbytes, 1) + 256
+        self.live.add(self.next_ptr)
+        return self.next_ptr
+
+    def free(self, ptr):
+        self.live.remove(ptr)
 
     def set_device(self, i): pass
     def current_device(self): return 0
@@ -229,3 +238,28 @@ def test_glue_matmul_shapes_follow_numpy():
         assert batch * M * N == int(np.prod(out)) or 0 in out
     with pytest.raises(GpuError):
         _matmul_shapes((3, 4), (5, 6))
+
+
+def test_context_scratch_reuse_rules():
+    import threading
+    from hipsched.gpu.context import SCRATCH_KEEP_BYTES, GpuContext
+    rt = _RecordingRuntime()
+    ctx = GpuContext(rt)
+    a = ctx.scratch("scores", (10, 10), np.float32, 5)
+    assert a.shape == (10, 10) and a.dtype == np.float32
+    assert ctx.scratch("scores", (20,), np.int64, 5).ptr == a.ptr          # fits: same buffer, new view
+    assert ctx.scratch("qinv", (10,), np.float32, 5).ptr != a.ptr          # another temporary
+    assert ctx.scratch("scores", (10, 10), np.float32, 6).ptr != a.ptr     # another stream
+    grown = ctx.scratch("scores", (1000,), np.float32, 5)
+    assert grown.ptr != a.ptr and ctx.scratch("scores", (5,), np.float32, 5).ptr == grown.ptr
+    other = []
+    t = threading.Thread(target=lambda: other.append(ctx.scratch("scores", (5,), np.float32, 5).ptr))
+    t.start(); t.join()
+    assert other[0] != grown.ptr                                           # another thread
+    huge = SCRATCH_KEEP_BYTES // 4 + 1
+    assert ctx.scratch("big", (huge,), np.float32, 5).ptr != ctx.scratch("big", (huge,), np.float32, 5).ptr
+    del a, grown
+    ctx.close()
+    import gc
+    gc.collect()
+    assert not rt.live  # every buffer went back once nothing viewed it

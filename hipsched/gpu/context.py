@@ -8,9 +8,12 @@ converts anything else into GpuError too, so the glue stays free of error handli
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
+# Temporaries up to this size are kept per stream and reused (see GpuContext.scratch).
+SCRATCH_KEEP_BYTES = 64 << 20
 # Grid-stride kernels need only enough blocks to fill the device; more just adds scheduling work.
 _BLOCKS_PER_CU = 16
 
@@ -40,6 +43,7 @@ class GpuContext:
         self.resident = ResidentCache(rt, resident_bytes)
         self._blas = None
         self._blas_tried = False
+        self._scratch = threading.local()  # per thread: see scratch()
 
     # ------------------------------------------------------------------ kernels
     def function(self, source: str, kernel: str) -> int:
@@ -81,6 +85,25 @@ class GpuContext:
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         return DeviceArray.empty(shape, dtype, runtime=self.rt, stream=stream)
 
+    def scratch(self, name: str, shape, dtype, stream):
+        """A device temporary for one call (never returned to the caller). Freeing device memory
+        synchronises the whole device, which would stall the caller's pipeline after every call, so
+        temporaries up to SCRATCH_KEEP_BYTES live on per (thread, stream, name): reuse is safe because
+        one thread's launches on one stream run in order (two threads sharing a stream would interleave,
+        hence per thread). `name` tells apart the temporaries alive at the same time."""
+        from .memory import DeviceArray
+        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes > SCRATCH_KEEP_BYTES:
+            return self.empty(shape, dtype, stream)
+        buffers = self._scratch.__dict__.setdefault("buffers", {})
+        key = (int(stream or 0), name)
+        buf = buffers.get(key)
+        if buf is None or buf.nbytes < nbytes:
+            buf = buffers[key] = DeviceArray.empty((max(nbytes, 256),), np.uint8, runtime=self.rt)
+        return DeviceArray(buf.ptr, shape, dtype, self.rt, owner=buf, stream=stream)
+
     # ------------------------------------------------------------------ launches
     def launch(self, fn: int, grid, block, args, shared: int = 0, stream: int = 0) -> None:
         """Launch `fn` with kernelParams. DeviceArray arguments become their pointers; ctypes scalars
@@ -112,6 +135,7 @@ class GpuContext:
     def close(self) -> None:
         """Drop device copies, the BLAS handle and the loaded modules (the runtime stays usable)."""
         self.resident.clear()
+        self._scratch = threading.local()  # every thread's buffers go with the old one
         if self._blas is not None:
             self._blas.close()
             self._blas = None

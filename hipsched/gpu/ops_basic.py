@@ -121,10 +121,9 @@ def _as_queries(q_in):
     return (1, q_in.shape[0]) if len(q_in.shape) == 1 else tuple(q_in.shape)
 
 
-def _cosine_scores(ctx, q, T, m, n, d, stream):
-    """Device (m, n) cosine scores; q and T already on the device."""
-    scores = ctx.empty((m, n), np.float32, stream)
-    qinv = ctx.empty((m,), np.float32, stream)
+def _cosine_scores(ctx, q, T, m, n, d, stream, scores):
+    """(m, n) cosine scores into the device array `scores`; q and T already on the device."""
+    qinv = ctx.scratch("qinv", (m,), np.float32, stream)
     warps_per_block = BLOCK // ctx.warp_size
     ctx.launch(ctx.function("similarity", "hs_row_inv_norm_f32"), max(1, min(-(-m // warps_per_block), 65535)),
                BLOCK, (q, qinv, c_int64(m), c_int64(d)), stream=stream)
@@ -153,8 +152,8 @@ def cosine_similarity(ctx, call, stream):
         ctx.rt.memset(out.ptr, 0, out.nbytes, int(stream or 0))
         return ctx.finish(out, call, stream)
     q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
-    scores = _cosine_scores(ctx, q, T, m, n, d, stream)
-    return ctx.finish(scores.reshape(out_shape), call, stream)
+    scores = _cosine_scores(ctx, q, T, m, n, d, stream, ctx.empty(out_shape, np.float32, stream))
+    return ctx.finish(scores, call, stream)
 
 
 def top_k(ctx, call, stream):
@@ -173,25 +172,28 @@ def top_k(ctx, call, stream):
         idx = ctx.empty(out_shape, np.int64, stream)
         return ctx.finish((idx, ctx.empty(out_shape, np.float32, stream)), call, stream)
     q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
+    scores = ctx.scratch("scores", (m, n), np.float32, stream)
     if d == 0:
-        scores = ctx.empty((m, n), np.float32, stream)
         ctx.rt.memset(scores.ptr, 0, scores.nbytes, int(stream or 0))
     else:
-        scores = _cosine_scores(ctx, q, T, m, n, d, stream)
+        _cosine_scores(ctx, q, T, m, n, d, stream, scores)
     vals, idx, length = scores, None, n
     fn = ctx.function("similarity", "hs_topk_select_f32")
-    while True:  # each pass keeps the best kout of every segment until one segment per row is left
+    for p in range(64):  # each pass keeps the best kout of every segment until one segment per row is left
         nseg = -(-length // TOPK_SEG)
         if nseg > 65535:
             raise GpuError("unsupported", f"top_k: {n} targets needs more than 65535 segments")
-        out_v = ctx.empty((m, nseg * kout), np.float32, stream)
-        out_i = ctx.empty((m, nseg * kout), np.int64, stream)
+        if nseg == 1:  # the last pass writes the results
+            out_v, out_i = ctx.empty(out_shape, np.float32, stream), ctx.empty(out_shape, np.int64, stream)
+        else:  # partial results of two consecutive passes are alive at once: alternate two scratch pairs
+            out_v = ctx.scratch(f"topk_v{p % 2}", (m, nseg * kout), np.float32, stream)
+            out_i = ctx.scratch(f"topk_i{p % 2}", (m, nseg * kout), np.int64, stream)
         ctx.launch(fn, (nseg, m, 1), TOPK_THREADS, (vals, idx, c_int64(length), c_int32(kout), out_v, out_i),
                    stream=stream)
         vals, idx, length = out_v, out_i, nseg * kout
         if nseg == 1:
-            break
-    return ctx.finish((idx.reshape(out_shape), vals.reshape(out_shape)), call, stream)
+            return ctx.finish((out_i, out_v), call, stream)
+    raise GpuError("runtime", "top_k: the selection passes did not converge")  # kout <= SEG/2 halves each pass
 
 
 # ---------------------------------------------------------------------------------------- matmul
