@@ -43,6 +43,7 @@ class GpuContext:
         self.resident = ResidentCache(rt, resident_bytes)
         self._blas = None
         self._blas_tried = False
+        self._blas_lock = threading.Lock()
         self._scratch = threading.local()  # per thread: see scratch()
 
     # ------------------------------------------------------------------ kernels
@@ -56,9 +57,11 @@ class GpuContext:
     def blas(self):
         """The vendor BLAS (hipsched.gpu.blas.Blas) for this device, or None when none can be loaded."""
         if not self._blas_tried:
-            from .blas import load_blas
-            self._blas = load_blas(self.platform)
-            self._blas_tried = True
+            with self._blas_lock:
+                if not self._blas_tried:
+                    from .blas import load_blas
+                    self._blas = load_blas(self.platform)
+                    self._blas_tried = True
         return self._blas
 
     def blocks_for(self, n: int, block: int = 256) -> int:
