@@ -197,6 +197,27 @@ def test_scalar_path_matches_gguf_and_numpy():
     assert run_with_features(SCALAR_SNIPPET, "scalar").strip() == "ok"
 
 
+THREADS_SNIPPET = """
+import os
+os.environ["HIPSCHED_NUM_THREADS"] = "1"
+import numpy as np, hipsched as hs
+assert hs.cpu_features()["threads"] == 1
+rng = np.random.default_rng(3)
+W = rng.standard_normal((67, 4096)).astype(np.float32)
+X = rng.standard_normal((4096, 5)).astype(np.float32)
+for qt in ("q8_0", "q4_0"):
+    w = hs.quantize(W, qt)
+    print(qt, w.data.tobytes().hex()[:64], hs.qmatmul(w, X).tobytes().hex(), hs.qmatmul(w, X[:, 0]).tobytes().hex())
+"""
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    # Each row is summed by one thread in a fixed order, so any thread count gives the same bits.
+    ours = run_with_features(THREADS_SNIPPET.replace('os.environ["HIPSCHED_NUM_THREADS"] = "1"', "pass")
+                             .replace('assert hs.cpu_features()["threads"] == 1', ""), features="auto")
+    assert run_with_features(THREADS_SNIPPET, features="auto") == ours
+
+
 # ------------------------------------------------------------------ QuantizedTensor
 
 
