@@ -7,7 +7,9 @@
 
 /* Least edges worth a thread (~0.2 ms of scattering): a parallel region costs microseconds. */
 #define HS_GRAPH_GRAIN (1LL << 18)
-#define HS_GRAPH_MAX_THREADS 256
+#define HS_GRAPH_PART_EDGES (1LL << 16)  /* edges per work item of a step (~0.1 ms on one core) */
+#define HS_GRAPH_MAX_PARTS 65536
+#define HS_GRAPH_CHECK_PART (1LL << 20)  /* indices per work item of the validation pass */
 #ifndef GRAPH_PREFETCH
 #define GRAPH_PREFETCH 24        /* edges between a target's prefetch and its update */
 #endif
@@ -52,7 +54,7 @@ static void graph_acc_put(float *acc, size_t len, int cached, int dirty) {
 static void graph_finish(const float *a, float *acc, int nt, int64_t n, float decay, float threshold,
                          float *dst) {
     const int64_t blocks = (n + HS_GRAPH_FINISH_BLOCK - 1) / HS_GRAPH_FINISH_BLOCK;
-    #pragma omp for schedule(static)
+    #pragma omp for schedule(dynamic, 16)
     for (int64_t blk = 0; blk < blocks; blk++) {
         float sum[HS_GRAPH_FINISH_BLOCK];
         const int64_t j0 = blk * HS_GRAPH_FINISH_BLOCK;
