@@ -73,7 +73,8 @@ def _no_runtime_reason() -> str:
 class GpuBackend:
     name = "gpu"
 
-    def __init__(self, config=None):
+    def __init__(self, config=None, runtime=None):
+        """`runtime`: a Runtime to use instead of the detected one (tests, embedding)."""
         self.available = False
         self.unavailable_reason: str | None = None
         self.runtime_name: str | None = None
@@ -84,7 +85,7 @@ class GpuBackend:
         self._lock = threading.Lock()
         try:
             from ..gpu import detect
-            rt = detect.get_runtime()
+            rt = runtime if runtime is not None else detect.get_runtime()
             if rt is None:
                 self.unavailable_reason = _no_runtime_reason()
                 return
