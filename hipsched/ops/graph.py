@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cpu._graph import check_csr
 from .base import Call, as_f32, check_ndim, finite_scalar, register, shape_mismatch
 
 OP = "spread_activation"
@@ -96,6 +95,7 @@ def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
         raise shape_mismatch(OP, "indptr", indptr.shape, "graph", (cols, cols))
     if indices.shape[0] != weights.shape[0]:
         raise shape_mismatch(OP, "indices", indices.shape, "weights", weights.shape, "one weight per edge")
+    from ..cpu._graph import check_csr  # the C pass; imported here so `import hipsched` never needs it
     check_csr(indptr, indices)  # before any backend sees the graph: the GPU kernels trust it
     seeds = _seed_array(seeds, n)
     decay = finite_scalar(decay, OP, "decay")
