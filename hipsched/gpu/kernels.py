@@ -23,7 +23,8 @@ FORMAT_VERSION = 1
 _MAGIC = b"HSCHKO01"
 _HEADER = struct.Struct("<8s32sQ32s")   # magic, key digest, payload length, payload sha256
 PRELUDE = "prelude.h"
-_KERNEL_RE = re.compile(r"(?:__global__|HS_KERNEL)\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(")
+_LAUNCH_BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"  # allowed before or after the return type
+_KERNEL_RE = re.compile(r"(?:__global__|HS_KERNEL)\s+" + _LAUNCH_BOUNDS + r"void\s+" + _LAUNCH_BOUNDS + r"(?!__launch_bounds__)(\w+)\s*\(")
 
 
 def _source_dir():
