@@ -1,5 +1,5 @@
-"""A progress bar for long work (calibration, the demo): tqdm when installed, else a plain bar on
-stderr that redraws in place on a terminal and prints sparse lines otherwise (logs, CI)."""
+"""A progress bar for long work (calibration, the demo): on a terminal tqdm when installed, else a plain
+bar that redraws in place; elsewhere (logs, CI) sparse plain lines."""
 from __future__ import annotations
 
 import sys
@@ -43,6 +43,8 @@ def progress(total: int, desc: str, enabled: bool = True, file=None):
     file = file or sys.stderr
     if not enabled:
         return _PlainBar(total, desc, _Null())
+    if not (hasattr(file, "isatty") and file.isatty()):
+        return _PlainBar(total, desc, file)  # tqdm's carriage returns make a mess of logs
     try:
         from tqdm import tqdm
         return tqdm(total=total, desc=desc, file=file, leave=True, dynamic_ncols=True)

@@ -32,21 +32,22 @@ class _Workload:
     def __init__(self, ex, quick, seed):
         self.ex = ex
         self.rng = np.random.default_rng(seed)
-        s = 4 if quick else 1
-        self.corpus_n = 131072 // s
-        self.d_model, self.heads, self.seq = 512, 8, 256 // s
-        self.graph_n, self.graph_edges = 200_000 // s, 2_000_000 // s
+        s = 8 if quick else 1
+        self.corpus_n = 262144 // s
+        self.queries = 32 // min(s, 4)
+        self.d_model, self.heads, self.seq, self.layers, self.vocab = 1024, 16, 512 // s, 6, 32000 // s
+        self.graph_n, self.graph_edges = 1_000_000 // s, 8_000_000 // s
         self.checks = []
 
     # ---------------------------------------------------------------- phases
     def search_steps(self):
         corpus = self.rng.standard_normal((self.corpus_n, 768), dtype=np.float32)
         queries = self.rng.standard_normal((64, 768), dtype=np.float32)
-        sizes = np.unique(np.geomspace(512, self.corpus_n, 12).astype(int))
+        sizes = np.unique(np.geomspace(512, self.corpus_n, 16).astype(int))
         for i, n in enumerate(sizes):
             def step(n=n, i=i):
                 part = corpus[:n]
-                for q in queries[:8]:
+                for q in queries[:self.queries]:
                     self.ex.top_k(q, part, 10)
                 sims = self.ex.cosine_similarity(queries[:32], part)
                 if i == len(sizes) - 1:
@@ -60,9 +61,9 @@ class _Workload:
         w_qkv = hs.quantize(rng.standard_normal((3 * d, d), dtype=np.float32) / np.sqrt(d), "q8_0")
         w_up = hs.quantize(rng.standard_normal((4 * d, d), dtype=np.float32) / np.sqrt(d), "q4_0")
         w_down = hs.quantize(rng.standard_normal((d, 4 * d), dtype=np.float32) / np.sqrt(4 * d), "q4_0")
-        w_vocab = hs.quantize(rng.standard_normal((8192, d), dtype=np.float32) / np.sqrt(d), "q8_0")
+        w_vocab = hs.quantize(rng.standard_normal((self.vocab, d), dtype=np.float32) / np.sqrt(d), "q8_0")
         x = rng.standard_normal((d, seq), dtype=np.float32)  # columns are tokens: qmatmul takes (k, m)
-        for layer in range(4):
+        for layer in range(self.layers):
             def step(layer=layer):
                 nonlocal x
                 qkv = self.ex.qmatmul(w_qkv, x)                                  # (3d, seq)
@@ -75,7 +76,7 @@ class _Workload:
                 x = self.ex.add(x, self.ex.scale(self.ex.qmatmul(w_down, np.maximum(up, 0)), 0.5))
                 logits = self.ex.qmatmul(w_vocab, x[:, -8:]).T                  # last 8 tokens
                 probs = self.ex.softmax(logits, axis=-1)
-                if layer == 3:
+                if layer == self.layers - 1:
                     self.checks.append(("softmax rows sum to 1", float(np.abs(probs.sum(-1) - 1).max())))
             yield f"transformer layer {layer}", step
 
