@@ -9,8 +9,9 @@ import math
 import os
 import platform
 import socket
-import tempfile
 import warnings
+
+from .atomic_file import atomic_write
 
 FORMAT = 1
 
@@ -30,18 +31,7 @@ def save_model(path: str, key: dict, samples: dict, transfer: dict | None) -> No
     payload = {"format": FORMAT, "key": key, "transfer": transfer,
                "samples": [{"op": op, "dtype": dt, "cpu": sides[0], "gpu": sides[1]}
                            for (op, dt), sides in sorted(samples.items())]}
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".tmp", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, json.dumps(payload).encode(), prefix=".model-")
 
 
 def load_model(path: str, key: dict):

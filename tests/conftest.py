@@ -24,6 +24,17 @@ def run_with_features(code: str, features: str = "scalar", timeout: int = 600) -
     return r.stdout
 
 
+@pytest.fixture(scope="module")
+def gpu():
+    """The real GPU backend, for tests marked `gpu` (skipped where no device answers)."""
+    from hipsched.backends.gpu import create_gpu_backend
+    be = create_gpu_backend()
+    if not be.available:
+        pytest.skip(f"no GPU: {be.unavailable_reason}")
+    yield be
+    be.close()
+
+
 def _gpu_present() -> bool:
     try:
         from hipsched.gpu import detect

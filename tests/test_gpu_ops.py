@@ -21,16 +21,6 @@ SIZES = [0, 1, 7, 8, 9, 31, 33, 100, 1000]
 
 
 @pytest.fixture(scope="module")
-def gpu():
-    from hipsched.backends.gpu import create_gpu_backend
-    be = create_gpu_backend()
-    if not be.available:
-        pytest.skip(f"no GPU: {be.unavailable_reason}")
-    yield be
-    be.close()
-
-
-@pytest.fixture(scope="module")
 def cpu():
     from hipsched.backends.cpu import CpuBackend
     return CpuBackend()

@@ -20,16 +20,6 @@ from hipsched.ops import OPS
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from hipsched.backends.gpu import create_gpu_backend
-    be = create_gpu_backend()
-    if not be.available:
-        pytest.skip(f"no GPU: {be.unavailable_reason}")
-    yield be
-    be.close()
-
-
 def run_both(gpu, op, *args, **kwargs):
     """(gpu result, cpu result) for one prepared call."""
     from hipsched.backends.cpu import CpuBackend

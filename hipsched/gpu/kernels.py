@@ -11,12 +11,12 @@ import hashlib
 import os
 import re
 import struct
-import tempfile
 import threading
 import time
 from importlib import resources
 from pathlib import Path
 
+from ..atomic_file import atomic_write
 from ..errors import GpuError
 
 FORMAT_VERSION = 1
@@ -88,19 +88,8 @@ def read_entry(path: Path, key: str) -> bytes | None:
 def write_entry(path: Path, key: str, payload: bytes) -> None:
     """Write atomically: a temp file in the same directory, then os.replace. Concurrent writers of the
     same key each replace the file with a complete, identical entry; readers never see a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = _HEADER.pack(_MAGIC, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest())
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".co")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header + payload)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, header + payload, suffix=".co")
 
 
 class KernelCache:

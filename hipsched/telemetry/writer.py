@@ -134,14 +134,17 @@ class JsonlWriter:
         os.replace(self.path, f"{self.path}.1")
         self._open()
 
-    def _fail(self, e: OSError):
-        self.failed = e
+    def _close_fd(self) -> None:
         if self._fd is not None:
             try:
                 os.close(self._fd)
             except OSError:
                 pass
             self._fd = None
+
+    def _fail(self, e: OSError):
+        self.failed = e
+        self._close_fd()
         log.warning("hipsched telemetry: cannot write %s (%s); the JSONL log is disabled for this run, "
                     "in-memory telemetry continues", self.path, e)
 
@@ -154,10 +157,5 @@ class JsonlWriter:
             self._thread.join(timeout=10)
         self.flush()
         with self._io_lock:
-            if self._fd is not None:
-                try:
-                    os.close(self._fd)
-                except OSError:
-                    pass
-                self._fd = None
+            self._close_fd()
         _live.discard(self)
