@@ -13,7 +13,6 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a source checkout
 from harness import fmt_time, time_pair  # noqa: E402
 
 import hipsched as hs  # noqa: E402

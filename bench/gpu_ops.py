@@ -20,7 +20,6 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the in-place built package
 from harness import Case, run_cases  # noqa: E402
 
 BW_TARGET = 0.7

@@ -3,12 +3,18 @@ its peer measured alternately in the same run (these machines are noisy, so only
 anything), and a Markdown table printed and written under bench/results/."""
 from __future__ import annotations
 
+import glob
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if glob.glob(os.path.join(_ROOT, "hipsched", "cpu", "_features*.so")):
+    sys.path.insert(0, _ROOT)  # a checkout built in place: benchmark it rather than an installed copy
 
 
 @dataclass
