@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .base import Call, as_f32, check_ndim, check_result_fits, finite_scalar, is_device_array, register, shape_mismatch
+from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, finite_scalar, register, shape_mismatch
 
 OP = "attention"
 
@@ -45,4 +45,4 @@ def prepare(q, k, v, causal=False, scale=None) -> Call:
     return Call(OP, (q, k, v), {"causal": bool(causal), "scale": scale},
                 size=b * h * sq * sk * d,
                 nbytes=4 * (2 * b * h * sq * d + 2 * b * h * sk * d),
-                on_device=any(is_device_array(x) for x in (q, k, v)))
+                on_device=any_on_device(q, k, v))

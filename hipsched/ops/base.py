@@ -84,6 +84,15 @@ def is_device_array(x) -> bool:
     return False
 
 
+def any_on_device(*arrays) -> bool:
+    """True when any validated argument lives on a GPU (host arrays are checked by type alone: this runs
+    on every call)."""
+    for a in arrays:
+        if type(a) is not np.ndarray and is_device_array(a):
+            return True
+    return False
+
+
 def as_device_array(x, op, arg):
     """Wrap a foreign device array without copying (lazy import: the GPU layer is optional)."""
     try:

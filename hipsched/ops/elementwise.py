@@ -15,14 +15,7 @@ import numbers
 import numpy as np
 
 from . import base
-from .base import Call, as_f32, check_result_fits, is_device_array, register, shape_mismatch
-
-_ndarray = np.ndarray
-
-
-def _on_device(*arrays) -> bool:
-    return any(type(a) is not _ndarray and is_device_array(a) for a in arrays)
-
+from .base import Call, any_on_device, as_f32, check_result_fits, register, shape_mismatch
 
 def _elements(op: str, shape) -> int:
     """Element count of a float32 result of `shape`, MemoryError (check_result_fits) if it cannot fit.
@@ -41,7 +34,7 @@ def prepare_add(a, b) -> Call:
     if sb != sa and not (len(sb) <= len(sa) and sa[len(sa) - len(sb):] == sb):
         raise shape_mismatch("add", "a", sa, "b", sb, "b must have a's shape or a trailing part of it")
     n, nb = _elements("add", sa), math.prod(sb)
-    return Call("add", (a, b), {}, size=n, nbytes=4 * (2 * n + nb), on_device=_on_device(a, b))
+    return Call("add", (a, b), {}, size=n, nbytes=4 * (2 * n + nb), on_device=any_on_device(a, b))
 
 
 def _real_scalar(value, op: str, name: str) -> float:
@@ -60,7 +53,7 @@ def prepare_scale(x, alpha) -> Call:
     x = as_f32(x, "scale", "x")
     alpha = _real_scalar(alpha, "scale", "alpha")
     n = _elements("scale", x.shape)
-    return Call("scale", (x,), {"alpha": alpha}, size=n, nbytes=8 * n, on_device=_on_device(x))
+    return Call("scale", (x,), {"alpha": alpha}, size=n, nbytes=8 * n, on_device=any_on_device(x))
 
 
 @register("softmax")
@@ -74,4 +67,4 @@ def prepare_softmax(x, axis=-1) -> Call:
     if not -nd <= axis < nd:
         raise ValueError(f"softmax: axis {axis} is out of range for shape {tuple(x.shape)}")
     n = _elements("softmax", x.shape)
-    return Call("softmax", (x,), {"axis": int(axis) % nd}, size=n, nbytes=8 * n, on_device=_on_device(x))
+    return Call("softmax", (x,), {"axis": int(axis) % nd}, size=n, nbytes=8 * n, on_device=any_on_device(x))

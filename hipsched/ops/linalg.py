@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Call, as_f32, check_result_fits, is_device_array, register, shape_mismatch
+from .base import Call, any_on_device, as_f32, check_result_fits, register, shape_mismatch
 
 
 @register("matmul")
@@ -31,4 +31,4 @@ def prepare_matmul(a, b) -> Call:
     batch = math.prod(batch_shape)
     nbytes = 4 * (math.prod(sa) + math.prod(sb) + math.prod(out_shape))
     return Call("matmul", (a, b), {}, size=batch * m * n * k, nbytes=nbytes,
-                on_device=is_device_array(a) or is_device_array(b))
+                on_device=any_on_device(a, b))

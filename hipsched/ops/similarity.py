@@ -9,7 +9,7 @@ float32), (k',) or (m, k'), best first; equal scores go to the lower index; NaN 
 number (among themselves by index). k < 1 is a ValueError."""
 from __future__ import annotations
 
-from .base import Call, as_f32, check_ndim, check_result_fits, finite_scalar, is_device_array, register, \
+from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, finite_scalar, register, \
     shape_mismatch
 
 
@@ -22,7 +22,7 @@ def _queries_targets(op, q, T):
         raise shape_mismatch(op, "q", q.shape, "T", T.shape, "q's last axis must equal T's second (the dimension d)")
     m = 1 if len(q.shape) == 1 else int(q.shape[0])
     n, d = int(T.shape[0]), int(T.shape[1])
-    on_device = is_device_array(q) or is_device_array(T)
+    on_device = any_on_device(q, T)
     return q, T, m, n, d, on_device
 
 
