@@ -7,6 +7,12 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# CI runs the same examples every time (a red build must be reproducible); local runs explore new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture
