@@ -1,1 +1,12 @@
 """CPU engine: one Cython extension per op family wrapping the C kernels in src_c/cpu/."""
+import os
+
+
+def _mark_forked_child():
+    # Read by src_c/cpu/cpu_features.h in extension modules first imported after a fork: OpenMP's
+    # thread pool is unusable in a forked child, so their kernels must run single-threaded. The pid
+    # makes the mark mean nothing to processes that merely inherit the environment (spawn, exec).
+    os.environ["HIPSCHED_FORKED_CHILD"] = str(os.getpid())
+
+
+os.register_at_fork(after_in_child=_mark_forked_child)

@@ -12,6 +12,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <pthread.h>
+#include <unistd.h>
 
 enum { HS_LEVEL_SCALAR = 0, HS_LEVEL_AVX2 = 1 };
 
@@ -50,9 +52,28 @@ static inline int hs_cpu_level_detected(void) { return hs__probe_avx2_fma() ? HS
 static inline const char *hs_cpu_level_name(int level) { return level == HS_LEVEL_AVX2 ? "avx2" : "scalar"; }
 
 static int hs__threads = 0;
+static int hs__forked = 0;
+
+/* libgomp's thread pool does not survive fork(): a child that starts a parallel region after the parent
+ * used one waits forever for pool threads that no longer exist (multiprocessing's fork start method,
+ * DataLoader-style workers). So a forked child runs every kernel on its calling thread, as PyTorch does.
+ * Modules loaded before the fork learn it from this handler (each registers at load, since any one of
+ * them may have started the shared pool); modules first imported in the child learn it from
+ * HIPSCHED_FORKED_CHILD, which hipsched/cpu/__init__.py sets to the child's pid after every fork. */
+static void hs__after_fork_child(void) { hs__forked = 1; }
+
+__attribute__((constructor)) static void hs__register_fork_handler(void) {
+    pthread_atfork(NULL, NULL, hs__after_fork_child);
+}
 
 static inline int hs_num_threads(void) {
+    if (hs__forked) return 1;
     if (hs__threads <= 0) {
+        const char *f = getenv("HIPSCHED_FORKED_CHILD");
+        if (f && atol(f) == (long)getpid()) {
+            hs__forked = 1;
+            return 1;
+        }
         int n = 1;
 #ifdef _OPENMP
         n = omp_get_max_threads();
