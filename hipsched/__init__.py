@@ -1,6 +1,7 @@
 """hipsched: run each numeric operation on the processor that finishes it first."""
 from __future__ import annotations
 
+import os
 import threading
 
 from .errors import GpuError, HipschedError
@@ -32,6 +33,16 @@ def default_executor() -> Executor:
             if _default is None:
                 _default = Executor()
     return _default
+
+
+def _forget_default_in_child():
+    # The parent's default executor lives on in a forked child without its telemetry writer thread (and
+    # with the parent's run id): the child builds its own on first use.
+    global _default
+    _default = None
+
+
+os.register_at_fork(after_in_child=_forget_default_in_child)
 
 
 def _forward(name):

@@ -43,3 +43,21 @@ def test_forked_children_do_not_hang(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok 1 ")
+
+
+def test_forked_child_gets_its_own_default_executor():
+    import os
+
+    import numpy as np
+
+    import hipsched as hs
+    hs.add(np.ones(4), np.ones(4))
+    parent = hs.default_executor()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        hs.add(np.ones(4), np.ones(4))
+        fresh = hs.default_executor()
+        os._exit(0 if fresh is not parent and fresh.stats().total_operations == 1 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert hs.default_executor() is parent
