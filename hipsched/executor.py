@@ -208,7 +208,9 @@ class Executor:
         t0 = _perf_ns()
         host_args = tuple(to_host(a) if is_device_array(a) else a for a in call.args)
         out = self._cpu.run(Call(call.op, host_args, call.params, call.size, call.nbytes, call.dtype, False))
-        out = tuple(to_device(o) for o in out) if isinstance(out, tuple) else to_device(out)
+        # Back onto the inputs' own runtime (their device), not whichever the process would pick first.
+        rt = next((getattr(a, "runtime", None) for a in call.args if is_device_array(a)), None)
+        out = tuple(to_device(o, runtime=rt) for o in out) if isinstance(out, tuple) else to_device(out, runtime=rt)
         dur = (_perf_ns() - t0) * 1e-3
         self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback)
         return out
