@@ -102,7 +102,10 @@ extern "C" int emu_launch(void (*thunk)(void**), void** params, unsigned gx, uns
 }
 """
 
-_KERNEL = re.compile(r"HS_KERNEL\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(?:__launch_bounds__\([^)]*\)\s+)?"
+# Kernels are found after preprocessing, with __global__ spelled as this marker, so kernels a macro
+# stamps out (hs_attention_d##D) are seen with their real names and parameter lists.
+_MARK = "__hs_emu_kernel__"
+_KERNEL = re.compile(_MARK + r"\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?"
                      r"(\w+)\s*\(([^)]*)\)")
 
 
@@ -128,15 +131,17 @@ class EmuCompiler(Compiler):
         return True
 
     def compile(self, source, name, arch, options=()):
-        # the dynamic shared buffer is per launch; every kernel gets a thunk taking kernelParams
-        body = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_dyn_smem;", source)
-        thunks = []
-        for kernel, sig in _KERNEL.findall(source):
-            args = ", ".join(f"*({t}*)p[{i}]" for i, t in enumerate(_param_types(sig)))
-            thunks.append(f'extern "C" void emu_{kernel}(void** p) {{ {kernel}({args}); }}')
         vendor = "#define __HIP__ 1\n#define __AMDGCN_WAVEFRONT_SIZE 64\n" if self.warp == 64 else ""
-        text = f"#define EMU_WARP {self.warp}\n{vendor}{SHIM}\n{body}\n{LAUNCHER}\n" + "\n".join(thunks) + "\n"
         with tempfile.TemporaryDirectory(prefix="hs_emu_") as d:
+            source = self._preprocess(vendor + f"#define __global__ {_MARK}\n" + source, name, d)
+            # the dynamic shared buffer is per launch; every kernel gets a thunk taking kernelParams
+            body = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_dyn_smem;", source)
+            thunks = []
+            for kernel, sig in _KERNEL.findall(source):
+                args = ", ".join(f"*({t}*)p[{i}]" for i, t in enumerate(_param_types(sig)))
+                thunks.append(f'extern "C" void emu_{kernel}(void** p) {{ {kernel}({args}); }}')
+            text = (f"#define EMU_WARP {self.warp}\n{SHIM}\n#define {_MARK}\n{body}\n{LAUNCHER}\n"
+                    + "\n".join(thunks) + "\n")
             cpp, so = os.path.join(d, "k.cpp"), os.path.join(d, "k.so")
             with open(cpp, "w") as f:
                 f.write(text)
@@ -146,6 +151,17 @@ class EmuCompiler(Compiler):
                 raise GpuError("compile", f"{name}: {r.stderr[-3000:]}")
             with open(so, "rb") as f:
                 return f.read()
+
+
+    @staticmethod
+    def _preprocess(text, name, d):
+        src = os.path.join(d, "pre.cpp")
+        with open(src, "w") as f:
+            f.write(text)
+        r = subprocess.run(["g++", "-std=c++20", "-E", "-P", "-x", "c++", src], capture_output=True, text=True)
+        if r.returncode:
+            raise GpuError("compile", f"{name}: {r.stderr[-3000:]}")
+        return r.stdout
 
 
 _libc = ctypes.CDLL(None)

@@ -79,3 +79,36 @@ def test_injected_faults_fall_back_to_the_cpu_answer(rt, tmp_path):
         assert all(e["backend"] == "cpu" and e["reason"] == "cpu_fallback" for e in fallbacks)
         assert all(e["fallback"]["backend"] == "gpu" and "launch" in e["fallback"]["error"] for e in fallbacks)
         assert ex.stats().fallback_operations == len(fallbacks)
+
+
+@pytest.mark.parametrize("warp", [32, 64], ids=["warp32", "warp64"])
+def test_attention_and_spreading_on_the_gpu_path(warp, tmp_path):
+    """Flash attention (macro-stamped kernels per head_dim class) and CSR spreading, with fallback off so
+    a GPU failure cannot hide behind a CPU rerun."""
+    rng = np.random.default_rng(6)
+    runtime = gpu_emulator.EmuRuntime(warp)
+    try:
+        with make_executor(runtime, tmp_path, allow_fallback=False) as ex:
+            for sq, sk, hd in [(17, 17, 8), (33, 20, 64), (5, 70, 40)]:
+                q = rng.standard_normal((1, 2, sq, hd), dtype=np.float32)
+                k, v = (rng.standard_normal((1, 2, sk, hd), dtype=np.float32) for _ in range(2))
+                for causal in (False, True):
+                    np.testing.assert_allclose(ex.attention(q, k, v, causal=causal, backend="gpu"),
+                                               ex.attention(q, k, v, causal=causal, backend="cpu"),
+                                               rtol=2e-5, atol=2e-6)
+            n = 50
+            src = rng.integers(0, n, 300)
+            order = np.argsort(src, kind="stable")
+            indices = rng.integers(0, n, 300).astype(np.int32)[order]
+            weights = rng.uniform(0, 0.5, 300).astype(np.float32)
+            indptr = np.zeros(n + 1, np.int32)
+            np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
+            seeds = np.zeros(n, np.float32)
+            seeds[:5] = 1
+            graph = (indptr, indices, weights)
+            np.testing.assert_allclose(ex.spread_activation(graph, seeds, 0.5, 3, 0.01, backend="gpu"),
+                                       ex.spread_activation(graph, seeds, 0.5, 3, 0.01, backend="cpu"),
+                                       rtol=1e-5, atol=1e-6)
+            assert ex.stats().gpu_operations == 7 and ex.stats().fallback_operations == 0
+    finally:
+        runtime.close()
