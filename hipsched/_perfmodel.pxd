@@ -30,8 +30,10 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
 
 
 cdef inline int bucket_of(double size) noexcept nogil:
-    if size < 2.0:
+    if not (size >= 2.0):   # also NaN: casting log2(NaN) to int is undefined (INT_MIN on x86)
         return 0
+    if size >= 281474976710656.0:   # 2**48, and inf: clamp before the cast, not after
+        return NBUCKETS - 1
     cdef int b = <int>log2(size)
     return b if b < NBUCKETS else NBUCKETS - 1
 

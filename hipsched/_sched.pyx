@@ -5,7 +5,7 @@ Every sample, decision and health change happens under one lock, so counts stay 
 Python threads. Decisions never allocate; a record allocates only for a size bucket's first sample
 (its rings), once per bucket. The rules and the model are described in docs/scheduling.md."""
 from libc.stdlib cimport calloc, free, malloc
-from libc.math cimport isnan
+from libc.math cimport isfinite, isnan
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, predict_us
@@ -133,7 +133,8 @@ cdef class SchedCore:
     # ------------------------------------------------------------ setup (not the hot path)
     def set_transfer(self, double h2d_latency_us, double h2d_gbps, double d2h_latency_us, double d2h_gbps):
         """Copy cost model: latency (us) plus bytes / bandwidth (GB/s = 1e3 bytes per us)."""
-        if h2d_gbps <= 0 or d2h_gbps <= 0 or h2d_latency_us < 0 or d2h_latency_us < 0:
+        if not (0 < h2d_gbps < float("inf") and 0 < d2h_gbps < float("inf")
+                and 0 <= h2d_latency_us < float("inf") and 0 <= d2h_latency_us < float("inf")):
             raise ValueError("transfer model needs latencies >= 0 and bandwidths > 0")
         self.p.h2d_latency_us = h2d_latency_us
         self.p.h2d_us_per_byte = 1.0 / (h2d_gbps * 1e3)
@@ -339,7 +340,7 @@ cdef class SchedCore:
         cdef int b
         if backend == GPU:
             self._health(&self.hl[s.op_index], ok)
-        if ok and dur_us >= 0:
+        if ok and dur_us >= 0 and isfinite(dur_us):   # NaN/inf are not completion times
             t = dur_us
             if backend == GPU:
                 t -= self._xfer(h2d, d2h)
@@ -476,7 +477,7 @@ cdef class SchedCore:
             sid = self.slot(key[0], key[1])
             for be in range(2):
                 for w, t in sides[be]:
-                    if not (w >= 0 and t >= 0):
+                    if not (w >= 0 and t >= 0 and isfinite(w) and isfinite(t)):
                         raise ValueError(f"bad sample ({w}, {t}) for {key}")
                     hs_lock(&self.lock)
                     bucket_add(&self.slots[sid].buckets[be][bucket_of(w)], self.p.window, t, w)
