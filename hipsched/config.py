@@ -161,7 +161,8 @@ def _layered(config_file, env) -> tuple[dict, dict]:
         if raw is not None and f.init:
             values[f.name] = _parse_env(f.name, raw, f.type)
             origin[f.name] = f"environment variable HIPSCHED_{f.name.upper()}"
-    if env.get("HIPSCHED_NO_FALLBACK") not in (None, "", "0"):
+    raw = env.get("HIPSCHED_NO_FALLBACK")
+    if raw is not None and raw.strip() and _parse_env("no_fallback", raw, "bool"):  # "false"/"off": fallback stays
         values["allow_fallback"] = False
         origin["allow_fallback"] = "environment variable HIPSCHED_NO_FALLBACK"
     return values, origin

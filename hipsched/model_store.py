@@ -59,6 +59,9 @@ def load_model(path: str, key: dict):
         transfer = payload.get("transfer")
         if transfer is not None:
             transfer = {k: float(transfer[k]) for k in ("h2d_latency_us", "h2d_gbps", "d2h_latency_us", "d2h_gbps")}
+            if not all(math.isfinite(v) for v in transfer.values()) or transfer["h2d_gbps"] <= 0 \
+                    or transfer["d2h_gbps"] <= 0 or transfer["h2d_latency_us"] < 0 or transfer["d2h_latency_us"] < 0:
+                raise ValueError(f"bad transfer model {transfer}")
         return samples, transfer
     except (ValueError, KeyError, TypeError, OSError) as e:  # json.JSONDecodeError is a ValueError
         warnings.warn(f"hipsched: model file {path} is unreadable ({type(e).__name__}: {e}); ignored, starting "
