@@ -32,7 +32,10 @@ def run(args) -> int:
         notes.append(f"trace written: {args.trace} (open in https://ui.perfetto.dev or chrome://tracing)")
     if args.plot:
         from ..telemetry.plots import write_plots
-        notes += write_plots(res, args.plot)
+        try:
+            notes += write_plots(res, args.plot)
+        except OSError as e:
+            print(f"hipsched analyze: plots not written: {e}", file=sys.stderr)
     if args.json:
         print(json.dumps(res, indent=1, default=str))
         for n in notes:

@@ -128,7 +128,7 @@ def run(args) -> int:
                 handle(d)
                 if done():
                     break
-    except FileNotFoundError as e:
+    except OSError as e:   # missing, a directory, unreadable
         print(f"hipsched monitor: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

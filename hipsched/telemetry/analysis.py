@@ -101,13 +101,24 @@ class Analyzer:
         self.phases = {}       # (phase, backend) -> [count, time]
         self._unhealthy = {}   # (run, op) -> last decision was gpu_unhealthy
         self.dropped = 0
+        self._dropped_runs = {}  # run -> highest dropped_total seen
         self.duplicates = 0
 
     # ---------------------------------------------------------------- one pass
-    def add(self, d) -> None:
+    def add(self, d) -> bool:
+        """Count one record; False when it was not a new event (a service record or a duplicate)."""
         if d.get("event") == "dropped":
-            self.dropped += int(d.get("dropped") or 0)
-            return
+            # dropped_total only grows within a run: its maximum counts each run's drops once, even when
+            # the same drop record is read from two copies of a log
+            run = d.get("run")
+            total = int(d.get("dropped_total") or d.get("dropped") or 0)
+            prev = self._dropped_runs.get(run, 0)
+            if total > prev:
+                self._dropped_runs[run] = total
+                self.dropped += total - prev
+            return False
+        if "event" in d or "op" not in d:   # service records this reader does not know
+            return False
         run = d.get("run")
         r = self.runs.get(run)
         if r is None:
@@ -116,7 +127,7 @@ class Analyzer:
         seq = d.get("seq")
         if isinstance(seq, int) and not r["_seq"].add(seq):
             self.duplicates += 1
-            return
+            return False
         r["events"] += 1
         ts = d.get("ts") or ""
         if ts < (r["first_ts"] or "~"):
@@ -152,7 +163,7 @@ class Analyzer:
             self.fallbacks[fkey] = self.fallbacks.get(fkey, 0) + 1
             if fb.get("backend") == "gpu":
                 health[1] += 1
-            return
+            return True
         if backend == "gpu":
             health[0] += 1
             gb = self.gpu_bytes.setdefault(op, [0, 0.0])
@@ -160,7 +171,7 @@ class Analyzer:
             gb[1] += dur or 0.0
         size = d.get("size") or 0
         if dur is None or size <= 0:
-            return
+            return True
         b = self.buckets.get((op, size_bucket(size)))
         if b is None:
             b = self.buckets[(op, size_bucket(size))] = _Bucket()
@@ -173,6 +184,7 @@ class Analyzer:
         if reason not in NOT_ROUTED:
             b.routed[backend] = b.routed.get(backend, 0) + 1
             b.routed_time[backend] = b.routed_time.get(backend, 0.0) + dur
+        return True
 
     def feed(self, records) -> "Analyzer":
         for d in records:
@@ -306,8 +318,7 @@ def analyze(paths, trace=None, rotated=True, **options) -> dict:
         tw = TraceWriter(trace)
     try:
         for d in iter_records(paths, stats, rotated=rotated):
-            an.add(d)
-            if tw is not None and d.get("event") is None:
+            if an.add(d) and tw is not None:
                 tw.add(d)
     finally:
         if tw is not None:

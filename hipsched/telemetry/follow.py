@@ -40,6 +40,7 @@ class Follower:
         self._fd = None
         self._ino = None
         self._buf = b""
+        self._seen_missing = False    # the file was absent once: when it appears, read it all
 
     def _open(self, from_start) -> bool:
         try:
@@ -79,7 +80,11 @@ class Follower:
     def poll_once(self) -> list:
         """Records that arrived since the last call (possibly none)."""
         if self._fd is None:
-            return self._drain() if self._open(from_start=False) else []
+            # like tail -F: a file that appears (or reappears after a rotation) is new, read from its start
+            if self._open(from_start=self._seen_missing):
+                return self._drain()
+            self._seen_missing = True
+            return []
         out = self._drain()
         if self._rotated():
             out += self._drain()              # whatever the old file got before it was renamed
@@ -90,6 +95,8 @@ class Follower:
             self.rotations += 1
             if self._open(from_start=True):
                 out += self._drain()
+            else:
+                self._seen_missing = True
         return out
 
     def follow(self, timeout=None, stop=None):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import calendar
 import glob
 import json
+import math
 import os
 import re
 
@@ -48,6 +49,33 @@ def expand(paths, rotated=True) -> list[str]:
     return out
 
 
+def _int(x) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _num(x) -> bool:
+    """None or a finite number (json.loads accepts NaN and Infinity; bools are not numbers here)."""
+    return x is None or (type(x) in (int, float) and math.isfinite(x))
+
+
+def _well_formed(d) -> bool:
+    """The fields readers use have the schema's types: an event with a NaN duration, a string size or a
+    fallback that is not an object is malformed (skipped and counted), not a crash further on."""
+    if not isinstance(d.get("ts", ""), str):
+        return False
+    if "event" in d:
+        if d["event"] == "dropped":
+            return type(d.get("dropped")) is int and type(d.get("dropped_total")) is int
+        return True
+    pred = d.get("predicted_us")
+    fb = d.get("fallback")
+    tags = d.get("tags")
+    return (_int(d.get("size")) and _int(d.get("bytes")) and _num(d.get("duration_us"))
+            and (pred is None or (isinstance(pred, dict) and _num(pred.get("cpu")) and _num(pred.get("gpu"))))
+            and (fb is None or isinstance(fb, dict)) and (tags is None or isinstance(tags, dict))
+            and (d.get("seq") is None or _int(d.get("seq"))))
+
+
 def parse_line(line, stats: ReadStats):
     """The record of one line, or None (blank or malformed, counted)."""
     line = line.strip()
@@ -59,7 +87,7 @@ def parse_line(line, stats: ReadStats):
     except ValueError:
         stats.malformed += 1
         return None
-    if not isinstance(d, dict) or d.get("v") != 1:
+    if not isinstance(d, dict) or d.get("v") != 1 or not _well_formed(d):
         stats.malformed += 1
         return None
     if is_op_event(d):
