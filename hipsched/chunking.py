@@ -21,6 +21,31 @@ def _rows(x):
     return x.shape[0] if isinstance(x, np.ndarray) and x.ndim >= 1 else 0
 
 
+def _plan_matmul(args):
+    """np.matmul's layouts: split the axis that is the result's first (or, for a 1-d a against a
+    matrix, last) axis, on every operand that carries it."""
+    if len(args) < 2 or not all(isinstance(a, np.ndarray) for a in args[:2]):
+        return None
+    a, b = args[0], args[1]
+    rest = tuple(args[2:])
+    if a.ndim >= 3 and b.ndim == a.ndim:          # equal batch axes: split both
+        split, n = (lambda lo, hi: (a[lo:hi], b[lo:hi]) + rest), a.shape[0]
+    elif a.ndim >= 2 and b.ndim <= 2:             # a's batch axis or rows
+        split, n = (lambda lo, hi: (a[lo:hi], b) + rest), a.shape[0]
+    elif b.ndim >= 3 and a.ndim <= 2:             # b's batch axis (a broadcast over it)
+        split, n = (lambda lo, hi: (a, b[lo:hi]) + rest), b.shape[0]
+    elif a.ndim == 1 and b.ndim == 2:             # vector @ matrix: columns of b
+        if b.shape[1] < 2:
+            return None
+        return b.shape[1], (lambda lo, hi: (a, np.ascontiguousarray(b[:, lo:hi])) + rest), \
+            (lambda rs: np.concatenate(rs, axis=-1))
+    else:
+        return None
+    if n < 2:
+        return None
+    return n, split, (lambda rs: np.concatenate(rs, axis=0))
+
+
 def _plan(call):
     """(number of independent pieces, split(lo, hi) -> args, combine(results) -> result) or None."""
     op, args = call.op, call.args
@@ -34,12 +59,12 @@ def _plan(call):
             (lambda rs: np.concatenate(rs, axis=1))
     if not isinstance(x, np.ndarray):
         return None
-    if op in ("add", "scale", "matmul"):
+    if op == "matmul":
+        return _plan_matmul(args)
+    if op in ("add", "scale"):
         if x.ndim < 1 or x.shape[0] < 2:
             return None
         same = [isinstance(a, np.ndarray) and a.shape == x.shape for a in args]
-        if op == "matmul":
-            same = [True] + [False] * (len(args) - 1)
         return x.shape[0], (lambda lo, hi: tuple(a[lo:hi] if s else a for a, s in zip(args, same))), \
             (lambda rs: np.concatenate(rs, axis=0))
     if op == "softmax":
