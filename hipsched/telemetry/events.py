@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import socket
 import time
@@ -54,7 +55,9 @@ def text(x):
 def stream_id(s):
     """A stream as the event shows it: ints as they are, handle objects by their pointer."""
     if s is None or isinstance(s, int):
-        return s
+        return int(s) if s is not None and type(s) is not int else s   # bool/IntEnum subclasses as plain ints
+    if isinstance(s, numbers.Integral):
+        return int(s)                  # numpy integer scalars: the number, not its str()
     for attr in ("ptr", "cuda_stream", "handle"):
         v = getattr(s, attr, None)
         if isinstance(v, int):
@@ -79,7 +82,10 @@ def to_dict(rec, run, host, device) -> dict:
         "op": text(rec[OP]), "backend": text(rec[BACKEND]), "reason": text(rec[REASON]), "size": int(rec[SIZE]),
         "dtype": text(rec[DTYPE]), "bytes": int(rec[NBYTES]), "duration_us": _finite(rec[DURATION]),
         "predicted_us": {"cpu": _finite(rec[PRED_CPU]), "gpu": _finite(rec[PRED_GPU])},
-        "stream": stream_id(rec[STREAM]), "phase": sc.phase, "tags": dict(sc.tags),
+        "stream": stream_id(rec[STREAM]),
+        # phase and tags as the JSON line has them (str(phase), tag values JSON-encodable), so the dicts
+        # validate against the same schema
+        "phase": json.loads(sc.phase_json), "tags": json.loads(sc.tags_json),
         "fallback": None if fb is None else {"backend": text(fb[0]), "error": str(fb[1])},
     }
 
