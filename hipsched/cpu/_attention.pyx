@@ -16,7 +16,8 @@ cdef extern from "attention.h" nogil:
 cdef inline float *_f32_4d(cnp.ndarray a, str name) except NULL:
     # The kernel reads raw memory: a wrong dtype, layout or rank here would read out of bounds, so refuse
     # it (ops/attention.py converts; this only guards direct callers of the extension).
-    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or a.ndim != 4:
+    if (cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or a.ndim != 4
+            or not cnp.PyArray_ISNOTSWAPPED(a) or not cnp.PyArray_ISALIGNED(a)):
         raise TypeError(f"attention: {name} must be a 4-d C-contiguous float32 array (validate through hipsched.ops)")
     return <float *>cnp.PyArray_DATA(a)
 

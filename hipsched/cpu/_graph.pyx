@@ -28,7 +28,8 @@ OP = "spread_activation"
 cdef inline void *_vec(cnp.ndarray a, int typenum, str name) except NULL:
     # The kernel reads raw memory: a wrong dtype, layout or rank here would read out of bounds, so refuse
     # it (ops/graph.py converts; this only guards direct callers of the extension).
-    if cnp.PyArray_TYPE(a) != typenum or not cnp.PyArray_IS_C_CONTIGUOUS(a) or a.ndim != 1:
+    if (cnp.PyArray_TYPE(a) != typenum or not cnp.PyArray_IS_C_CONTIGUOUS(a) or a.ndim != 1
+            or not cnp.PyArray_ISNOTSWAPPED(a) or not cnp.PyArray_ISALIGNED(a)):
         want = {cnp.NPY_FLOAT32: "float32", cnp.NPY_INT32: "int32 (as indptr)", cnp.NPY_INT64: "int64"}[typenum]
         raise TypeError(f"{OP}: {name} must be a 1-d contiguous {want} array (validate through hipsched.ops)")
     return cnp.PyArray_DATA(a)

@@ -23,10 +23,32 @@ cdef inline const void *_ptr(cnp.ndarray a):
     return <const void *>cnp.PyArray_DATA(a)
 
 
+cdef inline int _check_f32(cnp.ndarray a, str what) except -1:
+    # The kernels read raw memory: a wrong dtype or layout would read garbage or out of bounds, so refuse
+    # it (ops/quant.py converts; this only guards direct callers of the extension).
+    if (cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(a)
+            or not cnp.PyArray_ISNOTSWAPPED(a) or not cnp.PyArray_ISALIGNED(a)):
+        raise TypeError(f"{what} must be a C-contiguous, aligned, native float32 array (validate through hipsched.ops)")
+    return 0
+
+
+cdef inline int _check_blocks(w, int64_t n, int64_t k) except -1:
+    cdef cnp.ndarray data = w.data
+    if n < 0 or k < 0 or k % 32:
+        raise ValueError(f"quant: shape ({n}, {k}) must be non-negative with k a multiple of 32")
+    if (cnp.PyArray_TYPE(data) != cnp.NPY_UINT8 or not cnp.PyArray_IS_C_CONTIGUOUS(data)
+            or data.size != n * (k // 32) * BLOCK_BYTES[w.qtype]):
+        raise ValueError(f"quant: block data does not hold a contiguous ({n}, {k}) {w.qtype} matrix")
+    return 0
+
+
 def quantize(cnp.ndarray W, str qtype):
     """W float32 C-contiguous (n, k), k % 32 == 0 -> uint8 (n, k // 32 * block bytes) GGUF blocks.
     Raises ValueError (naming the first bad row) on NaN/inf, or when a block scale overflows fp16."""
     cdef int qt = QTYPES[qtype]
+    _check_f32(W, "quantize: W")
+    if W.ndim != 2 or W.shape[1] % 32:
+        raise ValueError(f"quantize: W must be 2-d (n, k) with k a multiple of 32, got shape {(<object>W).shape}")
     cdef int64_t n = W.shape[0], k = W.shape[1], nb = W.size // 32
     cdef cnp.ndarray out = np.empty((n, (k // 32) * BLOCK_BYTES[qtype]), dtype=np.uint8)
     cdef const float *x = <const float *>_ptr(W)
@@ -50,6 +72,7 @@ def dequantize(w):
     cdef cnp.ndarray data = w.data
     cdef int qt = QTYPES[w.qtype]
     cdef int64_t n = w.shape[0], k = w.shape[1]
+    _check_blocks(w, n, k)
     cdef cnp.ndarray out = np.empty((n, k), dtype=np.float32)
     cdef const uint8_t *d = <const uint8_t *>_ptr(data)
     cdef float *o = <float *>cnp.PyArray_DATA(out)
@@ -64,6 +87,10 @@ def qmatmul(w, cnp.ndarray x):
     cdef int qt = QTYPES[w.qtype]
     cdef int64_t n = w.shape[0], k = w.shape[1], m
     cdef cnp.ndarray xt, out
+    _check_blocks(w, n, k)
+    _check_f32(x, "qmatmul: x")
+    if x.ndim not in (1, 2) or x.shape[0] != k:
+        raise ValueError(f"qmatmul: x must be ({k},) or ({k}, m) for w of shape ({n}, {k}), got {(<object>x).shape}")
     if x.ndim == 1:
         m = 1
         xt = x
