@@ -96,10 +96,18 @@ def calibrate(ex, ops=None, progress=True, repeats=3, max_seconds_per_op=None, s
                         try:
                             times = []
                             for _ in range(repeats):
+                                fb = ex._core.counters()["fallback_operations"]
                                 t0 = time.perf_counter()
                                 fn(*args, backend=side, **kwargs)
-                                times.append((time.perf_counter() - t0) * 1e6)
-                            med[side] = float(np.median(times))
+                                dt = (time.perf_counter() - t0) * 1e6
+                                # a GPU run that fell back ran on the CPU: not a GPU time
+                                if ex._core.counters()["fallback_operations"] == fb:
+                                    times.append(dt)
+                            if times:
+                                med[side] = float(np.median(times))
+                            else:
+                                log.info("hipsched calibrate: %s on %s at size %d fell back to the CPU", op, side,
+                                         size)
                         except (GpuError, NotImplementedError, ImportError) as e:
                             log.info("hipsched calibrate: %s on %s at size %d: %s", op, side, size, e)
                     bar.update(1)
