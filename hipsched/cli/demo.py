@@ -22,10 +22,20 @@ def add_arguments(p):
 
 
 def _default_log():
+    import tempfile
     from ..config import HybridConfig
+    name = time.strftime("demo-%Y%m%dT%H%M%S.jsonl", time.gmtime())
     d = os.path.join(HybridConfig().cache_dir, "logs")
+    try:
+        os.makedirs(d, exist_ok=True)
+        if os.access(d, os.W_OK):
+            return os.path.join(d, name)
+    except OSError:
+        pass
+    # the cache dir is not writable (read-only home, a file in the way): the temp dir still is
+    d = os.path.join(tempfile.gettempdir(), "hipsched-logs")
     os.makedirs(d, exist_ok=True)
-    return os.path.join(d, time.strftime("demo-%Y%m%dT%H%M%S.jsonl", time.gmtime()))
+    return os.path.join(d, name)
 
 
 class _Workload:
@@ -140,7 +150,14 @@ def run(args) -> int:
             print(f"  check: {name}: {value:.3g}")
         print()
         ex.print_debug_summary(file=sys.stdout)
+        failed = getattr(ex.telemetry, "writer_error", None)
     print()
+    if not os.path.isfile(log):
+        print(f"telemetry log {log} could not be written ({failed or 'telemetry off'}); the summary above "
+              "is from memory")
+        return 0
+    if failed is not None:
+        print(f"note: writing {log} failed part way ({failed}); the report below covers what was written")
     print(analysis.report([log]))
     print(f"\ntelemetry log: {log}")
     print(f"  follow it:   python -m hipsched monitor {log} --summary")
