@@ -75,7 +75,25 @@ class GpuContext:
         reused across calls stays on the device), device arrays as they are."""
         if isinstance(x, np.ndarray):
             return self.resident.get(x, stream)
+        self._wait_for_producer(x, stream)
         return x
+
+    def _wait_for_producer(self, x, stream) -> None:
+        """A device input last written on another stream (CAI v3 "stream", or one of our own results
+        from a call on another stream): order `stream` after that work before any kernel reads it,
+        with an event, so the host does not block."""
+        src = getattr(x, "stream", None)
+        if src is None:
+            return
+        src, dst = int(src), int(stream or 0)
+        if src == dst:
+            return
+        event = self.rt.event_create()
+        try:
+            self.rt.event_record(event, src)
+            self.rt.stream_wait_event(dst, event)
+        finally:
+            self.rt.event_destroy(event)   # released once the wait has been satisfied
 
     def upload_raw(self, arr: np.ndarray, stream):
         """A fresh device copy of any host array (uint8 blocks, int32 indices, ...), not cached."""

@@ -122,9 +122,14 @@ class DeviceArray:
             raise GpuError("unsupported", "masked __cuda_array_interface__ arrays are not supported")
         dtype = np.dtype(cai["typestr"])
         ptr = cai["data"][0] or 0
+        # CAI's stream 1 is CUDA's legacy default stream, which is the null stream (0) of the driver
+        # API; on HIP 1 is no stream handle at all (2, the per-thread stream, is valid on both).
+        stream = cai.get("stream")
+        if stream == 1:
+            stream = 0
         # CAI carries no device id: the array is taken to live on the runtime's current device.
         return cls._checked(ptr, tuple(cai["shape"]), dtype, cai.get("strides"), runtime, owner=obj,
-                            stream=cai.get("stream"), device=None)
+                            stream=stream, device=None)
 
     @classmethod
     def _checked(cls, ptr, shape, dtype, strides_bytes, runtime, owner, stream, device):

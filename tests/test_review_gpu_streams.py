@@ -1,0 +1,97 @@
+"""Review: device inputs written on another stream (CAI v3 "stream") must be waited for before the
+kernels that read them are queued on the call's stream; CAI's legacy stream (1) is the null stream."""
+import numpy as np
+import pytest
+
+import gpu_emulator
+from hipsched.backends.gpu import GpuBackend
+from hipsched.gpu.memory import DeviceArray
+from hipsched.ops import OPS
+
+pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
+
+
+class RecordingRuntime(gpu_emulator.EmuRuntime):
+    def __init__(self, warp=32):
+        super().__init__(warp)
+        self.log = []
+        self._ev = 100
+
+    def event_create(self):
+        self._ev += 1
+        return self._ev
+
+    def event_record(self, event, stream=0):
+        self.log.append(("record", event, stream))
+
+    def stream_wait_event(self, stream, event):
+        self.log.append(("wait", stream, event))
+
+    def stream_synchronize(self, stream):
+        self.log.append(("sync", stream))
+
+    def launch(self, function, grid, block, args, shared_bytes=0, stream=0):
+        self.log.append(("launch", stream))
+        return super().launch(function, grid, block, args, shared_bytes, stream)
+
+
+class Foreign:
+    """A CAI v3 producer whose data was written on `stream`."""
+
+    def __init__(self, dev, stream):
+        self._dev, self._stream = dev, stream
+
+    @property
+    def __cuda_array_interface__(self):
+        cai = dict(self._dev.__cuda_array_interface__)
+        cai["stream"] = self._stream
+        return cai
+
+
+@pytest.fixture
+def be(tmp_path, monkeypatch):
+    monkeypatch.setenv("HIPSCHED_BLAS", "none")
+    rt = RecordingRuntime()
+    b = GpuBackend({"kernel_cache_dir": str(tmp_path)}, runtime=rt)
+    assert b.available, b.unavailable_reason
+    yield b, rt
+    b.close()
+    rt.close()
+
+
+def _device(rt, host):
+    from hipsched.gpu.memory import to_device
+    return to_device(host, runtime=rt)
+
+
+def test_foreign_stream_waited_before_launch(be):
+    b, rt = be
+    a = np.arange(8, dtype=np.float32)
+    d = _device(rt, a)
+    x = DeviceArray.from_external(Foreign(d, 77), runtime=rt)
+    rt.log.clear()
+    out = b.run(OPS["scale"].prepare(x, 2.0), stream=5)
+    np.testing.assert_array_equal(out.get(), a * 2)
+    first_launch = next(i for i, e in enumerate(rt.log) if e[0] == "launch")
+    before = rt.log[:first_launch]
+    waited = [e for e in before if e[0] == "wait" and e[1] == 5] + [e for e in before if e == ("sync", 77)]
+    recorded = {e[1] for e in before if e[0] == "record" and e[2] == 77}
+    assert any(e[0] == "sync" for e in waited) or any(e[2] in recorded for e in waited if e[0] == "wait"), rt.log
+
+
+def test_same_stream_needs_no_wait(be):
+    b, rt = be
+    d = _device(rt, np.ones(8, np.float32))
+    x = DeviceArray.from_external(Foreign(d, 5), runtime=rt)
+    rt.log.clear()
+    b.run(OPS["scale"].prepare(x, 2.0), stream=5)
+    assert not [e for e in rt.log if e[0] in ("wait", "record")], rt.log
+
+
+def test_cai_legacy_stream_is_null_stream(be):
+    _, rt = be
+    d = _device(rt, np.ones(4, np.float32))
+    x = DeviceArray.from_external(Foreign(d, 1), runtime=rt)
+    # 1 (CU_STREAM_LEGACY) is no stream handle on HIP: the legacy default stream is the null stream
+    assert x.stream == 0
+    np.testing.assert_array_equal(x.get(), np.ones(4, np.float32))
