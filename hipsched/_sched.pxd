@@ -34,10 +34,10 @@ cdef struct Counters:      # exact per-executor totals (only ever changed under 
 
 cdef struct Params:
     int window
-    int min_batch
+    double min_batch       # config allows any integer >= 0 (2**40: never the GPU)
     int min_samples
     int explore_period     # 1 in explore_period calls of an under-sampled bucket explores
-    int reprobe_period     # 1 in reprobe_period calls re-measures the losing side (0: never)
+    long long reprobe_period  # 1 in reprobe_period calls re-measures the losing side (0: never)
     int strategy           # 0 automatic, 1 gpu_preferred, 2 cpu_preferred, 3 backend_only
     int backend_only       # 0 cpu, 1 gpu (strategy backend_only)
     int force_cpu

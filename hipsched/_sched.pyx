@@ -96,9 +96,9 @@ cdef class SchedCore:
         self.slot_ids = {}
         self.op_ids = {}
 
-    def __init__(self, int window=100, int min_batch=64, int min_samples=3, double exploration_share=0.2,
-                 int reprobe_interval=200, str strategy="automatic", str backend_only="cpu",
-                 bint force_cpu=False, int breaker_failures=3, int health_min_samples=20,
+    def __init__(self, int window=100, double min_batch=64, int min_samples=3, double exploration_share=0.2,
+                 long long reprobe_interval=200, str strategy="automatic", str backend_only="cpu",
+                 bint force_cpu=False, long long breaker_failures=3, int health_min_samples=20,
                  double success_threshold=0.95, double speedup_threshold=1.0, double cooldown_s=5.0):
         if window < 1:
             raise ValueError("window must be >= 1")
@@ -110,7 +110,7 @@ cdef class SchedCore:
         self.p.strategy = STRATEGIES.index(strategy)
         self.p.backend_only = 1 if backend_only == "gpu" else 0
         self.p.force_cpu = force_cpu
-        self.p.breaker_failures = breaker_failures
+        self.p.breaker_failures = <int>min(breaker_failures, 0x7fffffff)  # never reached beyond that
         self.p.health_min_samples = health_min_samples
         self.p.success_threshold = success_threshold
         self.p.speedup_threshold = speedup_threshold

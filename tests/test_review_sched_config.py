@@ -53,3 +53,15 @@ def test_model_file_with_bad_transfer_is_ignored_not_fatal(tmp_path, transfer):
     finally:
         ex._save_at_exit.detach()
         ex.close()
+
+
+@pytest.mark.parametrize("key", ["gpu_min_batch_size", "reprobe_interval", "breaker_failures"])
+def test_large_integer_settings_do_not_overflow_the_core(key):
+    ex = Executor(gpu_backend=FakeGpuBackend(), persist_model=False, telemetry_path=None, **{key: 2 ** 40})
+    import numpy as np
+    a = np.ones((64, 64), np.float32)
+    np.testing.assert_array_equal(ex.add(a, a), a + a)
+    if key == "gpu_min_batch_size":
+        assert ex.events[-1]["reason"] == "below_min_batch"
+        assert ex.select_backend("add", size=2 ** 39).reason.value == "below_min_batch"
+    ex.close()
