@@ -8,12 +8,15 @@ ctypes binding; for hip-python's own hiprtc module, `point_hiprtc_at` does the R
 from __future__ import annotations
 
 import ctypes
+import threading
 
 from ..errors import GpuError
 from .runtime import DeviceInfo, Runtime, pack_kernel_params
 from .status import gpu_error
 
 _STREAM_NON_BLOCKING = 1
+# Calls that do not act on the current device (so need no hipSetDevice on a new thread first).
+_DEVICELESS = frozenset({"hipGetDeviceCount", "hipSetDevice", "hipGetDeviceProperties"})
 
 
 def _import_hip():
@@ -67,6 +70,7 @@ class HipPythonRuntime(Runtime):
     def __init__(self):
         self._hip = _import_hip()
         self._device = 0
+        self._tls = threading.local()   # hipSetDevice is per host thread: the device each thread has
         self._compiler = None
         self._infos: dict[int, DeviceInfo] = {}
         if self.device_count() < 1:
@@ -86,6 +90,11 @@ class HipPythonRuntime(Runtime):
         return values[0] if len(values) == 1 else values
 
     def _do(self, fname: str, *args):
+        if fname not in _DEVICELESS and getattr(self._tls, "device", None) != self._device:
+            # a thread other than the one that called set_device (a finalizer, a worker) starts on
+            # device 0: make this runtime's device current on it first
+            self._do("hipSetDevice", self._device)
+            self._tls.device = self._device
         fn = getattr(self._hip, fname, None)
         if fn is None:
             raise GpuError("unavailable", f"hip-python lacks {fname}", name="symbol-missing")
@@ -123,6 +132,7 @@ class HipPythonRuntime(Runtime):
     def set_device(self, index: int) -> None:
         self._do("hipSetDevice", index)
         self._device = index
+        self._tls.device = index
 
     def mem_info(self):
         free, total = self._do("hipMemGetInfo")
