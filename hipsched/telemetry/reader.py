@@ -50,7 +50,8 @@ def expand(paths, rotated=True) -> list[str]:
 
 
 def _int(x) -> bool:
-    return type(x) is int and x >= 0
+    """A count: a non-negative number (5.0 is an integer to JSON Schema too)."""
+    return type(x) in (int, float) and 0 <= x < math.inf
 
 
 def _num(x) -> bool:
