@@ -176,7 +176,10 @@ def _read_toml(path: str) -> dict:
         raise ConfigError(f"hipsched config: cannot read config file {path}: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"hipsched config: config file {path} is not valid TOML: {e}") from None
-    return dict(data.get("hipsched", data))  # a [hipsched] table or top-level keys
+    table = data.get("hipsched", data)  # a [hipsched] table or top-level keys
+    if not isinstance(table, dict):
+        raise ConfigError(f"hipsched config: in config file {path}, 'hipsched' must be a table, got {table!r}")
+    return dict(table)
 
 
 _TRUE = ("1", "true", "yes", "on")

@@ -14,6 +14,8 @@ import warnings
 from .atomic_file import atomic_write
 
 FORMAT = 1
+MAX_FILE_SLOTS = 256   # half of the core's MAX_SLOTS (hipsched/_sched.pxd)
+MAX_FILE_OPS = 64      # half of its MAX_OPS
 
 
 def model_key(device: str | None, version: str) -> dict:
@@ -56,6 +58,10 @@ def load_model(path: str, key: dict):
                     raise ValueError(f"bad sample in {entry['op']}/{side}")
                 sides.append(pts)
             samples[(str(entry["op"]), str(entry["dtype"]))] = sides
+        # the core holds at most 512 (op, dtype) slots and 128 ops: a file that would fill them (or
+        # overflow them mid-import) is not one this package wrote; leave room for the real ops
+        if len(samples) > MAX_FILE_SLOTS or len({op for op, _ in samples}) > MAX_FILE_OPS:
+            raise ValueError(f"{len(samples)} (op, dtype) entries: more than this package has")
         transfer = payload.get("transfer")
         if transfer is not None:
             transfer = {k: float(transfer[k]) for k in ("h2d_latency_us", "h2d_gbps", "d2h_latency_us", "d2h_gbps")}

@@ -65,3 +65,33 @@ def test_large_integer_settings_do_not_overflow_the_core(key):
         assert ex.events[-1]["reason"] == "below_min_batch"
         assert ex.select_backend("add", size=2 ** 39).reason.value == "below_min_batch"
     ex.close()
+
+
+def test_model_file_with_too_many_slots_does_not_break_start(tmp_path):
+    gpu = FakeGpuBackend()
+    import sys
+    version = getattr(sys.modules.get("hipsched"), "__version__", "0")
+    key = model_key(gpu.device_name, version)
+    path = model_path(str(tmp_path), key)
+    with open(path, "w") as fh:
+        json.dump({"format": 1, "key": key, "transfer": None,
+                   "samples": [{"op": f"op{i}", "dtype": "float32", "cpu": [[100, 5.0]], "gpu": []}
+                               for i in range(600)]}, fh)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ex = Executor(gpu_backend=gpu, cache_dir=str(tmp_path), persist_model=True, telemetry_path=None)
+    try:
+        assert any(issubclass(x.category, RuntimeWarning) for x in w)
+        import numpy as np
+        a = np.ones(8, np.float32)
+        np.testing.assert_array_equal(ex.add(a, a), a + a)
+    finally:
+        ex._save_at_exit.detach()
+        ex.close()
+
+
+def test_toml_hipsched_key_not_a_table_is_a_config_error(tmp_path):
+    p = tmp_path / "h.toml"
+    p.write_text("hipsched = 1\n")
+    with pytest.raises(ValueError):
+        HybridConfig(config_file=str(p), env={})
