@@ -21,8 +21,10 @@ def add_arguments(p):
 
 
 def _bench_dir(explicit):
+    if explicit:   # a folder named explicitly is used or refused, never silently replaced
+        return explicit if os.path.isfile(os.path.join(explicit, "harness.py")) else None
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for d in (explicit, os.path.join(os.getcwd(), "bench"), os.path.join(here, "bench")):
+    for d in (os.path.join(os.getcwd(), "bench"), os.path.join(here, "bench")):
         if d and os.path.isfile(os.path.join(d, "harness.py")):
             return d
     return None
@@ -31,8 +33,9 @@ def _bench_dir(explicit):
 def run(args) -> int:
     d = _bench_dir(args.bench_dir)
     if d is None:
-        print("hipsched bench: no bench/ folder found (run from a source checkout or pass --bench-dir)",
-              file=sys.stderr)
+        where = f"{args.bench_dir} is not a bench/ folder (no harness.py)" if args.bench_dir else \
+            "no bench/ folder found (run from a source checkout or pass --bench-dir)"
+        print(f"hipsched bench: {where}", file=sys.stderr)
         return 2
     suites = list(SUITES) if "all" in args.suites else args.suites
     rc = 0

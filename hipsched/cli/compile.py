@@ -5,6 +5,7 @@ Exit status 1 if any source failed for any target."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -32,6 +33,15 @@ def run(args) -> int:
                 raise GpuError("compile", f"{compiler.version()} cannot compile for {arch}: {why}")
         except GpuError as e:
             print(f"{arch}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        cache_dir = KernelCache(compiler, args.cache_dir).cache_dir
+        try:   # the cache is the point of this command: a directory it cannot write is an error
+            os.makedirs(cache_dir, exist_ok=True)
+            if not os.access(cache_dir, os.W_OK):
+                raise PermissionError(f"no write permission for {cache_dir}")
+        except OSError as e:
+            print(f"{arch}: cannot write the kernel cache {cache_dir}: {e}", file=sys.stderr)
             failed += 1
             continue
         rows = compile_all(compiler, arch, cache_dir=args.cache_dir)
