@@ -251,10 +251,11 @@ class Executor:
         key = (call.op, err.kind)
         if key not in self._warned:
             with self._warn_lock:
-                if key not in self._warned:
-                    self._warned.add(key)
-                    log.warning("hipsched: %s failed on the GPU (%s); rerunning on the CPU. Later %s failures "
-                                "of this op fall back silently (see telemetry 'fallback').", call.op, err, err.kind)
+                first = key not in self._warned
+                self._warned.add(key)
+            if first:  # logged outside the lock: a handler may run code that calls this executor
+                log.warning("hipsched: %s failed on the GPU (%s); rerunning on the CPU. Later %s failures "
+                            "of this op fall back silently (see telemetry 'fallback').", call.op, err, err.kind)
         reason = 2  # cpu_fallback
         if call.on_device:
             return self._run_cpu_device(call, slot, reason, pc, pg, stream, ("gpu", str(err)))
