@@ -197,7 +197,10 @@ def _parse_env(key: str, raw: str, typ: str):
                 return False
             raise ValueError("expected one of " + ", ".join(_TRUE + _FALSE))
         if typ == "int":
-            return int(s, 0)
+            try:
+                return int(s, 10)   # "010" is ten, as everywhere else (base 0 rejects leading zeros)
+            except ValueError:
+                return int(s, 0)    # 0x / 0o / 0b forms
         if typ == "float":
             return float(s)
     except ValueError as e:

@@ -95,3 +95,10 @@ def test_toml_hipsched_key_not_a_table_is_a_config_error(tmp_path):
     p.write_text("hipsched = 1\n")
     with pytest.raises(ValueError):
         HybridConfig(config_file=str(p), env={})
+
+
+def test_int_env_with_leading_zero_is_decimal():
+    cfg = HybridConfig(config_file=False, env={"HIPSCHED_GPU_MIN_BATCH_SIZE": "064", "HIPSCHED_REPROBE_INTERVAL": "0b11"})
+    assert cfg.gpu_min_batch_size == 64 and cfg.reprobe_interval == 3
+    with pytest.raises(ValueError):
+        HybridConfig(config_file=False, env={"HIPSCHED_GPU_MIN_BATCH_SIZE": "12abc"})
