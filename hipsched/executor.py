@@ -241,6 +241,10 @@ class Executor:
             if err.kind == "oom":
                 self._free = (0, 0)
             return self._fallback(call, slot, err, pc, pg, stream)
+        except BaseException:  # interrupted (KeyboardInterrupt, SystemExit): the run has no outcome, but
+            # the GPU health must still see one, or a half-open probe would keep the breaker wedged
+            self._core.record(slot, 1, call.size, -1.0, h2d, d2h, False, False, False)
+            raise
         dur = (_perf_ns() - t0) * 1e-3
         self._finish(call, slot, 1, reason, dur, pc, pg, stream, None, h2d, d2h)
         return out

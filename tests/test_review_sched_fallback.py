@@ -36,3 +36,32 @@ def test_logging_handler_that_calls_the_executor_does_not_deadlock():
         logger.removeHandler(h)
     assert done, "deadlocked: the warning lock was held while logging"
     np.testing.assert_array_equal(done[0], a + a)
+
+
+def test_interrupted_half_open_probe_does_not_wedge_the_breaker():
+    import time
+
+    import pytest
+    mode = {"v": "launch"}
+
+    def fail(call):
+        if mode["v"] == "interrupt":
+            mode["v"] = None
+            raise KeyboardInterrupt
+        return mode["v"]
+
+    gpu = FakeGpuBackend(ops=("add",), fail=fail)
+    ex = Executor(gpu_backend=gpu, persist_model=False, telemetry_path=None, breaker_cooldown_s=0.02,
+                  strategy="gpu_preferred")
+    a = np.ones((64, 64), np.float32)
+    for _ in range(3):
+        ex.add(a, a)
+    assert ex.gpu_health("add")["state"] == "open"
+    time.sleep(0.03)
+    mode["v"] = "interrupt"
+    with pytest.raises(KeyboardInterrupt):
+        ex.add(a, a)          # the half-open probe is interrupted
+    assert ex.gpu_health("add")["state"] != "half_open"
+    time.sleep(0.03)
+    ex.add(a, a)              # the next probe runs and closes the breaker
+    assert ex.gpu_health("add")["state"] == "closed"
