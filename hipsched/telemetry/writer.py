@@ -26,6 +26,31 @@ def _flush_all_at_exit():
         w.close()
 
 
+def _disable_in_forked_child():
+    """A forked child inherits every writer without its thread, possibly with its I/O lock held (the
+    parent's thread was mid-flush) and with the parent's queued events, and it would continue the
+    parent's run id and sequence numbers. The parent writes its own events; in the child the inherited
+    writers are switched off (in-memory telemetry goes on), so it neither hangs on the lock at exit nor
+    writes the parent's events twice."""
+    for w in list(_live):
+        w._io_lock = threading.Lock()
+        w.queue.clear()
+        w._closed = True
+        w._stop.set()
+        w.failed = OSError("forked child: the log writer belongs to the parent process")
+        if w._fd is not None:
+            try:
+                os.close(w._fd)      # the child's copy of the descriptor; the parent's stays open
+            except OSError:
+                pass
+            w._fd = None
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disable_in_forked_child)
+
+
 class JsonlWriter:
     def __init__(self, path, formatter, queue_size=65536, rotate_bytes=64 << 20, keep=8, interval=0.02):
         if queue_size < 1:
