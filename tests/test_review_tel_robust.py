@@ -119,3 +119,19 @@ def test_follower_reads_a_file_created_after_it_started_from_the_start(tmp_path)
     got = f.poll_once()
     f.close()
     assert [d["seq"] for d in got] == list(range(20))
+
+
+def test_fallback_errors_with_addresses_fold_and_stay_bounded(tmp_path):
+    p = tmp_path / "a.jsonl"
+    recs = []
+    for i in range(3000):
+        err = f"[runtime] illegal address at 0x7f{i:08x}ab ({'abcdefgh'[i % 8]}{i}q)"
+        recs.append(_ev(i, fallback={"backend": "gpu", "error": err}))
+    _write(p, recs)
+    an = analysis.Analyzer()
+    from hipsched.telemetry.reader import iter_records
+    an.feed(iter_records([str(p)]))
+    assert sum(an.fallbacks.values()) == 3000
+    assert len(an.fallbacks) <= 300
+    keys = {k[2] for k in an.fallbacks}
+    assert any("0xN" in k for k in keys)

@@ -33,9 +33,15 @@ def size_bucket(size) -> int:
     return int(size).bit_length() - 1 if size and size > 0 else -1
 
 
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_LONG = re.compile(r"\d{4,}")
+MAX_ERRORS_PER_OP = 256   # distinct error texts kept per op; the rest count as OTHER_ERRORS
+OTHER_ERRORS = "(other errors)"
+
+
 def error_key(err) -> str:
-    """Group fallback errors by message, with long numbers (addresses, byte counts) folded."""
-    return re.sub(r"\d{4,}", "N", str(err))[:160]
+    """Group fallback errors by message, with addresses (0x...) and long numbers (byte counts) folded."""
+    return _LONG.sub("N", _HEX.sub("0xN", str(err)))[:160]
 
 
 class _SeqSet:
@@ -95,6 +101,7 @@ class Analyzer:
         self.buckets = {}      # (op, bucket) -> _Bucket
         self.runs = {}         # run -> dict
         self.fallbacks = {}    # (op, failed_backend, error_key) -> count
+        self._error_kinds = {}  # op -> distinct error keys kept
         self.gpu_health = {}   # op -> [gpu_ok, gpu_failed, breaker_opened]
         self.gpu_bytes = {}    # op -> [bytes of GPU calls, their time]
         self.reasons = {}      # reason -> count
@@ -160,6 +167,13 @@ class Analyzer:
         if fb:
             cell[1] += 1
             fkey = (op, fb.get("backend"), error_key(fb.get("error")))
+            if fkey not in self.fallbacks:
+                # memory stays bounded even when every error text is different
+                n_op = self._error_kinds.get(op, 0)
+                if n_op >= MAX_ERRORS_PER_OP:
+                    fkey = (op, fb.get("backend"), OTHER_ERRORS)
+                else:
+                    self._error_kinds[op] = n_op + 1
             self.fallbacks[fkey] = self.fallbacks.get(fkey, 0) + 1
             if fb.get("backend") == "gpu":
                 health[1] += 1
