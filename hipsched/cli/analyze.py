@@ -6,6 +6,17 @@ import json
 import sys
 
 
+def _positive(text):
+    import argparse
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return v
+
+
 def add_arguments(p):
     p.add_argument("logs", nargs="+", metavar="LOG", help="JSONL telemetry logs (rotated LOG.1, LOG.2 ... are included)")
     p.add_argument("--trace", metavar="OUT.json", help="write Chrome trace events (Perfetto opens them)")
@@ -15,7 +26,7 @@ def add_arguments(p):
     p.add_argument("--min-samples", type=int, default=3, help="calls needed on each side of a size bucket (default 3)")
     p.add_argument("--tie-band", type=float, default=0.05,
                    help="relative difference under which both sides count as right (default 0.05)")
-    p.add_argument("--pcie-gbps", type=float, default=25.0,
+    p.add_argument("--pcie-gbps", type=_positive, default=25.0,
                    help="host-device bandwidth assumed for the copy-share estimate (default 25)")
 
 

@@ -313,7 +313,7 @@ class Analyzer:
             "phases": [{"phase": p, "backend": b, "count": c, "time_us": t}
                        for (p, b), (c, t) in sorted(self.phases.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))],
             "transfer_estimate": [{"op": op, "gpu_bytes": by, "gpu_time_us": t,
-                                   "copy_share": min(1.0, by / (self.pcie_gbps * 1e3) / t) if t > 0 else None,
+                                   "copy_share": min(1.0, by / (self.pcie_gbps * 1e3) / t) if t > 0 and self.pcie_gbps > 0 else None,
                                    "assumed_gbps": self.pcie_gbps}
                                   for op, (by, t) in sorted(self.gpu_bytes.items(), key=lambda kv: str(kv[0]))],
         }
