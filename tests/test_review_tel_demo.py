@@ -47,3 +47,11 @@ def test_demo_stubbed_workload_reports(tmp_path, monkeypatch, capsys):
     assert main(["demo", "--quick", "--no-progress", "--log", str(log)]) == 0
     out = capsys.readouterr().out
     assert "Per op and backend" in out and "add" in out
+
+
+def test_demo_negative_seed_is_an_argument_error(monkeypatch, capsys):
+    import pytest
+    monkeypatch.setattr(demo, "_Workload", _Tiny)
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--quick", "--seed", "-1"])
+    assert e.value.code == 2 and "seed" in capsys.readouterr().err

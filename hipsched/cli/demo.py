@@ -14,10 +14,21 @@ import time
 import numpy as np
 
 
+def _seed(text):
+    import argparse
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (numpy seeds are non-negative), got {v}")
+    return v
+
+
 def add_arguments(p):
     p.add_argument("--log", help="telemetry JSONL path (default: a new file under the cache dir)")
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few seconds)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0, help="random seed (a non-negative integer)")
     p.add_argument("--no-progress", action="store_true")
 
 
