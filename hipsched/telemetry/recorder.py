@@ -18,6 +18,7 @@ from .writer import JsonlWriter
 
 ENV_PATH = "HIPSCHED_TELEMETRY"
 _now = time.time
+_INF = float("inf")
 
 
 def path_from_env():
@@ -72,7 +73,11 @@ class Telemetry:
         if c is None:
             c = cells[(op, backend)] = [0, 0.0, 0]
         c[0] += 1
-        c[1] += duration_us
+        try:
+            if -_INF < duration_us < _INF:   # None (no measurement), NaN and inf add no time
+                c[1] += duration_us
+        except TypeError:
+            pass
         if fallback is not None:
             c[2] += 1
             self._counters.add_error(op, fallback)
