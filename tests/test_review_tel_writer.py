@@ -41,3 +41,23 @@ def test_forked_child_neither_hangs_nor_duplicates(tmp_path, mode):
     assert r.returncode == 0 and "child 0" in r.stdout, r.stdout + r.stderr
     seqs = [json.loads(line)["seq"] for line in log.read_text().splitlines()]
     assert sorted(seqs) == list(range(5)), seqs
+
+
+def test_rotation_after_the_live_log_was_deleted_keeps_writing(tmp_path):
+    import os
+
+    from hipsched.telemetry import Telemetry
+    p = tmp_path / "l.jsonl"
+    tel = Telemetry(path=str(p), flush_interval=3600, rotate_bytes=2000, run_id="R")
+    rec = ("add", "cpu", "cost_model", 10, "float32", 40, 1.0, 1.0, 1.0)
+    for _ in range(5):
+        tel.record(*rec)
+    tel.flush()
+    os.unlink(p)                     # someone removed the live log
+    for _ in range(3):
+        for _ in range(10):
+            tel.record(*rec)
+        tel.flush()                  # a batch that does not fit forces a rotation
+    assert tel.writer_error is None
+    tel.close()
+    assert p.exists() and p.read_text().count("\n") > 0

@@ -156,7 +156,10 @@ class JsonlWriter:
             src = f"{self.path}.{i}"
             if os.path.exists(src):
                 os.replace(src, f"{self.path}.{i + 1}")
-        os.replace(self.path, f"{self.path}.1")
+        try:
+            os.replace(self.path, f"{self.path}.1")
+        except FileNotFoundError:
+            pass   # the live log was deleted under us: start a new one rather than give up
         self._open()
 
     def _close_fd(self) -> None:
