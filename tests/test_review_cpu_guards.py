@@ -62,3 +62,14 @@ def test_quant_direct_quantize_refuses_bad_w():
         _quant.quantize(np.ones((2, 40), np.float32), "q8_0")
     with pytest.raises(ValueError):
         _quant.quantize(np.ones(64, np.float32), "q8_0")
+
+
+@pytest.mark.parametrize("qtype,fine,bad", [("q8_0", 8.32e6, 1e7), ("q4_0", 5.241e5, -6e5)])
+def test_quantize_range_error_names_the_overflowing_row(qtype, fine, bad):
+    # a row just over 127 (or 8) x 65504 still gets a finite fp16 scale (rounds down to 65504)
+    W = np.zeros((3, 32), np.float32)
+    W[0, 0] = fine
+    quantize(W[:1], qtype)
+    W[2, 0] = bad
+    with pytest.raises(ValueError, match=r"\(row 2\)"):
+        quantize(W, qtype)
