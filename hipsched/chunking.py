@@ -69,7 +69,7 @@ def _plan(call):
             (lambda rs: np.concatenate(rs, axis=0))
     if op == "softmax":
         axis = call.params.get("axis", -1)
-        if x.ndim < 2 or axis % x.ndim == 0:
+        if x.ndim < 2 or axis % x.ndim == 0 or x.shape[0] < 2:
             return None
         return x.shape[0], (lambda lo, hi: (x[lo:hi],) + tuple(args[1:])), (lambda rs: np.concatenate(rs, axis=0))
     if op == "cosine_similarity" and len(args) >= 2 and _rows(args[1]) >= 2:
@@ -105,6 +105,7 @@ def run_chunked(gpu, call, stream=None, first_error: GpuError | None = None):
         n = max(2, math.ceil(need / max(1.0, free * HEADROOM)))
     except GpuError:
         n = 2
+    n = min(n, pieces, MAX_CHUNKS)  # an estimate beyond one piece per chunk still gets that one try
     last = first_error
     while n <= min(pieces, MAX_CHUNKS):
         bounds = np.linspace(0, pieces, n + 1).astype(np.int64)

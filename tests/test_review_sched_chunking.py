@@ -32,3 +32,15 @@ def test_matmul_chunked_on_oom_equals_unchunked(sa, sb, rng):
     ev = ex.events[-1]
     assert ev["backend"] == "gpu" and ev["reason"] != "cpu_fallback", ev
     assert ex.gpu_health("matmul")["failures"] == 0
+
+
+def test_chunking_tries_single_pieces_when_the_estimate_asks_for_more(rng):
+    # free memory reads low (a cache the allocator would evict, or a stale reading): the estimate asks
+    # for more chunks than there are rows; one row per chunk still fits and must be tried
+    a = rng.standard_normal((4, 256), dtype=np.float32)
+    row_bytes = 4 * 256 * 3
+    gpu = FakeGpuBackend(ops=("add",), oom_above_bytes=row_bytes * 1, free_memory=16)
+    ex = make(gpu)
+    got = ex.add(a, a, backend="gpu")
+    np.testing.assert_array_equal(got, a + a)
+    assert ex.events[-1]["backend"] == "gpu" and gpu.ok_runs == 4
