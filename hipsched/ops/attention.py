@@ -6,7 +6,9 @@
 top-left exactly as torch.nn.functional.scaled_dot_product_attention(is_causal=True), also when
 seq_q != seq_k; every query then sees key 0, so no row is fully masked. seq_k == 0 (no keys at all)
 gives zeros, as PyTorch does. NaN or inf in a row's scores propagates to that row's output as the formula
-gives it (NumPy-style); PyTorch's CPU flash kernel instead returns zeros for such rows.
+gives it (NumPy-style); PyTorch's CPU flash kernel instead returns zeros for such rows. With
+`causal=True` a key hidden from a query never reaches that query's output, even when its row of v
+holds inf or NaN (the formula's 0 * inf would be NaN there).
 
 The CPU kernel (src_c/cpu/attention.inc) is tiled with an online softmax: its scratch is
 O(64 * (head_dim + 64)) floats per thread, never seq_q x seq_k. Results agree with a float64
