@@ -43,6 +43,9 @@ def prepare(q, k, v, causal=False, scale=None) -> Call:
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
     scale = finite_scalar(scale, OP, "scale")
+    # the kernels take scale as float32 and fold log2(e) into it: beyond that range 0 * inf gives NaN
+    if abs(scale) * math.log2(math.e) > float(np.finfo(np.float32).max):
+        raise ValueError(f"{OP}: scale must be within float32's range (|scale| <= about 2.4e38), got {scale!r}")
     check_result_fits(OP, b, h, sq, d)
     return Call(OP, (q, k, v), {"causal": bool(causal), "scale": scale},
                 size=b * h * sq * sk * d,

@@ -99,6 +99,8 @@ def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
     check_csr(indptr, indices)  # before any backend sees the graph: the GPU kernels trust it
     seeds = _seed_array(seeds, n)
     decay = finite_scalar(decay, OP, "decay")
+    if abs(decay) > float(np.finfo(np.float32).max):  # the kernels take it as float32: inf * 0 would be NaN
+        raise ValueError(f"{OP}: decay must be within float32's range, got {decay!r}")
     steps = finite_scalar(steps, OP, "steps", lo=0, integer=True)
     threshold = finite_scalar(threshold, OP, "threshold")
     nnz = int(indices.shape[0])
