@@ -135,3 +135,10 @@ def test_fallback_errors_with_addresses_fold_and_stay_bounded(tmp_path):
     assert len(an.fallbacks) <= 300
     keys = {k[2] for k in an.fallbacks}
     assert any("0xN" in k for k in keys)
+
+
+def test_analyze_accepts_a_single_path(tmp_path):
+    p = tmp_path / "a.jsonl"
+    _write(p, [_ev(0), _ev(1)])
+    assert analysis.analyze(str(p))["runs"][0]["events"] == 2
+    assert analysis.analyze(p)["runs"][0]["events"] == 2

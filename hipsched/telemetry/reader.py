@@ -39,6 +39,8 @@ def with_rotated(path: str) -> list[str]:
 
 
 def expand(paths, rotated=True) -> list[str]:
+    if isinstance(paths, (str, bytes, os.PathLike)):   # one path, not an iterable of its characters
+        paths = [paths]
     out = []
     for p in paths:
         p = os.fspath(p)
