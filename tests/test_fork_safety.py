@@ -61,3 +61,23 @@ def test_forked_child_gets_its_own_default_executor():
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     assert hs.default_executor() is parent
+
+
+def test_fork_then_exec_gets_all_threads():
+    """A forked child that execs a new program is a fresh process: its kernels may use every thread."""
+    import os
+
+    import numpy as np
+
+    import hipsched as hs
+    hs.softmax(np.ones((64, 64), np.float32))
+    threads = hs.cpu_features()["threads"]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, then becomes another program
+        os.dup2(w, 1)
+        os.execv(sys.executable, [sys.executable, "-c", "import hipsched; print(hipsched.cpu_features()['threads'])"])
+    os.close(w)
+    out = os.read(r, 100).decode().strip()
+    os.waitpid(pid, 0)
+    assert out == str(threads)

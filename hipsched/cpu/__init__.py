@@ -9,4 +9,7 @@ def _mark_forked_child():
     os.environ["HIPSCHED_FORKED_CHILD"] = str(os.getpid())
 
 
+# This file runs once per process image: a forked child inherits it already imported. So a mark seen
+# here was left by an earlier image of this pid (os.fork then exec), whose OpenMP pool is gone with it.
+os.environ.pop("HIPSCHED_FORKED_CHILD", None)
 os.register_at_fork(after_in_child=_mark_forked_child)
