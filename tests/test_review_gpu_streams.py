@@ -95,3 +95,32 @@ def test_cai_legacy_stream_is_null_stream(be):
     # 1 (CU_STREAM_LEGACY) is no stream handle on HIP: the legacy default stream is the null stream
     assert x.stream == 0
     np.testing.assert_array_equal(x.get(), np.ones(4, np.float32))
+
+
+class DLPackProducer:
+    """A DLPack producer (the capsule comes from a DeviceArray)."""
+
+    def __init__(self, dev):
+        self._dev = dev
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self._dev.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._dev.__dlpack_device__()
+
+
+def test_dlpack_input_ordered_after_legacy_stream(be):
+    # __dlpack__() without a stream: the producer only guarantees the data for the legacy default
+    # stream, so a call on another stream must wait on the null stream first.
+    b, rt = be
+    a = np.arange(8, dtype=np.float32)
+    d = _device(rt, a)
+    x = DeviceArray.from_external(DLPackProducer(d), runtime=rt)
+    rt.log.clear()
+    out = b.run(OPS["scale"].prepare(x, 3.0), stream=5)
+    np.testing.assert_array_equal(out.get(), a * 3)
+    first_launch = next(i for i, e in enumerate(rt.log) if e[0] == "launch")
+    before = rt.log[:first_launch]
+    recorded = {e[1] for e in before if e[0] == "record" and e[2] == 0}
+    assert any(e[0] == "wait" and e[1] == 5 and e[2] in recorded for e in before), rt.log

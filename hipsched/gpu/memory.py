@@ -107,10 +107,12 @@ class DeviceArray:
                 raise GpuError("unsupported", f"DLPack object lives on device type {dev[0]}, not a GPU "
                                               f"(use a host array instead)")
             tensor = dlpack.ConsumedTensor(obj.__dlpack__())
+            # Asked with stream=None, the producer makes the data ready for the legacy default stream
+            # (the null stream, 0) only: work on any other stream must be ordered after that stream.
             return cls._checked(tensor.ptr, tensor.shape, tensor.dtype,
                                 None if tensor.strides is None else
                                 tuple(s * tensor.dtype.itemsize for s in tensor.strides),
-                                runtime, owner=(tensor, obj), stream=None, device=tensor.device)
+                                runtime, owner=(tensor, obj), stream=0, device=tensor.device)
         raise GpuError("unsupported", f"{type(obj).__name__} exposes neither __cuda_array_interface__ nor "
                                       f"DLPack on a GPU")
 
