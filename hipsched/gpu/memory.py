@@ -205,7 +205,11 @@ class DeviceArray:
         if dl_device is not None and tuple(dl_device) != self.device:
             raise BufferError(f"DeviceArray lives on {self.device}, cannot export to {tuple(dl_device)}")
         # Make the data complete for a consumer on another stream: wait for ours to finish first.
-        if self.stream not in (None, 0) and stream != -1 and self.runtime is not None:
+        # The consumer's None (and CUDA's 1) is the legacy default stream, i.e. our null stream 0;
+        # work queued on the null stream is not ordered before a non-blocking consumer stream.
+        consumer = 0 if stream in (None, 1) else stream
+        if (self.stream is not None and stream != -1 and int(self.stream) != consumer
+                and self.runtime is not None):
             self.runtime.stream_synchronize(int(self.stream))
         strides = None if self.is_c_contiguous else tuple(s // self.itemsize for s in self.strides)
         return dlpack.make_capsule(self.ptr, self.shape, strides, self.dtype, self.device, owner=self)
