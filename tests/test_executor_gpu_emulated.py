@@ -112,3 +112,17 @@ def test_attention_and_spreading_on_the_gpu_path(warp, tmp_path):
             assert ex.stats().gpu_operations == 7 and ex.stats().fallback_operations == 0
     finally:
         runtime.close()
+
+
+@pytest.mark.parametrize("pos", [5, 100])
+def test_causal_attention_hidden_inf_value_stays_hidden(rt, tmp_path, pos):
+    """An inf in v must not reach queries that cannot see its key (0 * inf = NaN): the GPU kernel skips
+    hidden keys exactly as the CPU engine does, wherever the key falls in the tiles."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 1, 128, 16), dtype=np.float32) for _ in range(3))
+    v[0, 0, pos] = np.inf
+    with make_executor(rt, tmp_path, allow_fallback=False) as ex:
+        g = ex.attention(q, k, v, causal=True, backend="gpu")
+        c = ex.attention(q, k, v, causal=True, backend="cpu")
+    assert np.isfinite(g[0, 0, :pos]).all()
+    np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-6, equal_nan=True)

@@ -126,8 +126,12 @@ HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__
                 float4 vv[4];
 #pragma unroll
                 for (int t = 0; t < 4; ++t) vv[t] = vs[c0 + jj][t * G + g];
+                const hs_i64 key = kt + c0 + jj;
 #pragma unroll
                 for (int i = 0; i < HSA_R; ++i) {
+                    // A key hidden from this row must not reach it at all: weight 0 times an inf or NaN
+                    // value would still be NaN (the CPU engine skips hidden keys the same way).
+                    if (!(key < kend && (!causal || key <= row0 + i * STRIDE))) continue;
                     const float p = s[i][jj];
 #pragma unroll
                     for (int t = 0; t < 4; ++t) {
