@@ -128,8 +128,15 @@ def test_trace_follows_the_trace_event_format(tmp_path, known):
         assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float)) and e["dur"] >= 0
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
     tracks = {e["args"]["name"] for e in ms if e["name"] == "thread_name"}
-    assert tracks == {"CPU", "GPU stream 1", "GPU stream 2"}
+    assert {t.split(" #")[0] for t in tracks} == {"CPU", "GPU stream 1", "GPU stream 2"}
     assert all(e["tid"] in {m["tid"] for m in ms if m["name"] == "thread_name"} for e in xs)
+    # slices on one track must nest for Perfetto: calls that overlap in time sit on separate lanes
+    by_tid = {}
+    for e in xs:
+        by_tid.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_tid.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(spans, spans[1:]))
     assert any(e["name"] == "attention (fallback from gpu)" and "error" in e["args"] for e in xs)
 
 
@@ -169,3 +176,39 @@ def test_memory_stays_bounded_as_the_log_grows(tmp_path):
         assert sum(r["count"] for r in res["ops"]) == n
     assert os.path.getsize(tmp_path / "f20000.jsonl") > 10 * peaks[20000] / 4  # the file dwarfs what is kept
     assert peaks[20000] < 1.5 * peaks[2000] + 256 * 1024
+
+
+def test_trace_lanes_for_overlapping_calls_stay_few(tmp_path):
+    """Two threads whose calls overlap get two lanes, with no overlap inside a lane; a log read newest
+    first does not open a lane per call."""
+    from hipsched.telemetry.trace import MAX_LANES, TraceWriter
+
+    def ev(end_s, dur_us):
+        whole = int(end_s)
+        return {"ts": "2026-11-21T12:00:%02d.%06dZ" % (whole, round((end_s - whole) * 1e6)), "duration_us": dur_us,
+                "op": "add", "backend": "cpu", "stream": None, "host": "h", "run": "r"}
+
+    def lanes(events):
+        tw = TraceWriter(tmp_path / "t.json")
+        for e in events:
+            tw.add(e)
+        tw.close()
+        with open(tmp_path / "t.json") as f:
+            evs = json.load(f)["traceEvents"]
+        by_tid = {}
+        for e in evs:
+            if e["ph"] == "X":
+                by_tid.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+        return by_tid
+
+    # thread A runs [1+0.1i, 1.08+0.1i], thread B [1.05+0.1i, 1.13+0.1i]; logged in completion order
+    interleaved = []
+    for i in range(25):
+        interleaved += [ev(1.08 + 0.1 * i, 80_000.0), ev(1.13 + 0.1 * i, 80_000.0)]
+    by_tid = lanes(interleaved)
+    assert len(by_tid) == 2
+    for spans in by_tid.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(spans, spans[1:]))
+    reversed_log = [ev(1.0, 900_000.0)] + [ev(59 - 0.01 * k, 5_000.0) for k in range(3000)]
+    assert len(lanes(reversed_log)) == 2 < MAX_LANES  # newest first: each call fits before its lane's span

@@ -1,11 +1,17 @@
 """Chrome trace-event JSON (chrome://tracing, Perfetto) written while the log streams by: one complete
 ("X") event per call, one process per (host, run) and one track per backend and stream, named with
-metadata ("M") events at the end. Nothing but the track names is kept in memory."""
+metadata ("M") events at the end. Calls from several threads overlap in time, and slices on one track
+must nest, so overlapping calls go to extra lanes of their track ("CPU #2", ...). A lane keeps only the
+span it covers: for a log in completion order (as the writer writes it) the lanes match the calls in
+flight at once; input far out of order could open more, so a track has at most MAX_LANES, the last
+taking whatever does not fit elsewhere."""
 from __future__ import annotations
 
 import json
 
 from .reader import TsParser
+
+MAX_LANES = 1024  # three numbers each: bounds memory for input far out of order
 
 
 class TraceWriter:
@@ -15,7 +21,8 @@ class TraceWriter:
         self._f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
         self._first = True
         self._pids = {}      # (host, run) -> pid
-        self._tids = {}      # (pid, backend, stream) -> tid
+        self._lanes = {}     # (pid, backend, stream) -> [[first start, last end, tid], ...]
+        self._labels = {}    # tid -> (pid, track name)
         self._ts = TsParser()
         self.count = 0
 
@@ -34,8 +41,8 @@ class TraceWriter:
         pkey = (d.get("host"), d.get("run"))
         pid = self._pids.setdefault(pkey, len(self._pids) + 1)
         backend, stream = str(d.get("backend")), d.get("stream")
-        tkey = (pid, backend, stream)
-        tid = self._tids.setdefault(tkey, len(self._tids) + 1)
+        start = round(end * 1e6 - dur, 3)
+        tid = self._lane(pid, backend, stream, start, start + dur)
         fb = d.get("fallback")
         name = d.get("op", "?") if not fb else f"{d.get('op', '?')} (fallback from {fb.get('backend')})"
         args = {"size": d.get("size"), "bytes": d.get("bytes"), "reason": d.get("reason"), "dtype": d.get("dtype"),
@@ -44,16 +51,35 @@ class TraceWriter:
             args["error"] = fb.get("error")
         if d.get("tags"):
             args["tags"] = d["tags"]
-        self._emit({"name": name, "cat": backend, "ph": "X", "ts": round(end * 1e6 - dur, 3), "dur": dur,
+        self._emit({"name": name, "cat": backend, "ph": "X", "ts": start, "dur": dur,
                     "pid": pid, "tid": tid, "args": args})
         self.count += 1
+
+    def _lane(self, pid, backend, stream, start, end) -> int:
+        """The tid of the first lane whose covered span this slice stays clear of (a new lane if none,
+        up to MAX_LANES): slices placed by that rule never overlap within a lane."""
+        lanes = self._lanes.setdefault((pid, backend, stream), [])
+        for lane in lanes:
+            if start >= lane[1]:
+                lane[1] = end
+                return lane[2]
+            if end <= lane[0]:
+                lane[0] = start
+                return lane[2]
+        if len(lanes) >= MAX_LANES:
+            lanes[-1][0], lanes[-1][1] = min(lanes[-1][0], start), max(lanes[-1][1], end)
+            return lanes[-1][2]
+        tid = len(self._labels) + 1
+        label = backend.upper() + ("" if stream is None else f" stream {stream}")
+        self._labels[tid] = (pid, label if not lanes else f"{label} #{len(lanes) + 1}")
+        lanes.append([start, end, tid])
+        return tid
 
     def close(self) -> None:
         for (host, run), pid in self._pids.items():
             self._emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "ts": 0,
                         "args": {"name": f"hipsched {host} run {run}"}})
-        for (pid, backend, stream), tid in self._tids.items():
-            label = backend.upper() + ("" if stream is None else f" stream {stream}")
+        for tid, (pid, label) in self._labels.items():
             self._emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "ts": 0, "args": {"name": label}})
         self._f.write("\n]}\n")
         self._f.close()
