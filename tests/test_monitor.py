@@ -92,3 +92,18 @@ def test_tail_cli_stops_at_max_events(tmp_path, capsys):
     assert rc == 0 and len(lines) == 3 and all(x.startswith("[attention]") for x in lines)
     rc, lines = run_monitor([str(path), "--tail", "-n", "0", "--timeout", "0.2"], capsys)
     assert rc == 0 and lines == []
+
+
+def test_summary_counts_each_runs_drops_once(tmp_path, capsys):
+    """A drop record read twice (two copies of a log) counts once: the highest dropped_total per run."""
+    import json as _json
+
+    from hipsched.__main__ import main as cli
+    rec = {"v": 1, "ts": "2026-11-21T12:00:00.000000Z", "run": "r1", "event": "dropped", "dropped": 7,
+           "dropped_total": 7}
+    later = dict(rec, dropped=3, dropped_total=10)
+    other = dict(rec, run="r2", dropped=2, dropped_total=2)
+    log = tmp_path / "d.jsonl"
+    log.write_text("".join(_json.dumps(r) + "\n" for r in (rec, rec, later, other)))
+    assert cli(["monitor", str(log), "--summary"]) == 0
+    assert "12 events dropped by the writer" in capsys.readouterr().out

@@ -86,17 +86,18 @@ class Summary:
 
 def run(args) -> int:
     from ..telemetry.follow import Follower
-    from ..telemetry.reader import ReadStats, iter_records
+    from ..telemetry.reader import DropCounter, ReadStats, iter_records
     ok = _matcher(args)
     stats = ReadStats()
     summary = Summary() if args.summary else None
-    shown = dropped = 0
+    shown = 0
+    drops = DropCounter()
     out = sys.stdout
 
     def handle(d):
-        nonlocal shown, dropped
+        nonlocal shown
         if d.get("event") == "dropped":
-            dropped += int(d.get("dropped") or 0)
+            drops.add(d)
             if summary is None:
                 print(f"[telemetry] {d.get('dropped')} events dropped by the writer (queue full)", file=out, flush=True)
             return
@@ -119,7 +120,7 @@ def run(args) -> int:
                     if done():
                         break
                     if summary is not None and time.monotonic() >= next_summary:
-                        print(summary.render(stats, dropped) + "\n", file=out, flush=True)
+                        print(summary.render(stats, drops.total) + "\n", file=out, flush=True)
                         next_summary = time.monotonic() + args.every
             finally:
                 f.close()
@@ -134,7 +135,7 @@ def run(args) -> int:
     except KeyboardInterrupt:
         pass
     if summary is not None:
-        print(summary.render(stats, dropped), file=out, flush=True)
+        print(summary.render(stats, drops.total), file=out, flush=True)
     elif stats.malformed:
         print(f"[monitor] {stats.malformed} malformed lines skipped", file=sys.stderr)
     return 0

@@ -21,7 +21,7 @@ import math
 import re
 
 from .quantiles import LogHistogram
-from .reader import ReadStats, iter_records
+from .reader import DropCounter, ReadStats, iter_records
 
 # Decisions the cost model did not make (forced by the user, by health or by capacity, or deliberate
 # exploration) are not judged for routing accuracy.
@@ -108,21 +108,14 @@ class Analyzer:
         self.phases = {}       # (phase, backend) -> [count, time]
         self._unhealthy = {}   # (run, op) -> last decision was gpu_unhealthy
         self.dropped = 0
-        self._dropped_runs = {}  # run -> highest dropped_total seen
+        self._drops = DropCounter()
         self.duplicates = 0
 
     # ---------------------------------------------------------------- one pass
     def add(self, d) -> bool:
         """Count one record; False when it was not a new event (a service record or a duplicate)."""
         if d.get("event") == "dropped":
-            # dropped_total only grows within a run: its maximum counts each run's drops once, even when
-            # the same drop record is read from two copies of a log
-            run = d.get("run")
-            total = int(d.get("dropped_total") or d.get("dropped") or 0)
-            prev = self._dropped_runs.get(run, 0)
-            if total > prev:
-                self._dropped_runs[run] = total
-                self.dropped += total - prev
+            self.dropped += self._drops.add(d)
             return False
         if "event" in d or "op" not in d:   # service records this reader does not know
             return False

@@ -131,3 +131,24 @@ class TsParser:
             return self._base + (int(frac) / 10 ** len(frac) if frac else 0.0)
         except (TypeError, ValueError, IndexError):
             return None
+
+
+class DropCounter:
+    """Events the writer dropped, from its `dropped` service records. dropped_total only grows within a
+    run, so its maximum per run counts each run's drops once, even when the same record is read twice
+    (two copies of a log, or a log and its rotated files)."""
+
+    def __init__(self):
+        self._runs = {}  # run -> highest dropped_total seen
+        self.total = 0
+
+    def add(self, d) -> int:
+        """Count one `dropped` record; returns how many drops it adds."""
+        run = d.get("run")
+        seen = int(d.get("dropped_total") or d.get("dropped") or 0)
+        prev = self._runs.get(run, 0)
+        if seen <= prev:
+            return 0
+        self._runs[run] = seen
+        self.total += seen - prev
+        return seen - prev
