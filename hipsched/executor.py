@@ -286,6 +286,8 @@ class Executor:
         if flags & _F_SUPPORTS:
             if size > max_size:
                 flags &= ~_F_SUPPORTS
+            elif size < self.config.gpu_min_batch_size or want & _F_WANT_CPU:
+                flags |= _F_FITS  # as a call does: small or CPU-forced calls never query device memory
             else:
                 try:
                     if nbytes is None or nbytes <= self._free_memory():
