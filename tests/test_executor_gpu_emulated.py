@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import gpu_emulator
+from test_cpu_graph import random_graph
 from hipsched import Executor, quantize
 from hipsched.backends.gpu import GpuBackend
 from hipsched.gpu.memory import DeviceArray, to_device
@@ -97,15 +98,10 @@ def test_attention_and_spreading_on_the_gpu_path(warp, tmp_path):
                                                ex.attention(q, k, v, causal=causal, backend="cpu"),
                                                rtol=2e-5, atol=2e-6)
             n = 50
-            src = rng.integers(0, n, 300)
-            order = np.argsort(src, kind="stable")
-            indices = rng.integers(0, n, 300).astype(np.int32)[order]
-            weights = rng.uniform(0, 0.5, 300).astype(np.float32)
-            indptr = np.zeros(n + 1, np.int32)
-            np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
+            indptr, indices, weights = random_graph(rng, n, 300)
+            graph = (indptr.astype(np.int32), indices.astype(np.int32), weights * np.float32(0.5))  # int32 path
             seeds = np.zeros(n, np.float32)
             seeds[:5] = 1
-            graph = (indptr, indices, weights)
             np.testing.assert_allclose(ex.spread_activation(graph, seeds, 0.5, 3, 0.01, backend="gpu"),
                                        ex.spread_activation(graph, seeds, 0.5, 3, 0.01, backend="cpu"),
                                        rtol=1e-5, atol=1e-6)
