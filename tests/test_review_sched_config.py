@@ -30,16 +30,20 @@ def test_int_env_with_underscores_and_hex():
     assert cfg.gpu_min_batch_size == 1024 and cfg.reprobe_interval == 16
 
 
+def _model_file(gpu, tmp_path):
+    """The model key and file an Executor with this GPU and cache dir loads at start."""
+    import hipsched
+    key = model_key(gpu.device_name, hipsched.__version__)
+    return key, model_path(str(tmp_path), key)
+
+
 @pytest.mark.parametrize("transfer", [{"h2d_latency_us": 1, "h2d_gbps": 0, "d2h_latency_us": 1, "d2h_gbps": 1},
                                       {"h2d_latency_us": -1, "h2d_gbps": 1, "d2h_latency_us": 1, "d2h_gbps": 1},
                                       {"h2d_latency_us": 1, "h2d_gbps": float("nan"), "d2h_latency_us": 1,
                                        "d2h_gbps": 1}])
 def test_model_file_with_bad_transfer_is_ignored_not_fatal(tmp_path, transfer):
     gpu = FakeGpuBackend()
-    import sys
-    version = getattr(sys.modules.get("hipsched"), "__version__", "0")
-    key = model_key(gpu.device_name, version)
-    path = model_path(str(tmp_path), key)
+    key, path = _model_file(gpu, tmp_path)
     with open(path, "w") as fh:
         json.dump({"format": 1, "key": key, "transfer": transfer,
                    "samples": [{"op": "add", "dtype": "float32", "cpu": [[100, 5.0]], "gpu": []}]}, fh)
@@ -69,10 +73,7 @@ def test_large_integer_settings_do_not_overflow_the_core(key):
 
 def test_model_file_with_too_many_slots_does_not_break_start(tmp_path):
     gpu = FakeGpuBackend()
-    import sys
-    version = getattr(sys.modules.get("hipsched"), "__version__", "0")
-    key = model_key(gpu.device_name, version)
-    path = model_path(str(tmp_path), key)
+    key, path = _model_file(gpu, tmp_path)
     with open(path, "w") as fh:
         json.dump({"format": 1, "key": key, "transfer": None,
                    "samples": [{"op": f"op{i}", "dtype": "float32", "cpu": [[100, 5.0]], "gpu": []}
