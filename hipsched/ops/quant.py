@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Call, as_f32, check_ndim, check_result_fits, register, shape_mismatch
+from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, register, shape_mismatch
 
 __all__ = ["QuantizedTensor", "quantize"]
 
@@ -132,6 +132,6 @@ def prepare_qmatmul(w, x) -> Call:
         raise shape_mismatch("qmatmul", "w", w.shape, "x", x.shape, "w is (n, k); x must be (k,) or (k, m)")
     m = 1 if x.ndim == 1 else int(x.shape[1])
     check_result_fits("qmatmul", n, m)
-    on_device = not isinstance(x, np.ndarray)
+    on_device = any_on_device(x)
     return Call("qmatmul", (w, x), {}, size=n * k * m, nbytes=w.nbytes + 4 * (k * m + n * m), dtype=w.qtype,
                 on_device=on_device)
