@@ -1,37 +1,105 @@
-"""hipsched: run each numeric operation on the processor that finishes it first."""
+"""hipsched: run each numeric operation on the processor that finishes it first.
+
+Everything that needs the compiled modules (the Executor, the ops, the scheduling types) is loaded on
+first use, so `hipsched.telemetry`, `python -m hipsched analyze` and `monitor` work from a checkout
+with nothing built, on a laptop that only reads logs copied from a GPU machine."""
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 
-from .errors import GpuError, HipschedError
+from .errors import BuildMissingError, GpuError, HipschedError
 from .config import ConfigError, HybridConfig
-from .executor import Executor
-from .scheduling import (BackendSelection, ExecutionStrategy, ExecutorCapabilities, OpCapability,
-                         PerformanceTracker, SelectionReason)
-from .ops import OpType
-from .ops.quant import *  # noqa: F401,F403  (QuantizedTensor, quantize once the quant family lands)
 
 __version__ = "0.1.0"
+
+# public name -> module that defines it (all of these import the compiled scheduler core)
+_LAZY = {
+    "Executor": ".executor",
+    "BackendSelection": ".scheduling", "ExecutionStrategy": ".scheduling", "ExecutorCapabilities": ".scheduling",
+    "OpCapability": ".scheduling", "PerformanceTracker": ".scheduling", "SelectionReason": ".scheduling",
+    "OpType": ".ops",
+    "QuantizedTensor": ".ops.quant", "quantize": ".ops.quant",
+}
+OPS = ("add", "scale", "softmax", "cosine_similarity", "top_k", "matmul", "dequantize", "qmatmul", "attention",
+       "spread_activation")
+# the compiled extension modules, as `from . import _sched` asks for them
+_COMPILED = ("_sched",)
+
+__all__ = ["BuildMissingError", "ConfigError", "GpuError", "HipschedError", "HybridConfig", "cpu_features",
+           "default_executor", *_LAZY, *OPS]
+
+
+def _source_tree() -> str | None:
+    """The checkout this package was imported from, when it was imported from one (setup.py beside it)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return root if os.path.isfile(os.path.join(root, "setup.py")) else None
+
+
+def _build_missing(exc: ImportError) -> BuildMissingError:
+    here = os.path.dirname(os.path.abspath(__file__))
+    tree = _source_tree()
+    if tree is None:
+        return BuildMissingError(f"hipsched at {here} is missing its compiled modules ({exc}); reinstall it: "
+                                 f"pip install --force-reinstall hipsched")
+    return BuildMissingError(
+        f"hipsched was imported from its unbuilt source tree {here} (the current directory shadows any installed "
+        f"copy): build it in place with `pip install -e {tree}`, or run the installed `hipsched` command "
+        f"(or python from another directory)")
+
+
+def _import_compiled(module: str):
+    try:
+        return importlib.import_module(module, __name__)
+    except ImportError as e:
+        # only a missing compiled module means "not built"; any other ImportError is a real bug to show
+        if isinstance(e, BuildMissingError) or not _is_missing_extension(e):
+            raise
+        raise _build_missing(e) from None
+
+
+def _is_missing_extension(e: ImportError) -> bool:
+    name = getattr(e, "name", None) or ""
+    return isinstance(e, ModuleNotFoundError) and name.startswith("hipsched.") and \
+        name.rsplit(".", 1)[-1].startswith("_")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(_import_compiled(_LAZY[name]), name)
+    elif name in OPS:
+        value = _forward(name)
+    elif name in _COMPILED:
+        # `from . import _sched` asks the package first (hasattr): import the extension here, so an
+        # unbuilt one is reported as such instead of as Python's circular-import message
+        value = _import_compiled("." + name)
+    else:
+        raise AttributeError(f"module 'hipsched' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 
 def cpu_features() -> dict:
     """The SIMD level the CPU kernels use ("avx2" or "scalar"), the one detected, and the thread count."""
-    from .cpu._features import cpu_features as _f
-    return _f()
+    return _import_compiled(".cpu._features").cpu_features()
 
 
 _default = None
 _default_lock = threading.Lock()
 
 
-def default_executor() -> Executor:
+def default_executor():
     """The process-wide executor behind the module-level ops (created on first use)."""
     global _default
     if _default is None:
         with _default_lock:
             if _default is None:
-                _default = Executor()
+                _default = __getattr__("Executor")()
     return _default
 
 
@@ -46,15 +114,11 @@ os.register_at_fork(after_in_child=_forget_default_in_child)
 
 
 def _forward(name):
+    executor_cls = __getattr__("Executor")
+
     def op(*args, **kwargs):
         return getattr(default_executor(), name)(*args, **kwargs)
     op.__name__ = name
     op.__qualname__ = name
-    op.__doc__ = getattr(Executor, name).__doc__
+    op.__doc__ = getattr(executor_cls, name).__doc__
     return op
-
-
-for _name in ("add", "scale", "softmax", "cosine_similarity", "top_k", "matmul", "dequantize", "qmatmul",
-              "attention", "spread_activation"):
-    globals()[_name] = _forward(_name)
-del _name

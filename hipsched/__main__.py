@@ -1,10 +1,13 @@
-"""python -m hipsched COMMAND: each command lives in hipsched/cli/<command>.py and provides
-`add_arguments(parser)` and `run(args) -> int`, so commands load only what they use."""
+"""hipsched COMMAND (the console script; also python -m hipsched COMMAND): each command lives in
+hipsched/cli/<command>.py and provides `add_arguments(parser)` and `run(args) -> int`, so commands load
+only what they use."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+
+from .errors import BuildMissingError
 
 COMMANDS = {
     "info": "CPU features, GPU runtimes tried and why, devices, kernel cache",
@@ -18,7 +21,7 @@ COMMANDS = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hipsched", description="hipsched command line")
+    parser = argparse.ArgumentParser(prog="hipsched", description="hipsched command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, help_text in COMMANDS.items():
@@ -26,7 +29,7 @@ def main(argv=None) -> int:
         try:
             mod = importlib.import_module(f"hipsched.cli.{name}")
         except ImportError as e:  # a command whose module is missing says so instead of breaking the others
-            p.set_defaults(_missing=str(e))
+            p.set_defaults(_missing=str(e) if isinstance(e, BuildMissingError) else f"unavailable ({e})")
             continue
         mod.add_arguments(p)
         modules[name] = mod
@@ -35,9 +38,13 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     if getattr(args, "_missing", None):
-        print(f"hipsched {args.command}: unavailable ({args._missing})", file=sys.stderr)
+        print(f"hipsched {args.command}: {args._missing}", file=sys.stderr)
         return 2
-    return int(modules[args.command].run(args) or 0)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except BuildMissingError as e:   # an unbuilt checkout: the one line that says what to do, no traceback
+        print(f"hipsched {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

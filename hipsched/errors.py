@@ -22,3 +22,8 @@ class GpuError(HipschedError):
 
     def __reduce__(self):
         return (self.__class__, (self.kind, str(self).split("] ", 1)[-1], self.name))
+
+
+class BuildMissingError(HipschedError, ImportError):
+    """hipsched's compiled modules are not where the package was imported from: most often an unbuilt
+    checkout in the current directory shadowing the installed package. The message names the fix."""

@@ -1,6 +1,6 @@
 """Persistence of the learned performance model: one JSON file per (host, device, package version) in
 the cache directory, so a new process starts calibrated. Written atomically (temp file + os.replace);
-a corrupt file, or one written for another host/device/version, is ignored with a warning."""
+any file that is not one this package wrote for this host/device/version is ignored with one warning."""
 from __future__ import annotations
 
 import hashlib
@@ -69,7 +69,10 @@ def load_model(path: str, key: dict):
                     or transfer["d2h_gbps"] <= 0 or transfer["h2d_latency_us"] < 0 or transfer["d2h_latency_us"] < 0:
                 raise ValueError(f"bad transfer model {transfer}")
         return samples, transfer
-    except (ValueError, KeyError, TypeError, OSError) as e:  # json.JSONDecodeError is a ValueError
+    except Exception as e:
+        # whatever an earlier run (or anything else) left there, a killed write, garbage, "[" * 100000
+        # (RecursionError), a 400-digit number (OverflowError): a miss with one warning, never a failed
+        # start, since the default executor behind every module-level call loads this file
         warnings.warn(f"hipsched: model file {path} is unreadable ({type(e).__name__}: {e}); ignored, starting "
                       f"from an empty model", RuntimeWarning, stacklevel=3)
         return None

@@ -55,3 +55,23 @@ def test_demo_negative_seed_is_an_argument_error(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["demo", "--quick", "--seed", "-1"])
     assert e.value.code == 2 and "seed" in capsys.readouterr().err
+
+
+def test_demo_writes_where_the_environment_says(tmp_path, monkeypatch, capsys):
+    # HIPSCHED_TELEMETRY was ignored: the demo always made its own file under the cache dir
+    monkeypatch.setattr(demo, "_Workload", _Tiny)
+    env_log = tmp_path / "env.jsonl"
+    monkeypatch.setenv("HIPSCHED_TELEMETRY", str(env_log))
+    assert main(["demo", "--quick", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert env_log.is_file() and env_log.stat().st_size > 0
+    assert f"telemetry -> {env_log}" in out
+
+
+def test_demo_log_argument_wins_over_the_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo, "_Workload", _Tiny)
+    env_log, arg_log = tmp_path / "env.jsonl", tmp_path / "arg.jsonl"
+    monkeypatch.setenv("HIPSCHED_TELEMETRY", str(env_log))
+    assert main(["demo", "--quick", "--no-progress", "--log", str(arg_log)]) == 0
+    assert arg_log.is_file() and not env_log.exists()
+    assert f"telemetry -> {arg_log}" in capsys.readouterr().out

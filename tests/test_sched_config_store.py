@@ -156,3 +156,51 @@ def test_a_new_process_starts_with_the_saved_model(tmp_path):
     r = subprocess.run([sys.executable, "-c", second], env=env, check=True, timeout=120, capture_output=True,
                        text=True)
     assert int(r.stdout.strip()) == 5
+
+
+_ANY_CONTENT = {
+    "deep nesting": "[" * 100000,                                      # RecursionError in json
+    # int too large to convert to float, in a file written for this very host and version
+    "400-digit number": '{"format": 1, "key": KEY, "samples": [{"op": "add", "dtype": "float32", "cpu": [['
+                        + "9" * 400 + ', 1.0]], "gpu": []}]}',
+    "binary": "\x00\xff\xfe garbage",
+    "empty": "",
+    "a number where samples go": '{"format": 1, "key": null, "samples": 5}',
+}
+
+
+@pytest.mark.parametrize("content", list(_ANY_CONTENT.values()), ids=list(_ANY_CONTENT))
+def test_any_model_file_content_is_a_miss_with_one_warning(tmp_path, content):
+    import warnings
+    import hipsched
+    key = model_store.model_key(None, hipsched.__version__)
+    path = model_store.model_path(str(tmp_path), key)
+    with open(path, "w", encoding="latin-1") as fh:
+        fh.write(content.replace("KEY", json.dumps(key)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ex = Executor(cache_dir=str(tmp_path), telemetry_enabled=False, persist_model=True)
+    try:
+        mine = [w for w in caught if "model file" in str(w.message)]
+        assert len(mine) == 1 and issubclass(mine[0].category, RuntimeWarning)
+        assert ex.performance_tracker.samples("add", "cpu") == []
+    finally:
+        ex._save_at_exit.detach()
+        ex.close()
+
+
+@pytest.mark.parametrize("content", [_ANY_CONTENT["deep nesting"], _ANY_CONTENT["400-digit number"]],
+                         ids=["deep nesting", "400-digit number"])
+def test_module_level_ops_survive_a_bad_default_model_file(tmp_path, content):
+    # the default executor behind hs.add loads the default model file: a bad one made every call raise
+    import subprocess
+    import sys
+    import hipsched
+    key = model_store.model_key(None, hipsched.__version__)
+    with open(model_store.model_path(str(tmp_path), key), "w") as fh:
+        fh.write(content.replace("KEY", json.dumps(key)))
+    env = dict(os.environ, HIPSCHED_CACHE_DIR=str(tmp_path), HIPSCHED_GPU_RUNTIME="none")
+    r = subprocess.run([sys.executable, "-c", "import numpy as np, hipsched as hs; print(hs.add(np.ones(2), 1.0))"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[2. 2.]" and r.stderr.count("RuntimeWarning") == 1

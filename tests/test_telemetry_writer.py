@@ -148,3 +148,26 @@ def test_sigkill_mid_write_leaves_only_parseable_complete_lines(tmp_path):
             json.loads(line)
         n += len(complete)
     assert n > 1000
+
+
+def test_a_new_writer_starts_after_a_cut_last_line(tmp_path):
+    # A process killed mid-write leaves a fragment with no newline; the next run's first event was glued
+    # onto it (one unparseable line, the event lost).
+    log = tmp_path / "L"
+    log.write_bytes(b'{"v":1,"op":"add"')
+    env = dict(os.environ, HIPSCHED_TELEMETRY=str(log))
+    subprocess.run([sys.executable, "-c", "import hipsched as hs, numpy as np; hs.add(np.ones(2), np.ones(2))"],
+                   env=env, check=True, timeout=120)
+    lines = log.read_bytes().split(b"\n")
+    assert lines[0] == b'{"v":1,"op":"add"'
+    events = [json.loads(line) for line in lines[1:] if line]
+    assert any(e.get("op") == "add" for e in events)
+
+
+def test_appending_to_a_complete_log_adds_no_blank_line(tmp_path):
+    log = tmp_path / "L"
+    for _ in range(2):
+        with Telemetry(path=str(log)) as tel:
+            rec(tel, 0)
+    lines = log.read_text().split("\n")
+    assert lines[-1] == "" and all(lines[:-1])

@@ -4,7 +4,9 @@ telemetry logs. A thin wrapper: the same as `python -m hipsched analyze` (hipsch
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout too
+# This checkout's own analyzer: pure Python (hipsched.telemetry never loads the compiled modules), so it runs
+# on a laptop with nothing built or installed, standard library only.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hipsched.__main__ import main  # noqa: E402
 

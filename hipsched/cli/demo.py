@@ -26,7 +26,8 @@ def _seed(text):
 
 
 def add_arguments(p):
-    p.add_argument("--log", help="telemetry JSONL path (default: a new file under the cache dir)")
+    p.add_argument("--log", help="telemetry JSONL path (default: $HIPSCHED_TELEMETRY, else a new file under "
+                                 "the cache dir)")
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few seconds)")
     p.add_argument("--seed", type=_seed, default=0, help="random seed (a non-negative integer)")
     p.add_argument("--no-progress", action="store_true")
@@ -128,10 +129,12 @@ class _Workload:
 
 def run(args) -> int:
     import hipsched as hs
-    from ..telemetry import analysis
+    from ..telemetry import analysis, path_from_env
 
-    log = args.log or _default_log()
-    print(f"hipsched demo: telemetry -> {log}")
+    # the documented precedence: the argument, then the environment, then a fresh file (the demo always
+    # logs, since its report is read from the log)
+    log = args.log or path_from_env() or _default_log()
+    print(f"hipsched demo: telemetry -> {os.path.abspath(log)}")
     with hs.Executor(telemetry_path=log) as ex:
         caps = ex.capabilities()
         if caps.gpu_available:
@@ -170,7 +173,8 @@ def run(args) -> int:
     if failed is not None:
         print(f"note: writing {log} failed part way ({failed}); the report below covers what was written")
     print(analysis.report([log]))
-    print(f"\ntelemetry log: {log}")
-    print(f"  follow it:   python -m hipsched monitor {log} --summary")
-    print(f"  analyse it:  python tools/analyze.py {log} --trace trace.json")
+    print(f"\ntelemetry log: {os.path.abspath(log)}")
+    print(f"  follow it:   hipsched monitor {log} --summary")
+    print(f"  analyse it:  hipsched analyze {log} --trace trace.json   (or tools/analyze.py from a checkout, "
+          f"nothing built)")
     return 0

@@ -20,11 +20,16 @@ _DEVICELESS = frozenset({"hipGetDeviceCount", "hipSetDevice", "hipGetDevicePrope
 
 
 def _import_hip():
-    try:
-        from hip import hip
-    except Exception as e:   # ImportError, or a broken install raising anything at import
-        raise GpuError("unavailable", f"hip-python not importable: {e}", name="hip-python-missing") from None
-    return hip
+    """hip-python's HIP module: `hip.hip` (hip-python 5.x-10.x), else `rocm.bindings.hip`, where 10.x
+    keeps the real module (its `hip` package re-exports it) and later releases may keep it alone."""
+    errors = []
+    for load in (lambda: __import__("hip", fromlist=["hip"]).hip,
+                 lambda: __import__("rocm.bindings", fromlist=["hip"]).hip):
+        try:
+            return load()
+        except Exception as e:   # ImportError, or a broken install raising anything at import
+            errors.append(f"{type(e).__name__}: {e}")
+    raise GpuError("unavailable", f"hip-python not importable ({'; '.join(errors)})", name="hip-python-missing")
 
 
 def point_hiprtc_at(library_path: str) -> None:

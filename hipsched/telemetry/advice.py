@@ -41,7 +41,7 @@ def advice(res: dict, min_calls=5) -> list[str]:
             where = (f" (GPU wins above ~{_fmt_size(c['size'])})" if c and c["status"] == "crossover" else "")
             out.append(f"{r['op']}: only {r['accuracy']:.0%} of calls went to the faster side{where}; "
                        f"{r['regret_us'] / 1e3:.1f} ms lost ({r['regret_pct']:.1f}% of its time): recalibrate "
-                       "(python -m hipsched calibrate)")
+                       "(hipsched calibrate)")
     for c in cross.values():
         if c["status"] == "cpu_always":
             out.append(f"{c['op']}: the GPU never beat the CPU at the sizes seen (up to ~{_fmt_size(c['low'])}): "
@@ -53,8 +53,8 @@ def advice(res: dict, min_calls=5) -> list[str]:
     exploring = res.get("reasons", {}).get("exploring", 0)
     if total >= 100 and exploring / total > 0.2:
         out.append(f"{exploring / total:.0%} of calls were exploration: the cost model was still learning; run "
-                   "python -m hipsched calibrate once so new processes start calibrated")
+                   "hipsched calibrate once so new processes start calibrated")
     gpu_calls = sum(h["gpu_ok"] for h in res.get("gpu_health", []))
     if total and not gpu_calls:
-        out.append("no call ran on a GPU: every op used the CPU (python -m hipsched info says why)")
+        out.append("no call ran on a GPU: every op used the CPU (hipsched info says why)")
     return out

@@ -146,8 +146,14 @@ class JsonlWriter:
         d = os.path.dirname(self.path)
         if d:
             os.makedirs(d, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size
+        # A process killed mid-write (SIGKILL, power loss) leaves a cut last line; appending straight
+        # after it would glue our first event onto the fragment and lose it. Every writer writes whole
+        # lines in one write, so only such a fragment can lack its newline.
+        if self._size and os.pread(self._fd, 1, self._size - 1) != b"\n":
+            os.write(self._fd, b"\n")
+            self._size += 1
 
     def _rotate(self):
         os.close(self._fd)
