@@ -6,7 +6,9 @@ import os
 
 import numpy as np
 import pytest
-import scipy.special
+
+pytest.importorskip("scipy.special", reason="SciPy's softmax is the reference (test extra)")
+import scipy.special  # noqa: E402
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
