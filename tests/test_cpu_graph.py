@@ -156,6 +156,24 @@ def test_nan_and_inf_follow_the_rule():
     np.testing.assert_allclose(out, [0.2, 0.0, 0.4])
 
 
+@pytest.mark.parametrize("value,error", [("high", TypeError), (1j, TypeError), (None, TypeError),
+                                         (b"1", TypeError), ([0.5, 0.5], ValueError)])
+def test_dict_seed_values_are_validated_like_dense_seeds(value, error):
+    # "high" raised NumPy's bare ValueError, 1j a bare TypeError, None spread NaN silently
+    g = (np.array([0, 1, 1]), np.array([1]), np.array([0.5], np.float32))
+    with pytest.raises(error, match=r"spread_activation: .*seeds\[0\]"):
+        hipsched.spread_activation(g, {0: value})
+    np.testing.assert_array_equal(hipsched.spread_activation(g, {0: np.float64(0.5)}, decay=0.5), [0.5, 0.125])
+
+
+@pytest.mark.parametrize("steps", [2**63, 2**31, np.uint64(2**64 - 1)])
+def test_steps_past_the_kernel_counter_is_a_value_error_naming_steps(steps):
+    # 2**63 was a bare OverflowError from the int64 cast
+    g = (np.array([0, 1, 1]), np.array([1]), np.array([0.5], np.float32))
+    with pytest.raises(ValueError, match="spread_activation: steps must be <="):
+        hipsched.spread_activation(g, {0: 1.0}, steps=steps)
+
+
 def test_scipy_inputs_and_dict_seeds(rng):
     n = 40
     A = sp.random(n, n, density=0.1, format="csr", dtype=np.float32, random_state=3)

@@ -27,6 +27,7 @@ import numpy as np
 from .base import Call, as_f32, check_ndim, finite_scalar, register, shape_mismatch
 
 OP = "spread_activation"
+MAX_STEPS = 2**31 - 1
 
 
 def _csr_parts(graph):
@@ -73,7 +74,13 @@ def _seed_array(seeds, n: int):
                 raise TypeError(f"{OP}: seed nodes must be integers, got {node!r}")
             if not 0 <= int(node) < n:
                 raise ValueError(f"{OP}: seed node {node} is out of range for a graph of {n} nodes")
-            a[int(node)] = np.float32(value)
+            # each value as a dense seed would be: a string, complex or None is a TypeError naming the
+            # node (np.float32(None) was a silent NaN, "high" NumPy's bare ValueError)
+            v = as_f32(np.asarray(value) if value is not None else np.asarray(value, dtype=object),
+                       OP, f"seeds[{node!r}]", allow_device=False)
+            if v.ndim:
+                raise ValueError(f"{OP}: seeds[{node!r}] must be one number, got shape {v.shape}")
+            a[int(node)] = v
         return a
     a = as_f32(seeds, OP, "seeds", allow_device=False)
     check_ndim(a, (1,), OP, "seeds")
@@ -101,7 +108,9 @@ def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
     decay = finite_scalar(decay, OP, "decay")
     if abs(decay) > float(np.finfo(np.float32).max):  # the kernels take it as float32: inf * 0 would be NaN
         raise ValueError(f"{OP}: decay must be within float32's range, got {decay!r}")
-    steps = finite_scalar(steps, OP, "steps", lo=0, integer=True)
+    # the kernels count steps in an int64; far beyond any useful count, so bound it where the error can
+    # name the argument (2**63 was a bare OverflowError from the cast)
+    steps = finite_scalar(steps, OP, "steps", lo=0, hi=MAX_STEPS, integer=True)
     threshold = finite_scalar(threshold, OP, "threshold")
     nnz = int(indices.shape[0])
     return Call(OP, (indptr, indices, weights, seeds), {"decay": decay, "steps": steps, "threshold": threshold},
