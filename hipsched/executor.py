@@ -169,6 +169,8 @@ class Executor:
 
     def _gpu_terms(self, call, flags, max_size):
         """Capability flags and the copies for a call that could go to the GPU."""
+        if not getattr(self._gpu, "available", True):  # it went away since (forked child, driver refused our code)
+            return flags & ~_F_PRESENT, 0, 0
         if call.size > max_size:
             return flags & ~_F_SUPPORTS, 0, 0
         try:
@@ -303,7 +305,8 @@ class Executor:
         ops = [OpCapability(op, "cpu", ("float32",) if op not in ("dequantize", "qmatmul") else ("q8_0", "q4_0"),
                             sys.maxsize, None) for op in CPU_IMPLS]
         reasons = ()
-        if self._gpu_present:
+        present = self._gpu_present and bool(getattr(self._gpu, "available", True))
+        if present:
             for op in CPU_IMPLS:
                 try:
                     dts = tuple(d for d in _DTYPES if self._gpu.supports(op, d))
@@ -317,7 +320,7 @@ class Executor:
         if self.config.force_cpu_mode:
             reasons += ("force_cpu_mode is set",)
         return ExecutorCapabilities(
-            gpu_available=self._gpu_present, gpu_device_name=getattr(self._gpu, "device_name", None),
+            gpu_available=present, gpu_device_name=getattr(self._gpu, "device_name", None),
             cpu_simd_level=feats.get("simd", "scalar"), reasons=reasons,
             gpu_runtime=getattr(self._gpu, "runtime_name", None), gpu_arch=getattr(self._gpu, "device_arch", None),
             cpu_threads=int(feats.get("threads", 1)), ops=tuple(ops))

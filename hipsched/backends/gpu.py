@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from ..errors import GpuError
+from ..gpu import runtime as _rt
 
 # op -> (module under hipsched.gpu, function): the launch glue for each op
 GPU_IMPLS = {
@@ -72,6 +73,10 @@ def _no_runtime_reason() -> str:
 
 class GpuBackend:
     name = "gpu"
+    _fork_gen = 0
+    device_index = None
+    device_name = None
+    runtime_name = None
 
     def __init__(self, config=None, runtime=None):
         """`runtime`: a Runtime to use instead of the detected one (tests, embedding)."""
@@ -83,6 +88,8 @@ class GpuBackend:
         self._ctx = None
         self._fns = {}
         self._lock = threading.Lock()
+        self._fork_gen = _rt.fork_generation()
+        self.device_index: int | None = None
         try:
             from ..gpu import detect
             rt = runtime if runtime is not None else detect.get_runtime()
@@ -98,9 +105,13 @@ class GpuBackend:
             self.runtime_name = rt.name
             self.device_name = self._ctx.device.name
             self.device_arch = self._ctx.device.arch
-            if not rt.compiler.supports(self.device_arch):
-                why = getattr(rt.compiler, "why_unsupported", lambda a: f"{rt.compiler.name} cannot target {a}")
-                self.unavailable_reason = why(self.device_arch)
+            self.device_index = self._ctx.device.index
+            try:
+                # Decided once, here: whether this driver can load what the compiler makes (NVRTC 13's
+                # CUBINs on a CUDA 12 driver cannot), so no call pays for a doomed module load.
+                self._ctx.cache.target(self._ctx.rt)
+            except GpuError as e:
+                self.unavailable_reason = str(e).split("] ", 1)[-1]
                 return
             self.available = True
         except Exception as e:
@@ -158,13 +169,42 @@ class GpuBackend:
             self._fns[op] = fn
         return fn
 
+    def _disable(self, reason: str) -> None:
+        """The GPU is gone for this backend (a forked child, a driver that refuses our code objects,
+        a driver that stopped answering): every later run fails at once with this one reason, never
+        reaching the runtime again."""
+        if self.available:   # the first reason stays; a racing second one says the same thing
+            self.available = False
+            self.unavailable_reason = reason
+
+    def _check_devices(self, args):
+        """A device array on another device than this backend's: its pointers mean nothing in this
+        device's context (CUDA_ERROR_ILLEGAL_ADDRESS, which kills the context), so refuse it here."""
+        for a in args:
+            if isinstance(a, (tuple, list)):
+                self._check_devices(a)
+                continue
+            device = getattr(a, "device", None)
+            if isinstance(device, tuple) and len(device) == 2 and hasattr(a, "ptr") and \
+                    device[1] != self.device_index:
+                raise GpuError("unsupported", f"a device array on GPU {device[1]} was passed to the GPU backend "
+                                              f"of GPU {self.device_index} ({self.device_name}): copy it to GPU "
+                                              f"{self.device_index} first, or use an Executor with "
+                                              f"gpu_device_id={device[1]}", name="wrong-device")
+
     def run(self, call, stream=None):
+        if self.available and self._fork_gen != _rt._fork_generation:
+            self._disable(str(_rt.forked_error(self.runtime_name or "GPU")).split("] ", 1)[-1])
         if not self.available:
             raise GpuError("unavailable", self.unavailable_reason or "no GPU")
         try:
             from ..gpu.streams import as_stream_handle
+            if call.on_device:
+                self._check_devices(call.args)
             return self._impl(call.op)(self._ctx, call, as_stream_handle(stream))
-        except GpuError:
+        except GpuError as e:
+            if e.kind == "unavailable":
+                self._disable(str(e).split("] ", 1)[-1])
             raise
         except MemoryError as e:
             raise GpuError("oom", f"{call.op} on the GPU: {e}") from e

@@ -1,5 +1,6 @@
 """python -m hipsched info: CPU features, every GPU runtime tried and why it was or was not taken,
-the devices with arch and memory, the compilers available, and the kernel cache directory."""
+the driver's version and what its kernels are compiled with (or why none would load), the devices
+with arch and memory, the compilers available, and the kernel cache directory."""
 from __future__ import annotations
 
 import json
@@ -39,6 +40,28 @@ def _compilers():
             out[platform] = {"name": c.name, "version": c.version(), "library": c.library_path}
         except GpuError as e:
             out[platform] = {"error": str(e)}
+    try:
+        from ..gpu.compilers import nvrtc_candidates
+        found = nvrtc_candidates()
+        if len(found) > 1:   # which one a driver gets depends on its version (see "kernels")
+            out["nvidia"]["found"] = [{"version": c.version(), "library": c.library_path} for c in found]
+    except GpuError:
+        pass
+    return out
+
+
+def _kernels(rt):
+    """What this runtime's kernels are compiled with and for, or why nothing compiled would load."""
+    from ..errors import GpuError
+    from ..gpu.compilers import load_target
+    driver = rt.driver_version()
+    out = {"driver_version": driver, "loader": rt.loader_tag()}
+    try:
+        c = rt.compiler
+        out.update(compiler=c.version(), library=c.library_path)
+        out["target"] = load_target(c, rt.device_info(rt.current_device()).arch, driver or None)
+    except GpuError as e:
+        out["unavailable"] = str(e).split("] ", 1)[-1]
     return out
 
 
@@ -53,6 +76,7 @@ def gather() -> dict:
     if rt is not None:
         try:
             info["devices"] = _devices(rt)
+            info["kernels"] = _kernels(rt)
         except GpuError as e:
             info["devices_error"] = str(e)
     return info
@@ -76,8 +100,16 @@ def run(args) -> int:
                   f"{d['multiprocessors']} CUs/SMs, warp {d['warp_size']})")
     else:
         print("Devices: none" + (f" ({info['devices_error']})" if "devices_error" in info else ""))
+    k = info.get("kernels")
+    if k:
+        print(f"Kernels for this driver ({k['loader'] or 'version unknown'}): " +
+              (f"unavailable: {k['unavailable']}" if "unavailable" in k else
+               f"{k['compiler']} ({k['library']}) -> {k['target']}"))
     print("Compilers (work without a device):")
     for platform, c in info["compilers"].items():
         print(f"  {platform:<7} " + (f"{c['version']} ({c['library']})" if "version" in c else c["error"]))
+        for other in c.get("found", []):
+            if other["library"] != c.get("library"):
+                print(f"          also found: {other['version']} ({other['library']})")
     print(f"Kernel cache: {info['kernel_cache_dir']}")
     return 0

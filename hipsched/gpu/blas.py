@@ -5,17 +5,24 @@ strideA, B, ldb, strideB, &beta, C, ldc, strideC, batch); only the symbol names 
 constant differ, so one class serves them through a small table. They are column-major: a row-major
 C = A @ B is computed as the column-major C^T = B^T @ A^T, which reads the same memory with no copy.
 
-`load_blas(platform)` returns None when no library can be opened (the tiled kernel in matmul.hip then
-runs). HIPSCHED_BLAS=none forces that fallback; HIPSCHED_BLAS_LIBRARY names a library file to use."""
+`load_blas(platform, driver_version)` returns None when no library can be opened (the tiled kernel in
+matmul.hip then runs, and `last_reasons()` says why). HIPSCHED_BLAS=none forces that fallback;
+HIPSCHED_BLAS_LIBRARY names a library file to use. A cuBLAS of a newer CUDA major than the driver
+(cuBLAS 13 on a CUDA 12 driver) cannot create a handle there, so it is skipped for an older one."""
 from __future__ import annotations
 
 import ctypes
 import glob
+import logging
 import os
 import sys
 import threading
 
 from ..errors import GpuError
+
+log = logging.getLogger("hipsched")
+_CUBLAS_MAJOR_VERSION = 0      # libraryPropertyType MAJOR_VERSION
+_last_reasons: list[str] = []
 
 # name -> (platform, library files, create, destroy, set_stream, sgemm_strided_batched, op_none)
 FLAVOURS = {
@@ -40,7 +47,28 @@ def _candidate_files(names, platform) -> list[str]:
             for pattern in ("nvidia/cu*/lib/libcublas.so*", "nvidia/cublas/lib/libcublas.so*"):
                 paths += sorted((p for p in glob.glob(os.path.join(entry or ".", pattern)) if "Lt" not in p),
                                 reverse=True)
-    return paths + list(names)
+    out, seen = [], set()
+    for p in paths + list(names):
+        key = os.path.realpath(p) if os.path.isabs(p) else p
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def _cuda_major(lib) -> int | None:
+    """The CUDA major a cuBLAS belongs to (cublasGetProperty needs no handle, hence no device)."""
+    fn = getattr(lib, "cublasGetProperty", None)
+    if fn is None:
+        return None
+    v = ctypes.c_int(0)
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    return v.value if fn(_CUBLAS_MAJOR_VERSION, ctypes.byref(v)) == 0 and v.value > 0 else None
+
+
+def last_reasons() -> list[str]:
+    """Why the last load_blas call that found nothing skipped each library it tried."""
+    return list(_last_reasons)
 
 
 class Blas:
@@ -89,10 +117,14 @@ class Blas:
             self._handle = ctypes.c_void_p()
 
 
-def load_blas(platform: str, flavours=None) -> Blas | None:
-    """The first vendor BLAS for `platform` ("amd" | "nvidia") that opens and creates a handle, or None.
-    Call with the runtime's device current (the handle binds to it)."""
+def load_blas(platform: str, flavours=None, driver_version: int | None = None) -> Blas | None:
+    """The first vendor BLAS for `platform` ("amd" | "nvidia") that opens and creates a handle, or None
+    (last_reasons() then says why). `driver_version` (cuDriverGetVersion) skips a cuBLAS of a newer
+    CUDA major than the driver. Call with the runtime's device current (the handle binds to it)."""
+    reasons = []
+    _last_reasons[:] = reasons
     if os.environ.get("HIPSCHED_BLAS", "").lower() == "none":
+        _last_reasons[:] = ["HIPSCHED_BLAS=none"]
         return None
     override = os.environ.get("HIPSCHED_BLAS_LIBRARY")
     for flavour in flavours or [f for f, spec in FLAVOURS.items() if spec[0] == platform]:
@@ -102,8 +134,16 @@ def load_blas(platform: str, flavours=None) -> Blas | None:
                 lib = ctypes.CDLL(path)
             except OSError:
                 continue
+            if flavour == "cublas" and driver_version:
+                major = _cuda_major(lib)
+                if major is not None and major > driver_version // 1000:
+                    reasons.append(f"{path}: cuBLAS {major}.x needs a CUDA {major} driver, this one is "
+                                   f"{driver_version // 1000}.{driver_version % 1000 // 10}")
+                    continue
             try:
                 return Blas(flavour, lib, path)
-            except (AttributeError, GpuError):
-                break  # the library is there but unusable (wrong flavour or no device): try the next one
+            except (AttributeError, GpuError) as e:
+                # unusable here (wrong flavour, no device, a driver too old for it): the next file may do
+                reasons.append(f"{path}: {type(e).__name__}: {e}")
+    _last_reasons[:] = reasons
     return None

@@ -68,8 +68,9 @@ class _RtcCompiler(Compiler):
     prefix: str                  # "hiprtc" | "nvrtc"
     default_options: tuple[str, ...] = ()
 
-    def __init__(self):
-        self._lib, self.library_path = libs.open_library(self.library_kind)  # LibraryNotFound if absent
+    def __init__(self, opened=None):
+        """`opened`: (handle, path) of a library already open (one of several NVRTCs found)."""
+        self._lib, self.library_path = opened or libs.open_library(self.library_kind)  # LibraryNotFound if absent
         self._lock = threading.Lock()
         self._version = None
         sym = self._sym
@@ -93,13 +94,18 @@ class _RtcCompiler(Compiler):
             name = err.decode(errors="replace") if err else f"{self.prefix} error {status}"
             raise GpuError("compile", f"{self.prefix}{what} failed: {name} ({status})", name=name)
 
+    def version_tuple(self) -> tuple[int, int]:
+        """(major, minor) as the library reports it (nvrtcVersion / hiprtcVersion)."""
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self._sym("Version")(ctypes.byref(major), ctypes.byref(minor)), "Version")
+        return major.value, minor.value
+
     def version(self) -> str:
         if self._version is None:
-            major, minor = ctypes.c_int(), ctypes.c_int()
-            self._check(self._sym("Version")(ctypes.byref(major), ctypes.byref(minor)), "Version")
+            major, minor = self.version_tuple()
             # The library file name carries the release (libamdhip64.so.5.2.21153) where the
             # reported version does not (ROCm 5.2 hiprtc says 9.0).
-            self._version = f"{self.prefix} {major.value}.{minor.value} {os.path.basename(self.library_path)}"
+            self._version = f"{self.prefix} {major}.{minor} {os.path.basename(self.library_path)}"
         return self._version
 
     def _code_symbols(self, ptx: bool) -> tuple[str, str]:
@@ -235,6 +241,88 @@ class NvrtcCompiler(_RtcCompiler):
     def why_unsupported(self, arch):
         return f"this NVRTC supports sm_/compute_ {', '.join(map(str, self.supported_archs()))}"
 
+    def target_for(self, arch: str, driver_version: int | None) -> str:
+        """What to compile for device `arch` so that a driver of `driver_version` (cuDriverGetVersion:
+        12040 is CUDA 12.4) loads it: `sm_NN` (a CUBIN) or `compute_MM` (PTX the driver JIT-compiles).
+        Raises GpuError(kind="unavailable") saying why neither would load. None: driver unknown, CUBIN.
+
+        - A CUBIN loads on a driver of its NVRTC's CUDA major or newer (minor version compatibility:
+          NVRTC 12.9's CUBIN loads on a CUDA 12.2 driver), never on an older major: NVRTC 13 writes
+          ELF ABI version 8, which CUDA 12 drivers (R525-R575) reject.
+        - PTX loads when the driver knows its ISA version, i.e. the driver is at least as new as the
+          NVRTC (PTX ISA 9.x needs CUDA 13.x). It runs on any newer GPU, so it also serves a device
+          this NVRTC has no CUBIN target for."""
+        m = _SM_RE.match(arch or "")
+        if not m:
+            raise GpuError("unsupported", f"not an NVIDIA target: {arch!r}")
+        if not driver_version:
+            return arch
+        major, minor = self.version_tuple()
+        driver = driver_version // 1000
+        sm = int(m.group(2))
+        if major <= driver and self.supports(f"sm_{sm}{m.group(3)}"):
+            return f"sm_{sm}{m.group(3)}"
+        isa = ptx_isa_of_nvrtc(major, minor)
+        if cuda_version_for_ptx_isa(isa) <= driver_version:
+            lower = [a for a in self.supported_archs() if a <= sm]
+            if lower:
+                return f"compute_{max(lower)}"
+        raise GpuError("unavailable", self._driver_reason(arch, driver_version, (major, minor), isa),
+                       name="driver-too-old" if major > driver else "unsupported-target")
+
+    def _driver_reason(self, arch, driver_version, version, isa) -> str:
+        major, minor = version
+        drv = f"CUDA {_cuda_text(driver_version)} (cuDriverGetVersion {driver_version})"
+        if major > driver_version // 1000:
+            return (f"{self.version()} writes CUBINs that need a CUDA {major}.x driver (R{MIN_DRIVER.get(major, '?')}+) "
+                    f"and PTX ISA {isa[0]}.{isa[1]}, which needs CUDA {_cuda_text(cuda_version_for_ptx_isa(isa))}; "
+                    f"this driver is {drv}, so nothing it compiles for {arch} would load. Install an NVRTC of "
+                    f"CUDA {driver_version // 1000}.x ({NVRTC_PACKAGE.get(driver_version // 1000, 'a CUDA toolkit')}), "
+                    f"point HIPSCHED_NVRTC_LIBRARY at one, or update the driver")
+        return (f"{self.version()} cannot compile for {arch} ({self.why_unsupported(arch)}), and its PTX "
+                f"(ISA {isa[0]}.{isa[1]}) needs CUDA {_cuda_text(cuda_version_for_ptx_isa(isa))}; this driver is "
+                f"{drv}")
+
+
+# The oldest driver branch of each CUDA major (CUDA Compatibility guide, minor version compatibility).
+MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+# Where an NVRTC of each CUDA major comes from on PyPI.
+NVRTC_PACKAGE = {11: "pip install nvidia-cuda-nvrtc-cu11", 12: "pip install 'hipsched[nvrtc]', i.e. nvidia-cuda-nvrtc-cu12",
+                 13: "pip install 'hipsched[nvrtc-cu13]', i.e. nvidia-cuda-nvrtc 13.x"}
+
+# PTX ISA version -> the first CUDA release that loads it (PTX ISA release history). From ISA 7.0 on,
+# ISA x.y belongs to CUDA (x+4).y, except where CUDA 12.6 kept 8.5.
+_PTX_ISA_CUDA = {(7, 0): 11000, (7, 1): 11010, (7, 2): 11020, (7, 3): 11030, (7, 4): 11040, (7, 5): 11050,
+                 (7, 6): 11060, (7, 7): 11070, (7, 8): 11080, (8, 0): 12000, (8, 1): 12010, (8, 2): 12020,
+                 (8, 3): 12030, (8, 4): 12040, (8, 5): 12050, (8, 6): 12070, (8, 7): 12080, (8, 8): 12090,
+                 (9, 0): 13000, (9, 1): 13010}
+
+
+def cuda_version_for_ptx_isa(isa: tuple[int, int]) -> int:
+    """The oldest driver (as cuDriverGetVersion reports it) that JIT-compiles PTX of ISA `isa`."""
+    if isa in _PTX_ISA_CUDA:
+        return _PTX_ISA_CUDA[isa]
+    return (isa[0] + 4) * 1000 + isa[1] * 10
+
+
+def ptx_isa_of_nvrtc(major: int, minor: int) -> tuple[int, int]:
+    """The PTX ISA version NVRTC `major.minor` writes: the newest its CUDA release defines."""
+    cuda = major * 1000 + minor * 10
+    known = [isa for isa, v in _PTX_ISA_CUDA.items() if v <= cuda]
+    if cuda > max(_PTX_ISA_CUDA.values()) or not known:
+        return (major - 4, minor)
+    return max(known)
+
+
+def ptx_isa_of(ptx: bytes) -> tuple[int, int] | None:
+    """The `.version X.Y` a PTX text declares, or None."""
+    m = re.search(rb"^\s*\.version\s+(\d+)\.(\d+)", ptx, re.M)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _cuda_text(version: int) -> str:
+    return f"{version // 1000}.{version % 1000 // 10}"
+
 
 _PROBE = """
 import sys
@@ -256,19 +344,76 @@ def _probe_in_child(arch: str) -> bool:
     return r.returncode == 0
 
 
-_compilers: dict[str, Compiler] = {}
+_compilers: dict = {}
 _compilers_lock = threading.Lock()
 
 
-def get_compiler(target: str) -> Compiler:
+def nvrtc_candidates() -> list[NvrtcCompiler]:
+    """One NvrtcCompiler per distinct NVRTC library found (HIPSCHED_NVRTC_LIBRARY: that one alone), in
+    search order. Each is opened once per process."""
+    with _compilers_lock:
+        if "nvrtc-all" not in _compilers:
+            found = []
+            for opened in libs.open_all("nvrtc"):
+                try:
+                    c = NvrtcCompiler(opened)
+                    c.version_tuple()
+                except (AttributeError, GpuError):   # not an NVRTC after all, or one that cannot say its version
+                    continue
+                found.append(c)
+            _compilers["nvrtc-all"] = found
+        return list(_compilers["nvrtc-all"])
+
+
+def select_nvrtc(candidates, driver_version: int | None):
+    """The NVRTC to use with a driver of `driver_version` (None: no driver, e.g. ahead-of-time compiles):
+    the newest whose CUDA major is not above the driver's, since its CUBINs load there; without a
+    driver, or when every one found is newer than the driver, simply the newest (whose `target_for`
+    then says why nothing it makes would load)."""
+    if not candidates:
+        return None
+    ranked = sorted(candidates, key=lambda c: c.version_tuple(), reverse=True)
+    if driver_version:
+        loadable = [c for c in ranked if c.version_tuple()[0] <= driver_version // 1000]
+        if loadable:
+            return loadable[0]
+    return ranked[0]
+
+
+def get_compiler(target: str, driver_version: int | None = None) -> Compiler:
     """The compiler for a platform ("amd" | "nvidia") or a target (gfx90a, sm_90). Works with no GPU.
+    For NVIDIA, `driver_version` (cuDriverGetVersion) picks among the NVRTCs found (select_nvrtc).
     Raises GpuError(kind="unavailable") naming the missing library."""
     platform = target if target in ("amd", "nvidia") else platform_of(target)
+    if platform == "nvidia":
+        chosen = select_nvrtc(nvrtc_candidates(), driver_version)
+        if chosen is None:
+            try:
+                libs.open_library("nvrtc")
+            except libs.LibraryNotFound as e:
+                raise GpuError("unavailable", f"nvrtc not available: {e}", name="nvrtc-missing") from None
+            raise GpuError("unavailable", "nvrtc not available: no library found reports an NVRTC version",
+                           name="nvrtc-missing")
+        return chosen
     with _compilers_lock:
         if platform not in _compilers:
-            cls = HiprtcCompiler if platform == "amd" else NvrtcCompiler
             try:
-                _compilers[platform] = cls()
+                _compilers[platform] = HiprtcCompiler()
             except (libs.LibraryNotFound, AttributeError) as e:
-                raise GpuError("unavailable", f"{cls.name} not available: {e}", name=f"{cls.name}-missing") from None
+                raise GpuError("unavailable", f"hiprtc not available: {e}", name="hiprtc-missing") from None
         return _compilers[platform]
+
+
+def load_target(compiler, arch: str, driver_version: int | None) -> str:
+    """What `compiler` must compile for a device of `arch` whose driver is `driver_version`: the arch
+    itself, or the PTX target for an NVIDIA driver older than the CUBINs (NvrtcCompiler.target_for).
+    Raises GpuError(kind="unavailable" | "compile") when nothing it makes would load."""
+    plan = getattr(compiler, "target_for", None)
+    if plan is not None:
+        target = plan(arch, driver_version)
+    else:
+        target = arch
+    if not compiler.supports(target):
+        why = getattr(compiler, "why_unsupported", lambda a: f"{compiler.name} cannot target {a}")
+        raise GpuError("unavailable", why(target), name="unsupported-target")
+    return target

@@ -32,8 +32,14 @@ class GpuContext:
         from .kernels import KernelCache
         from .memory import ResidentCache
 
+        # Its own view of the runtime on its own device (Runtime.for_device), not set_device on the shared
+        # one: that would move every other context's work in this process to this device.
+        bind = getattr(rt, "for_device", None)
+        if bind is not None:
+            rt = bind(device_index)
+        else:
+            rt.set_device(device_index)
         self.rt = rt
-        rt.set_device(device_index)
         self.device = rt.device_info(device_index)
         self.warp_size = self.device.warp_size
         self.arch = self.device.arch
@@ -59,9 +65,15 @@ class GpuContext:
         if not self._blas_tried:
             with self._blas_lock:
                 if not self._blas_tried:
-                    from .blas import load_blas
-                    self._blas = load_blas(self.platform)
+                    from .blas import last_reasons, load_blas
+                    driver = getattr(self.rt, "driver_version", lambda: 0)()
+                    self._blas = load_blas(self.platform, driver_version=driver or None)
                     self._blas_tried = True
+                    if self._blas is None and last_reasons():
+                        import logging
+                        logging.getLogger("hipsched").warning(
+                            "hipsched: no vendor BLAS for GPU %d, matmul uses the tiled kernel: %s",
+                            self.device.index, "; ".join(last_reasons()))
         return self._blas
 
     def blocks_for(self, n: int, block: int = 256) -> int:

@@ -13,7 +13,8 @@ import threading
 
 from ..errors import GpuError
 from . import libs
-from .runtime import DeviceInfo, Runtime, pack_kernel_params
+from . import runtime as _rt
+from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params
 from .status import gpu_error
 
 c_void_p, c_size_t, c_int, c_uint, c_float, c_char_p = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
@@ -85,6 +86,7 @@ CUDA_SYMBOLS = {
 # Device attributes (hipDeviceAttribute_t from ROCm's hip_runtime_api.h; CUdevice_attribute).
 HIP_ATTR = {"multiprocessors": 63, "warp_size": 87, "cc_major": 23, "cc_minor": 61}
 CUDA_ATTR = {"multiprocessors": 16, "warp_size": 10, "cc_major": 75, "cc_minor": 76}
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 _STREAM_NON_BLOCKING = 1     # hipStreamNonBlocking == CU_STREAM_NON_BLOCKING
 _EVENT_DEFAULT = 0
 _GFX_RE = re.compile(rb"gfx[0-9a-f]+(?::[a-z]+[+-])*")
@@ -93,7 +95,7 @@ _GFX_RE = re.compile(rb"gfx[0-9a-f]+(?::[a-z]+[+-])*")
 class CtypesRuntime(Runtime):
     """HIP or CUDA through ctypes. Construct with `CtypesRuntime("hip")` or `("cuda")`; the
     constructor initialises the driver and raises GpuError(kind="unavailable") if there is no
-    library or no device."""
+    library or no device. `for_device(i)` gives a runtime on device i sharing this driver."""
 
     def __init__(self, vendor: str):
         if vendor not in ("hip", "cuda"):
@@ -116,9 +118,12 @@ class CtypesRuntime(Runtime):
             fn.argtypes = SIGNATURES[canon]
             self._fns[canon] = fn
         self._setup_error_names()
+        self._fork_gen = _rt.fork_generation()
         self._device = 0
+        # Shared by every for_device() view: one retained primary context per device.
         self._contexts: dict[int, int] = {}
-        self._tls = threading.local()
+        self._ctx_lock = threading.Lock()
+        self._bind_context_calls()
         self._compiler = None
         self._infos: dict[int, DeviceInfo] = {}
         if vendor == "hip":
@@ -127,6 +132,8 @@ class CtypesRuntime(Runtime):
         if self.device_count() < 1:
             raise GpuError("unavailable", "no device", name="hipErrorNoDevice" if vendor == "hip" else
                            "CUDA_ERROR_NO_DEVICE")
+        self._driver_version = self._query_version("driver_version")
+        self._runtime_version = self._query_version("hipRuntimeGetVersion") if vendor == "hip" else 0
         self.set_device(0)
 
     # ------------------------------------------------------------------ plumbing
@@ -145,6 +152,8 @@ class CtypesRuntime(Runtime):
             self._error_name = name
 
     def _call(self, canon: str, *args):
+        if self._fork_gen != _rt._fork_generation:
+            raise forked_error(self.name)
         try:
             status = self._fns[canon](*args)
         except (ctypes.ArgumentError, TypeError, OverflowError) as e:   # bad handle or size from a caller
@@ -152,23 +161,72 @@ class CtypesRuntime(Runtime):
         if status != 0:
             raise gpu_error(self._error_name(status), self._symbols[canon], status)
 
-    def _ctx(self):
-        # The CUDA driver API needs a current context per thread; HIP keeps the device per thread.
-        if getattr(self._tls, "device", None) == self._device:
-            return
+    def _bind_context_calls(self):
+        def bind(symbol, argtypes):
+            fn = getattr(self._lib, symbol, None)
+            if fn is None:
+                raise GpuError("unavailable", f"{self.library_path} lacks {symbol}", name="symbol-missing")
+            fn.restype, fn.argtypes = c_int, argtypes
+            return fn
         if self.vendor == "cuda":
-            ctx = self._contexts.get(self._device)
-            if ctx is None:
-                dev, handle = c_int(), c_void_p()
-                self._raw("cuDeviceGet", [P(c_int), c_int], ctypes.byref(dev), self._device)
-                self._raw("cuDevicePrimaryCtxRetain", [P(c_void_p), c_int], ctypes.byref(handle), dev.value)
-                ctx = self._contexts[self._device] = handle.value
-            self._raw("cuCtxSetCurrent", [c_void_p], ctx)
+            self._get_current = bind("cuCtxGetCurrent", [P(c_void_p)])
+            self._set_current = bind("cuCtxSetCurrent", [c_void_p])
         else:
-            self._raw("hipSetDevice", [c_int], self._device)
-        self._tls.device = self._device
+            self._get_current = bind("hipGetDevice", [P(c_int)])
+            self._set_current = bind("hipSetDevice", [c_int])
+
+    def _primary_context(self, index) -> int:
+        ctx = self._contexts.get(index)
+        if ctx is None:
+            with self._ctx_lock:
+                ctx = self._contexts.get(index)
+                if ctx is None:
+                    dev, handle = c_int(), c_void_p()
+                    self._raw("cuDeviceGet", [P(c_int), c_int], ctypes.byref(dev), index)
+                    self._raw("cuDevicePrimaryCtxRetain", [P(c_void_p), c_int], ctypes.byref(handle), dev.value)
+                    ctx = self._contexts[index] = handle.value
+        return ctx
+
+    def _ctx(self):
+        # What is current is per thread (cuCtxSetCurrent, hipSetDevice) and anyone may change it between
+        # two of our calls: another backend of this process on another device, or PyTorch/CuPy on the
+        # same thread. So the driver is asked each time, not a cache of what we last set: launching
+        # into another device's context with this device's pointers is CUDA_ERROR_ILLEGAL_ADDRESS,
+        # which kills that context.
+        if self._fork_gen != _rt._fork_generation:
+            raise forked_error(self.name)
+        if self.vendor == "cuda":
+            want = self._primary_context(self._device)
+            cur = c_void_p()
+            status = self._get_current(ctypes.byref(cur))
+            if status != 0:
+                raise gpu_error(self._error_name(status), "cuCtxGetCurrent", status)
+            if cur.value != want:
+                status = self._set_current(c_void_p(want))
+                if status != 0:
+                    raise gpu_error(self._error_name(status), "cuCtxSetCurrent", status)
+        else:
+            cur = c_int(-1)
+            status = self._get_current(ctypes.byref(cur))
+            if status != 0 or cur.value != self._device:
+                status = self._set_current(self._device)
+                if status != 0:
+                    raise gpu_error(self._error_name(status), "hipSetDevice", status)
+
+    def _query_version(self, what) -> int:
+        v = c_int(0)
+        try:
+            if what in self._fns:
+                self._call(what, ctypes.byref(v))
+            else:
+                self._raw(what, [P(c_int)], ctypes.byref(v))
+        except (GpuError, AttributeError):
+            return 0
+        return v.value
 
     def _raw(self, symbol, argtypes, *args):
+        if self._fork_gen != _rt._fork_generation:
+            raise forked_error(self.name)
         fn = getattr(self._lib, symbol)
         fn.restype, fn.argtypes = c_int, argtypes
         status = fn(*args)
@@ -179,8 +237,42 @@ class CtypesRuntime(Runtime):
     def compiler(self):
         if self._compiler is None:
             from .compilers import get_compiler
-            self._compiler = get_compiler(self.platform)
+            # NVRTC: the one whose code this driver loads (see compilers.select_nvrtc)
+            self._compiler = get_compiler(self.platform, driver_version=self._driver_version or None
+                                          if self.vendor == "cuda" else None)
         return self._compiler
+
+    def driver_version(self) -> int:
+        return self._driver_version
+
+    def loader_tag(self) -> str:
+        if self.vendor == "cuda":
+            return f"cuda-driver {self._driver_version}"
+        return f"hip-driver {self._driver_version} hip-runtime {self._runtime_version}"
+
+    def pointer_device(self, ptr: int) -> int | None:
+        if not ptr:
+            return None
+        self._ctx()
+        if self.vendor == "cuda":
+            ordinal = c_int(-1)
+            fn = getattr(self._lib, "cuPointerGetAttribute", None)
+            if fn is None:
+                return None
+            fn.restype, fn.argtypes = c_int, [c_void_p, c_int, ctypes.c_uint64]
+            if fn(ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ctypes.c_uint64(ptr)) != 0:
+                return None
+            return ordinal.value if ordinal.value >= 0 else None
+        fn = getattr(self._lib, "hipPointerGetAttributes", None)
+        if fn is None:
+            return None
+        # hipPointerAttribute_t starts {enum memoryType/type; int device; ...} in ROCm 5 and 6 alike
+        attrs = ctypes.create_string_buffer(128)
+        fn.restype, fn.argtypes = c_int, [c_void_p, c_void_p]
+        if fn(attrs, c_void_p(ptr)) != 0:
+            return None
+        device = c_int.from_buffer(attrs, 4).value
+        return device if device >= 0 else None
 
     # ------------------------------------------------------------------ devices
     def device_count(self) -> int:
@@ -233,10 +325,11 @@ class CtypesRuntime(Runtime):
         return info
 
     def set_device(self, index: int) -> None:
+        """Point this object at device `index` (every thread using it follows). Two users of one
+        process on different devices each take their own `for_device` view instead."""
         if not 0 <= index < self.device_count():
             raise GpuError("unavailable", f"device {index} does not exist", name="invalid-device")
         self._device = index
-        self._tls.device = None
         self._ctx()
 
     def mem_info(self):

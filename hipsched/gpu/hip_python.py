@@ -8,15 +8,16 @@ ctypes binding; for hip-python's own hiprtc module, `point_hiprtc_at` does the R
 from __future__ import annotations
 
 import ctypes
-import threading
 
 from ..errors import GpuError
-from .runtime import DeviceInfo, Runtime, pack_kernel_params
+from . import runtime as _rt
+from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params
 from .status import gpu_error
 
 _STREAM_NON_BLOCKING = 1
 # Calls that do not act on the current device (so need no hipSetDevice on a new thread first).
-_DEVICELESS = frozenset({"hipGetDeviceCount", "hipSetDevice", "hipGetDeviceProperties"})
+_DEVICELESS = frozenset({"hipGetDeviceCount", "hipSetDevice", "hipGetDevice", "hipGetDeviceProperties",
+                         "hipDriverGetVersion", "hipRuntimeGetVersion", "hipPointerGetAttributes"})
 
 
 def _import_hip():
@@ -74,13 +75,20 @@ class HipPythonRuntime(Runtime):
 
     def __init__(self):
         self._hip = _import_hip()
+        self._fork_gen = _rt.fork_generation()
         self._device = 0
-        self._tls = threading.local()   # hipSetDevice is per host thread: the device each thread has
         self._compiler = None
         self._infos: dict[int, DeviceInfo] = {}
         if self.device_count() < 1:
             raise GpuError("unavailable", "no device", name="hipErrorNoDevice")
+        self._versions = (self._version("hipDriverGetVersion"), self._version("hipRuntimeGetVersion"))
         self.set_device(0)
+
+    def _version(self, fname) -> int:
+        try:
+            return int(self._do(fname))
+        except (GpuError, TypeError, ValueError):
+            return 0
 
     def _unwrap(self, what: str, result):
         """(err, v1, v2, ...) -> None | v1 | (v1, v2, ...); GpuError with the error's name otherwise."""
@@ -94,12 +102,24 @@ class HipPythonRuntime(Runtime):
             return None
         return values[0] if len(values) == 1 else values
 
+    def _make_current(self):
+        # hipSetDevice is per host thread, and anyone (another backend of this process on another
+        # device, a finalizer's thread, PyTorch on this thread) may have changed it since our last
+        # call: ask rather than remember.
+        get = getattr(self._hip, "hipGetDevice", None)
+        if get is not None:
+            try:
+                if self._unwrap("hipGetDevice", get()) == self._device:
+                    return
+            except GpuError:
+                pass
+        self._do("hipSetDevice", self._device)
+
     def _do(self, fname: str, *args):
-        if fname not in _DEVICELESS and getattr(self._tls, "device", None) != self._device:
-            # a thread other than the one that called set_device (a finalizer, a worker) starts on
-            # device 0: make this runtime's device current on it first
-            self._do("hipSetDevice", self._device)
-            self._tls.device = self._device
+        if self._fork_gen != _rt._fork_generation:
+            raise forked_error(self.name)
+        if fname not in _DEVICELESS:
+            self._make_current()
         fn = getattr(self._hip, fname, None)
         if fn is None:
             raise GpuError("unavailable", f"hip-python lacks {fname}", name="symbol-missing")
@@ -137,7 +157,20 @@ class HipPythonRuntime(Runtime):
     def set_device(self, index: int) -> None:
         self._do("hipSetDevice", index)
         self._device = index
-        self._tls.device = index
+
+    def driver_version(self) -> int:
+        return self._versions[0]
+
+    def loader_tag(self) -> str:
+        return f"hip-driver {self._versions[0]} hip-runtime {self._versions[1]}"
+
+    def pointer_device(self, ptr: int) -> int | None:
+        try:
+            attrs = self._do("hipPointerGetAttributes", ptr)
+            device = int(attrs.device)
+        except (GpuError, AttributeError, TypeError, ValueError):
+            return None
+        return device if device >= 0 else None
 
     def mem_info(self):
         free, total = self._do("hipMemGetInfo")

@@ -59,10 +59,14 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hipsched" / "kernels"
 
 
-def cache_key(compiler_name: str, compiler_version: str, arch: str, options, source: str) -> str:
-    """Hex digest over everything that can change the code object (the source includes the prelude)."""
+def cache_key(compiler_name: str, compiler_version: str, arch: str, options, source: str, loader: str = "") -> str:
+    """Hex digest over everything that can change the code object (the source includes the prelude),
+    and `loader`, the driver (and HIP runtime) versions that will load it (Runtime.loader_tag): which
+    compiler and which target (CUBIN or PTX) a driver can load is decided per driver. An empty
+    loader, what ahead-of-time compiles write, adds no field, so their keys predate it."""
     h = hashlib.sha256()
-    for part in (str(FORMAT_VERSION), compiler_name, compiler_version, arch, "\x1f".join(options), source):
+    parts = (str(FORMAT_VERSION), compiler_name, compiler_version, arch, "\x1f".join(options), source)
+    for part in parts + ((loader,) if loader else ()):
         data = part.encode()
         h.update(struct.pack("<Q", len(data)))   # length-prefixed so no two part lists collide
         h.update(data)
@@ -105,6 +109,13 @@ class KernelCache:
         self._lock = threading.RLock()
         self._modules: dict[tuple, int] = {}
         self._functions: dict[tuple, int] = {}
+        # (runtime, device, source, options) -> the GpuError its compile or load gave: it is raised
+        # again rather than retried on every call (the same code object meets the same driver).
+        self._failed: dict[tuple, GpuError] = {}
+        # (source, arch, options) -> (loader, code object): the bytes do not depend on the loader, so a
+        # request for the same code under another loader (GpuContext.resources asks with none after the
+        # module was loaded under the driver's) is not compiled again
+        self._objects: dict[tuple, tuple[str, bytes]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -122,16 +133,27 @@ class KernelCache:
     def entry_path(self, key: str) -> Path:
         return self.cache_dir / key[:2] / f"{key}.co"
 
-    def code_object(self, source_name: str, arch: str, options=()) -> bytes:
+    def code_object(self, source_name: str, arch: str, options=(), loader: str = "") -> bytes:
         """The code object for `source_name` on `arch`: from disk when a valid entry exists, else
-        compiled and written. A cache directory that cannot be written only costs the disk cache."""
+        compiled and written. `loader` (Runtime.loader_tag) is part of the key; an entry written ahead
+        of time with no loader (`python -m hipsched compile`) is used when there is none for it. A
+        cache directory that cannot be written only costs the disk cache."""
         source = self.source(source_name)
         options = tuple(options)
-        key = cache_key(self.compiler.name, self.compiler.version(), arch, options, source)
+        memo = self._objects.get((source_name, arch, options))
+        if memo is not None and memo[0] != loader:
+            self.hits += 1
+            return memo[1]
+        version = self.compiler.version()
+        key = cache_key(self.compiler.name, version, arch, options, source, loader)
         path = self.entry_path(key)
         payload = read_entry(path, key)
+        if payload is None and loader:
+            aot = cache_key(self.compiler.name, version, arch, options, source)
+            payload = read_entry(self.entry_path(aot), aot)
         if payload is not None:
             self.hits += 1
+            self._objects[(source_name, arch, options)] = (loader, payload)
             return payload
         self.misses += 1
         payload = self.compiler.compile(source, source_name, arch, options)
@@ -139,11 +161,22 @@ class KernelCache:
             write_entry(path, key, payload)
         except OSError:
             pass
+        self._objects[(source_name, arch, options)] = (loader, payload)
         return payload
+
+    def target(self, runtime, device=None) -> str:
+        """What to compile for the runtime's device so that its driver loads it (compilers.load_target):
+        the device's arch, or a PTX target for an NVIDIA driver older than the compiler's CUBINs."""
+        from .compilers import load_target
+        device = runtime.current_device() if device is None else device
+        driver = getattr(runtime, "driver_version", lambda: 0)()
+        return load_target(self.compiler, runtime.device_info(device).arch, driver or None)
 
     def function(self, runtime, source_name: str, kernel_name: str, options=()) -> int:
         """Function handle for `kernel_name` in `source_name`, compiled for the runtime's current
-        device; the module is loaded once per (runtime, device, source, options)."""
+        device; the module is loaded once per (runtime, device, source, options). A module that does
+        not compile or that the driver will not load raises the same GpuError on every later call
+        without being tried again; one the driver refuses is kind "unavailable"."""
         device = runtime.current_device()
         fkey = (id(runtime), device, source_name, tuple(options), kernel_name)
         fn = self._functions.get(fkey)
@@ -151,14 +184,36 @@ class KernelCache:
             return fn
         with self._lock:
             mkey = fkey[:4]
+            if mkey in self._failed:
+                raise self._failed[mkey]
             module = self._modules.get(mkey)
             if module is None:
-                arch = runtime.device_info(device).arch
-                module = runtime.module_load(self.code_object(source_name, arch, options))
+                module = self._load(runtime, device, source_name, tuple(options), mkey)
                 self._modules[mkey] = module
             fn = runtime.module_function(module, kernel_name)
             self._functions[fkey] = fn
             return fn
+
+    def _load(self, runtime, device, source_name, options, mkey) -> int:
+        loader = getattr(runtime, "loader_tag", lambda: "")()
+        try:
+            target = self.target(runtime, device)
+            code = self.code_object(source_name, target, options, loader)
+        except GpuError as e:
+            if e.kind in ("compile", "unavailable", "unsupported"):
+                self._failed[mkey] = e
+            raise
+        try:
+            return runtime.module_load(code)
+        except GpuError as e:
+            if e.kind not in ("compile", "unavailable"):
+                raise   # out of memory and the like may pass; try again next call
+            err = GpuError("unavailable", f"the driver will not load {source_name} as compiled by "
+                                          f"{self.compiler.version()} for {target} "
+                                          f"({loader or 'driver version unknown'}): {e}",
+                           name=e.name or "module-load-failed")
+            self._failed[mkey] = err
+            raise err from None
 
     def unload(self, runtime) -> None:
         """Unload every module this cache loaded on `runtime` (at runtime shutdown)."""
@@ -170,6 +225,8 @@ class KernelCache:
                     pass
             for fkey in [k for k in self._functions if k[0] == id(runtime)]:
                 del self._functions[fkey]
+            for mkey in [k for k in self._failed if k[0] == id(runtime)]:
+                del self._failed[mkey]
 
 
 def compile_all(compiler, arch: str, cache_dir=None, options=()) -> list[tuple]:

@@ -8,9 +8,38 @@ A Compiler is separate from a Runtime because compiling needs no device: `python
 compile` and CI use a Compiler alone."""
 from __future__ import annotations
 
+import copy
 import ctypes
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+
+# Bumped in a forked child. CUDA and HIP state does not survive fork(): a child that touches the
+# parent's driver gets CUDA_ERROR_NOT_INITIALIZED (or, on ROCm, may hang), so every binding compares
+# the generation it was created in with this one before each driver call.
+_fork_generation = 0
+
+
+def _after_fork_in_child():
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_generation() -> int:
+    """How many fork()s separate this process from the first image (0 unless this is a forked child)."""
+    return _fork_generation
+
+
+def forked_error(name: str):
+    """The GpuError a runtime created before a fork() raises in the child instead of calling the driver."""
+    from ..errors import GpuError
+    return GpuError("unavailable", f"forked child (pid {os.getpid()}): the {name} runtime was initialised in the "
+                                   f"parent process and the driver cannot be used again after fork(); start "
+                                   f"GPU workers with multiprocessing's 'spawn' or 'forkserver' method",
+                    name="forked-child")
 
 
 @dataclass(frozen=True)
@@ -59,8 +88,37 @@ class Runtime(ABC):
     @abstractmethod
     def set_device(self, index: int) -> None: ...
     def current_device(self) -> int:
-        """Index of the device set_device chose (0 until then); bindings store it as `_device`."""
+        """Index of the device this object launches on (0 until set_device); bindings store it as `_device`."""
         return getattr(self, "_device", 0)
+
+    def for_device(self, index: int) -> "Runtime":
+        """A runtime bound to device `index` that shares this one's driver, leaving this one's device
+        alone. Each call makes its own device current on the calling thread first, so two of them (two
+        backends on two devices) never retarget each other's work, whatever thread runs it."""
+        if index == self.current_device():
+            return self
+        from ..errors import GpuError
+        if not hasattr(self, "_device"):
+            raise GpuError("unavailable", f"the {self.name} runtime cannot bind device {index}", name="invalid-device")
+        if not 0 <= index < self.device_count():
+            raise GpuError("unavailable", f"device {index} does not exist", name="invalid-device")
+        view = copy.copy(self)
+        view._device = index
+        return view
+
+    def pointer_device(self, ptr: int) -> int | None:
+        """The device a device pointer was allocated on, or None when the driver cannot say."""
+        return None
+
+    def driver_version(self) -> int:
+        """The driver's version as its API reports it: CUDA 1000 * major + 10 * minor (12040 is 12.4);
+        HIP hipDriverGetVersion. 0 when unknown."""
+        return 0
+
+    def loader_tag(self) -> str:
+        """What loads code objects here (driver, and runtime on HIP, with versions): part of the
+        code-object cache key. Empty when unknown."""
+        return ""
     @abstractmethod
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes on the current device."""
