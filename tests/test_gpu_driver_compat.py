@@ -140,7 +140,8 @@ def test_a_module_the_driver_refuses_is_one_unavailable_reason_not_a_retry_per_c
     rt, driver = _runtime(monkeypatch, 12040, LyingNvrtc())
     backend = GpuBackend({"kernel_cache_dir": str(tmp_path)}, runtime=rt)
     assert backend.available, backend.unavailable_reason
-    ex = hipsched.Executor(gpu_backend=backend, backend="gpu", gpu_min_batch_size=1, telemetry_enabled=True)
+    ex = hipsched.Executor(gpu_backend=backend, strategy="gpu_preferred", gpu_min_batch_size=1,
+                           telemetry_enabled=True)
     x = np.arange(4096, dtype=np.float32)
     for _ in range(6):
         np.testing.assert_array_equal(ex.add(x, x), x + x)

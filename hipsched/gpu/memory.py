@@ -129,7 +129,7 @@ class DeviceArray:
         stream = cai.get("stream")
         if stream == 1:
             stream = 0
-        # CAI carries no device id: the array is taken to live on the runtime's current device.
+        # CAI carries no device id: _checked asks the driver which device the pointer belongs to.
         return cls._checked(ptr, tuple(cai["shape"]), dtype, cai.get("strides"), runtime, owner=obj,
                             stream=stream, device=None)
 
@@ -141,6 +141,7 @@ class DeviceArray:
         if runtime is None:
             from .detect import get_runtime
             runtime = get_runtime()
+        runtime, device = _on_own_device(runtime, ptr, device)
         return cls(ptr, shape, dtype, runtime, owner=owner, stream=stream, device=device)
 
     # ------------------------------------------------------------------ properties
@@ -237,6 +238,25 @@ class DeviceArray:
         if host.nbytes:
             runtime.memcpy_htod(self.ptr, host.ctypes.data, host.nbytes, s)
             runtime.stream_synchronize(s)
+
+
+def _on_own_device(runtime, ptr, device):
+    """(runtime bound to the array's device, DLPack device) for a foreign array: DLPack states its device
+    id, a CAI pointer's is asked of the driver (None when it cannot say: the runtime's device). Copies
+    of the array then run in its own device's context, and a GPU backend of another device can tell
+    that the array is not its own (GpuBackend refuses it, naming both)."""
+    if runtime is None:
+        return runtime, device
+    index = device[1] if device is not None else getattr(runtime, "pointer_device", lambda p: None)(ptr)
+    if index is None or index == runtime.current_device():
+        return runtime, device
+    try:
+        runtime = runtime.for_device(index)
+    except (GpuError, AttributeError):
+        pass   # a device this runtime cannot bind: the id is still recorded, so the backend refuses it
+    if device is None:
+        device = (dlpack.kDLROCM if getattr(runtime, "platform", "nvidia") == "amd" else dlpack.kDLCUDA, index)
+    return runtime, device
 
 
 def _stream_int(stream) -> int:
