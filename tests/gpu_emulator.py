@@ -7,16 +7,24 @@ that walk the grid's blocks in order. `__syncthreads` is a block-wide std::barri
 shuffles go through a warp-wide barrier, so the code only passes if it is correct for any interleaving
 the barriers allow. `__shared__` becomes `static` (blocks run one after another) and the dynamic
 shared buffer is per launch. Device pointers are host pointers, so `EmuRuntime` implements the Runtime
-interface with malloc and memmove. Slow (threads per block), so tests keep shapes small."""
+interface with malloc and memmove. Slow (threads per block), so tests keep shapes small.
+
+`EmuRuntime(asynchronous=True)` (or HIPSCHED_EMU_ASYNC=1) queues work per stream as a driver does, and
+its memcheck poisons freed memory: see EmuRuntime."""
 from __future__ import annotations
 
+import bisect
 import ctypes
 import hashlib
+import itertools
 import os
+import queue
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 
 from hipsched.errors import GpuError
 from hipsched.gpu.runtime import Compiler, DeviceInfo, Runtime
@@ -169,18 +177,96 @@ _libc.malloc.restype = ctypes.c_void_p
 _libc.malloc.argtypes = [ctypes.c_size_t]
 _libc.free.argtypes = [ctypes.c_void_p]
 
+# Every byte 0xFF: float32/float64 NaN, integers -1. Freed and never-written memory reads as this.
+_POISON = 0xFF
+
+
+def _nothing():
+    pass
+
+
+class _Op:
+    """One queued piece of work; `done` is set once it ran (or failed), `t` is when."""
+    __slots__ = ("fn", "what", "deps", "done", "t")
+
+    def __init__(self, fn, what):
+        self.fn, self.what, self.deps = fn, what, []
+        self.done = threading.Event()
+        self.t = None
+
+
+class _Stream:
+    """A stream of the asynchronous emulator: a FIFO its own worker thread runs in order."""
+
+    def __init__(self, handle: int, blocking: bool):
+        self.handle, self.blocking = handle, blocking
+        self.queue = queue.SimpleQueue()   # put() is reentrant: frees arrive from finalizers
+        self.tail = None                   # the last _Op queued
+        self.thread = None
+
+    def start(self, rt) -> None:
+        self.thread = threading.Thread(target=rt._worker, args=(self,), daemon=True,
+                                       name=f"emu-stream-{self.handle:#x}")
+        self.thread.start()
+
 
 class EmuRuntime(Runtime):
-    """Runtime on the CPU: synchronous, one device whose 'memory' is the host heap."""
+    """Runtime on the CPU: one device whose 'memory' is the host heap.
+
+    Synchronous by default: every call has finished when it returns. asynchronous=True (default:
+    HIPSCHED_EMU_ASYNC set and not 0) makes it behave like a driver that queues: each stream is a worker
+    thread running its work in order, each item `delay` seconds late (HIPSCHED_EMU_DELAY, 1 ms by
+    default), so host code that reads a result without waiting, or frees memory that queued work still
+    reads, fails every time instead of passing by luck. What it models, after the CUDA/HIP documents:
+    - launch, memset, memcpy_dtod and memcpy_dtoh are queued. memcpy_htod copies the host bytes at the
+      call (pageable memory is staged before the call returns) and writes the device in stream order.
+      memcpy_dtoh writes the host buffer only when the stream gets there: the bindings call the *Async
+      copy and then synchronise, and to pageable memory the drivers "might" block, so nothing may rely
+      on it;
+    - stream 0 is the legacy default stream: its work waits for all earlier work of blocking streams and
+      theirs for its. stream_create() makes non-blocking streams, as the bindings do (blocking=True
+      makes a blocking one); a handle it never made (another library's stream) is non-blocking;
+    - event_record queues a marker, stream_wait_event makes the stream's worker wait for the marker
+      recorded last; event_query, event_synchronize, stream_synchronize and synchronize observe or wait;
+    - free() poisons and releases at once, as a driver that does not synchronise may; free_async() does
+      so when its stream reaches it.
+    Memcheck (both modes): new and freed memory is poisoned (0xFF: NaN, -1), freed blocks stay in a
+    quarantine (quarantine_bytes, oldest released first; 0 under AddressSanitizer, which keeps its own)
+    so a kernel argument, copy or memset touching one, a double free, or work on a destroyed stream is
+    found. A finding is kept in `memcheck_errors`, fails every later call as a sticky device error
+    would (GpuError kind "lost"), and close() raises AssertionError, so a CPU fallback cannot hide it."""
 
     name = "emu"
 
-    def __init__(self, warp: int = 32):
+    def __init__(self, warp: int = 32, *, asynchronous: bool | None = None,
+                 delay: float | None = None, quarantine_bytes: int | None = None):
         self.compiler = EmuCompiler(warp)
         self.platform = self.compiler.platform
         self.warp = warp
         self._libs, self._fns, self._files = [], {}, []
-        self.live = set()
+        self._names: dict[int, str] = {}
+        if asynchronous is None:
+            asynchronous = os.environ.get("HIPSCHED_EMU_ASYNC", "0").strip() not in ("", "0")
+        self.asynchronous = bool(asynchronous)
+        if delay is None:
+            delay = float(os.environ.get("HIPSCHED_EMU_DELAY", "0.001")) if self.asynchronous else 0.0
+        self.delay = float(delay)
+        if quarantine_bytes is None:
+            quarantine_bytes = 0 if getattr(self.compiler, "sanitize", None) == "address" else 64 << 20
+        self.quarantine_bytes = int(quarantine_bytes)
+        # RLock: free() also arrives from finalizers, which the collector may run on a thread holding it
+        self._lock = threading.RLock()
+        self._exec_lock = threading.Lock()          # taken by whoever runs a kernel, never by a finalizer
+        self.live: dict[int, int] = {}              # pointer -> bytes
+        self._freed: dict[int, int] = {}            # quarantine, oldest first: pointer -> bytes
+        self._starts: list[int] = []                # the quarantine's pointers, sorted
+        self._quarantined = 0
+        self.memcheck_errors: list[str] = []
+        self._sticky = None
+        self._handles = itertools.count(0x1000)     # streams and events: distinct, never 0, 1 or 2
+        self._streams: dict[int, _Stream] = {}
+        self._destroyed: set[int] = set()
+        self._events: dict[int, _Op | None] = {}
 
     def device_count(self): return 1
     def current_device(self): return 0
@@ -191,30 +277,288 @@ class EmuRuntime(Runtime):
         return DeviceInfo(0, f"cpu-emulated-warp{self.warp}", "gfx90a" if self.warp == 64 else "sm_90",
                           1 << 32, self.platform, self.warp, 2)
 
+    # ------------------------------------------------------------------ memcheck
+    def _report(self, message: str) -> None:
+        self.memcheck_errors.append(message)
+        if self._sticky is None:
+            self._sticky = GpuError("lost", f"emulator memcheck: {message}", name="hipErrorIllegalAddress")
+
+    def _check_sticky(self) -> None:
+        # like a device fault, a memcheck finding fails every later call, not only the one that saw it
+        if self._sticky is not None:
+            raise self._sticky
+
+    def take_memcheck_errors(self) -> list[str]:
+        """What memcheck recorded so far, cleared (with the sticky error): for tests that provoke it."""
+        with self._lock:
+            errors, self.memcheck_errors, self._sticky = self.memcheck_errors, [], None
+        return errors
+
+    def _freed_block(self, ptr: int, nbytes: int = 1):
+        """Base of a freed (quarantined) block that [ptr, ptr + nbytes) touches, or None."""
+        with self._lock:
+            i = bisect.bisect_right(self._starts, ptr + max(int(nbytes), 1) - 1) - 1
+            if i >= 0:
+                base = self._starts[i]
+                if base + self._freed[base] > ptr:
+                    return base
+        return None
+
+    def _check_range(self, what: str, ptr: int, nbytes: int) -> None:
+        if ptr and nbytes > 0:
+            base = self._freed_block(ptr, nbytes)
+            if base is not None:
+                self._report(f"{what}: {nbytes} bytes at {ptr:#x} touch freed block {base:#x}")
+
+    # ------------------------------------------------------------------ memory
     def malloc(self, nbytes):
-        ptr = _libc.malloc(max(int(nbytes), 1))
-        self.live.add(ptr)
+        self._check_sticky()
+        n = max(int(nbytes), 1)
+        ptr = _libc.malloc(n)
+        if not ptr:
+            raise GpuError("oom", f"emulator: malloc({n}) failed", name="hipErrorOutOfMemory")
+        # what cudaMalloc returns is garbage: poisoned, a read of memory nothing wrote shows up as NaN / -1
+        ctypes.memset(ptr, _POISON, n)
+        with self._lock:
+            self.live[ptr] = n
         return ptr
 
+    def _take_live(self, ptr: int, what: str) -> int:
+        with self._lock:
+            n = self.live.pop(ptr, None)
+            known_freed = ptr in self._freed
+        if n is None:
+            self._report(f"{what} of {'an already freed' if known_freed else 'an unknown'} pointer {ptr:#x}")
+            raise GpuError("runtime", f"emulator: {what}({ptr:#x}): not a live allocation",
+                           name="hipErrorInvalidValue")
+        return n
+
     def free(self, ptr):
-        self.live.discard(ptr)
-        _libc.free(ptr)
+        if not ptr:
+            return
+        self._release(ptr, self._take_live(ptr, "free"))
 
-    def memcpy_htod(self, dst, src, nbytes, stream=0): ctypes.memmove(dst, src, nbytes)
-    def memcpy_dtoh(self, dst, src, nbytes, stream=0): ctypes.memmove(dst, src, nbytes)
-    def memcpy_dtod(self, dst, src, nbytes, stream=0): ctypes.memmove(dst, src, nbytes)
-    def memset(self, dst, value, nbytes, stream=0): ctypes.memset(dst, value, nbytes)
-    def stream_create(self): return 1
-    def stream_destroy(self, stream): pass
-    def stream_synchronize(self, stream): pass
-    def event_create(self): return 1
-    def event_destroy(self, event): pass
-    def event_record(self, event, stream=0): pass
-    def event_synchronize(self, event): pass
-    def event_elapsed_ms(self, start, end): return 0.0
-    def stream_wait_event(self, stream, event): pass
-    def synchronize(self): pass
+    def _release(self, ptr: int, nbytes: int) -> None:
+        """Poison a block and give it back: to malloc at once when there is no quarantine (ASan then
+        reports a later use itself), else after older freed blocks, so a use of it is a memcheck
+        finding rather than a write into someone else's allocation."""
+        ctypes.memset(ptr, _POISON, nbytes)
+        if self.quarantine_bytes <= 0:
+            _libc.free(ptr)
+            return
+        evicted = []
+        with self._lock:
+            self._freed[ptr] = nbytes
+            bisect.insort(self._starts, ptr)
+            self._quarantined += nbytes
+            while self._quarantined > self.quarantine_bytes and self._freed:
+                old = next(iter(self._freed))
+                self._quarantined -= self._freed.pop(old)
+                del self._starts[bisect.bisect_left(self._starts, old)]
+                evicted.append(old)
+        for old in evicted:
+            _libc.free(old)
 
+    def free_async(self, ptr, stream=0):
+        """Stream-ordered free: poisoned and released when `stream` reaches it."""
+        if not ptr:
+            return
+        with self._lock:
+            known = ptr in self.live
+        if not known:
+            self._take_live(ptr, "free_async")   # reports and raises
+        if not self.asynchronous:
+            self.free(ptr)
+            return
+        self._submit(stream, lambda: self.free(ptr), "free_async")
+
+    def memcpy_htod(self, dst, src, nbytes, stream=0):
+        # pageable host memory is staged before the call returns: the caller may reuse its buffer at once
+        data = ctypes.string_at(src, nbytes) if nbytes else b""
+
+        def run():
+            self._check_range("memcpy_htod", dst, nbytes)
+            ctypes.memmove(dst, data, nbytes)
+        self._submit(stream, run, "memcpy_htod")
+
+    def memcpy_dtoh(self, dst, src, nbytes, stream=0):
+        # the bindings use the *Async copy and synchronise afterwards; the host buffer is written only
+        # when the stream gets here, so a missing synchronisation reads stale host memory
+        def run():
+            self._check_range("memcpy_dtoh", src, nbytes)
+            ctypes.memmove(dst, src, nbytes)
+        self._submit(stream, run, "memcpy_dtoh")
+
+    def memcpy_dtod(self, dst, src, nbytes, stream=0):
+        def run():
+            self._check_range("memcpy_dtod source", src, nbytes)
+            self._check_range("memcpy_dtod destination", dst, nbytes)
+            ctypes.memmove(dst, src, nbytes)
+        self._submit(stream, run, "memcpy_dtod")
+
+    def memset(self, dst, value, nbytes, stream=0):
+        def run():
+            self._check_range("memset", dst, nbytes)
+            ctypes.memset(dst, value, nbytes)
+        self._submit(stream, run, "memset")
+
+    # ------------------------------------------------------------------ streams and events
+    def _stream(self, handle: int, what: str) -> _Stream:
+        """The worker of `handle` (under self._lock). A handle this runtime never made is another
+        library's stream: non-blocking, as PyTorch's are."""
+        s = self._streams.get(handle)
+        if s is None:
+            if handle in self._destroyed:
+                self._report(f"{what} on stream {handle:#x} after stream_destroy")
+            s = self._streams[handle] = _Stream(handle, blocking=False)
+            s.start(self)
+        return s
+
+    def _submit(self, stream, fn, what, wait_for=None) -> _Op:
+        """Run `fn` as the next item of `stream`: now (synchronous mode) or on its worker."""
+        self._check_sticky()
+        stream = int(stream or 0)
+        op = _Op(fn, what)
+        if not self.asynchronous:
+            if stream in self._destroyed:
+                self._report(f"{what} on stream {stream:#x} after stream_destroy")
+            self._execute(op)
+            self._check_sticky()
+            return op
+        with self._lock:
+            s = self._stream(stream, what)
+            if wait_for is not None:
+                op.deps.append(wait_for)
+            legacy = self._stream(0, what)
+            # the legacy default stream waits for all earlier work of blocking streams, and they for it
+            if stream == 0:
+                op.deps += [t.tail for t in self._streams.values() if t.blocking and t.tail is not None]
+            elif s.blocking and legacy.tail is not None:
+                op.deps.append(legacy.tail)
+            s.tail = op
+            s.queue.put(op)
+        return op
+
+    def _execute(self, op: _Op) -> None:
+        try:
+            op.fn()
+        except GpuError as e:
+            self._report(f"{op.what}: {e}")
+        except Exception as e:   # a bug in the emulator must surface, not hang a waiter
+            self._report(f"{op.what} raised {type(e).__name__}: {e}")
+        finally:
+            op.t = time.perf_counter()
+            op.done.set()
+
+    def _worker(self, s: _Stream) -> None:
+        while True:
+            op = s.queue.get()
+            if op is None:
+                return
+            if self.delay:
+                time.sleep(self.delay)
+            for dep in op.deps:
+                dep.done.wait()
+            self._execute(op)
+
+    def stream_create(self, blocking: bool = False):
+        """A new stream: non-blocking (CU_STREAM_NON_BLOCKING, what the bindings create) unless
+        `blocking`, which orders it with the legacy default stream."""
+        self._check_sticky()
+        with self._lock:
+            handle = next(self._handles)
+            if self.asynchronous:
+                s = self._streams[handle] = _Stream(handle, blocking)
+                s.start(self)
+        return handle
+
+    def stream_destroy(self, stream):
+        stream = int(stream or 0)
+        if stream == 0:
+            self._report("stream_destroy of the null stream")
+            return
+        with self._lock:
+            self._destroyed.add(stream)
+            s = self._streams.pop(stream, None)
+        if s is not None:
+            s.queue.put(None)   # the worker finishes what is queued first, as cudaStreamDestroy lets it
+
+    def stream_synchronize(self, stream):
+        # waits first, then reports: what the test sees afterwards is what the stream did
+        stream = int(stream or 0)
+        with self._lock:
+            if stream in self._destroyed:
+                self._report(f"stream_synchronize of destroyed stream {stream:#x}")
+            s = self._streams.get(stream)
+            tail = s.tail if s is not None else None
+        if tail is not None:
+            tail.done.wait()
+        self._check_sticky()
+
+    def synchronize(self):
+        with self._lock:
+            tails = [s.tail for s in self._streams.values() if s.tail is not None]
+        for t in tails:
+            t.done.wait()
+        self._check_sticky()
+
+    def event_create(self):
+        self._check_sticky()
+        with self._lock:
+            handle = next(self._handles)
+            self._events[handle] = None
+        return handle
+
+    def event_destroy(self, event):
+        with self._lock:
+            self._events.pop(event, None)
+
+    def _event(self, event, what):
+        with self._lock:
+            if event not in self._events:
+                self._report(f"{what} of unknown or destroyed event {event:#x}")
+                return None
+            return self._events[event]
+
+    def event_record(self, event, stream=0):
+        if event not in self._events:
+            self._event(event, "event_record")
+            return
+        op = self._submit(stream, _nothing, "event_record")
+        with self._lock:
+            if event in self._events:
+                self._events[event] = op
+
+    def event_query(self, event) -> bool:
+        self._check_sticky()
+        op = self._event(event, "event_query")
+        return op is None or op.done.is_set()
+
+    def event_synchronize(self, event):
+        op = self._event(event, "event_synchronize")
+        if op is not None:
+            op.done.wait()
+        self._check_sticky()
+
+    def event_elapsed_ms(self, start, end):
+        a, b = self._event(start, "event_elapsed_ms"), self._event(end, "event_elapsed_ms")
+        if a is None or b is None or not (a.done.is_set() and b.done.is_set()):
+            raise GpuError("runtime", "emulator: event_elapsed_ms of an event not recorded or not complete",
+                           name="hipErrorNotReady")
+        return (b.t - a.t) * 1e3
+
+    def stream_wait_event(self, stream, event):
+        op = self._event(event, "stream_wait_event")
+        if op is None:   # never recorded: nothing to wait for, as with the drivers
+            return
+        if self.asynchronous:
+            self._submit(stream, _nothing, "stream_wait_event", wait_for=op)
+
+    def stall(self, stream, seconds: float) -> None:
+        """Queue `seconds` of busy time on `stream` (a long producer kernel, in tests)."""
+        self._submit(stream, lambda: time.sleep(seconds), "stall")
+
+    # ------------------------------------------------------------------ modules and launches
     def module_load(self, image):
         f = tempfile.NamedTemporaryFile(prefix="hs_emu_", suffix=".so", delete=False)
         f.write(image)
@@ -229,17 +573,56 @@ class EmuRuntime(Runtime):
         lib = self._libs[module]
         fn = ctypes.cast(getattr(lib, "emu_" + name), ctypes.c_void_p).value
         self._fns[fn] = lib
+        self._names[fn] = name
         return fn
 
     def launch(self, function, grid, block, args, shared_bytes=0, stream=0):
-        params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
-        dims = [ctypes.c_uint(int(v)) for v in tuple(grid) + tuple(block)]
-        if self._fns[function].emu_launch(ctypes.c_void_p(function), params, *dims, ctypes.c_uint(int(shared_bytes))):
+        grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
+        if block[1] != 1 or block[2] != 1 or block[0] % self.warp:   # what emu_launch can run
             raise GpuError("launch", f"emulator: unsupported block shape {block}")
+        lib, name = self._fns[function], self._names.get(function, hex(function))
+        # the caller's ctypes objects may be gone or reused by the time the stream runs the kernel
+        args = tuple(type(a)(a.value) for a in args)
+        pointers = [a.value for a in args if isinstance(a, ctypes.c_void_p) and a.value]
+
+        def run():
+            freed = [p for p in pointers if self._freed_block(p) is not None]
+            for p in freed:
+                self._report(f"launch {name}: argument {p:#x} points into freed memory")
+            params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
+            dims = [ctypes.c_uint(v) for v in grid + block]
+            # kernels of one module share its globals (gridDim, static __shared__): one launch at a time
+            with self._exec_lock:
+                lib.emu_launch(ctypes.c_void_p(function), params, *dims, ctypes.c_uint(int(shared_bytes)))
+            for p in pointers:
+                if p not in freed and self._freed_block(p) is not None:
+                    self._report(f"launch {name}: argument {p:#x} was freed while the kernel ran")
+        self._submit(stream, run, f"launch {name}")
 
     def close(self):
+        """Finish queued work, stop the workers, unload; AssertionError if memcheck found anything."""
+        if self.asynchronous:
+            with self._lock:
+                tails = [s.tail for s in self._streams.values() if s.tail is not None]
+                streams = list(self._streams.values())
+                self._streams.clear()
+            for t in tails:
+                t.done.wait()
+            for s in streams:
+                s.queue.put(None)
+            for s in streams:
+                s.thread.join()
+            # frees from finalizers of arrays that outlive the runtime happen at once from here on
+            self.asynchronous = False
         for path in self._files:
             try:
                 os.unlink(path)
             except OSError:
                 pass
+        with self._lock:
+            errors = list(self.memcheck_errors)
+            quarantined, self._freed, self._starts, self._quarantined = list(self._freed), {}, [], 0
+        for ptr in quarantined:
+            _libc.free(ptr)
+        if errors:
+            raise AssertionError(f"emulator memcheck ({len(errors)}):\n" + "\n".join(errors[:20]))
