@@ -175,6 +175,8 @@ class Executor:
             return flags & ~_F_SUPPORTS, 0, 0
         try:
             if self._gpu.device_bytes_needed(call) > self._free_memory():
+                if not getattr(self._gpu, "available", True):  # the query found the GPU gone
+                    return flags & ~_F_PRESENT, 0, 0
                 flags &= ~_F_FITS
             h2d, d2h = self._gpu.transfer_bytes(call)
         except Exception as e:  # a failing query means the GPU cannot be trusted with this call

@@ -127,10 +127,14 @@ class GpuBackend:
         return MAX_ELEMENTS.get(op, 0)
 
     def free_memory(self) -> int:
-        if not self.available:
+        if not self._still_available():
             return 0
         try:
             return int(self._ctx.rt.mem_info()[0])
+        except GpuError as e:   # the scheduler's first question often meets a dead driver first
+            if e.kind == "unavailable":
+                self._disable(str(e).split("] ", 1)[-1])
+            return 0
         except Exception:
             return 0
 
@@ -176,6 +180,14 @@ class GpuBackend:
         if self.available:   # the first reason stays; a racing second one says the same thing
             self.available = False
             self.unavailable_reason = reason
+            import logging
+            logging.getLogger("hipsched").warning("hipsched: the GPU is no longer used, every op runs on the "
+                                                  "CPU: %s", reason)
+
+    def _still_available(self) -> bool:
+        if self.available and self._fork_gen != _rt._fork_generation:
+            self._disable(str(_rt.forked_error(self.runtime_name or "GPU")).split("] ", 1)[-1])
+        return self.available
 
     def _check_devices(self, args):
         """A device array on another device than this backend's: its pointers mean nothing in this
@@ -193,9 +205,7 @@ class GpuBackend:
                                               f"gpu_device_id={device[1]}", name="wrong-device")
 
     def run(self, call, stream=None):
-        if self.available and self._fork_gen != _rt._fork_generation:
-            self._disable(str(_rt.forked_error(self.runtime_name or "GPU")).split("] ", 1)[-1])
-        if not self.available:
+        if not self._still_available():
             raise GpuError("unavailable", self.unavailable_reason or "no GPU")
         try:
             from ..gpu.streams import as_stream_handle

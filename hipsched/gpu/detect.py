@@ -115,3 +115,22 @@ def reset() -> None:
     """Forget the cached probe (tests, or after changing HIPSCHED_GPU_RUNTIME)."""
     with _lock:
         _state.clear()
+
+
+def _after_fork_in_child():
+    # A runtime the parent initialised cannot be used in a forked child (CUDA answers
+    # CUDA_ERROR_NOT_INITIALIZED to everything, ROCm may hang), and a fresh probe would initialise the
+    # same driver in the same broken state: the child has no GPU, for one stated reason. A parent that
+    # never probed left the driver untouched, so the child probes on first use as usual. The lock may
+    # have been held by another parent thread at fork time.
+    global _lock
+    _lock = threading.Lock()
+    runtime = _state.get("runtime")
+    if runtime is not None:
+        from .runtime import forked_error
+        reason = str(forked_error(runtime.name)).split("] ", 1)[-1]
+        _state["runtime"] = None
+        _state["attempts"] = [RuntimeAttempt(runtime.name, False, reason)]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
