@@ -376,6 +376,22 @@ cdef class SchedCore:
                      fallback)
         hs_unlock(&self.lock)
 
+    def release_probe(self, int slot):
+        """A GPU run refused before it started because the device cannot run that call (GpuError kind
+        "unsupported": a launch limit, a shape the kernels do not take) tells nothing about the GPU's
+        health, so it is not recorded. If it was the half-open probe, the breaker goes back to open with
+        its cooldown already served: the next eligible call probes again instead of the breaker staying
+        half-open (every call on the CPU) for good."""
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        cdef Health *h
+        hs_lock(&self.lock)
+        h = &self.hl[self.slots[slot].op_index]
+        if h.state == S_HALF_OPEN:
+            h.state = S_OPEN
+            h.probe_in_flight = 0
+        hs_unlock(&self.lock)
+
     # ------------------------------------------------------------ introspection and persistence
     def counters(self):
         cdef Counters c

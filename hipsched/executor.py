@@ -241,7 +241,12 @@ class Executor:
         except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
             dur = (_perf_ns() - t0) * 1e-3
             err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
-            self._core.record(slot, 1, call.size, dur, h2d, d2h, False, False, False)
+            if err.kind == "unsupported":
+                # the device cannot run this call (refused before any launch): a fact about the call, not
+                # the GPU's health, so the breaker does not see it; the call still reruns on the CPU
+                self._core.release_probe(slot)
+            else:
+                self._core.record(slot, 1, call.size, dur, h2d, d2h, False, False, False)
             if err.kind == "oom":
                 self._free = (0, 0)
             return self._fallback(call, slot, err, pc, pg, stream)

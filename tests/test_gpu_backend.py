@@ -213,7 +213,7 @@ def test_blas_absent_means_none(monkeypatch):
 
 def test_every_kernel_named_by_the_glue_exists():
     glue = (ROOT / "hipsched" / "gpu" / "ops_basic.py").read_text()
-    named = re.findall(r'ctx\.function\("(\w+)",\s*(?:"(\w+)"|name)', glue)
+    named = re.findall(r'(?:ctx\.function|Launch\.of)\("(\w+)",\s*(?:"(\w+)"|name)', glue)
     sources = {p.stem: p.read_text() for p in (ROOT / "src_c" / "hip").glob("*.hip")}
     kernels = {stem: set(re.findall(r"HS_KERNEL\s+(?:__launch_bounds__\(\d+\)\s+)?void\s+(hs_\w+)", text))
                for stem, text in sources.items()}

@@ -115,6 +115,11 @@ class _RtcCompiler(Compiler):
         return f"--gpu-architecture={arch}"
 
     def compile(self, source: str, name: str, arch: str, options: tuple[str, ...] = ()) -> bytes:
+        return self.compile_with_log(source, name, arch, options)[0]
+
+    def compile_with_log(self, source: str, name: str, arch: str, options: tuple[str, ...] = ()) -> tuple[bytes, str]:
+        """`compile`, with the compiler's log of a successful compile too (warnings; with NVRTC's
+        --ptxas-options=-v, ptxas's registers, shared memory and spills per kernel)."""
         if not self.supports(arch):
             raise GpuError("compile", f"{self.version()} cannot compile for {arch!r}: {self.why_unsupported(arch)}",
                            name="unsupported-target")
@@ -143,7 +148,7 @@ class _RtcCompiler(Compiler):
                 self._sym("DestroyProgram")(ctypes.byref(prog))
         if not code:
             raise GpuError("compile", f"{self.prefix} produced an empty code object for {name} ({arch})")
-        return code
+        return code, log
 
     def _log(self, prog) -> str:
         n = ctypes.c_size_t()

@@ -2,13 +2,20 @@
 per device: compiled functions by (source, kernel) name, uploads through the resident cache, output
 allocation, launches with kernelParams, and handing results back where the inputs live.
 
-Every glue function has the shape `def op(ctx, call, stream)`: upload inputs, allocate outputs, launch,
-`return ctx.finish(out, call, stream)`. Failures surface as GpuError from the runtime; the backend
-converts anything else into GpuError too, so the glue stays free of error handling."""
+Every glue function has the shape `def op(ctx, call, stream)`: work out its launches from the shapes
+(a pure `<op>_launches(...)` function next to it, so CI can sweep them for every target without a
+device), check them, upload inputs, allocate outputs, launch, `return ctx.finish(out, call, stream)`.
+Failures surface as GpuError from the runtime; the backend converts anything else into GpuError too,
+so the glue stays free of error handling.
+
+Every launch is checked against the limits of the target the kernel was compiled for
+(hipsched/gpu/targets.py) with the resources its code object records: a launch the device would
+refuse raises GpuError("unsupported", name="launch-limit-<limit>") before it is made."""
 from __future__ import annotations
 
 import ctypes
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,6 +30,26 @@ def _as_dim3(v) -> tuple[int, int, int]:
         return (int(v), 1, 1)
     t = tuple(int(x) for x in v)
     return (t + (1, 1, 1))[:3]
+
+
+class Launch(NamedTuple):
+    """One kernel launch as the glue plans it: which kernel, with what grid, block and dynamic shared
+    memory. Arguments are not part of it: the plan depends on shapes only."""
+    source: str                 # src_c/hip/<source>.hip
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int = 0
+
+    @classmethod
+    def of(cls, source, kernel, grid, block, shared=0) -> "Launch":
+        return cls(source, kernel, _as_dim3(grid), _as_dim3(block), int(shared))
+
+
+def grid_stride_blocks(n: int, block: int, multiprocessors: int) -> int:
+    """Blocks for a grid-stride loop over n items: enough to fill every compute unit, no more."""
+    need = max(1, -(-int(n) // block))
+    return min(need, max(1, int(multiprocessors)) * _BLOCKS_PER_CU)
 
 
 class GpuContext:
@@ -45,6 +72,10 @@ class GpuContext:
         self.arch = self.device.arch
         self.platform = self.device.platform
         self.cache = KernelCache(rt.compiler, cache_dir=cache_dir)
+        from .targets import target_for
+        self.target = target_for(self.arch, self.warp_size)
+        self._kernels: dict[int, tuple] = {}    # function handle -> (kernel name, KernelResources | None)
+        self._resources: dict[str, dict] = {}   # source -> {kernel: KernelResources} for this device
         # resident_bytes None: HIPSCHED_RESIDENT_BYTES or the memory module's default
         self.resident = ResidentCache(rt, resident_bytes)
         self._blas = None
@@ -58,7 +89,31 @@ class GpuContext:
         `source` may be given with or without the .hip suffix."""
         if source not in self.cache.sources and source + ".hip" in self.cache.sources:
             source += ".hip"
-        return self.cache.function(self.rt, source, kernel)
+        fn = self.cache.function(self.rt, source, kernel)
+        if fn not in self._kernels:
+            self._kernels[fn] = (kernel, self.resources(source).get(kernel))
+        return fn
+
+    def resources(self, source: str) -> dict:
+        """{kernel: KernelResources} of `source` as compiled for this device, from its cached code
+        object ({} when the code object records none, e.g. an emulator's host library)."""
+        if source not in self.cache.sources and source + ".hip" in self.cache.sources:
+            source += ".hip"
+        got = self._resources.get(source)
+        if got is None:
+            from ..errors import GpuError
+            from .codeobject import kernel_resources
+            try:   # the very code object `function` loads: same target and loader, so a cache hit
+                loader = getattr(self.rt, "loader_tag", lambda: "")()
+                got = kernel_resources(self.cache.code_object(source, self.cache.target(self.rt), (), loader))
+            except GpuError:
+                got = {}
+            self._resources[source] = got
+        return got
+
+    @property
+    def multiprocessors(self) -> int:
+        return max(1, int(self.device.multiprocessors))
 
     def blas(self):
         """The vendor BLAS (hipsched.gpu.blas.Blas) for this device, or None when none can be loaded."""
@@ -78,8 +133,7 @@ class GpuContext:
 
     def blocks_for(self, n: int, block: int = 256) -> int:
         """Blocks for a grid-stride loop over n items: enough to fill every compute unit, no more."""
-        need = max(1, -(-int(n) // block))
-        return min(need, max(1, self.device.multiprocessors) * _BLOCKS_PER_CU)
+        return grid_stride_blocks(n, block, self.multiprocessors)
 
     # ------------------------------------------------------------------ memory
     def upload(self, x, stream):
@@ -138,9 +192,31 @@ class GpuContext:
         return DeviceArray(buf.ptr, shape, dtype, self.rt, owner=buf, stream=stream)
 
     # ------------------------------------------------------------------ launches
+    def check(self, fn: int, grid, block, shared: int = 0) -> None:
+        """Raise GpuError("unsupported", name="launch-limit-...") if the device would refuse this launch
+        of `fn` (a handle from `function`): threads per block and the kernel's launch bounds, grid
+        dimensions, shared memory, registers per block, and the warp size the glue planned with."""
+        from .targets import check_launch
+        kernel, res = self._kernels.get(fn, (None, None))
+        check_launch(self.target, kernel or f"kernel {fn:#x}", res, _as_dim3(grid), _as_dim3(block), shared,
+                     self.warp_size)
+
+    def check_launches(self, launches):
+        """Check a plan before anything is uploaded (a call the device cannot run then costs no copies);
+        compiles or loads the kernels it names. Returns the plan."""
+        for l in launches:
+            self.check(self.function(l.source, l.kernel), l.grid, l.block, l.shared)
+        return launches
+
+    def run(self, launch: Launch, args, stream: int = 0) -> None:
+        """Launch one planned launch with `args` (see `launch`)."""
+        self.launch(self.function(launch.source, launch.kernel), launch.grid, launch.block, args,
+                    shared=launch.shared, stream=stream)
+
     def launch(self, fn: int, grid, block, args, shared: int = 0, stream: int = 0) -> None:
-        """Launch `fn` with kernelParams. DeviceArray arguments become their pointers; ctypes scalars
-        (c_int32, c_int64, c_float, c_void_p) go as they are, so the glue states each parameter's type."""
+        """Launch `fn` with kernelParams, after checking it against the target's limits (`check`).
+        DeviceArray arguments become their pointers; ctypes scalars (c_int32, c_int64, c_float,
+        c_void_p) go as they are, so the glue states each parameter's type."""
         params = []
         for a in args:
             if isinstance(a, ctypes._SimpleCData):
@@ -151,6 +227,7 @@ class GpuContext:
                 params.append(ctypes.c_void_p(int(a.ptr)))
             else:
                 raise TypeError(f"kernel argument {a!r} is neither a device array nor a ctypes scalar")
+        self.check(fn, grid, block, shared)
         self.rt.launch(fn, _as_dim3(grid), _as_dim3(block), tuple(params), int(shared), int(stream or 0))
 
     def finish(self, out, call, stream):

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..errors import GpuError
+from .context import Launch
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
@@ -25,21 +26,25 @@ def head_dim_class(hd: int) -> int:
     raise GpuError("unsupported", f"attention: head_dim {hd} exceeds the GPU kernel's maximum {MAX_HEAD_DIM}")
 
 
+def attention_launches(b: int, h: int, sq: int, hd: int) -> list[Launch]:
+    """One block per ROWS query rows of one (batch, head), all on grid x."""
+    d = head_dim_class(hd)
+    rows = _ROWS_PER_THREAD * _THREADS // (d // _DIMS_PER_THREAD)
+    return [Launch.of("attention", f"hs_attention_d{d}", -(-sq // rows) * b * h, _THREADS)]
+
+
 def attention(ctx, call, stream):
     b, h, sq, hd = (int(s) for s in call.args[0].shape)
     sk = int(call.args[1].shape[2])
-    d = head_dim_class(hd)  # before any upload: an unsupported call costs nothing
+    head_dim_class(hd)  # before any upload: an unsupported call costs nothing
     causal = bool(call.params.get("causal", False))
     scale = call.params.get("scale")
     out = ctx.empty((b, h, sq, hd), np.float32, stream)
     if b * h * sq * hd == 0:
         return ctx.finish(out, call, stream)
+    (launch,) = ctx.check_launches(attention_launches(b, h, sq, hd))
     q, k, v = (ctx.upload(a, stream) for a in call.args[:3])
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
-    rows = _ROWS_PER_THREAD * _THREADS // (d // _DIMS_PER_THREAD)
-    blocks = -(-sq // rows) * b * h
-    fn = ctx.function("attention", f"hs_attention_d{d}")
-    ctx.launch(fn, blocks, _THREADS,
-               (q, k, v, out, ctypes.c_int64(sq), ctypes.c_int64(sk), ctypes.c_int32(hd),
-                ctypes.c_float(scale), ctypes.c_int32(1 if causal else 0)), stream=stream)
+    ctx.run(launch, (q, k, v, out, ctypes.c_int64(sq), ctypes.c_int64(sk), ctypes.c_int32(hd),
+                     ctypes.c_float(scale), ctypes.c_int32(1 if causal else 0)), stream)
     return ctx.finish(out, call, stream)

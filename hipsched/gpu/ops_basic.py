@@ -1,7 +1,8 @@
 """Launch glue for add, scale, softmax, cosine_similarity, top_k and matmul (src_c/hip/{elementwise,
 softmax,similarity,matmul}.hip). Each function is `op(ctx, call, stream)` on a validated Call (see
 hipsched/ops): inputs are float32 C-contiguous host arrays or DeviceArrays, and the result comes back
-where the inputs live through ctx.finish."""
+where the inputs live through ctx.finish. Each op's launches (kernel, grid, block, shared memory) come
+from a pure `<op>_launches(...)` of shapes and device geometry, checked before any upload."""
 from __future__ import annotations
 
 from ctypes import c_float, c_int32, c_int64
@@ -9,6 +10,7 @@ from ctypes import c_float, c_int32, c_int64
 import numpy as np
 
 from ..errors import GpuError
+from .context import Launch, grid_stride_blocks
 
 BLOCK = 256
 # Rows up to this length are kept in shared memory by the softmax kernel (48 KiB, less its scratch).
@@ -35,6 +37,13 @@ def _aligned(*arrays, multiple=16) -> bool:
     return all(int(a.ptr) % multiple == 0 for a in arrays)
 
 
+def _will_align(*inputs, multiple=16) -> bool:
+    """Whether the device copies of these inputs will be `multiple`-aligned, known before uploading:
+    hipsched's own device allocations always are (the runtimes align them to 256 bytes or more); a
+    foreign device array is as its pointer says."""
+    return all(isinstance(x, np.ndarray) or int(x.ptr) % multiple == 0 for x in inputs)
+
+
 def _size(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
@@ -46,6 +55,16 @@ def _empty_result(ctx, call, shape, dtype, stream):
 
 # ---------------------------------------------------------------------------------------- elementwise
 
+def add_launches(n: int, nb: int, vec: bool, multiprocessors: int) -> list[Launch]:
+    """a (n elements) + b (nb elements, repeating): float4 work items when `vec`."""
+    work = n // 4 if vec else n
+    if nb == n:
+        name = "hs_add_f32_v4" if vec else "hs_add_f32"
+    else:
+        name = "hs_add_bias_f32_v4" if vec else "hs_add_bias_f32"
+    return [Launch.of("elementwise", name, grid_stride_blocks(work, BLOCK, multiprocessors), BLOCK)]
+
+
 def add(ctx, call, stream):
     a_in, b_in = call.args[0], call.args[1]
     n, nb = _size(a_in.shape), _size(b_in.shape)
@@ -53,19 +72,26 @@ def add(ctx, call, stream):
         return _empty_result(ctx, call, a_in.shape, np.float32, stream)
     if nb == 0 or n % nb:
         raise GpuError("unsupported", f"add: b {tuple(b_in.shape)} does not tile a {tuple(a_in.shape)}")
+    vec = n % 4 == 0 and nb % 4 == 0 and _will_align(a_in, b_in)
+    (launch,) = ctx.check_launches(add_launches(n, nb, vec, ctx.multiprocessors))
     a, b = ctx.upload(a_in, stream), ctx.upload(b_in, stream)
     y = ctx.empty(a_in.shape, np.float32, stream)
-    vec = n % 4 == 0 and nb % 4 == 0 and _aligned(a, b, y)
+    if vec and not _aligned(a, b, y):  # not for hipsched's own allocations; stay safe for any runtime
+        vec = False
+        (launch,) = add_launches(n, nb, vec, ctx.multiprocessors)
     work = n // 4 if vec else n
-    grid = ctx.blocks_for(work, BLOCK)
     if nb == n:
-        name = "hs_add_f32_v4" if vec else "hs_add_f32"
         args = (a, b, y, c_int64(work))
     else:
-        name = "hs_add_bias_f32_v4" if vec else "hs_add_bias_f32"
         args = (a, b, y, c_int64(work), c_int64(nb // 4 if vec else nb))
-    ctx.launch(ctx.function("elementwise", name), grid, BLOCK, args, stream=stream)
+    ctx.run(launch, args, stream)
     return ctx.finish(y, call, stream)
+
+
+def scale_launches(n: int, vec: bool, multiprocessors: int) -> list[Launch]:
+    work = n // 4 if vec else n
+    return [Launch.of("elementwise", "hs_scale_f32_v4" if vec else "hs_scale_f32",
+                      grid_stride_blocks(work, BLOCK, multiprocessors), BLOCK)]
 
 
 def scale(ctx, call, stream):
@@ -74,13 +100,16 @@ def scale(ctx, call, stream):
     n = _size(x_in.shape)
     if n == 0:
         return _empty_result(ctx, call, x_in.shape, np.float32, stream)
+    vec = n % 4 == 0 and _will_align(x_in)
+    (launch,) = ctx.check_launches(scale_launches(n, vec, ctx.multiprocessors))
     x = ctx.upload(x_in, stream)
     y = ctx.empty(x_in.shape, np.float32, stream)
-    vec = n % 4 == 0 and _aligned(x, y)
+    if vec and not _aligned(x, y):
+        vec = False
+        (launch,) = scale_launches(n, vec, ctx.multiprocessors)
     work = n // 4 if vec else n
     # c_float rounds alpha to float32 exactly as NumPy does for `float32_array * python_float`
-    ctx.launch(ctx.function("elementwise", "hs_scale_f32_v4" if vec else "hs_scale_f32"),
-               ctx.blocks_for(work, BLOCK), BLOCK, (x, y, c_float(alpha), c_int64(work)), stream=stream)
+    ctx.run(launch, (x, y, c_float(alpha), c_int64(work)), stream)
     return ctx.finish(y, call, stream)
 
 
@@ -96,22 +125,32 @@ def softmax(ctx, call, stream):
     if _size(shape) == 0:
         return _empty_result(ctx, call, shape, np.float32, stream)
     outer, length, inner = _size(shape[:axis]), shape[axis], _size(shape[axis + 1:])
+    vec = inner == 1 and length % 4 == 0 and _will_align(x_in)
+    (launch,) = ctx.check_launches(softmax_launches(outer, length, inner, vec, ctx.multiprocessors))
     x = ctx.upload(x_in, stream)
     y = ctx.empty(shape, np.float32, stream)
+    if vec and not _aligned(x, y):
+        (launch,) = softmax_launches(outer, length, inner, False, ctx.multiprocessors)
+    if inner == 1:
+        cached = launch.shared > 0
+        ctx.run(launch, (x, y, c_int64(outer), c_int64(length), c_int32(int(cached))), stream)
+    else:
+        ctx.run(launch, (x, y, c_int64(outer), c_int64(length), c_int64(inner)), stream)
+    return ctx.finish(y, call, stream)
+
+
+def softmax_launches(outer: int, length: int, inner: int, vec: bool, multiprocessors: int) -> list[Launch]:
+    """Softmax over the middle axis of an (outer, length, inner) layout. inner == 1: one block per row,
+    the row kept in dynamic shared memory when it fits (`vec`: float4 rows)."""
     if inner == 1:
         cached = length <= SOFTMAX_CACHED_LEN
-        vec = length % 4 == 0 and _aligned(x, y)
         items = length // 4 if vec else length  # per row, what the block's threads stride over
         block = 512 if items >= 4096 else (256 if items >= 512 else 64)
         grid = min(outer, 1 << 20)  # the kernel strides over further rows
-        ctx.launch(ctx.function("softmax", "hs_softmax_rows_f32_v4" if vec else "hs_softmax_rows_f32"), grid, block,
-                   (x, y, c_int64(outer), c_int64(length), c_int32(int(cached))),
-                   shared=length * 4 if cached else 0, stream=stream)
-    else:
-        cols = outer * inner
-        ctx.launch(ctx.function("softmax", "hs_softmax_strided_f32"), ctx.blocks_for(cols, BLOCK), BLOCK,
-                   (x, y, c_int64(outer), c_int64(length), c_int64(inner)), stream=stream)
-    return ctx.finish(y, call, stream)
+        return [Launch.of("softmax", "hs_softmax_rows_f32_v4" if vec else "hs_softmax_rows_f32", grid, block,
+                          length * 4 if cached else 0)]
+    return [Launch.of("softmax", "hs_softmax_strided_f32",
+                      grid_stride_blocks(outer * inner, BLOCK, multiprocessors), BLOCK)]
 
 
 # ---------------------------------------------------------------------------------------- similarity
@@ -121,22 +160,24 @@ def _as_queries(q_in):
     return (1, q_in.shape[0]) if len(q_in.shape) == 1 else tuple(q_in.shape)
 
 
+def cosine_launches(m: int, n: int, d: int, vec: bool, warp: int, multiprocessors: int) -> list[Launch]:
+    """Query norms (one warp per row), then the scoring kernel, launched once per COSINE_MQ queries
+    (the second launch repeats with the next q0)."""
+    warps_per_block = BLOCK // warp
+    name = ("hs_cosine_f32_q8" if m > 1 else "hs_cosine_f32_q1") + ("_v4" if vec else "")
+    return [Launch.of("similarity", "hs_row_inv_norm_f32", max(1, min(-(-m // warps_per_block), 65535)), BLOCK),
+            Launch.of("similarity", name, grid_stride_blocks(n * warp, BLOCK, multiprocessors), BLOCK)]
+
+
 def _cosine_scores(ctx, q, T, m, n, d, stream, scores):
     """(m, n) cosine scores into the device array `scores`; q and T already on the device."""
     qinv = ctx.scratch("qinv", (m,), np.float32, stream)
-    warps_per_block = BLOCK // ctx.warp_size
-    ctx.launch(ctx.function("similarity", "hs_row_inv_norm_f32"), max(1, min(-(-m // warps_per_block), 65535)),
-               BLOCK, (q, qinv, c_int64(m), c_int64(d)), stream=stream)
     vec = d % 4 == 0 and _aligned(q, T)
-    many = m > 1
-    name = "hs_cosine_f32_q8" if many else "hs_cosine_f32_q1"
-    name += "_v4" if vec else ""
-    fn = ctx.function("similarity", name)
-    grid = ctx.blocks_for(n * ctx.warp_size, BLOCK)
-    step = COSINE_MQ if many else 1
+    norms, score = cosine_launches(m, n, d, vec, ctx.warp_size, ctx.multiprocessors)
+    ctx.run(norms, (q, qinv, c_int64(m), c_int64(d)), stream)
+    step = COSINE_MQ if m > 1 else 1
     for q0 in range(0, m, step):
-        ctx.launch(fn, grid, BLOCK, (q, qinv, T, scores, c_int64(m), c_int64(n), c_int64(d), c_int64(q0)),
-                   stream=stream)
+        ctx.run(score, (q, qinv, T, scores, c_int64(m), c_int64(n), c_int64(d), c_int64(q0)), stream)
     return scores
 
 
@@ -151,9 +192,36 @@ def cosine_similarity(ctx, call, stream):
         out = ctx.empty(out_shape, np.float32, stream)
         ctx.rt.memset(out.ptr, 0, out.nbytes, int(stream or 0))
         return ctx.finish(out, call, stream)
+    ctx.check_launches(cosine_launches(m, n, d, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size,
+                                       ctx.multiprocessors))
     q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
     scores = _cosine_scores(ctx, q, T, m, n, d, stream, ctx.empty(out_shape, np.float32, stream))
     return ctx.finish(scores, call, stream)
+
+
+def top_k_select_launches(m: int, n: int, kout: int) -> list[Launch]:
+    """The selection passes: each keeps the best kout of every TOPK_SEG-candidate segment of each of
+    the m rows (grid (segments, rows)), until one segment per row is left."""
+    if kout > TOPK_MAX_K:
+        raise GpuError("unsupported", f"top_k: k={kout} is above the GPU limit {TOPK_MAX_K}")
+    if n >= 2**31 // TOPK_SEG * TOPK_SEG:  # candidate positions are kept below 2^31
+        raise GpuError("unsupported", f"top_k: {n} targets is above the GPU kernel's limit")
+    passes, length = [], n
+    for _ in range(64):  # kout <= SEG/2 at least halves the candidates each pass
+        nseg = -(-length // TOPK_SEG)
+        if nseg > 65535:
+            raise GpuError("unsupported", f"top_k: {n} targets needs more than 65535 segments")
+        passes.append(Launch.of("similarity", "hs_topk_select_f32", (nseg, m, 1), TOPK_THREADS))
+        if nseg == 1:
+            return passes
+        length = nseg * kout
+    raise GpuError("runtime", "top_k: the selection passes did not converge")
+
+
+def top_k_launches(m: int, n: int, d: int, kout: int, vec: bool, warp: int, multiprocessors: int) -> list[Launch]:
+    """Everything top_k launches: the cosine scores (unless d == 0: all zero), then the selection."""
+    scores = cosine_launches(m, n, d, vec, warp, multiprocessors) if d else []
+    return scores + top_k_select_launches(m, n, kout)
 
 
 def top_k(ctx, call, stream):
@@ -164,13 +232,13 @@ def top_k(ctx, call, stream):
     kout = min(k, n)
     if kout > TOPK_MAX_K:
         raise GpuError("unsupported", f"top_k: k={k} is above the GPU limit {TOPK_MAX_K}")
-    if n >= 2**31 // TOPK_SEG * TOPK_SEG or m > 65535:  # segments and queries index the grid
-        raise GpuError("unsupported", f"top_k: {m} queries x {n} targets is above the GPU grid limits")
     one = len(q_in.shape) == 1
     out_shape = (kout,) if one else (m, kout)
     if m == 0 or kout == 0:
         idx = ctx.empty(out_shape, np.int64, stream)
         return ctx.finish((idx, ctx.empty(out_shape, np.float32, stream)), call, stream)
+    ctx.check_launches(top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size,
+                                      ctx.multiprocessors))
     q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
     scores = ctx.scratch("scores", (m, n), np.float32, stream)
     if d == 0:
@@ -178,22 +246,17 @@ def top_k(ctx, call, stream):
     else:
         _cosine_scores(ctx, q, T, m, n, d, stream, scores)
     vals, idx, length = scores, None, n
-    fn = ctx.function("similarity", "hs_topk_select_f32")
-    for p in range(64):  # each pass keeps the best kout of every segment until one segment per row is left
-        nseg = -(-length // TOPK_SEG)
-        if nseg > 65535:
-            raise GpuError("unsupported", f"top_k: {n} targets needs more than 65535 segments")
-        if nseg == 1:  # the last pass writes the results
+    passes = top_k_select_launches(m, n, kout)
+    for p, launch in enumerate(passes):
+        nseg = launch.grid[0]
+        if p == len(passes) - 1:  # the last pass (one segment per row) writes the results
             out_v, out_i = ctx.empty(out_shape, np.float32, stream), ctx.empty(out_shape, np.int64, stream)
         else:  # partial results of two consecutive passes are alive at once: alternate two scratch pairs
             out_v = ctx.scratch(f"topk_v{p % 2}", (m, nseg * kout), np.float32, stream)
             out_i = ctx.scratch(f"topk_i{p % 2}", (m, nseg * kout), np.int64, stream)
-        ctx.launch(fn, (nseg, m, 1), TOPK_THREADS, (vals, idx, c_int64(length), c_int32(kout), out_v, out_i),
-                   stream=stream)
+        ctx.run(launch, (vals, idx, c_int64(length), c_int32(kout), out_v, out_i), stream)
         vals, idx, length = out_v, out_i, nseg * kout
-        if nseg == 1:
-            return ctx.finish((out_i, out_v), call, stream)
-    raise GpuError("runtime", "top_k: the selection passes did not converge")  # kout <= SEG/2 halves each pass
+    return ctx.finish((idx, vals), call, stream)
 
 
 # ---------------------------------------------------------------------------------------- matmul
@@ -225,15 +288,19 @@ def matmul(ctx, call, stream):
     if K == 0:  # an empty sum: zeros, as NumPy gives
         ctx.rt.memset(c.ptr, 0, c.nbytes, int(stream or 0))
         return ctx.finish(c, call, stream)
-    a, b = ctx.upload(a_in, stream), ctx.upload(b_in, stream)
     blas = ctx.blas()
+    plan = None if blas is not None else ctx.check_launches(matmul_launches(batch, M, N, K))
+    a, b = ctx.upload(a_in, stream), ctx.upload(b_in, stream)
     if blas is not None:
         blas.sgemm_rowmajor(a, b, c, M, N, K, batch, sa, sb, M * N, stream)
     else:
-        if max(M, N, K) >= 2**31 or batch > 65535 or -(-M // 64) > 65535:
-            raise GpuError("unsupported", f"matmul: {batch}x{M}x{N}x{K} is beyond the fallback kernel's grid")
-        grid = (-(-N // 64), -(-M // 64), batch)
-        ctx.launch(ctx.function("matmul", "hs_matmul_f32"), grid, 256,
-                   (a, b, c, c_int32(M), c_int32(N), c_int32(K), c_int64(sa), c_int64(sb), c_int64(M * N)),
-                   stream=stream)
+        ctx.run(plan[0], (a, b, c, c_int32(M), c_int32(N), c_int32(K), c_int64(sa), c_int64(sb), c_int64(M * N)),
+                stream)
     return ctx.finish(c, call, stream)
+
+
+def matmul_launches(batch: int, M: int, N: int, K: int) -> list[Launch]:
+    """The tiled fallback kernel (no vendor BLAS): a 64x64 tile of C per block, batch on grid z."""
+    if max(M, N, K) >= 2**31:  # the kernel takes int dimensions
+        raise GpuError("unsupported", f"matmul: {batch}x{M}x{N}x{K} exceeds the fallback kernel's 32-bit sizes")
+    return [Launch.of("matmul", "hs_matmul_f32", (-(-N // 64), -(-M // 64), batch), 256)]

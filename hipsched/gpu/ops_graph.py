@@ -10,6 +10,8 @@ import ctypes
 
 import numpy as np
 
+from .context import Launch, grid_stride_blocks
+
 _BLOCK = 256
 _GROUP = 8  # HSG_GROUP: lanes per row in the push kernel
 
@@ -20,6 +22,13 @@ def _index_pair(indptr, indices):
     if indptr.dtype == indices.dtype and indptr.dtype in (np.int32, np.int64):
         return indptr, indices
     return (np.ascontiguousarray(indptr, dtype=np.int64), np.ascontiguousarray(indices, dtype=np.int64))
+
+
+def spread_launches(n: int, index_dtype, multiprocessors: int) -> list[Launch]:
+    """One step: push along the edges (_GROUP lanes per row), then the finishing rule per node."""
+    push = "hs_spread_push_i32" if np.dtype(index_dtype) == np.int32 else "hs_spread_push_i64"
+    return [Launch.of("graph", push, grid_stride_blocks(n * _GROUP, _BLOCK, multiprocessors), _BLOCK),
+            Launch.of("graph", "hs_spread_finish", grid_stride_blocks(n, _BLOCK, multiprocessors), _BLOCK)]
 
 
 def spread_activation(ctx, call, stream):
@@ -37,21 +46,17 @@ def spread_activation(ctx, call, stream):
         return ctx.finish(out, call, stream)
 
     indptr, indices = _index_pair(indptr, indices)
+    push, finish = ctx.check_launches(spread_launches(n, indices.dtype, ctx.multiprocessors))
     ip, ix = ctx.upload(indptr, stream), ctx.upload(indices, stream)
     w = ctx.upload(np.ascontiguousarray(weights, dtype=np.float32), stream)
-    push = ctx.function("graph", "hs_spread_push_i32" if ix.dtype == np.int32 else "hs_spread_push_i64")
-    finish = ctx.function("graph", "hs_spread_finish")
     acc = ctx.empty((n,), np.float32, stream)
     other = ctx.empty((n,), np.float32, stream) if steps > 1 else None
-    push_grid = ctx.blocks_for(n * _GROUP, _BLOCK)
-    fin_grid = ctx.blocks_for(n, _BLOCK)
     # The last step must land in `out`: with an even count the first step writes `other`.
     dst = out if steps % 2 == 1 else other
     for _ in range(steps):
         ctx.rt.memset(acc.ptr, 0, 4 * n, s)
-        ctx.launch(push, push_grid, _BLOCK, (ip, ix, w, cur, acc, ctypes.c_int64(n)), stream=stream)
-        ctx.launch(finish, fin_grid, _BLOCK,
-                   (cur, acc, dst, ctypes.c_int64(n), ctypes.c_float(decay), ctypes.c_float(threshold)),
-                   stream=stream)
+        ctx.run(push, (ip, ix, w, cur, acc, ctypes.c_int64(n)), stream)
+        ctx.run(finish, (cur, acc, dst, ctypes.c_int64(n), ctypes.c_float(decay), ctypes.c_float(threshold)),
+                stream)
         cur, dst = dst, (other if dst is out else out)
     return ctx.finish(out, call, stream)

@@ -11,13 +11,13 @@ import numpy as np
 
 from ..errors import GpuError
 from ..ops.quant import BLOCK_BYTES, QK
+from .context import Launch, grid_stride_blocks
 
 _DEQ_BLOCK = 256
 _MATVEC_BLOCK = 128      # threads; each warp/wavefront owns _MATVEC_ROWS rows
 _MATVEC_ROWS = 2         # HSQ_NR in quant.hip
 _MATVEC_COLS = 8         # up to this many columns of x go through the mat-vec kernel (MC = 8)
 _TILE = 64               # HSQ_TM / HSQ_TN in quant.hip
-_MAX_GRID_Y = 65535
 
 
 def _suffix(w) -> str:
@@ -42,15 +42,31 @@ def _aligned(ctx, x, stream):
     return copy
 
 
+def dequantize_launches(nblocks: int, qtype: str, multiprocessors: int) -> list[Launch]:
+    """One thread per 4 outputs: 8 per quant block."""
+    return [Launch.of("quant", f"hs_dequantize_{qtype}", grid_stride_blocks(nblocks * 8, _DEQ_BLOCK, multiprocessors),
+                      _DEQ_BLOCK)]
+
+
+def qmatmul_launches(n: int, m: int, qtype: str, warp: int) -> list[Launch]:
+    """W (n, k) x X (k, m): the mat-vec kernels (a warp per _MATVEC_ROWS rows) for m <= _MATVEC_COLS,
+    else 64x64 output tiles on grid (n / 64, m / 64)."""
+    rows_per_block = (_MATVEC_BLOCK // warp) * _MATVEC_ROWS
+    if m == 1:
+        return [Launch.of("quant", f"hs_qmatvec_{qtype}", -(-n // rows_per_block), _MATVEC_BLOCK)]
+    if m <= _MATVEC_COLS:
+        return [Launch.of("quant", f"hs_qmatvec8_{qtype}", -(-n // rows_per_block), _MATVEC_BLOCK)]
+    return [Launch.of("quant", f"hs_qmatmat_{qtype}", (-(-n // _TILE), -(-m // _TILE)), 256)]
+
+
 def dequantize(ctx, call, stream):
     (w,) = call.args
     n, k = w.shape
     out = ctx.empty((n, k), np.float32, stream)
     nblocks = n * k // QK
     if nblocks:
-        fn = ctx.function("quant", f"hs_dequantize_{_suffix(w)}")
-        ctx.launch(fn, ctx.blocks_for(nblocks * 8, _DEQ_BLOCK), _DEQ_BLOCK,
-                   (weights(ctx, w, stream), out, ctypes.c_int64(nblocks)), stream=stream)
+        (launch,) = ctx.check_launches(dequantize_launches(nblocks, _suffix(w), ctx.multiprocessors))
+        ctx.run(launch, (weights(ctx, w, stream), out, ctypes.c_int64(nblocks)), stream)
     return ctx.finish(out, call, stream)
 
 
@@ -65,25 +81,15 @@ def qmatmul(ctx, call, stream):
     if k == 0:  # empty sums: zeros, as the CPU gives
         ctx.rt.memset(out.ptr, 0, out.nbytes, int(stream or 0))
         return ctx.finish(out, call, stream)
+    # checked before the weights go up: a launch the device refuses (m columns beyond grid y) costs nothing
+    (launch,) = ctx.check_launches(qmatmul_launches(n, m, _suffix(w), ctx.warp_size))
     wd = weights(ctx, w, stream)
-    q = _suffix(w)
-    rows_per_block = (_MATVEC_BLOCK // ctx.warp_size) * _MATVEC_ROWS
     if m == 1:
-        fn = ctx.function("quant", f"hs_qmatvec_{q}")
-        ctx.launch(fn, -(-n // rows_per_block), _MATVEC_BLOCK,
-                   (wd, _aligned(ctx, x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k)), stream=stream)
+        ctx.run(launch, (wd, _aligned(ctx, x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k)), stream)
     elif m <= _MATVEC_COLS:
-        fn = ctx.function("quant", f"hs_qmatvec8_{q}")
-        ctx.launch(fn, -(-n // rows_per_block), _MATVEC_BLOCK,
-                   (wd, ctx.upload(x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int32(m)),
-                   stream=stream)
+        ctx.run(launch, (wd, ctx.upload(x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int32(m)),
+                stream)
     else:
-        grid_y = -(-m // _TILE)
-        if grid_y > _MAX_GRID_Y:
-            raise GpuError("unsupported", f"qmatmul: m = {m} columns exceeds the GPU kernel's grid limit "
-                                          f"({_MAX_GRID_Y * _TILE})")
-        fn = ctx.function("quant", f"hs_qmatmat_{q}")
-        ctx.launch(fn, (-(-n // _TILE), grid_y), 256,
-                   (wd, ctx.upload(x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int64(m)),
-                   stream=stream)
+        ctx.run(launch, (wd, ctx.upload(x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int64(m)),
+                stream)
     return ctx.finish(out, call, stream)
