@@ -29,6 +29,8 @@ import time
 from hipsched.errors import GpuError
 from hipsched.gpu.runtime import Compiler, DeviceInfo, Runtime
 
+import emu_limits
+
 SHIM = r"""
 #include <atomic>
 #include <barrier>
@@ -578,6 +580,9 @@ class EmuRuntime(Runtime):
 
     def launch(self, function, grid, block, args, shared_bytes=0, stream=0):
         grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
+        # first what the emulated device's driver would refuse, with its error (tests/emu_limits.py)
+        emu_limits.refuse(self.device_info(0).arch, self.platform, self._names.get(function), grid, block,
+                          shared_bytes)
         if block[1] != 1 or block[2] != 1 or block[0] % self.warp:   # what emu_launch can run
             raise GpuError("launch", f"emulator: unsupported block shape {block}")
         lib, name = self._fns[function], self._names.get(function, hex(function))

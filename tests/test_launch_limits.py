@@ -359,6 +359,50 @@ def test_every_launch_config_fits_the_target(arch, cache_dir):
     assert checked > 10000
 
 
+class _CompileOnlyRuntime:
+    """A real compiler and no device: GpuContext compiles real code objects and reads their resources;
+    module loads and launches are only recorded, so a refused launch shows as one never made."""
+    name = "compile-only"
+
+    def __init__(self, arch, warp):
+        from hipsched.gpu.runtime import DeviceInfo
+        self.compiler = _compiler_or_skip(arch)
+        self.platform = self.compiler.platform
+        self.info = DeviceInfo(0, "compile-only", arch, 1 << 30, self.platform, warp, 4)
+        self.launches = []
+
+    def set_device(self, i): pass
+    def current_device(self): return 0
+    def device_info(self, i): return self.info
+    def module_load(self, image): return 1
+    def module_function(self, module, name): return 0x1000 + sum(map(ord, name)) * 7919
+    def launch(self, fn, grid, block, args, shared_bytes=0, stream=0):
+        self.launches.append((fn, grid, block, shared_bytes))
+
+
+@pytest.mark.parametrize("arch,warp,kernel,block,limit", [
+    ("sm_90", 32, ("similarity", "hs_cosine_f32_q8"), 1024, "registers"),       # 80 registers x 1024
+    ("sm_90", 32, ("attention", "hs_attention_d64"), 256, "launch-bounds"),
+    ("gfx90a", 64, ("attention", "hs_attention_d64"), 256, "launch-bounds"),
+    ("gfx90a", 64, ("quant", "hs_qmatmat_q8_0"), 512, "launch-bounds"),
+])
+def test_context_refuses_before_the_runtime_sees_the_launch(arch, warp, kernel, block, limit, cache_dir):
+    import ctypes
+    from hipsched.gpu.context import GpuContext
+    rt = _CompileOnlyRuntime(arch, warp)
+    ctx = GpuContext(rt, cache_dir=str(cache_dir))
+    fn = ctx.function(*kernel)
+    assert ctx.resources(kernel[0])[kernel[1]].registers > 0       # read from the real code object
+    args = (ctypes.c_void_p(0),)
+    with pytest.raises(GpuError) as e:
+        ctx.launch(fn, 1, block, args)
+    assert e.value.kind == "unsupported" and e.value.name == f"launch-limit-{limit}", str(e.value)
+    assert kernel[1] in str(e.value) and arch in str(e.value)
+    assert rt.launches == []
+    ctx.launch(fn, 1, 128, args)          # within every limit: reaches the runtime
+    assert len(rt.launches) == 1
+
+
 def test_grid_stride_kernels_never_exceed_the_grid():
     from hipsched.gpu.context import grid_stride_blocks
     for cus in CUS:

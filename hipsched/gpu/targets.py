@@ -83,11 +83,11 @@ class Target:
         problems = []
         grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
         threads = block[0] * block[1] * block[2]
+        if threads > self.max_threads_per_block:
+            problems.append(("threads-per-block", f"{threads} threads per block exceeds {self.max_threads_per_block}"))
         for axis, b, top in zip("xyz", block, self.max_block):
             if not 1 <= b <= top:
                 problems.append(("block-dims", f"block {axis} = {b} is outside 1..{top}"))
-        if threads > self.max_threads_per_block:
-            problems.append(("threads-per-block", f"{threads} threads per block exceeds {self.max_threads_per_block}"))
         for axis, g, top in zip("xyz", grid, self.max_grid):
             if not 1 <= g <= top:
                 problems.append((f"grid-{axis}", f"grid {axis} = {g} is outside 1..{top}"))
