@@ -40,7 +40,7 @@ SHIM = r"""
 #include <thread>
 #include <vector>
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
-struct float4 { float x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };  // as HIP/CUDA declare it: UBSan checks float4 loads
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 extern thread_local dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
@@ -87,12 +87,15 @@ dim3 blockDim, gridDim;
 EmuWarp* emu_warps;
 unsigned char* emu_dyn_smem;
 static std::barrier<>* emu_block_bar;
+struct EmuSmemFree { void operator()(unsigned char* p) const { ::operator delete(p, std::align_val_t(16)); } };
 void __syncthreads() { emu_block_bar->arrive_and_wait(); }
 extern "C" int emu_launch(void (*thunk)(void**), void** params, unsigned gx, unsigned gy, unsigned gz,
                           unsigned bx, unsigned by, unsigned bz, unsigned shared) {
     if (by != 1 || bz != 1 || bx % EMU_WARP) return 1;  // 1-D blocks of whole warps only
     gridDim = dim3{gx, gy, gz}; blockDim = dim3{bx, by, bz};
-    std::vector<unsigned char> smem(shared + 16); emu_dyn_smem = smem.data();
+    // exactly `shared` bytes (16-aligned, as the device gives): ASan reports an overrun of dynamic shared
+    std::unique_ptr<unsigned char, EmuSmemFree> smem((unsigned char*)::operator new(shared, std::align_val_t(16)));
+    emu_dyn_smem = smem.get();
     const int nw = bx / EMU_WARP;
     std::vector<EmuWarp> warps(nw); std::vector<std::unique_ptr<std::barrier<>>> bars;
     for (int i = 0; i < nw; ++i) { bars.emplace_back(new std::barrier<>(EMU_WARP)); warps[i].bar = bars.back().get(); }
@@ -123,40 +126,123 @@ def available() -> bool:
     return shutil.which("g++") is not None
 
 
+# Memcheck and racecheck: HIPSCHED_EMU_SANITIZE=address builds every kernel with AddressSanitizer and
+# UBSan (device allocations are exact-size heap blocks, so one element past the end is a report; UBSan
+# checks float4 alignment and static array bounds), =thread with ThreadSanitizer (two threads of a block
+# touching the same shared or global word, one writing, with no __syncthreads or warp barrier between,
+# is a report). A finding ends the process (halt on error) so it cannot be lost behind a CPU fallback;
+# the instrumented code only loads into a process that started with the sanitizer's runtime: run
+# pytest under sanitizer_env(kind), or see docs/gpu.md for the command.
+SANITIZERS = ("address", "thread")
+_SANITIZE_FLAGS = {
+    "address": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
+    "thread": ["-fsanitize=thread"],
+}
+_SANITIZE_RUNTIME = {"address": "libasan.so", "thread": "libtsan.so"}
+_SANITIZE_INIT = {"address": "__asan_init", "thread": "__tsan_init"}
+# abort (not exit) so pytest's faulthandler names the test; Python's own allocations are not leaks to us
+_SANITIZE_OPTIONS = {
+    "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=1",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:abort_on_error=1",
+    "TSAN_OPTIONS": "halt_on_error=1:abort_on_error=1",
+}
+
+
+def sanitize_from_env() -> str | None:
+    kind = os.environ.get("HIPSCHED_EMU_SANITIZE", "").strip().lower() or None
+    if kind not in (None,) + SANITIZERS:
+        raise ValueError(f"HIPSCHED_EMU_SANITIZE={kind!r}: expected one of {SANITIZERS} or empty")
+    return kind
+
+
+def sanitizer_runtime(kind: str) -> str:
+    """Path of g++'s runtime library for `kind` (what LD_PRELOAD must name)."""
+    r = subprocess.run(["g++", f"-print-file-name={_SANITIZE_RUNTIME[kind]}"], capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def sanitizer_env(kind: str, base=None) -> dict:
+    """Environment for a child process whose emulated kernels run under `kind`: the runtime preloaded,
+    the options above (a value already in `base` is kept in front, where the later option wins)."""
+    env = dict(os.environ if base is None else base)
+    env["HIPSCHED_EMU_SANITIZE"] = kind
+    env["LD_PRELOAD"] = sanitizer_runtime(kind)
+    for var, opts in _SANITIZE_OPTIONS.items():
+        env[var] = opts + (":" + env[var] if env.get(var) else "")
+    return env
+
+
+def sanitizer_loaded(kind: str) -> bool:
+    return hasattr(ctypes.CDLL(None), _SANITIZE_INIT[kind])
+
+
+def require_sanitizer_runtime(kind: str | None) -> None:
+    """Raise unless this process can load code built for `kind` (building it needs no runtime): a dlopen
+    of an instrumented .so into a process without the runtime aborts it, with no hint why."""
+    if kind and not sanitizer_loaded(kind):
+        raise RuntimeError(f"kernel emulator with sanitize={kind!r} needs its runtime loaded at process "
+                           f"start: LD_PRELOAD={sanitizer_runtime(kind)} (see gpu_emulator.sanitizer_env)")
+
+
 def _param_types(signature: str) -> list[str]:
     return [re.match(r"(.*?)\w+$", p.strip()).group(1).strip() for p in signature.split(",") if p.strip()]
+
+
+_BUILT: dict[tuple, bytes] = {}
 
 
 class EmuCompiler(Compiler):
     name = "emu-g++"
 
-    def __init__(self, warp: int):
+    def __init__(self, warp: int, sanitize: str | None = None):
         self.warp = warp
         self.platform = "amd" if warp == 64 else "nvidia"
+        self.sanitize = sanitize_from_env() if sanitize is None else (sanitize or None)
+        if self.sanitize not in (None,) + SANITIZERS:
+            raise ValueError(f"sanitize={sanitize!r}: expected one of {SANITIZERS}")
 
     def version(self) -> str:
-        return "emu-" + hashlib.sha256((SHIM + LAUNCHER + str(self.warp)).encode()).hexdigest()[:16]
+        text = SHIM + LAUNCHER + str(self.warp) + " ".join(self._flags())
+        return "emu-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _flags(self) -> list[str]:
+        # -g: sanitizer reports name the .hip file and line (the body keeps the preprocessor's line markers)
+        return _SANITIZE_FLAGS[self.sanitize] + ["-g"] if self.sanitize else []
 
     def supports(self, arch: str) -> bool:
         return True
 
     def compile(self, source, name, arch, options=()):
+        # tests build a runtime (and a kernel cache directory) per module or per test; a sanitized build of
+        # a source takes several seconds, so each distinct build is made once per process
+        key = (self.version(), source, name)
+        if key not in _BUILT:
+            _BUILT[key] = self._compile(source, name)
+        return _BUILT[key]
+
+    def _compile(self, source, name):
         vendor = "#define __HIP__ 1\n#define __AMDGCN_WAVEFRONT_SIZE 64\n" if self.warp == 64 else ""
         with tempfile.TemporaryDirectory(prefix="hs_emu_") as d:
-            source = self._preprocess(vendor + f"#define __global__ {_MARK}\n" + source, name, d)
+            # kernels.py sources are the prelude, then `#line 1 "<file>"` and the file
+            first = "prelude.h" if '\n#line 1 "' in source else name
+            text = vendor + f"#define __global__ {_MARK}\n#line 1 \"{first}\"\n" + source
+            source = self._preprocess(text, name, d)
+            # line markers kept in the body so diagnostics point into the .hip source, not a temp file
+            body = self._preprocess(text, name, d, markers=True) if self.sanitize else source
             # the dynamic shared buffer is per launch; every kernel gets a thunk taking kernelParams
-            body = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_dyn_smem;", source)
+            body = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_dyn_smem;", body)
             thunks = []
             for kernel, sig in _KERNEL.findall(source):
                 args = ", ".join(f"*({t}*)p[{i}]" for i, t in enumerate(_param_types(sig)))
                 thunks.append(f'extern "C" void emu_{kernel}(void** p) {{ {kernel}({args}); }}')
-            text = (f"#define EMU_WARP {self.warp}\n{SHIM}\n#define {_MARK}\n{body}\n{LAUNCHER}\n"
+            text = (f"#define EMU_WARP {self.warp}\n{SHIM}\n#define {_MARK}\n{body}\n"
+                    f"#line 1 \"gpu_emulator.LAUNCHER\"\n{LAUNCHER}\n"
                     + "\n".join(thunks) + "\n")
             cpp, so = os.path.join(d, "k.cpp"), os.path.join(d, "k.so")
             with open(cpp, "w") as f:
                 f.write(text)
-            r = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", cpp, "-o", so],
-                               capture_output=True, text=True)
+            r = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", *self._flags(),
+                                cpp, "-o", so], capture_output=True, text=True)
             if r.returncode:
                 raise GpuError("compile", f"{name}: {r.stderr[-3000:]}")
             with open(so, "rb") as f:
@@ -164,11 +250,12 @@ class EmuCompiler(Compiler):
 
 
     @staticmethod
-    def _preprocess(text, name, d):
+    def _preprocess(text, name, d, markers=False):
         src = os.path.join(d, "pre.cpp")
         with open(src, "w") as f:
             f.write(text)
-        r = subprocess.run(["g++", "-std=c++20", "-E", "-P", "-x", "c++", src], capture_output=True, text=True)
+        r = subprocess.run(["g++", "-std=c++20", "-E", *([] if markers else ["-P"]), "-x", "c++", src],
+                           capture_output=True, text=True)
         if r.returncode:
             raise GpuError("compile", f"{name}: {r.stderr[-3000:]}")
         return r.stdout
@@ -240,9 +327,10 @@ class EmuRuntime(Runtime):
 
     name = "emu"
 
-    def __init__(self, warp: int = 32, *, asynchronous: bool | None = None,
+    def __init__(self, warp: int = 32, sanitize: str | None = None, *, asynchronous: bool | None = None,
                  delay: float | None = None, quarantine_bytes: int | None = None):
-        self.compiler = EmuCompiler(warp)
+        self.compiler = EmuCompiler(warp, sanitize)  # sanitize None: HIPSCHED_EMU_SANITIZE decides
+        require_sanitizer_runtime(self.compiler.sanitize)
         self.platform = self.compiler.platform
         self.warp = warp
         self._libs, self._fns, self._files = [], {}, []
@@ -631,3 +719,12 @@ class EmuRuntime(Runtime):
             _libc.free(ptr)
         if errors:
             raise AssertionError(f"emulator memcheck ({len(errors)}):\n" + "\n".join(errors[:20]))
+
+
+if __name__ == "__main__":
+    # `python tests/gpu_emulator.py address|thread ARGS...` runs `python ARGS...` (e.g. -m pytest ...) with
+    # every emulated kernel under that sanitizer: the one place that knows the preload and options.
+    import sys
+    if len(sys.argv) < 3 or sys.argv[1] not in SANITIZERS:
+        sys.exit(f"usage: {sys.argv[0]} {{{','.join(SANITIZERS)}}} PYTHON_ARGS...")
+    os.execve(sys.executable, [sys.executable] + sys.argv[2:], sanitizer_env(sys.argv[1]))
