@@ -458,3 +458,44 @@ def test_unsupported_half_open_probe_does_not_wedge_the_breaker():
     ex.add(a, a)                                  # cooldown already served: this call probes and closes it
     assert gpu.runs == runs + 2
     assert ex.gpu_health("add")["state"] == "closed"
+
+
+# ------------------------------------------------------------------------------------ the report
+
+def test_report_covers_every_kernel_at_the_glues_block_sizes(cache_dir):
+    from hipsched.gpu.report import glue_launches
+    for arch in ("sm_90", "gfx90a", "gfx1030"):
+        names = set(resources(arch, cache_dir))
+        assert set(glue_launches(TARGETS[arch].wavefront)) == names, arch
+    sizes = glue_launches(32)
+    assert sizes["hs_softmax_rows_f32"] == {64: 2044, 256: 16380, 512: ops_basic.SOFTMAX_CACHED_LEN * 4}
+    assert sizes["hs_attention_d256"] == {128: 0} and sizes["hs_topk_select_f32"] == {256: 0}
+
+
+def test_compile_report_command(cache_dir):
+    import json
+    import subprocess
+    import sys
+    for arch in ("sm_90", "gfx90a"):
+        _compiler_or_skip(arch)
+    r = subprocess.run([sys.executable, "-m", "hipsched", "compile", "--arch", "sm_90", "--arch", "gfx90a",
+                        "--cache-dir", str(cache_dir), "--report", "--json"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    for arch in ("sm_90", "gfx90a"):
+        report = [k for row in rows if row["arch"] == arch for k in row["report"]]
+        assert {k["kernel"] for k in report} == set(resources(arch, cache_dir))
+        for k in report:
+            assert 0 < k["occupancy"] <= 1 and k["limited_by"] in (
+                "-", "registers", "sgprs", "shared memory", "threads", "blocks", "waves", "barriers"), k
+            assert k["block"] <= k["max_threads"]
+            if arch == "sm_90":   # spills from ptxas -v, for the same compile
+                assert k["spill_store_bytes"] is not None and k["spill_load_bytes"] is not None
+            else:
+                assert k["vgpr_spills"] is not None and k["sgprs"] > 0
+    text = subprocess.run([sys.executable, "-m", "hipsched", "compile", "--arch", "gfx90a", "--cache-dir",
+                           str(cache_dir), "--report"], capture_output=True, text=True, timeout=600)
+    assert text.returncode == 0, text.stderr
+    assert "gfx90a kernel report" in text.stdout and "limited by" in text.stdout
+    assert all(k in text.stdout for k in resources("gfx90a", cache_dir))

@@ -1,7 +1,9 @@
 """python -m hipsched compile --arch gfx90a [--arch sm_90 ...] [--cache-dir DIR]: compile every GPU
 kernel source ahead of time into the code-object cache, with no GPU needed (containers, clusters, CI).
 Prints one line per source: its kernels, code-object size, compile (or cache) time and the compiler.
-Exit status 1 if any source failed for any target."""
+--report adds, per kernel, what its code object needs (registers, spills, static shared memory,
+scratch) and its theoretical occupancy on that target at the block sizes the launch glue uses, with
+what limits it (hipsched/gpu/report.py). Exit status 1 if any source failed for any target."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,8 @@ def add_arguments(parser):
     parser.add_argument("--cache-dir", default=None, help="code-object cache (default: HIPSCHED_CACHE_DIR "
                         "or ~/.cache/hipsched/kernels)")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument("--report", action="store_true",
+                        help="per kernel: registers, spills, static shared memory and occupancy on the target")
 
 
 def run(args) -> int:
@@ -51,11 +55,14 @@ def run(args) -> int:
             continue
         if not args.json:
             print(f"{arch} with {compiler.version()} -> {KernelCache(compiler, args.cache_dir).cache_dir}")
+        report = _report(compiler, arch, rows, args.cache_dir) if args.report else None
         for source, kernels, result, seconds, version in rows:
             ok = not isinstance(result, Exception)
             failed += not ok
             row = {"arch": arch, "source": source, "kernels": kernels, "ok": ok, "seconds": round(seconds, 3),
                    "compiler": version, "bytes": len(result) if ok else None, "error": None if ok else str(result)}
+            if report is not None:
+                row["report"] = [r.as_dict() for r in report[1] if r.source == source]
             rows_out.append(row)
             if args.json:
                 continue
@@ -63,6 +70,40 @@ def run(args) -> int:
             print(f"  {source:<18} {status} {seconds:7.2f} s  {len(kernels):2d} kernels: {', '.join(kernels)}")
             if not ok:
                 print("    " + str(result).replace("\n", "\n    "), file=sys.stderr)
+        if report is not None and not args.json:
+            print(f"{arch} kernel report")
+            for line in report[0]:
+                print(line)
     if args.json:
         print(json.dumps(rows_out, indent=2))
     return 1 if failed else 0
+
+
+def _report(compiler, arch, rows, cache_dir):
+    """(text lines, ReportRows) for the compiled sources of one target."""
+    from ..errors import GpuError
+    from ..gpu.codeobject import kernel_resources, with_ptxas_spills
+    from ..gpu.kernels import KernelCache
+    from ..gpu.report import format_report, glue_launches, kernel_report
+    from ..gpu.targets import target_for
+
+    cache = KernelCache(compiler, cache_dir)
+    resources = {}
+    for source, _kernels, result, _seconds, _version in rows:
+        if isinstance(result, Exception):
+            continue
+        found = kernel_resources(result)
+        if compiler.platform == "nvidia" and found:
+            # a CUBIN does not record spills; ptxas prints them when asked, for the same compile
+            try:
+                _, log = compiler.compile_with_log(cache.source(source), source, arch, ("--ptxas-options=-v",))
+                found = with_ptxas_spills(found, log)
+            except GpuError:
+                pass
+        resources.update({k: (source, r) for k, r in found.items()})
+    target = target_for(arch)
+    report = kernel_report(target, resources, glue_launches(target.wavefront))
+    lines = format_report(target, report)
+    if not resources:
+        lines.append("  (no kernel resources in these code objects: PTX or an unknown format)")
+    return lines, report

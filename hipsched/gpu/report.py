@@ -1,0 +1,123 @@
+"""The kernel report of `python -m hipsched compile --arch X --report`: per kernel, what its code object
+says it needs (registers, spills, static shared memory, scratch) and the theoretical occupancy at the
+block sizes the launch glue really uses, on that target (limits and occupancy model:
+hipsched/gpu/targets.py), with what bounds it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codeobject import KernelResources
+from .targets import Occupancy, Target, occupancy_percent
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    kernel: str
+    source: str
+    block: int
+    dynamic_shared: int          # the most dynamic shared memory the glue gives this kernel at `block`
+    resources: KernelResources
+    occupancy: Occupancy | None  # None: a target without an occupancy model
+
+    def as_dict(self) -> dict:
+        r = self.resources
+        d = {"kernel": self.kernel, "source": self.source, "block": self.block, "dynamic_shared": self.dynamic_shared,
+             "registers": r.registers, "static_shared": r.static_shared, "private": r.private,
+             "max_threads": r.max_threads, "wavefront": r.wavefront}
+        for k in ("sgprs", "agprs", "vgpr_spills", "sgpr_spills", "spill_store_bytes", "spill_load_bytes"):
+            if getattr(r, k) is not None:
+                d[k] = getattr(r, k)
+        if self.occupancy is not None:
+            o = self.occupancy
+            d.update(resident_blocks=o.blocks, waves=o.waves, max_waves=o.max_waves,
+                     occupancy=round(o.fraction, 4), limited_by=o.limiter)
+        return d
+
+
+def glue_launches(warp: int, multiprocessors: int = 100) -> dict[str, dict[int, int]]:
+    """{kernel: {threads per block: the most dynamic shared memory}} over what the launch glue plans
+    for shapes that reach every kernel and every block size it uses."""
+    from . import ops_attention, ops_basic, ops_graph, ops_quant
+    plans = []
+    for vec in (False, True):
+        plans += ops_basic.add_launches(1024, 1024, vec, multiprocessors)
+        plans += ops_basic.add_launches(1024, 64, vec, multiprocessors)
+        plans += ops_basic.scale_launches(1024, vec, multiprocessors)
+        for length in (1, 4, 511, 512, 2044, 2048, 4095, 4096, ops_basic.SOFTMAX_CACHED_LEN,
+                       ops_basic.SOFTMAX_CACHED_LEN + 4, 16384, 1 << 20):
+            plans += ops_basic.softmax_launches(8, length, 1, vec, multiprocessors)
+        for m in (1, 9):
+            plans += ops_basic.top_k_launches(m, 5000, 64, 10, vec, warp, multiprocessors)
+    plans += ops_basic.softmax_launches(8, 100, 8, False, multiprocessors)
+    plans += ops_basic.matmul_launches(2, 100, 100, 100)
+    for hd in ops_attention.HEAD_DIM_CLASSES:
+        plans += ops_attention.attention_launches(1, 2, 100, hd)
+    for dtype in (np.int32, np.int64):
+        plans += ops_graph.spread_launches(1000, dtype, multiprocessors)
+    for qtype in ("q8_0", "q4_0"):
+        plans += ops_quant.dequantize_launches(100, qtype, multiprocessors)
+        for m in (1, 2, 9):
+            plans += ops_quant.qmatmul_launches(100, m, qtype, warp)
+    out: dict[str, dict[int, int]] = {}
+    for p in plans:
+        threads = p.block[0] * p.block[1] * p.block[2]
+        sizes = out.setdefault(p.kernel, {})
+        sizes[threads] = max(sizes.get(threads, 0), p.shared)
+    return out
+
+
+def kernel_report(target: Target, resources: dict[str, tuple[str, KernelResources]],
+                  launches: dict[str, dict[int, int]]) -> list[ReportRow]:
+    """One row per (kernel, block size the glue uses); a kernel no glue launches gets its largest
+    allowed block. `resources`: {kernel: (source, KernelResources)}."""
+    rows = []
+    for kernel in sorted(resources):
+        source, res = resources[kernel]
+        sizes = launches.get(kernel) or {res.max_threads: 0}
+        for block in sorted(sizes):
+            occ = target.occupancy(res, block, sizes[block]) if target.known else None
+            rows.append(ReportRow(kernel, source, block, sizes[block], res, occ))
+    return rows
+
+
+def _spills(r: KernelResources) -> str:
+    if r.vgpr_spills is not None:
+        return f"{r.vgpr_spills}/{r.sgpr_spills}"
+    if r.spill_store_bytes is not None:
+        return f"{r.spill_store_bytes}/{r.spill_load_bytes}"
+    return "?"
+
+
+def format_report(target: Target, rows: list[ReportRow]) -> list[str]:
+    """The report as text lines: a header with the target's limits, then one line per row."""
+    amd = target.platform == "amd"
+    if amd:
+        head = (f"  occupancy in wave{target.wavefront} wavefronts per SIMD (at most {target.max_waves_per_simd}; "
+                f"{target.regs_per_simd} VGPRs, granule {target.reg_granule}"
+                + (f"; {target.sgprs_per_simd} SGPRs" if target.sgprs_per_simd else "")
+                + f"; {target.shared_per_cu // 1024} KiB LDS per {'WGP' if target.wavefront == 32 else 'CU'}, "
+                f"{target.shared_per_block // 1024} KiB per block)")
+        cols = (f"  {'kernel':<22} {'block':>5} {'vgpr':>4} {'agpr':>4} {'sgpr':>4} {'spill v/s':>9} "
+                f"{'lds static+dyn':>15} {'scratch':>7} {'occupancy':>14}  limited by")
+    else:
+        head = (f"  occupancy in warps per SM (at most {target.max_waves_per_simd * target.simds}; "
+                f"{target.regs_per_simd * target.simds // 1024}K registers, {target.max_blocks_per_cu} blocks, "
+                f"{target.shared_per_cu // 1024} KB shared memory with {target.shared_reserved_per_block} B "
+                f"reserved per block; {target.shared_per_block // 1024} KB per block without opt-in)")
+        cols = (f"  {'kernel':<22} {'block':>5} {'regs':>4} {'spill st/ld B':>13} {'smem static+dyn':>15} "
+                f"{'stack':>5} {'occupancy':>14}  limited by")
+    lines = [head, cols]
+    for row in rows:
+        r, o = row.resources, row.occupancy
+        occ = "?" if o is None else f"{o.waves:g}/{o.max_waves} {occupancy_percent(o):3d}%"
+        why = "?" if o is None else o.limiter
+        smem = f"{r.static_shared}+{row.dynamic_shared}"
+        if amd:
+            lines.append(f"  {row.kernel:<22} {row.block:>5} {r.registers:>4} {r.agprs or 0:>4} {r.sgprs or 0:>4} "
+                         f"{_spills(r):>9} {smem:>15} {r.private:>7} {occ:>14}  {why}")
+        else:
+            lines.append(f"  {row.kernel:<22} {row.block:>5} {r.registers:>4} {_spills(r):>13} {smem:>15} "
+                         f"{r.private:>5} {occ:>14}  {why}")
+    return lines
