@@ -37,7 +37,7 @@ if only:
 
 setup(
     packages=["hipsched", "hipsched.ops", "hipsched.backends", "hipsched.cpu", "hipsched.gpu",
-              "hipsched.telemetry", "hipsched.cli", "hipsched.hip_src"],
+              "hipsched.telemetry", "hipsched.cli", "hipsched.hip_src", "hipsched.dask"],
     package_dir={"hipsched.hip_src": "src_c/hip"},
     package_data={"hipsched.hip_src": ["*.hip", "*.h"], "hipsched.telemetry": ["*.json"]},
     ext_modules=cythonize(extensions, language_level=3, nthreads=int(os.environ.get("HIPSCHED_CYTHON_JOBS", "0")),

@@ -60,6 +60,8 @@ class HybridConfig:
     telemetry_ring_size: int = 10000
     telemetry_queue_size: int = 65536
     telemetry_rotate_bytes: int = 64 << 20
+    telemetry_worker: str | None = None          # `worker` field of every event (hipsched.dask sets it per worker)
+    telemetry_job: str | None = None             # `job` field of every event (the distributed job's id)
     # GPU
     gpu_device_id: int = 0                       # which device the GPU backend binds
     resident_bytes: int = 256 << 20              # device bytes the GPU backend may keep as a resident cache
@@ -127,6 +129,9 @@ class HybridConfig:
             "cache_dir": (isinstance(self.cache_dir, str) and self.cache_dir != "", "a directory path"),
             "telemetry_path": (self.telemetry_path is None or isinstance(self.telemetry_path, str),
                                "a file path or None"),
+            "telemetry_worker": (self.telemetry_worker is None or isinstance(self.telemetry_worker, str),
+                                 "a string or None"),
+            "telemetry_job": (self.telemetry_job is None or isinstance(self.telemetry_job, str), "a string or None"),
             "telemetry_ring_size": (self.telemetry_ring_size >= 1, "an integer >= 1"),
             "telemetry_queue_size": (self.telemetry_queue_size >= 1, "an integer >= 1"),
             "telemetry_rotate_bytes": (self.telemetry_rotate_bytes >= 4096, "an integer >= 4096"),

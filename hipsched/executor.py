@@ -70,7 +70,7 @@ def _create_telemetry(config, device):
         return None
     return Telemetry(path=config.telemetry_path or path_from_env(), ring_size=config.telemetry_ring_size,
                      queue_size=config.telemetry_queue_size, rotate_bytes=config.telemetry_rotate_bytes,
-                     device=device)
+                     device=device, worker=config.telemetry_worker, job=config.telemetry_job)
 
 
 class Executor:

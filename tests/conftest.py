@@ -55,3 +55,16 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """One distributed.LocalCluster for the tests/test_dask_*.py modules: 2 worker processes (spawned, as
+    LocalCluster does by default) with 1 thread each, started once because a start takes seconds."""
+    pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+    distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+    from dask_support import start_cluster
+    cluster, client = start_cluster(distributed)
+    yield client
+    client.close()
+    cluster.close()

@@ -20,6 +20,9 @@ TS, SEQ, OP, BACKEND, REASON, SIZE, DTYPE, NBYTES, DURATION, PRED_CPU, PRED_GPU,
 
 FIELDS = ("v", "ts", "run", "seq", "host", "device", "op", "backend", "reason", "size", "dtype", "bytes",
           "duration_us", "predicted_us", "stream", "phase", "tags", "fallback")
+# Present only when the Telemetry was given them (a worker of a distributed job, hipsched.dask): after
+# `device`, so logs of single-machine runs are byte for byte what they were.
+OPTIONAL_IDENT = ("worker", "job")
 
 
 def new_run_id() -> str:
@@ -73,12 +76,18 @@ def _finite(x):
     return round(x, 3) if math.isfinite(x) else None
 
 
-def to_dict(rec, run, host, device) -> dict:
-    """The schema-v1 dict of one stored tuple."""
+def ident_extra(worker=None, job=None) -> dict:
+    """The optional identity fields that are set (worker and job names, as strings)."""
+    return {k: str(v) for k, v in (("worker", worker), ("job", job)) if v is not None}
+
+
+def to_dict(rec, run, host, device, extra=None) -> dict:
+    """The schema-v1 dict of one stored tuple; `extra` is ident_extra(...) (worker, job)."""
     sc = rec[SCOPE]
     fb = rec[FALLBACK]
     return {
         "v": SCHEMA_VERSION, "ts": iso_ts(rec[TS]), "run": run, "seq": rec[SEQ], "host": host, "device": device,
+        **(extra or {}),
         "op": text(rec[OP]), "backend": text(rec[BACKEND]), "reason": text(rec[REASON]), "size": int(rec[SIZE]),
         "dtype": text(rec[DTYPE]), "bytes": int(rec[NBYTES]), "duration_us": _finite(rec[DURATION]),
         "predicted_us": {"cpu": _finite(rec[PRED_CPU]), "gpu": _finite(rec[PRED_GPU])},
@@ -101,9 +110,11 @@ class LineFormatter:
     cached, the timestamp's date-and-seconds part is reused within a second, and the scope brings its
     own pre-encoded JSON."""
 
-    def __init__(self, run, host, device):
+    def __init__(self, run, host, device, extra=None):
         self.head = '{"v":%d,"ts":"' % SCHEMA_VERSION
         self.ident = ',"run":%s,"host":%s,"device":%s' % (json.dumps(run), json.dumps(host), json.dumps(device))
+        for k, v in (extra or {}).items():   # worker, job (ident_extra): on every line, drop records too
+            self.ident += ',%s:%s' % (json.dumps(k), json.dumps(v))
         self._strings = {}
         self._names = {}
         self._sec = None

@@ -30,16 +30,20 @@ def path_from_env():
 class Telemetry:
     """One per Executor: records every call in memory and, with `path`, in a JSONL log (see
     docs/telemetry.md). `run_id`, `host` and `device` identify its events; they default to a new id,
-    the host name and "cpu"."""
+    the host name and "cpu". `worker` and `job` (a distributed job's worker name and job id) are added
+    to every record when given, and left out otherwise."""
 
     def __init__(self, path=None, enabled=True, ring_size=10000, queue_size=65536, rotate_bytes=64 << 20,
-                 host=None, device=None, run_id=None, rotate_keep=8, flush_interval=0.02):
+                 host=None, device=None, run_id=None, rotate_keep=8, flush_interval=0.02, worker=None, job=None):
         if ring_size < 0:
             raise ValueError(f"telemetry ring_size must be >= 0, got {ring_size!r}")
         self.enabled = bool(enabled)
         self.run_id = run_id or ev.new_run_id()
         self.host = host or ev.default_host()
         self.device = device or "cpu"
+        self.worker = None if worker is None else str(worker)
+        self.job = None if job is None else str(job)
+        self._extra = ev.ident_extra(self.worker, self.job)
         self._ring = deque(maxlen=int(ring_size))
         self._seq = itertools.count()
         self._counters = Counters()
@@ -48,7 +52,7 @@ class Telemetry:
         self._queue = None       # the writer's queue, filled inline by record() (saves a call per event)
         self._queue_size = 0
         if path is not None and self.enabled:
-            self._writer = JsonlWriter(path, ev.LineFormatter(self.run_id, self.host, self.device),
+            self._writer = JsonlWriter(path, ev.LineFormatter(self.run_id, self.host, self.device, self._extra),
                                        queue_size=queue_size, rotate_bytes=rotate_bytes, keep=rotate_keep,
                                        interval=flush_interval)
             self._queue = self._writer.queue
@@ -99,7 +103,7 @@ class Telemetry:
     def events(self) -> list:
         """The most recent events (up to ring_size) as schema-v1 dicts, oldest first."""
         recs = list(self._ring)
-        return [ev.to_dict(r, self.run_id, self.host, self.device) for r in recs]
+        return [ev.to_dict(r, self.run_id, self.host, self.device, self._extra) for r in recs]
 
     @property
     def dropped(self) -> int:
