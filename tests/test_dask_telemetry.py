@@ -91,3 +91,57 @@ def test_one_log_per_worker_with_worker_and_job(job_dir):
     assert {(d["backend"], d["reason"]) for d in by_worker["1"]} == {("cpu", "cpu_fallback")}
     assert all(d["fallback"]["backend"] == "gpu" and "scripted launch" in d["fallback"]["error"]
                for d in by_worker["1"])
+
+
+def test_analyzer_merges_the_job_folder_per_worker(job_dir, tmp_path):
+    from hipsched.telemetry.analysis import analyze, report
+    res = analyze([job_dir], trace=str(tmp_path / "trace.json"))
+    assert res["inputs"]["events"] == 40 and len(res["inputs"]["files"]) == 2
+    workers = {w["worker"]: w for w in res["workers"]}
+    assert set(workers) == {"0", "1"} and all(w["jobs"] == ["tel-job"] for w in workers.values())
+    assert workers["0"]["devices"] == ["FakeGPU 1"]
+    assert [(r["backend"], r["fallbacks"]) for r in workers["0"]["ops"]] == [("gpu", 0)]
+    assert workers["0"]["fallbacks"] == []
+    (fb,) = workers["1"]["fallbacks"]
+    assert (fb["op"], fb["backend"], fb["count"]) == ("top_k", "gpu", workers["1"]["events"])
+    assert workers["0"]["events"] + workers["1"]["events"] == 40
+    text = report([job_dir])
+    assert "Per worker, op and backend" in text and "Fallbacks by worker" in text
+    # Perfetto: one process per worker
+    trace = json.load(open(tmp_path / "trace.json"))
+    names = sorted(e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name")
+    assert names == ["hipsched worker 0 (vm, FakeGPU 1)".replace("vm", os.uname().nodename),
+                     "hipsched worker 1 (vm, FakeGPU 1)".replace("vm", os.uname().nodename)]
+    assert len({e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}) == 2
+
+
+def test_monitor_summary_on_a_job_folder_being_written(job_dir, tmp_path, capsys):
+    import shutil
+    from hipsched.__main__ import main
+    live = tmp_path / "live"
+    shutil.copytree(job_dir, live)
+    with open(live / "1.jsonl", "a") as fh:   # a writer caught mid-line: skipped, not fatal
+        fh.write('{"v":1,"ts":"2026-')
+    assert main(["monitor", str(live), "--summary"]) == 0
+    out = capsys.readouterr().out
+    assert "top_k  gpu" in out and "top_k  cpu" in out and "1 malformed lines skipped" in out
+    assert main(["monitor", str(live), "--tail"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_crossover_per_worker_hardware(tmp_path):
+    """Two workers, the same op and sizes: the GPU wins from 2^12 on one and from 2^20 on the other."""
+    from hipsched.telemetry.analysis import analyze
+    for name, cross in (("fast-gpu", 12), ("slow-gpu", 20)):
+        with Telemetry(path=str(tmp_path / f"{name}.jsonl"), worker=name, job="j", device=name) as t:
+            for b in range(8, 25, 2):
+                size = 1 << b
+                cpu_us, gpu_us = float(size) / 100, float(size) / 100 * (0.5 if b > cross else 2.0)
+                for _ in range(3):
+                    t.record("cosine_similarity", "cpu", "exploring", size, "float32", 4 * size, cpu_us, None, None)
+                    t.record("cosine_similarity", "gpu", "exploring", size, "float32", 4 * size, gpu_us, None, None)
+    res = analyze([str(tmp_path)])
+    got = {w["worker"]: w["crossover"][0] for w in res["workers"]}
+    assert got["fast-gpu"]["status"] == got["slow-gpu"]["status"] == "crossover"
+    assert (got["fast-gpu"]["low"], got["fast-gpu"]["high"]) == pytest.approx((1 << 12, 1 << 14), rel=0.01)
+    assert (got["slow-gpu"]["low"], got["slow-gpu"]["high"]) == pytest.approx((1 << 20, 1 << 22), rel=0.01)

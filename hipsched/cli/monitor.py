@@ -3,12 +3,14 @@ telemetry log one line per event, following it like `tail -F` with --tail, or as
 p50/p95 and fallbacks with --summary (refreshed every --every seconds when following)."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 
 def add_arguments(p):
-    p.add_argument("file", metavar="FILE", help="JSONL telemetry log")
+    p.add_argument("file", metavar="FILE", help="JSONL telemetry log, or a distributed job's folder (its *.jsonl, "
+                   "one per worker; without --tail)")
     p.add_argument("--tail", action="store_true", help="follow the file as it grows (copes with rotation)")
     p.add_argument("--summary", action="store_true", help="per op/backend counts, p50/p95 and fallbacks")
     p.add_argument("--op", help="only this op")
@@ -35,6 +37,8 @@ def format_event(d) -> str:
     other = "cpu" if backend == "gpu" else "gpu"
     est = (d.get("predicted_us") or {}).get(other)
     s = f"[{d.get('op')}][{backend.upper()}]"
+    if d.get("worker") is not None:
+        s = f"[worker {d['worker']}]" + s
     if d.get("stream") is not None:
         s += f"[stream={d['stream']}]"
     if d.get("phase") is not None:
@@ -111,6 +115,10 @@ def run(args) -> int:
 
     done = lambda: args.max_events is not None and shown >= args.max_events
     try:
+        if args.tail and os.path.isdir(args.file):
+            print(f"hipsched monitor: --tail follows one log; {args.file} is a folder: follow one worker's "
+                  f"log, or run --summary (without --tail) on the folder", file=sys.stderr)
+            return 2
         if args.tail:
             f = Follower(args.file, last_lines=args.lines, stats=stats)
             next_summary = time.monotonic() + args.every

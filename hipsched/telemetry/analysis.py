@@ -92,8 +92,14 @@ class _Bucket:
         return h.quantile(0.5) if h is not None else None
 
 
+MAX_WORKERS = 4096   # workers given their own tables; events of others count only in the totals
+
+
 class Analyzer:
-    def __init__(self, min_samples=3, tie_band=0.05, pcie_gbps=25.0):
+    def __init__(self, min_samples=3, tie_band=0.05, pcie_gbps=25.0, per_worker=True):
+        self.per_worker = per_worker
+        self.workers = {}      # worker name -> Analyzer of its events only (events with a `worker` field)
+        self.worker_jobs = {}  # worker name -> set of job ids
         self.min_samples = min_samples
         self.tie_band = tie_band
         self.pcie_gbps = pcie_gbps
@@ -113,7 +119,22 @@ class Analyzer:
 
     # ---------------------------------------------------------------- one pass
     def add(self, d) -> bool:
-        """Count one record; False when it was not a new event (a service record or a duplicate)."""
+        """Count one record; False when it was not a new event (a service record or a duplicate).
+        Records of a distributed job's worker also go to that worker's own analyzer."""
+        new = self._add(d)
+        w = d.get("worker") if self.per_worker else None
+        if w is not None and (new or d.get("event") == "dropped"):
+            w = str(w)
+            sub = self.workers.get(w)
+            if sub is None and len(self.workers) < MAX_WORKERS:
+                sub = self.workers[w] = Analyzer(self.min_samples, self.tie_band, self.pcie_gbps, per_worker=False)
+            if sub is not None:
+                sub._add(d)
+                if d.get("job") is not None:
+                    self.worker_jobs.setdefault(w, set()).add(str(d["job"]))
+        return new
+
+    def _add(self, d) -> bool:
         if d.get("event") == "dropped":
             self.dropped += self._drops.add(d)
             return False
@@ -122,7 +143,8 @@ class Analyzer:
         run = d.get("run")
         r = self.runs.get(run)
         if r is None:
-            r = self.runs[run] = {"run": run, "host": d.get("host"), "device": d.get("device"), "events": 0,
+            r = self.runs[run] = {"run": run, "host": d.get("host"), "device": d.get("device"),
+                                  **{k: d[k] for k in ("worker", "job") if d.get(k) is not None}, "events": 0,
                                   "first_ts": d.get("ts"), "last_ts": d.get("ts"), "_seq": _SeqSet()}
         seq = d.get("seq")
         if isinstance(seq, int) and not r["_seq"].add(seq):
@@ -288,6 +310,22 @@ class Analyzer:
                          "success_rate": ok / (ok + failed) if ok + failed else None})
         return rows
 
+    def worker_results(self) -> list:
+        """Per worker (sorted by name): its runs, hardware, op table, crossover, fallbacks, GPU health."""
+        out = []
+        for w in sorted(self.workers):
+            sub = self.workers[w]
+            runs = list(sub.runs.values())
+            out.append({
+                "worker": w, "jobs": sorted(self.worker_jobs.get(w, ())),
+                "hosts": sorted({str(r["host"]) for r in runs}), "devices": sorted({str(r["device"]) for r in runs}),
+                "runs": len(runs), "events": sum(r["events"] for r in runs), "dropped_events": sub.dropped,
+                "ops": sub.op_table(), "crossover": sub.crossovers(),
+                "fallbacks": [{"op": op, "backend": b, "error": e, "count": n}
+                              for (op, b, e), n in sorted(sub.fallbacks.items(), key=lambda kv: -kv[1])],
+                "gpu_health": sub.health()})
+        return out
+
     def result(self, read_stats: ReadStats | None = None) -> dict:
         sp = self.speedups()
         res = {
@@ -302,6 +340,7 @@ class Analyzer:
             "fallbacks": [{"op": op, "backend": b, "error": e, "count": n}
                           for (op, b, e), n in sorted(self.fallbacks.items(), key=lambda kv: -kv[1])],
             "gpu_health": self.health(),
+            "workers": self.worker_results(),
             "reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1])),
             "phases": [{"phase": p, "backend": b, "count": c, "time_us": t}
                        for (p, b), (c, t) in sorted(self.phases.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))],

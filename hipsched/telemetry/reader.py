@@ -38,16 +38,30 @@ def with_rotated(path: str) -> list[str]:
     return out
 
 
+def folder_logs(folder: str) -> list[str]:
+    """The live logs of a folder (a distributed job's: one `<worker>.jsonl` per worker), sorted."""
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                  if f.endswith(".jsonl") and os.path.isfile(os.path.join(folder, f)))
+
+
 def expand(paths, rotated=True) -> list[str]:
+    """Files to read: each path with its rotated siblings; a folder stands for its *.jsonl logs."""
     if isinstance(paths, (str, bytes, os.PathLike)):   # one path, not an iterable of its characters
         paths = [paths]
     out = []
     for p in paths:
         p = os.fspath(p)
-        files = with_rotated(p) if rotated else [p]
-        if not files:
-            raise FileNotFoundError(f"no telemetry log at {p}")
-        out += [f for f in files if f not in out]
+        if os.path.isdir(p):
+            logs = folder_logs(p)
+            if not logs:
+                raise FileNotFoundError(f"no telemetry log (*.jsonl) in folder {p}")
+        else:
+            logs = [p]
+        for log in logs:
+            files = with_rotated(log) if rotated else [log]
+            if not files:
+                raise FileNotFoundError(f"no telemetry log at {log}")
+            out += [f for f in files if f not in out]
     return out
 
 

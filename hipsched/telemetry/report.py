@@ -15,7 +15,7 @@ def _t(us):
 
 
 _NO_BOTH = "(none: no size bucket has calls measured on both CPU and GPU)"
-_TEXT_COLUMNS = {"op", "backend", "from", "error", "uncertainty"}
+_TEXT_COLUMNS = {"op", "backend", "from", "error", "uncertainty", "worker", "host", "device", "jobs", "crossover"}
 
 
 def _table(header, rows, empty="(none)"):
@@ -28,6 +28,35 @@ def _table(header, rows, empty="(none)"):
     def line(r):
         return "  " + "  ".join(c.ljust(w[i]) if i in left else c.rjust(w[i]) for i, c in enumerate(r)).rstrip()
     return [line(cells[0]), "  " + "  ".join("-" * x for x in w)] + [line(r) for r in cells[1:]]
+
+
+def _render_workers(workers) -> list:
+    out = ["\nPer worker (distributed job)"]
+    out += _table(["worker", "host", "device", "jobs", "runs", "events", "dropped"],
+                  [[w["worker"], ",".join(w["hosts"]), ",".join(w["devices"]), ",".join(w["jobs"]) or "-", w["runs"],
+                    w["events"], w["dropped_events"]] for w in workers])
+    out.append("\nPer worker, op and backend")
+    out += _table(["worker", "op", "backend", "calls", "total", "p50", "p95", "fallbacks"],
+                  [[w["worker"], r["op"], r["backend"], r["count"], _t(r["total_us"]), _t(r["p50_us"]),
+                    _t(r["p95_us"]), r["fallbacks"]] for w in workers for r in w["ops"]])
+    out.append("\nCrossover per worker (each worker's own hardware)")
+    rows = []
+    for w in workers:
+        for c in w["crossover"]:
+            if c["status"] == "crossover":
+                est = f"~{_fmt_size(c['size'])} (between {_fmt_size(c['low'])} and {_fmt_size(c['high'])})"
+            elif c["status"] == "gpu_always":
+                est = f"GPU faster at every size seen (from {_fmt_size(c['high'])})"
+            elif c["status"] == "cpu_always":
+                est = f"CPU faster at every size seen (up to {_fmt_size(c['low'])})"
+            else:
+                est = f"GPU loses at the largest size (~{_fmt_size(c['low'])})"
+            rows.append([w["worker"], ",".join(w["devices"]), c["op"], est])
+    out += _table(["worker", "device", "op", "crossover"], rows, _NO_BOTH)
+    out.append("\nFallbacks by worker")
+    out += _table(["worker", "op", "from", "count", "error"],
+                  [[w["worker"], f["op"], f["backend"], f["count"], f["error"]] for w in workers for f in w["fallbacks"]])
+    return out
 
 
 def render(res: dict) -> str:
@@ -88,6 +117,10 @@ def render(res: dict) -> str:
         out += _table(["op", "ok", "failed", "success", "breaker opened"],
                       [[h["op"], h["gpu_ok"], h["gpu_failed"], f"{h['success_rate']:.1%}" if h["success_rate"] is not None
                         else "-", h["breaker_opened"]] for h in health])
+
+    workers = res.get("workers") or []
+    if workers:
+        out += _render_workers(workers)
 
     adv = res.get("advice", [])
     out.append("\nAdvice")

@@ -1,6 +1,7 @@
 """Chrome trace-event JSON (chrome://tracing, Perfetto) written while the log streams by: one complete
 ("X") event per call, one process per (host, run) and one track per backend and stream, named with
-metadata ("M") events at the end. Calls from several threads overlap in time, and slices on one track
+metadata ("M") events at the end; events of a distributed job's worker (a `worker` field) share one
+process per worker instead. Calls from several threads overlap in time, and slices on one track
 must nest, so overlapping calls go to extra lanes of their track ("CPU #2", ...). A lane keeps only the
 span it covers: for a log in completion order (as the writer writes it) the lanes match the calls in
 flight at once; input far out of order could open more, so a track has at most MAX_LANES, the last
@@ -20,7 +21,8 @@ class TraceWriter:
         self._f = open(path, "w", encoding="utf-8")
         self._f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
         self._first = True
-        self._pids = {}      # (host, run) -> pid
+        self._pids = {}      # (host, run), or ("worker", name) -> pid
+        self._names = {}     # pid -> process name
         self._lanes = {}     # (pid, backend, stream) -> [[first start, last end, tid], ...]
         self._labels = {}    # tid -> (pid, track name)
         self._ts = TsParser()
@@ -38,8 +40,15 @@ class TraceWriter:
         dur = d.get("duration_us")
         if end is None or not isinstance(dur, (int, float)):
             return
-        pkey = (d.get("host"), d.get("run"))
-        pid = self._pids.setdefault(pkey, len(self._pids) + 1)
+        # a distributed job's worker is one process track whatever its runs (a restarted worker keeps its
+        # name); single-machine logs keep one process per (host, run)
+        w = d.get("worker")
+        pkey = ("worker", str(w)) if w is not None else (d.get("host"), d.get("run"))
+        pid = self._pids.get(pkey)
+        if pid is None:
+            pid = self._pids[pkey] = len(self._pids) + 1
+            self._names[pid] = (f"hipsched worker {w} ({d.get('host')}, {d.get('device')})" if w is not None
+                                else f"hipsched {d.get('host')} run {d.get('run')}")
         backend, stream = str(d.get("backend")), d.get("stream")
         start = round(end * 1e6 - dur, 3)
         tid = self._lane(pid, backend, stream, start, start + dur)
@@ -76,9 +85,8 @@ class TraceWriter:
         return tid
 
     def close(self) -> None:
-        for (host, run), pid in self._pids.items():
-            self._emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "ts": 0,
-                        "args": {"name": f"hipsched {host} run {run}"}})
+        for pid, name in self._names.items():
+            self._emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "ts": 0, "args": {"name": name}})
         for tid, (pid, label) in self._labels.items():
             self._emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "ts": 0, "args": {"name": label}})
         self._f.write("\n]}\n")
