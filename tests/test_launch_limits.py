@@ -158,7 +158,9 @@ def _res(**kw):
 
 
 def _limits(target, res, grid, block, shared=0, warp=None):
-    return {limit for limit, _ in target.launch_problems(res, grid, block, shared, warp)}
+    found = {limit for limit, _ in target.launch_problems(res, grid, block, shared, warp)}
+    assert target.fits(res, grid, block, shared, warp) == (not found)
+    return found
 
 
 def test_nvidia_limits_each_named():
@@ -346,6 +348,8 @@ def test_every_launch_config_fits_the_target(arch, cache_dir):
                 assert src == launch.source, (launch.kernel, src, launch.source)
                 planned.add(launch.kernel)
                 problems = target.launch_problems(r, launch.grid, launch.block, launch.shared, warp)
+                # the fast path every launch takes agrees with the full list
+                assert target.fits(r, launch.grid, launch.block, launch.shared, warp) == (not problems)
                 found |= {limit for limit, _ in problems}
                 checked += 1
                 if expect is None and problems:

@@ -76,6 +76,28 @@ class Target:
     sgprs_per_simd: int | None = None  # AMD gfx8/9 only (SGPRs do not bound waves on gfx10+)
 
     # ------------------------------------------------------------------ launch limits
+    def fits(self, res, grid, block, shared: int = 0, warp_size: int | None = None) -> bool:
+        """launch_problems(...) == [], answered with a few comparisons: every launch goes through
+        this, so the common case must cost well under a kernel launch (`grid`, `block`: 3-tuples)."""
+        gx, gy, gz = grid
+        bx, by, bz = block
+        threads = bx * by * bz
+        mg, mb = self.max_grid, self.max_block
+        if not (0 < gx <= mg[0] and 0 < gy <= mg[1] and 0 < gz <= mg[2] and 0 < bx <= mb[0] and 0 < by <= mb[1]
+                and 0 < bz <= mb[2] and threads <= self.max_threads_per_block):
+            return False
+        wi = self.max_work_items_per_dim
+        if wi and (gx * bx > wi or gy * by > wi or gz * bz > wi):
+            return False
+        if res is None:
+            return shared <= self.shared_per_block and (
+                warp_size is None or (warp_size == self.wavefront and threads % warp_size == 0))
+        if res.static_shared + shared > self.shared_per_block or threads > res.max_threads:
+            return False
+        if warp_size is not None and (warp_size != res.wavefront or threads % warp_size):
+            return False
+        return self._block_registers(res, threads) is None
+
     def launch_problems(self, res, grid, block, shared: int = 0, warp_size: int | None = None):
         """[(limit, message)] for every limit this launch breaks ([] when the device would take it).
         `res` is the kernel's KernelResources (None: only the kernel-independent limits are checked);
@@ -241,6 +263,8 @@ def launch_error(target: Target, kernel: str, problems) -> GpuError:
 
 def check_launch(target: Target, kernel: str, res, grid, block, shared: int = 0, warp_size: int | None = None):
     """Raise launch_error(...) if the device would refuse this launch; return None otherwise."""
+    if target.fits(res, grid, block, shared, warp_size):
+        return
     problems = target.launch_problems(res, grid, block, shared, warp_size)
     if problems:
         raise launch_error(target, kernel, problems)
