@@ -130,3 +130,71 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     idx = da.from_delayed(result[0], shape=out_shape, dtype=np.int64, name=f"hipsched-top_k-indices-{token}")
     val = da.from_delayed(result[1], shape=out_shape, dtype=np.float32, name=f"hipsched-top_k-scores-{token}")
     return idx, val
+
+
+# ---------------------------------------------------------------------------------------- elementwise
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _as_dask_like(b, chunks, op, arg):
+    """b (NumPy or Dask) chunked as `chunks` (the trailing chunks of the array it combines with)."""
+    if isinstance(b, da.Array):
+        _dtype_ok(b, op, arg)
+        return b.rechunk(chunks) if b.chunks != tuple(chunks) else b
+    b = as_f32(b, op, arg, allow_device=False)
+    return da.from_array(b, chunks=tuple(chunks))
+
+
+def _add_block(ab, bb):
+    return executor().add(ab, bb)
+
+
+def add(a, b):
+    """hipsched.add on Dask arrays, chunk by chunk through each worker's executor: b has a's shape or a
+    trailing part of it (a bias), NumPy or Dask; it is rechunked to match a's chunks. Bit-identical to
+    the single-machine op (one float32 add per element)."""
+    a = _dask(a, "add", "a")
+    _dtype_ok(a, "add", "a")
+    sb = tuple(getattr(b, "shape", np.shape(b)))
+    sa = tuple(a.shape)
+    if sb != sa and not (len(sb) <= len(sa) and sa[len(sa) - len(sb):] == sb):
+        raise shape_mismatch("add", "a", sa, "b", sb, "b must have a's shape or a trailing part of it")
+    b = _as_dask_like(b, a.chunks[a.ndim - len(sb):], "add", "b")
+    ia = _LETTERS[:a.ndim]
+    return da.blockwise(_add_block, ia, a, ia, b, ia[a.ndim - len(sb):], dtype=np.float32,
+                        name="hipsched-add-" + dask.base.tokenize(a, b))
+
+
+def _scale_block(xb, alpha):
+    return executor().scale(xb, alpha)
+
+
+def scale(x, alpha):
+    """hipsched.scale on a Dask array, chunk by chunk; bit-identical to the single-machine op."""
+    from ..ops.elementwise import _real_scalar
+    x = _dask(x, "scale", "x")
+    _dtype_ok(x, "scale", "x")
+    alpha = _real_scalar(alpha, "scale", "alpha")
+    return x.map_blocks(_scale_block, alpha, dtype=np.float32, name="hipsched-scale-" + dask.base.tokenize(x, alpha))
+
+
+def _softmax_block(xb, axis):
+    return executor().softmax(xb, axis=axis)
+
+
+def softmax(x, axis=-1):
+    """hipsched.softmax on a Dask array along an unchunked `axis` (each chunk holds whole slices, so
+    each is bit-identical to the single-machine op); a chunked axis is a ValueError naming the rechunk."""
+    x = _dask(x, "softmax", "x")
+    _dtype_ok(x, "softmax", "x")
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"softmax: axis must be an integer, got {axis!r}")
+    if x.ndim == 0:
+        raise ValueError("softmax: x must have at least one dimension, got a 0-d array")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"softmax: axis {axis} is out of range for shape {tuple(x.shape)}")
+    axis = int(axis) % x.ndim
+    if len(x.chunks[axis]) > 1:
+        raise ValueError(f"hipsched.dask.softmax: x {x.shape} is chunked along axis {axis} (chunks {x.chunks[axis]}); "
+                         f"softmax needs whole slices: x = x.rechunk({{{axis}: -1}})")
+    return x.map_blocks(_softmax_block, axis, dtype=np.float32, name="hipsched-softmax-" + dask.base.tokenize(x, axis))
