@@ -128,7 +128,7 @@ def test_unwritable_cache_dir_still_compiles(tmp_path):
     comp = CountingCompiler()
     cache = KernelCache(comp, blocker / "cache", sources=SRC)
     assert cache.code_object("a.hip", "gfx90a") and cache.code_object("a.hip", "gfx90a")
-    assert comp.calls == 2
+    assert comp.calls == 1      # nothing on disk, but the process keeps what it compiled
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):

@@ -140,8 +140,10 @@ class KernelCache:
         cache directory that cannot be written only costs the disk cache."""
         source = self.source(source_name)
         options = tuple(options)
+        # In one process the compiler and sources are fixed, so the bytes for (source, arch, options) do not
+        # depend on the loader: the loader tag only keeps a disk entry from outliving a driver change.
         memo = self._objects.get((source_name, arch, options))
-        if memo is not None and memo[0] != loader:
+        if memo is not None:
             self.hits += 1
             return memo[1]
         version = self.compiler.version()
