@@ -169,3 +169,15 @@ def test_sanitizer_selected_by_environment_and_part_of_the_cache_key(monkeypatch
         gpu_emulator.sanitize_from_env()
     versions = {gpu_emulator.EmuCompiler(32, k).version() for k in ("", "address", "thread")}
     assert len(versions) == 3   # a sanitized code object is never served for a plain build, nor the reverse
+
+
+def test_wrapper_preloads_the_runtime_and_keeps_reports_out_of_pytests_capture(tmp_path):
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import gpu_emulator, sys\n"
+                     "def test_probe():\n"
+                     "    assert gpu_emulator.sanitizer_loaded('thread') and gpu_emulator.sanitize_from_env() == 'thread'\n"
+                     "    assert '--capture=sys' in sys.argv\n")
+    r = subprocess.run([sys.executable, str(TESTS / "gpu_emulator.py"), "thread", "-m", "pytest", "-q", "-p",
+                        "no:cacheprovider", str(probe)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(TESTS)))
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
