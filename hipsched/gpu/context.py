@@ -140,9 +140,16 @@ class GpuContext:
         """A float32 input on the device: host arrays through the resident cache (a corpus or weights
         reused across calls stays on the device), device arrays as they are."""
         if isinstance(x, np.ndarray):
-            return self.resident.get(x, stream)
-        self._wait_for_producer(x, stream)
-        return x
+            dev = self.resident.get(x, stream)
+        else:
+            self._wait_for_producer(x, stream)
+            dev = x
+        # a resident copy outlives this call and may be freed (evicted) while other streams' work that
+        # read it is queued: its free must wait for this stream too
+        record = getattr(dev, "record_stream", None)
+        if record is not None:
+            record(stream)
+        return dev
 
     def _wait_for_producer(self, x, stream) -> None:
         """A device input last written on another stream (CAI v3 "stream", or one of our own results
@@ -173,11 +180,12 @@ class GpuContext:
         return DeviceArray.empty(shape, dtype, runtime=self.rt, stream=stream)
 
     def scratch(self, name: str, shape, dtype, stream):
-        """A device temporary for one call (never returned to the caller). Freeing device memory
-        synchronises the whole device, which would stall the caller's pipeline after every call, so
-        temporaries up to SCRATCH_KEEP_BYTES live on per (thread, stream, name): reuse is safe because
-        one thread's launches on one stream run in order (two threads sharing a stream would interleave,
-        hence per thread). `name` tells apart the temporaries alive at the same time."""
+        """A device temporary for one call (never returned to the caller). Allocating and freeing
+        device memory per call is slow, so temporaries up to SCRATCH_KEEP_BYTES live on per (thread,
+        stream, name): reuse is safe because one thread's launches on one stream run in order (two
+        threads sharing a stream would interleave, hence per thread). `name` tells apart the
+        temporaries alive at the same time. A buffer replaced by a larger one, or one too large to
+        keep, is freed in stream order after the kernels already queued on it."""
         from .memory import DeviceArray
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         dtype = np.dtype(dtype)
@@ -188,7 +196,8 @@ class GpuContext:
         key = (int(stream or 0), name)
         buf = buffers.get(key)
         if buf is None or buf.nbytes < nbytes:
-            buf = buffers[key] = DeviceArray.empty((max(nbytes, 256),), np.uint8, runtime=self.rt)
+            buf = buffers[key] = DeviceArray.empty((max(nbytes, 256),), np.uint8, runtime=self.rt,
+                                                   stream=key[0])
         return DeviceArray(buf.ptr, shape, dtype, self.rt, owner=buf, stream=stream)
 
     # ------------------------------------------------------------------ launches
@@ -225,6 +234,9 @@ class GpuContext:
                 params.append(ctypes.c_void_p(0))
             elif hasattr(a, "ptr"):
                 params.append(ctypes.c_void_p(int(a.ptr)))
+                record = getattr(a, "record_stream", None)
+                if record is not None:   # its free must come after this kernel, whatever stream it was made on
+                    record(stream)
             else:
                 raise TypeError(f"kernel argument {a!r} is neither a device array nor a ctypes scalar")
         self.check(fn, grid, block, shared)

@@ -83,6 +83,12 @@ CUDA_SYMBOLS = {
     "module_function": "cuModuleGetFunction", "launch": "cuLaunchKernel",
 }
 
+# Optional: a driver without them (CUDA before 11.2, old ROCm) gets Runtime's event-based fallbacks.
+OPTIONAL_SIGNATURES = {"free_async": [c_void_p, c_void_p], "event_query": [c_void_p]}
+HIP_OPTIONAL = {"free_async": "hipFreeAsync", "event_query": "hipEventQuery"}
+CUDA_OPTIONAL = {"free_async": "cuMemFreeAsync", "event_query": "cuEventQuery"}
+_NOT_READY = 600             # hipErrorNotReady == CUDA_ERROR_NOT_READY: the event's work is still queued
+
 # Device attributes (hipDeviceAttribute_t from ROCm's hip_runtime_api.h; CUdevice_attribute).
 HIP_ATTR = {"multiprocessors": 63, "warp_size": 87, "cc_major": 23, "cc_minor": 61}
 CUDA_ATTR = {"multiprocessors": 16, "warp_size": 10, "cc_major": 75, "cc_minor": 76}
@@ -124,6 +130,7 @@ class CtypesRuntime(Runtime):
         self._contexts: dict[int, int] = {}
         self._ctx_lock = threading.Lock()
         self._bind_context_calls()
+        self._bind_optional()
         self._compiler = None
         self._infos: dict[int, DeviceInfo] = {}
         if vendor == "hip":
@@ -160,6 +167,15 @@ class CtypesRuntime(Runtime):
             raise GpuError("runtime", f"{self._symbols[canon]}: bad argument: {e}", name="bad-argument") from None
         if status != 0:
             raise gpu_error(self._error_name(status), self._symbols[canon], status)
+
+    def _bind_optional(self):
+        self._optional = HIP_OPTIONAL if self.vendor == "hip" else CUDA_OPTIONAL
+        self._no_free_async = False
+        for canon, symbol in self._optional.items():
+            fn = getattr(self._lib, symbol, None)
+            if fn is not None:
+                fn.restype, fn.argtypes = c_int, OPTIONAL_SIGNATURES[canon]
+                self._fns[canon] = fn
 
     def _bind_context_calls(self):
         def bind(symbol, argtypes):
@@ -349,6 +365,23 @@ class CtypesRuntime(Runtime):
         self._ctx()   # may run from a finalizer on any thread
         self._call("free", c_void_p(ptr))
 
+    def free_async(self, ptr: int, stream: int = 0) -> None:
+        if "free_async" not in self._fns or self._no_free_async:
+            return super().free_async(ptr, stream)
+        self._ctx()   # runs from finalizers, on any thread
+        try:
+            fn, symbol = self._fns["free_async"], self._optional["free_async"]
+            status = fn(c_void_p(ptr), c_void_p(stream))
+        except (ctypes.ArgumentError, TypeError, OverflowError) as e:
+            raise GpuError("runtime", f"free_async: bad argument: {e}", name="bad-argument") from None
+        if status == 0:
+            return
+        err = gpu_error(self._error_name(status), symbol, status)
+        if err.kind != "unavailable":   # NOT_SUPPORTED: a device without memory pools
+            raise err
+        self._no_free_async = True
+        super().free_async(ptr, stream)
+
     def memcpy_htod(self, dst, src_host_ptr, nbytes, stream=0):
         self._ctx()
         self._call("memcpy_htod", c_void_p(dst), c_void_p(src_host_ptr), nbytes, c_void_p(stream))
@@ -401,6 +434,17 @@ class CtypesRuntime(Runtime):
     def event_synchronize(self, event):
         self._ctx()
         self._call("event_synchronize", c_void_p(event))
+
+    def event_query(self, event) -> bool:
+        if "event_query" not in self._fns:
+            return super().event_query(event)
+        self._ctx()
+        status = self._fns["event_query"](c_void_p(event))
+        if status == _NOT_READY:
+            return False
+        if status != 0:
+            raise gpu_error(self._error_name(status), self._optional["event_query"], status)
+        return True
 
     def event_elapsed_ms(self, start, end) -> float:
         self._ctx()

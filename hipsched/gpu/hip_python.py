@@ -183,6 +183,17 @@ class HipPythonRuntime(Runtime):
     def free(self, ptr):
         self._do("hipFree", ptr)
 
+    def free_async(self, ptr, stream=0):
+        if not getattr(self, "_no_free_async", False):
+            try:
+                self._do("hipFreeAsync", ptr, stream)
+                return
+            except GpuError as e:
+                if e.kind != "unavailable":   # hip-python or the driver without it, or NotSupported
+                    raise
+                self._no_free_async = True
+        super().free_async(ptr, stream)
+
     def memcpy_htod(self, dst, src_host_ptr, nbytes, stream=0):
         self._do("hipMemcpyHtoDAsync", dst, src_host_ptr, nbytes, stream)
 
@@ -219,6 +230,17 @@ class HipPythonRuntime(Runtime):
 
     def event_synchronize(self, event):
         self._do("hipEventSynchronize", event)
+
+    def event_query(self, event):
+        try:
+            self._do("hipEventQuery", event)
+        except GpuError as e:
+            if e.name == "hipErrorNotReady":
+                return False
+            if e.name == "symbol-missing":
+                return super().event_query(event)
+            raise
+        return True
 
     def event_elapsed_ms(self, start, end):
         return float(self._do("hipEventElapsedTime", start, end))

@@ -43,22 +43,65 @@ def _is_c_contiguous(shape, strides_bytes, itemsize) -> bool:
 
 
 class _Allocation:
-    """Owns one device allocation; freed when the last DeviceArray viewing it goes."""
+    """Owns one device allocation, freed when the last DeviceArray viewing it goes: in stream order,
+    after the work queued on every stream it was used on (see _release), since kernels that read it
+    may still be queued when the last Python reference goes."""
 
-    def __init__(self, runtime, nbytes: int):
+    def __init__(self, runtime, nbytes: int, stream=None):
         self.runtime = runtime
         self.nbytes = nbytes
         self.ptr = runtime.malloc(nbytes) if nbytes else 0
-        fin = weakref.finalize(self, _free_quietly, runtime, self.ptr)
+        # the stream it was made for first; record_stream adds the others work on it ran on
+        self.streams = [int(stream or 0)]
+        fin = weakref.finalize(self, _release, runtime, self.ptr, self.streams)
         fin.atexit = False   # the runtime may be torn down first; the driver reclaims it at exit anyway
 
+    def used_on(self, stream) -> None:
+        s = int(stream or 0)
+        if s not in self.streams:
+            self.streams.append(s)
 
-def _free_quietly(runtime, ptr):
-    if ptr:
-        try:
+
+# Streams StreamPool destroyed after their work finished: an allocation last used on one is freed on
+# the null stream instead (a destroyed handle must not reach the driver). A set of ints: add, discard
+# and membership need no lock, and finalizers read it.
+_retired_streams: set = set()
+
+
+def retire_stream(stream) -> None:
+    """`stream` was synchronised and destroyed: frees due on it go to the null stream."""
+    _retired_streams.add(int(stream))
+
+
+def revive_stream(stream) -> None:
+    """A new stream got a handle a destroyed one had (drivers reuse them)."""
+    _retired_streams.discard(int(stream))
+
+
+def _release(runtime, ptr, streams):
+    """Finalizer of an _Allocation. cuMemFree/hipFree give no promise about kernels still queued that
+    read the memory (and where they wait, they stall the whole device, here from a finalizer), so the
+    free is stream-ordered: on the stream the memory was made for, after events that order it behind
+    the work of every other stream it was used on. Nothing blocks and no lock is taken."""
+    if not ptr:
+        return
+    try:
+        free_async = getattr(runtime, "free_async", None)
+        if free_async is None:   # a runtime without the interface's stream-ordered free
             runtime.free(ptr)
-        except Exception:
-            pass
+            return
+        live = [s for s in list(streams) if s not in _retired_streams] or [0]
+        home = live[0]
+        for s in live[1:]:
+            event = runtime.event_create()
+            try:
+                runtime.event_record(event, s)
+                runtime.stream_wait_event(home, event)
+            finally:
+                runtime.event_destroy(event)   # the wait holds what it needs
+        free_async(ptr, home)
+    except Exception:
+        pass
 
 
 class DeviceArray:
@@ -89,7 +132,7 @@ class DeviceArray:
         runtime = _runtime_or_default(runtime)
         shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        alloc = _Allocation(runtime, nbytes)
+        alloc = _Allocation(runtime, nbytes, stream)
         return cls(alloc.ptr, shape, dtype, runtime, owner=alloc, stream=stream)
 
     @classmethod
@@ -173,6 +216,27 @@ class DeviceArray:
     def __repr__(self):
         return (f"DeviceArray(shape={self.shape}, dtype={self.dtype}, ptr=0x{self.ptr:x}, "
                 f"device={self.device})")
+
+    def record_stream(self, stream) -> None:
+        """Work on `stream` uses this memory (as torch.Tensor.record_stream): when hipsched's allocation
+        behind it is freed, the free is ordered after the work queued on `stream` by then too. Memory
+        hipsched does not own (a foreign array) is the owner's to keep alive."""
+        alloc = self._allocation()
+        if alloc is not None:
+            alloc.used_on(stream)
+
+    def _allocation(self):
+        """hipsched's allocation behind this array (through views), or None for foreign memory."""
+        owner = self.owner
+        while isinstance(owner, DeviceArray):
+            owner = owner.owner
+        return owner if isinstance(owner, _Allocation) else None
+
+    @property
+    def owns_memory(self) -> bool:
+        """True when hipsched allocated the memory (so frees it, in stream order); False for foreign
+        memory, which its owner frees whenever the last reference to it goes."""
+        return self._allocation() is not None
 
     def reshape(self, *shape) -> "DeviceArray":
         """A view with another shape (same element count, contiguous only)."""
@@ -269,8 +333,9 @@ def to_device(np_array, runtime=None, stream=0, dtype=None) -> DeviceArray:
     done, so the host array may change afterwards."""
     runtime = _runtime_or_default(runtime)
     host = np.ascontiguousarray(np_array, dtype=dtype)
-    out = DeviceArray.empty(host.shape, host.dtype, runtime)
     s = _stream_int(stream)
+    alloc = _Allocation(runtime, host.nbytes, s)   # complete when returned (stream None), made on s
+    out = DeviceArray(alloc.ptr, host.shape, host.dtype, runtime, owner=alloc)
     if host.nbytes:
         runtime.memcpy_htod(out.ptr, host.ctypes.data, host.nbytes, s)
         runtime.stream_synchronize(s)

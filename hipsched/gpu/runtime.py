@@ -8,9 +8,11 @@ A Compiler is separate from a Runtime because compiling needs no device: `python
 compile` and CI use a Compiler alone."""
 from __future__ import annotations
 
+import collections
 import copy
 import ctypes
 import os
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -127,7 +129,55 @@ class Runtime(ABC):
     @abstractmethod
     def malloc(self, nbytes: int) -> int: ...
     @abstractmethod
-    def free(self, ptr: int) -> None: ...
+    def free(self, ptr: int) -> None:
+        """Free at once. Whether the driver first waits for queued work that may still use `ptr` is not
+        promised (cuMemFree "may" synchronise), and where it does it stalls the whole device: memory
+        that queued work may still read goes through free_async instead."""
+
+    def free_async(self, ptr: int, stream: int = 0) -> None:
+        """Free `ptr` once the work queued on `stream` so far has run, without blocking the host or any
+        other stream (cuMemFreeAsync / hipFreeAsync). Work on other streams that uses `ptr` must be
+        ordered before this point of `stream` by the caller (stream_wait_event).
+
+        This fallback, for drivers without a stream-ordered free (or devices without memory pools),
+        is a free list released by events: an event recorded on `stream` now, and `free` once a later
+        call finds it complete. It runs from finalizers, so it takes no lock it could wait on."""
+        event = self.event_create()
+        try:
+            self.event_record(event, stream)
+        except BaseException:
+            self.event_destroy(event)
+            raise
+        self.__dict__.setdefault("_deferred_frees", collections.deque()).append((event, ptr))
+        self.release_deferred_frees()
+
+    def release_deferred_frees(self, wait: bool = False) -> int:
+        """Free what the free_async fallback holds and is complete now (everything, waiting for it,
+        with wait=True); returns how many are still held."""
+        pending = self.__dict__.get("_deferred_frees")
+        if not pending:
+            return 0
+        lock = self.__dict__.setdefault("_deferred_lock", threading.Lock())
+        # One releaser at a time. A finalizer that gets here while its own thread is in the loop (the
+        # collector runs on any allocation) leaves its entry to that loop instead of waiting on it.
+        if not lock.acquire(blocking=False):
+            return len(pending)
+        try:
+            for item in list(pending):
+                event, ptr = item
+                if wait:
+                    self.event_synchronize(event)
+                elif not self.event_query(event):
+                    continue
+                pending.remove(item)
+                try:
+                    self.free(ptr)
+                finally:
+                    self.event_destroy(event)
+        finally:
+            lock.release()
+        return len(pending)
+
     @abstractmethod
     def memcpy_htod(self, dst: int, src_host_ptr: int, nbytes: int, stream: int = 0) -> None:
         """Host -> device; asynchronous on `stream` when the host memory allows, else synchronous."""
@@ -153,6 +203,11 @@ class Runtime(ABC):
     def event_record(self, event: int, stream: int = 0) -> None: ...
     @abstractmethod
     def event_synchronize(self, event: int) -> None: ...
+    def event_query(self, event: int) -> bool:
+        """True when the work recorded before `event` has run (or it was never recorded). Bindings ask
+        the driver without blocking (hipEventQuery / cuEventQuery); this fallback waits."""
+        self.event_synchronize(event)
+        return True
     @abstractmethod
     def event_elapsed_ms(self, start: int, end: int) -> float: ...
     @abstractmethod

@@ -55,6 +55,9 @@ class StreamPool:
         self._phase_index: dict = {}
         self._events: list[int] = []
         self.streams: list[int] = [] if self.sequential else [runtime.stream_create() for _ in range(int(n))]
+        from .memory import revive_stream
+        for s in self.streams:
+            revive_stream(s)
         self._closed = False
 
     def next(self, phase=None) -> int:
@@ -92,10 +95,13 @@ class StreamPool:
         if self._closed:
             return
         self._closed = True
+        from .memory import retire_stream
         errors = []
         for s in self.streams:
             try:
                 self.runtime.stream_synchronize(s)
+                # device arrays last used on it may outlive it: their frees must not name it
+                retire_stream(s)
                 self.runtime.stream_destroy(s)
             except GpuError as e:
                 errors.append(e)
