@@ -1,0 +1,187 @@
+"""Faults on a Dask cluster: a worker killed with SIGKILL in the middle of a distributed top_k.
+
+The test has a LocalCluster of its own (worker processes under nannies, so the killed one restarts), so
+the session's shared cluster never sees a dead worker. The kill point is made deterministic with a gate,
+not with timing: after its first top_k chunk each worker's executor waits for a file that the test
+creates only after the kill, so when the victim dies the job cannot have finished and the victim is
+holding a task that Dask must run again elsewhere. Every wait is bounded (GATE_TIMEOUT_S, DEADLINE_S)."""
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+
+import hipsched as hs  # noqa: E402
+import hipsched.dask as hd  # noqa: E402
+from hipsched.telemetry import schema_path  # noqa: E402
+
+# the executor factory is pickled to the workers by value (it need not be importable there)
+import cloudpickle  # noqa: E402
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+N_CHUNKS, ROWS, D, K = 48, 200, 32, 10
+GATE_TIMEOUT_S = 90.0    # a held top_k call goes ahead after this even if the test never opens the gate
+DEADLINE_S = 120.0       # each wait in the test (a loaded 2-core machine can take a while to spawn a worker)
+
+
+class GatedFactory:
+    """executor_factory: each worker's executor runs its first `free` top_k calls, then holds every
+    further one until the file `gate` exists (at most GATE_TIMEOUT_S). So each worker logs a chunk and
+    then sits in a top_k task until the test has killed its victim: the kill lands mid-job, with a task
+    in flight on the victim, however the scheduler placed the chunks and however loaded the machine is."""
+
+    def __init__(self, gate, free=1):
+        self.gate, self.free = gate, free
+
+    def __call__(self, config):
+        import threading
+        from hipsched import Executor
+        gate, free = self.gate, self.free
+
+        class GatedExecutor(Executor):
+            _calls, _lock = 0, threading.Lock()
+
+            def top_k(self, *args, **kwargs):
+                with self._lock:
+                    n, GatedExecutor._calls = GatedExecutor._calls, GatedExecutor._calls + 1
+                if n >= free:
+                    end = time.monotonic() + GATE_TIMEOUT_S
+                    while not os.path.exists(gate) and time.monotonic() < end:
+                        time.sleep(0.01)
+                return super().top_k(*args, **kwargs)
+
+        return GatedExecutor(config)
+
+
+def _wait(cond, what):
+    end = time.monotonic() + DEADLINE_S
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {DEADLINE_S:.0f} s waiting for {what}")
+
+
+def _complete_lines(path):
+    """The log's complete lines (a line cut by the kill, with no newline after it, is not one)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as fh:
+        data = fh.read()
+    return data.split(b"\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("dask-fault-gate") / "open")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, gate):
+    # processes=True: each worker runs under a Nanny, which restarts it after it dies
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = distributed.Client(cluster, set_as_default=False)   # the session cluster stays the default
+    logs = tmp_path_factory.mktemp("dask-fault-logs")
+    job = hd.setup(client, persist_model=False, telemetry_dir=str(logs), job="fault",
+                   executor_factory=GatedFactory(gate))
+    yield client, os.path.join(str(logs), job)
+    client.close()
+    cluster.close()
+
+
+def _records(path):
+    return [json.loads(x) for x in _complete_lines(path)]
+
+
+def _workers(client):
+    """{worker name: (address, pid)}."""
+    pids = client.run(os.getpid)
+    return {str(w["name"]): (addr, pids[addr]) for addr, w in client.scheduler_info()["workers"].items()
+            if addr in pids}
+
+
+def test_sigkill_mid_top_k_reruns_tasks_and_leaves_a_parseable_log(cluster, gate):
+    jsonschema = pytest.importorskip("jsonschema")
+    client, job_dir = cluster
+    rng = np.random.default_rng(11)
+    T = rng.standard_normal((N_CHUNKS * ROWS, D)).astype(np.float32)
+    q = rng.standard_normal(D).astype(np.float32)
+    T[N_CHUNKS * ROWS - 5] = 3 * q        # the best row, in the last chunk
+    Td = da.from_array(T, chunks=(ROWS, D))
+    assert Td.numblocks == (N_CHUNKS, 1)
+
+    before = _workers(client)
+    assert sorted(before) == ["0", "1"]
+    idx_d, val_d = hd.top_k(q, Td, K)
+    fut_idx, fut_val = client.compute([idx_d, val_d])
+
+    # the victim: a worker that has already run (and logged) some of this top_k's chunks
+    def ran_chunks():
+        counts = {w: len(_complete_lines(os.path.join(job_dir, f"{w}.jsonl"))) for w in before}
+        w = max(counts, key=counts.get)
+        return w if counts[w] else None
+    victim = _wait(ran_chunks, "a worker to log a top_k chunk")
+    addr, pid = before[victim]
+
+    def victim_tasks(dask_scheduler, addr=addr):
+        ws = dask_scheduler.workers.get(addr)
+        return sorted(str(ts.key) for ts in ws.processing) if ws is not None else []
+    # its second top_k call is held at the gate: that chunk task is lost with the process
+    _wait(lambda: [k for k in client.run_on_scheduler(victim_tasks) if "hipsched-top_k-chunk" in k],
+                 "the victim to hold a top_k chunk task")
+    assert not fut_val.done()   # the gate is closed: the job cannot have finished
+    os.kill(pid, signal.SIGKILL)
+    path = os.path.join(job_dir, f"{victim}.jsonl")
+    lines_at_kill = len(_complete_lines(path))
+    open(gate, "w").close()
+
+    idx, val = fut_idx.result(timeout=DEADLINE_S), fut_val.result(timeout=DEADLINE_S)
+    ref_idx, ref_val = hs.top_k(q, T, K)
+    # the victim's tasks ran again elsewhere; the answer is still the single-machine one, bit for bit
+    np.testing.assert_array_equal(idx, ref_idx)
+    np.testing.assert_array_equal(val, ref_val)
+    assert idx[0] == N_CHUNKS * ROWS - 5
+
+    # the nanny restarts the victim under its name, in a new process, with its executor from the plugin
+    def back():
+        w = _workers(client).get(victim)
+        return w if w is not None and w[1] != pid else None
+    restarted = _wait(back, f"worker {victim} to restart")
+    info = client.run(hd.worker_info, workers=[restarted[0]])[restarted[0]]
+    assert info["worker"] == victim and info["pid"] == restarted[1]
+    # a small top_k on the restarted worker appends to the same log under a new run id
+    small = da.from_array(T[:400], chunks=(100, D))
+    old_run = _records(path)[0]["run"]
+    hd.flush_telemetry(client)
+
+    def new_run_lines():
+        return sum(r["run"] != old_run for r in _records(path))
+    n_new = new_run_lines()   # reruns of the big job's chunks, if the restart came back in time
+    idx2 = client.compute(hd.top_k(q, small, 3)[0], workers=[restarted[0]]).result(timeout=DEADLINE_S)
+    np.testing.assert_array_equal(idx2, hs.top_k(q, T[:400], 3)[0])
+    hd.flush_telemetry(client)
+
+    validator = jsonschema.Draft202012Validator(json.load(open(schema_path())))
+    _wait(lambda: new_run_lines() >= n_new + 4, "the small top_k's 4 chunks in the restarted worker's log")
+    lines = _complete_lines(path)
+    runs = []
+    for raw in lines:
+        # Every complete line parses. The writer appends each batch with one write(), which a kill does
+        # not cut short at these sizes (one or two events per 20 ms batch, far below a page), so not
+        # even the fragment a cut would leave (and the newline the next run puts after it) is excused.
+        rec = json.loads(raw)
+        validator.validate(rec)
+        assert (rec["worker"], rec["job"]) == (victim, "fault")
+        if not runs or runs[-1] != rec["run"]:
+            runs.append(rec["run"])
+    # the first run's lines, then the restarted run's: appended, not interleaved or rewritten
+    assert len(runs) == len(set(runs)) >= 2
+    assert lines_at_kill >= 1 and len(lines) > lines_at_kill
+    assert runs[0] == old_run and new_run_lines() == n_new + 4   # the small top_k's 4 chunks, once each
