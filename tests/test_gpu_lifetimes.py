@@ -5,8 +5,12 @@ memory. Each test fails on code that frees or reads too early instead of passing
 - Temporaries a call frees while its kernels are still queued: spreading's accumulators, top_k's
   buffers too large to keep, qmatmul's alignment copy, a scratch buffer replaced by a larger one, an
   upload in a call that mixes host and device inputs. Freed in stream order now (Runtime.free_async),
-  after the work of every stream that used them (DeviceArray.record_stream)."""
+  after the work of every stream that used them (DeviceArray.record_stream).
+- Foreign arrays: a producer writing on a non-blocking stream (PyTorch exports CAI version 2, without a
+  stream; its DLPack handshake orders our stream), and a caller dropping its tensor right after the
+  call while our kernels that read it are queued (held until an event says they ran)."""
 import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -15,7 +19,7 @@ import gpu_emulator
 from hipsched import Executor, quantize
 from hipsched.backends.cpu import CpuBackend
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu import context
+from hipsched.gpu import context, dlpack
 from hipsched.gpu.memory import DeviceArray, to_device
 from hipsched.gpu.streams import StreamPool
 from hipsched.ops import OPS
@@ -165,3 +169,100 @@ def test_frees_after_the_pool_destroyed_the_stream(rt, kernel_dir, tmp_path, rng
         gc.collect()
         np.testing.assert_array_equal(got, 3 * x_host)
         no_memcheck(rt)
+
+
+# ---------------------------------------------------------------------- foreign arrays
+
+class TorchLikeTensor:
+    """What PyTorch offers for a CUDA tensor, on the emulator: __cuda_array_interface__ version 2 (no
+    stream) and __dlpack__(stream=...), which makes the consumer's stream wait for the tensor's stream
+    with an event (None or 1: the legacy default stream). Its memory comes from its own allocator,
+    which reuses it the moment the tensor goes: freed (poisoned) in __del__."""
+
+    def __init__(self, rt, host, stream, write_after=0.3):
+        self.rt, self.stream, self.shape = rt, stream, host.shape
+        self.ptr = rt.malloc(host.nbytes)
+        self.dlpack_streams = []
+        rt.stall(stream, write_after)       # a long kernel first: the data lands late
+        rt.memcpy_htod(self.ptr, host.ctypes.data, host.nbytes, stream)
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": "<f4", "data": (self.ptr, False), "version": 2, "strides": None}
+
+    def __dlpack_device__(self):
+        return (dlpack.kDLCUDA, 0)
+
+    def __dlpack__(self, stream=None):
+        self.dlpack_streams.append(stream)
+        consumer = 0 if stream in (None, 1) else stream
+        if consumer != self.stream:
+            event = self.rt.event_create()
+            self.rt.event_record(event, self.stream)
+            self.rt.stream_wait_event(consumer, event)
+            self.rt.event_destroy(event)
+        return dlpack.make_capsule(self.ptr, self.shape, None, np.float32, (dlpack.kDLCUDA, 0), owner=self)
+
+    def __del__(self):
+        self.rt.free(self.ptr)
+
+
+def test_producer_on_a_non_blocking_stream_is_waited_for(rt, kernel_dir, tmp_path, rng):
+    host = rng.standard_normal(300).astype(np.float32)
+    producer = rt.stream_create()
+    with executor(rt, kernel_dir, tmp_path) as ex:
+        ex.scale(host, 1.0, backend="gpu")   # compiled first: compiling would outlast the producer
+        t = TorchLikeTensor(rt, host, producer)
+        np.testing.assert_array_equal(ex.scale(t, 2.0, backend="gpu").get(), 2 * host)   # the null stream
+        assert t.dlpack_streams == [None]
+        with StreamPool(rt, n=1) as pool:
+            s = pool.next()
+            t = TorchLikeTensor(rt, host, producer)
+            np.testing.assert_array_equal(ex.scale(t, 3.0, backend="gpu", stream=s).get(), 3 * host)
+            assert t.dlpack_streams == [s]       # the handshake named the stream that read it
+        no_memcheck(rt)
+
+
+def test_foreign_input_dropped_right_after_the_call(rt, kernel_dir, tmp_path, rng):
+    host = rng.standard_normal(300).astype(np.float32)
+    with executor(rt, kernel_dir, tmp_path) as ex, StreamPool(rt, n=1) as pool:
+        s = pool.next()
+        t = TorchLikeTensor(rt, host, s, write_after=0)
+        gone = weakref.ref(t)
+        out = ex.scale(t, 2.0, backend="gpu", stream=s)
+        del t         # the caller is done with it; our kernel is still queued on s
+        gc.collect()
+        np.testing.assert_array_equal(out.get(), 2 * host)
+        assert gone() is not None                # held until a call finds the kernel has read it ...
+        ex.scale(np.ones(4, np.float32), 1.0, backend="gpu", stream=s)   # ... and let go by a later call
+        gc.collect()
+        assert gone() is None
+        no_memcheck(rt)
+
+
+def test_foreign_input_of_a_failed_call_is_held_too(rt, kernel_dir, rng, monkeypatch):
+    """A call that fails half way has launched kernels that read the input: hold it all the same."""
+    be = backend(rt, kernel_dir)
+    host = rng.standard_normal(64).astype(np.float32)
+    t = TorchLikeTensor(rt, host, 0, write_after=0)
+    gone = weakref.ref(t)
+    from hipsched.gpu import ops_basic
+    real = ops_basic.scale
+
+    def scale_then_fail(ctx, call, stream):
+        real(ctx, call, stream)
+        raise RuntimeError("after the launch")
+    monkeypatch.setitem(be._fns, "scale", scale_then_fail)
+    call = OPS["scale"].prepare(t, 2.0)
+    del t
+    with pytest.raises(Exception, match="after the launch"):
+        be.run(call)
+    del call
+    gc.collect()
+    assert gone() is not None
+    rt.synchronize()
+    be._ctx.reap()
+    gc.collect()
+    assert gone() is None
+    no_memcheck(rt)
+    be.close()

@@ -207,11 +207,13 @@ class GpuBackend:
     def run(self, call, stream=None):
         if not self._still_available():
             raise GpuError("unavailable", self.unavailable_reason or "no GPU")
+        s = None
         try:
             from ..gpu.streams import as_stream_handle
+            s = as_stream_handle(stream)
             if call.on_device:
                 self._check_devices(call.args)
-            return self._impl(call.op)(self._ctx, call, as_stream_handle(stream))
+            return self._impl(call.op)(self._ctx, call, s)
         except GpuError as e:
             if e.kind == "unavailable":
                 self._disable(str(e).split("] ", 1)[-1])
@@ -220,6 +222,13 @@ class GpuBackend:
             raise GpuError("oom", f"{call.op} on the GPU: {e}") from e
         except Exception as e:
             raise GpuError("runtime", f"{call.op} on the GPU: {type(e).__name__}: {e}") from e
+        finally:
+            # Device inputs: the call returns with kernels reading them still queued (also when it
+            # failed half way), and the caller may drop them at once, so they are held until then;
+            # every call lets go of what earlier calls held and has run by now.
+            keep_alive = getattr(self._ctx, "keep_alive", None)
+            if s is not None and keep_alive is not None:
+                keep_alive(call.args if call.on_device else (), s)
 
     def measure_transfer(self, small: int = 4, large: int = 16 << 20, repeat: int = 7) -> dict:
         """Latency (a `small`-byte copy) and bandwidth (a `large`-byte copy) each way, medians of

@@ -13,6 +13,7 @@ Every launch is checked against the limits of the target the kernel was compiled
 refuse raises GpuError("unsupported", name="launch-limit-<limit>") before it is made."""
 from __future__ import annotations
 
+import collections
 import ctypes
 import threading
 from typing import NamedTuple
@@ -21,8 +22,22 @@ import numpy as np
 
 # Temporaries up to this size are kept per stream and reused (see GpuContext.scratch).
 SCRATCH_KEEP_BYTES = 64 << 20
+# Calls whose inputs are held (keep_alive) before the oldest is waited for: a caller that never
+# synchronises must not make the list grow without bound.
+MAX_HELD_CALLS = 256
 # Grid-stride kernels need only enough blocks to fill the device; more just adds scheduling work.
 _BLOCKS_PER_CU = 16
+
+
+def _foreign_inputs(args) -> list:
+    """The device arrays among a call's arguments (nested tuples too) whose memory hipsched does not own."""
+    found = []
+    for a in args:
+        if isinstance(a, (tuple, list)):
+            found += _foreign_inputs(a)
+        elif not isinstance(a, np.ndarray) and hasattr(a, "ptr") and not getattr(a, "owns_memory", False):
+            found.append(a)
+    return found
 
 
 def _as_dim3(v) -> tuple[int, int, int]:
@@ -82,6 +97,9 @@ class GpuContext:
         self._blas_tried = False
         self._blas_lock = threading.Lock()
         self._scratch = threading.local()  # per thread: see scratch()
+        self._held = collections.deque()   # (event, inputs) per call: see keep_alive
+        self._held_lock = threading.Lock()  # host threads only; no finalizer takes it
+        self._spare_events: list[int] = []
 
     # ------------------------------------------------------------------ kernels
     def function(self, source: str, kernel: str) -> int:
@@ -168,6 +186,59 @@ class GpuContext:
         finally:
             self.rt.event_destroy(event)   # released once the wait has been satisfied
 
+    def keep_alive(self, args, stream) -> None:
+        """Hold a call's device inputs whose memory hipsched does not own (foreign arrays, or ours behind
+        a foreign wrapper) until the work queued on `stream` so far has run. The call returns with
+        kernels that read them still queued, the caller may drop its last reference at once, and its
+        library's caching allocator would then give the memory to its next kernel while ours still
+        reads it. Released by a later call once an event says the work ran, by synchronize() or by
+        close(); if no event can be recorded the stream is synchronised instead."""
+        inputs = _foreign_inputs(args)
+        self.reap()
+        if not inputs:
+            return
+        s = int(stream or 0)
+        try:
+            event = self._spare_events.pop() if self._spare_events else self.rt.event_create()
+            self.rt.event_record(event, s)
+        except Exception:
+            try:
+                self.rt.stream_synchronize(s)
+            except Exception:
+                pass
+            return
+        with self._held_lock:
+            self._held.append((event, inputs))
+            over = len(self._held) > MAX_HELD_CALLS
+        if over:
+            self.reap(wait_oldest=True)
+
+    def reap(self, wait_oldest: bool = False, wait_all: bool = False) -> None:
+        """Let go of held inputs whose work has run (waiting for the oldest, or for all, first)."""
+        with self._held_lock:
+            entries = list(self._held)
+        if not entries:
+            return
+        query = getattr(self.rt, "event_query", None)
+        finished = []
+        for i, entry in enumerate(entries):
+            try:
+                if wait_all or (wait_oldest and i == 0) or query is None:
+                    self.rt.event_synchronize(entry[0])
+                elif not query(entry[0]):
+                    continue
+            except Exception:
+                pass   # a failed device: nothing will run any more, so nothing still reads them
+            finished.append(entry)
+        with self._held_lock:
+            for entry in finished:
+                try:
+                    self._held.remove(entry)   # another thread may have let it go already
+                except ValueError:
+                    continue
+                self._spare_events.append(entry[0])
+        # the inputs are let go here, outside the lock: their finalizers (a DLPack deleter) run now
+
     def upload_raw(self, arr: np.ndarray, stream):
         """A fresh device copy of any host array (uint8 blocks, int32 indices, ...), not cached."""
         from .memory import to_device
@@ -253,9 +324,18 @@ class GpuContext:
 
     def synchronize(self, stream: int = 0) -> None:
         self.rt.stream_synchronize(int(stream or 0))
+        self.reap()
 
     def close(self) -> None:
-        """Drop device copies, the BLAS handle and the loaded modules (the runtime stays usable)."""
+        """Drop device copies, the BLAS handle and the loaded modules (the runtime stays usable); let go
+        of held inputs once their work has run."""
+        self.reap(wait_all=True)
+        for event in self._spare_events:
+            try:
+                self.rt.event_destroy(event)
+            except Exception:
+                pass
+        self._spare_events = []
         self.resident.clear()
         self._scratch = threading.local()  # every thread's buffers go with the old one
         if self._blas is not None:

@@ -3,6 +3,8 @@ and the resident cache that keeps device copies of host arrays reused across cal
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import os
 import threading
 import weakref
@@ -13,6 +15,22 @@ from ..errors import GpuError
 from . import dlpack
 
 DEFAULT_RESIDENT_BYTES = 1 << 30
+
+# The stream the current call will read foreign arrays on (see consumer_stream); None: not known.
+_consumer = contextvars.ContextVar("hipsched_consumer_stream", default=None)
+
+
+@contextlib.contextmanager
+def consumer_stream(stream):
+    """Within the block, DeviceArray.from_external takes foreign arrays for reading on `stream` (any
+    object as_stream_handle accepts): the Executor sets it for a call given a stream, so a DLPack
+    producer orders exactly that stream after its pending writes."""
+    from .streams import as_stream_handle
+    token = _consumer.set(as_stream_handle(stream))
+    try:
+        yield
+    finally:
+        _consumer.reset(token)
 
 
 def _runtime_or_default(runtime):
@@ -136,28 +154,47 @@ class DeviceArray:
         return cls(alloc.ptr, shape, dtype, runtime, owner=alloc, stream=stream)
 
     @classmethod
-    def from_external(cls, obj, runtime=None) -> "DeviceArray":
-        """Zero-copy view of a GPU array from another library (CAI v2/v3 or DLPack); keeps `obj` alive.
-        Raises GpuError("unsupported") for host arrays and non-contiguous layouts."""
+    def from_external(cls, obj, runtime=None, stream=None) -> "DeviceArray":
+        """Zero-copy view of a GPU array from another library (DLPack or CAI v2/v3); keeps `obj` alive.
+        Raises GpuError("unsupported") for host arrays and non-contiguous layouts.
+
+        `stream` is the stream that will read the array (None: the one consumer_stream set, else the
+        legacy default stream). DLPack comes first where the object offers it on a GPU, because its
+        handshake, `__dlpack__(stream=...)`, is where the producer orders the reading stream after its
+        own pending writes; __cuda_array_interface__ only names the producer's stream in version 3, and
+        PyTorch exports version 2, without one, so nothing would order our reads after its kernels."""
         if isinstance(obj, DeviceArray):
             return obj
+        if stream is None:
+            stream = _consumer.get()
+        dev = _dlpack_device(obj)
+        if dev is not None and dev[0] in dlpack.GPU_DEVICE_TYPES:
+            return cls._from_dlpack(obj, runtime, stream)
         cai = getattr(obj, "__cuda_array_interface__", None)
         if cai is not None:
             return cls._from_cai(obj, cai, runtime)
-        if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-            dev = tuple(obj.__dlpack_device__())
-            if dev[0] not in dlpack.GPU_DEVICE_TYPES:
-                raise GpuError("unsupported", f"DLPack object lives on device type {dev[0]}, not a GPU "
-                                              f"(use a host array instead)")
-            tensor = dlpack.ConsumedTensor(obj.__dlpack__())
-            # Asked with stream=None, the producer makes the data ready for the legacy default stream
-            # (the null stream, 0) only: work on any other stream must be ordered after that stream.
-            return cls._checked(tensor.ptr, tensor.shape, tensor.dtype,
-                                None if tensor.strides is None else
-                                tuple(s * tensor.dtype.itemsize for s in tensor.strides),
-                                runtime, owner=(tensor, obj), stream=0, device=tensor.device)
+        if dev is not None:
+            raise GpuError("unsupported", f"DLPack object lives on device type {dev[0]}, not a GPU "
+                                          f"(use a host array instead)")
         raise GpuError("unsupported", f"{type(obj).__name__} exposes neither __cuda_array_interface__ nor "
                                       f"DLPack on a GPU")
+
+    @classmethod
+    def _from_dlpack(cls, obj, runtime, stream):
+        # The stream is passed as the protocol spells it: None for our null stream (the legacy default
+        # stream on CUDA and ROCm alike), else the handle.
+        reader = None if stream is None else int(stream)
+        try:
+            capsule = obj.__dlpack__() if not reader else obj.__dlpack__(stream=reader)
+        except TypeError:   # a producer that predates the stream argument orders the legacy stream
+            capsule, reader = obj.__dlpack__(), None
+        tensor = dlpack.ConsumedTensor(capsule)
+        # The data is ready for `reader` (without one, for the legacy default stream, the null stream
+        # 0): other streams must be ordered after it, which is what `stream` tells GpuContext.upload.
+        return cls._checked(tensor.ptr, tensor.shape, tensor.dtype,
+                            None if tensor.strides is None else
+                            tuple(s * tensor.dtype.itemsize for s in tensor.strides),
+                            runtime, owner=(tensor, obj), stream=reader or 0, device=tensor.device)
 
     @classmethod
     def _from_cai(cls, obj, cai, runtime):
@@ -321,6 +358,16 @@ def _on_own_device(runtime, ptr, device):
     if device is None:
         device = (dlpack.kDLROCM if getattr(runtime, "platform", "nvidia") == "amd" else dlpack.kDLCUDA, index)
     return runtime, device
+
+
+def _dlpack_device(obj):
+    """`obj.__dlpack_device__()` as a tuple, or None when it has no DLPack (or cannot say)."""
+    if not (hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")):
+        return None
+    try:
+        return tuple(obj.__dlpack_device__())
+    except Exception:
+        return None
 
 
 def _stream_int(stream) -> int:
