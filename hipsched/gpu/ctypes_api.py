@@ -128,7 +128,9 @@ class CtypesRuntime(Runtime):
         self._device = 0
         # Shared by every for_device() view: one retained primary context per device.
         self._contexts: dict[int, int] = {}
-        self._ctx_lock = threading.Lock()
+        # Reentrant: free() runs from finalizers, and the collector may run one on a thread that is
+        # inside _primary_context (any allocation can trigger it); a second retain is harmless.
+        self._ctx_lock = threading.RLock()
         self._bind_context_calls()
         self._bind_optional()
         self._compiler = None

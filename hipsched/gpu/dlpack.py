@@ -4,7 +4,6 @@ which every producer still accepts when `max_version` is not passed."""
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import numpy as np
 
@@ -56,14 +55,16 @@ _NAME = ctypes.c_char_p(b"dltensor")
 _USED = ctypes.c_char_p(b"used_dltensor")
 
 # Exported tensors alive in other libraries: address of the DLManagedTensor -> (struct, owner).
+# No lock: the deleter and the capsule destructor run from the collector and from other libraries'
+# finalizers, on whatever thread, possibly one in the middle of registering an export, and each
+# access is one dict operation, atomic on its own. The entry popped is let go after the pop, so the
+# owner's own finalizers (which may release other capsules) see a consistent dict.
 _exported: dict[int, tuple] = {}
-_exported_lock = threading.Lock()
 
 
 @_Deleter
 def _deleter(managed):
-    with _exported_lock:
-        _exported.pop(ctypes.cast(managed, ctypes.c_void_p).value, None)
+    _exported.pop(ctypes.cast(managed, ctypes.c_void_p).value, None)
 
 
 def _capsule_destructor_impl(capsule_ptr):
@@ -71,8 +72,7 @@ def _capsule_destructor_impl(capsule_ptr):
     # calls the deleter itself; an unconsumed one still owns its tensor, so release it here.
     if _raw_is_valid(capsule_ptr, _NAME):
         addr = _raw_get_pointer(capsule_ptr, _NAME)
-        with _exported_lock:
-            _exported.pop(addr, None)
+        _exported.pop(addr, None)
 
 
 _capsule_destructor = _CapsuleDestructor(_capsule_destructor_impl)
@@ -108,8 +108,7 @@ def make_capsule(ptr: int, shape, strides_elems, dtype, device: tuple[int, int],
     m.manager_ctx = None
     m.deleter = _deleter
     addr = ctypes.addressof(m)
-    with _exported_lock:
-        _exported[addr] = (m, shape_arr, strides_arr, owner)
+    _exported[addr] = (m, shape_arr, strides_arr, owner)
     return _api.PyCapsule_New(addr, _NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
 
 

@@ -438,17 +438,42 @@ class ResidentCache:
         self.max_bytes = int(max_bytes)
         self._entries: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.bytes = 0
+        # (key, weakref) of entries whose host array died. The collector runs weakref callbacks on
+        # whatever thread allocates, which may be inside `with self._lock` here (fingerprint, nbytes
+        # and the entry tuples allocate) and the lock is not reentrant: the callback only queues the
+        # key (a deque append needs no lock) and the next operation drops it, as CPython's
+        # WeakValueDictionary does with _pending_removals.
+        self._pending = collections.deque()
+        self._bytes = 0
         self.hits = 0
         self.misses = 0
 
-    def _lookup(self, host: np.ndarray):
+    @property
+    def bytes(self) -> int:
+        """Device bytes held now."""
+        with self._lock:
+            dropped = self._purge()
+        del dropped
+        return self._bytes
+
+    def _purge(self) -> list:
+        """Drop the entries the collector queued (under the lock). Returns what was dropped, for the
+        caller to let go of after releasing the lock: freeing device memory runs finalizers."""
+        dropped = []
+        while self._pending:
+            key, ref = self._pending.popleft()
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] is ref:   # not a newer entry under a recycled id()
+                dropped.append(self._drop(key))
+        return dropped
+
+    def _lookup(self, host: np.ndarray, dropped: list):
         entry = self._entries.get(id(host))
         if entry is None:
             return None
         ref, stamp, dev = entry
         if ref() is not host or stamp != fingerprint(host):
-            self._drop(id(host))
+            dropped.append(self._drop(id(host)))
             return None
         return dev
 
@@ -457,58 +482,71 @@ class ResidentCache:
         if not isinstance(host, np.ndarray):
             return False
         with self._lock:
-            return self._lookup(host) is not None
+            dropped = self._purge()
+            resident = self._lookup(host, dropped) is not None
+        return resident
 
     def get(self, host: np.ndarray, stream=0) -> DeviceArray:
         """The device copy of `host`: reused if resident and unchanged, else uploaded (and kept if it
         fits in max_bytes)."""
         with self._lock:
-            dev = self._lookup(host)
+            dropped = self._purge()
+            dev = self._lookup(host, dropped)
             if dev is not None:
                 self._entries.move_to_end(id(host))
                 self.hits += 1
                 return dev
-        self.misses += 1
+            self.misses += 1
+        del dropped
+        # stamped before the copy: a change made while it runs must not be taken for what was copied
+        stamp = fingerprint(host)
         dev = to_device(host, self.runtime, stream)
-        if dev.nbytes > self.max_bytes or not host.flags.c_contiguous:
+        nbytes = dev.nbytes
+        if nbytes > self.max_bytes or not host.flags.c_contiguous:
             return dev
         try:
             ref = weakref.ref(host, self._on_collect(id(host)))
         except TypeError:   # objects without weakref support are never cached
             return dev
+        entry = (ref, stamp, dev)
         with self._lock:
-            self._drop(id(host))
-            while self._entries and self.bytes + dev.nbytes > self.max_bytes:
-                self._drop(next(iter(self._entries)))
-            self._entries[id(host)] = (ref, fingerprint(host), dev)
-            self.bytes += dev.nbytes
+            dropped = self._purge()
+            dropped.append(self._drop(id(host)))
+            while self._entries and self._bytes + nbytes > self.max_bytes:
+                dropped.append(self._drop(next(iter(self._entries))))
+            self._entries[id(host)] = entry
+            self._bytes += nbytes
         return dev
 
     def _on_collect(self, key):
-        this = weakref.ref(self)
+        pending = self._pending   # not the cache: a callback must not keep it alive
 
         def callback(ref):
-            cache = this()
-            if cache is not None:
-                with cache._lock:
-                    entry = cache._entries.get(key)
-                    if entry is not None and entry[0] is ref:
-                        cache._drop(key)
+            pending.append((key, ref))
         return callback
 
     def _drop(self, key):
+        """Remove an entry (under the lock) and return it: the caller lets go of it after unlocking."""
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self.bytes -= entry[2].nbytes
+            self._bytes -= entry[2].nbytes
+        return entry
 
     def invalidate(self, host) -> None:
         with self._lock:
-            self._drop(id(host))
+            dropped = self._purge()
+            dropped.append(self._drop(id(host)))
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-            self.bytes = 0
+            dropped, self._entries = self._entries, collections.OrderedDict()
+            self._pending.clear()
+            self._bytes = 0
+        del dropped
 
     def __len__(self):
-        return len(self._entries)
+        with self._lock:
+            dropped = self._purge()
+            n = len(self._entries)
+        del dropped
+        return n
