@@ -12,9 +12,6 @@ from hipsched.errors import GpuError
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 
-POISON = np.frombuffer(b"\xff" * 4, np.float32)[0]
-
-
 @pytest.fixture
 def rt():
     runtime = gpu_emulator.EmuRuntime(32, asynchronous=True, delay=0.005)
