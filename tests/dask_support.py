@@ -2,8 +2,10 @@
 gives chosen workers the fake GPU (tests/fake_gpu.py). Worker processes are spawned and cannot import
 this tests/ folder, so this module is pickled by value (cloudpickle) and the factory puts the folder on
 the worker's sys.path before it imports fake_gpu there."""
+import contextlib
 import os
 import sys
+import time
 
 import cloudpickle
 
@@ -37,3 +39,20 @@ class FakeGpuFactory:
         cost = self.gpu_cost_us
         fail = (lambda call: "launch") if name in self.fail_workers else None
         return Executor(config, gpu_backend=FakeGpuBackend(cost_us=(lambda call: cost) if cost else None, fail=fail))
+
+
+@contextlib.contextmanager
+def no_task_runs(client, settle_s=30.0):
+    """Asserts the block ran no task on `client`'s cluster (bad input must fail on the client). Earlier
+    tests' results are released in the background, so it first waits for the scheduler to hold none."""
+    def state(dask_scheduler):
+        return len(dask_scheduler.tasks), dask_scheduler.transition_counter
+
+    end = time.monotonic() + settle_s
+    before = client.run_on_scheduler(state)
+    while before[0] and time.monotonic() < end:
+        time.sleep(0.05)
+        before = client.run_on_scheduler(state)
+    assert before[0] == 0, f"the scheduler still holds {before[0]} tasks of earlier tests"
+    yield
+    assert client.run_on_scheduler(state) == before, "a task ran on the cluster"

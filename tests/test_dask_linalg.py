@@ -19,6 +19,7 @@ pytest.importorskip("distributed", reason="distributed is not installed (pip ins
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
+import dask_support  # noqa: E402
 from dask_support import FakeGpuFactory  # noqa: E402
 from hipsched.ops.quant import QuantizedTensor  # noqa: E402
 
@@ -39,19 +40,8 @@ def job(dask_client):
 
 @pytest.fixture
 def no_task_runs(dask_client):
-    """Asserts the block ran no task on the cluster (bad input must fail on the client)."""
-    import time
-
-    def state(dask_scheduler):
-        return len(dask_scheduler.tasks), dask_scheduler.transition_counter
-
-    # the earlier tests' results are released in the background: start once the scheduler holds no task
-    end = time.monotonic() + 30
-    while (before := dask_client.run_on_scheduler(state))[0] and time.monotonic() < end:
-        time.sleep(0.05)
-    assert before[0] == 0, "the scheduler still holds tasks of earlier tests"
-    yield
-    assert dask_client.run_on_scheduler(state) == before
+    with dask_support.no_task_runs(dask_client):
+        yield
 
 
 rng = np.random.default_rng(21)
