@@ -1,0 +1,172 @@
+"""Distributed top_k: hipsched.dask.top_k over 1,000,000 x 768 float32, k=10, on a 2-worker LocalCluster
+(1 thread each) against (a) one Executor with 2 threads on the same data in this process and (b) plain
+Dask on the same cluster (da.argtopk of T @ q: a bare dot, no norms). Targets: within 1.3x of (a) (the
+cost of Dask itself, on a 2-core machine) and >= 2x faster than (b).
+
+The corpus is generated on the workers (da.random with a fixed seed, persisted there) and the same graph
+is computed here with the threaded scheduler for (a): the same chunks with the same seeds give the same
+bits, which the script checks (a sample of rows, and top_k results equal bit for bit). Other chunk sizes
+are rechunks of that persisted corpus, so every row of the table scans identical data.
+
+Per-chunk task overhead: for each chunk size one more run with the workers' telemetry cleared first;
+overhead per chunk = (workers x wall - sum of the chunk kernels' own durations) / chunks, the worker time
+not spent in a chunk's top_k kernel (scheduling, transfers, the merge tree, imbalance), per chunk.
+
+Usage: python bench/distributed.py [--n 1000000] [--chunks 4000,15625,62500,250000] [--repeat 5]
+Tables printed and written to bench/results/distributed.md, with the machine's load average."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+# one Executor "with 2 threads": the kernels' OpenMP team in this process (set before hipsched loads).
+# The workers get OMP_NUM_THREADS=1 from the nanny (distributed's pre-spawn environment): 1 thread each.
+os.environ.setdefault("HIPSCHED_NUM_THREADS", "2")
+# Run as a script, this file's folder is sys.path[0], where its own name would hide the `distributed`
+# package: drop the folder and load the harness by path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+_spec = importlib.util.spec_from_file_location("harness", os.path.join(_HERE, "harness.py"))
+harness = sys.modules["harness"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(harness)   # also puts an in-place build first on sys.path
+fmt_time = harness.fmt_time
+
+D, K, SEED = 768, 10, 20261122
+
+
+def _load():
+    with open("/proc/loadavg") as fh:
+        return " ".join(fh.read().split()[:3])
+
+
+def _kernel_us(dask_worker):
+    """(chunks, summed duration_us) of the top_k events this worker's executor recorded."""
+    import hipsched.dask as hd
+    ex = dask_worker.plugins[hd.PLUGIN_NAME].executor
+    ev = [e for e in ex.events if e["op"] == "top_k"]
+    return len(ev), sum(e["duration_us"] or 0.0 for e in ev)
+
+
+def _clear(dask_worker):
+    import hipsched.dask as hd
+    dask_worker.plugins[hd.PLUGIN_NAME].executor.telemetry.clear()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=1_000_000)
+    p.add_argument("--chunks", default="4000,15625,62500,250000", help="rows per chunk, comma-separated")
+    p.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args(argv)
+    n, sizes = args.n, [int(s) for s in args.chunks.split(",")]
+
+    import dask
+    import dask.array as da
+    from distributed import Client, LocalCluster, wait
+
+    import hipsched as hs
+    import hipsched.dask as hd
+
+    load_start = _load()
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                           env={"HIPSCHED_NUM_THREADS": "1"})
+    client = Client(cluster)
+    try:
+        hd.setup(client, persist_model=False, job="bench-distributed")
+        base_rows = sizes[len(sizes) // 2] if len(sizes) > 1 else sizes[0]
+        graph = da.random.default_rng(SEED).standard_normal((n, D), chunks=(base_rows, D), dtype=np.float32)
+        t0 = time.perf_counter()
+        base = graph.persist()
+        wait(base)
+        t_gen = time.perf_counter() - t0
+        T_local = graph.compute(scheduler="threads")   # the same graph: the same bits, here
+        sample = np.random.default_rng(1).choice(n, 64, replace=False)
+        assert np.array_equal(base.vindex[sample].compute(), T_local[sample]), "cluster and local corpora differ"
+        q = np.random.default_rng(SEED + 1).standard_normal(D).astype(np.float32)
+        ex = hs.Executor(persist_model=False, telemetry_enabled=False)
+        ref_idx, ref_val = ex.top_k(q, T_local, K, backend="cpu")
+        feats = hs.cpu_features()
+        print(f"corpus {n} x {D} float32 ({4 * n * D / 2**30:.2f} GiB) generated on the workers in {t_gen:.1f} s; "
+              f"local copy checked; load average {load_start}", flush=True)
+
+        rows, over = [], []
+        for rows_per_chunk in sizes:
+            T = base if rows_per_chunk == base_rows else base.rechunk((rows_per_chunk, D)).persist()
+            wait(T)
+            chunks = T.numblocks[0]
+
+            def ours():
+                return dask.compute(*hd.top_k(q, T, K))
+
+            def single():
+                return ex.top_k(q, T_local, K, backend="cpu")
+
+            def plain():
+                return da.argtopk(T @ q, K).compute()
+
+            idx, val = ours()
+            assert np.array_equal(idx, ref_idx) and np.array_equal(val, ref_val), "hd.top_k differs from one machine"
+            single()
+            # the peer answers its own question (the largest dots, not cosines): check it against NumPy's
+            assert set(plain().tolist()) == set(np.argpartition(-(T_local @ q), K)[:K].tolist()), "plain Dask differs"
+            to, ts, tp = [], [], []
+            for _ in range(args.repeat):   # interleaved: drift on this shared machine hits all three alike
+                for f, acc in ((ours, to), (single, ts), (plain, tp)):
+                    t = time.perf_counter()
+                    f()
+                    acc.append(time.perf_counter() - t)
+            mo, ms, mp = (float(np.median(x)) for x in (to, ts, tp))
+            # one more run with the kernels' own durations: what is left of the workers' time is overhead
+            client.run(_clear)
+            t = time.perf_counter()
+            ours()
+            wall = time.perf_counter() - t
+            per = client.run(_kernel_us)
+            n_ev = sum(c for c, _ in per.values())
+            kern = sum(us for _, us in per.values()) / 1e6
+            workers = len(per)
+            overhead = (workers * wall - kern) / chunks
+            shape = f"k={K}, q({D}) x T({n},{D}), {chunks} chunks of {rows_per_chunk} rows"
+            gbs = 4.0 * n * D / mo / 1e9
+            rows.append(f"| top_k | {shape} | {fmt_time(mo)} | one Executor, 2 threads, same data | {fmt_time(ms)} | "
+                        f"{ms / mo:.2f}x | >= {1 / 1.3:.2f}x (within 1.3x) {'ok' if ms / mo >= 1 / 1.3 else 'MISSED'} | "
+                        f"{gbs:.2f} GB/s |")
+            rows.append(f"| top_k | {shape} | {fmt_time(mo)} | plain Dask da.argtopk(T @ q), same cluster | "
+                        f"{fmt_time(mp)} | {mp / mo:.2f}x | >= 2x {'ok' if mp / mo >= 2 else 'MISSED'} | {gbs:.2f} GB/s |")
+            over.append(f"| {rows_per_chunk} | {chunks} | {4 * rows_per_chunk * D / 2**20:.0f} MiB | {fmt_time(wall)} | "
+                        f"{fmt_time(kern / max(n_ev, 1))} | {fmt_time(overhead)} | "
+                        f"{workers * wall - kern:.3f} s ({(workers * wall - kern) / (workers * wall):.0%}) |")
+            print(rows[-2] + "\n" + rows[-1] + "\n" + over[-1], flush=True)
+            if T is not base:
+                del T
+        load_end = _load()
+    finally:
+        client.close()
+        cluster.close()
+
+    title = (f"Distributed top_k ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+             f"simd={feats['simd']}; 2-worker LocalCluster, 1 thread each; load average {load_start} at start, "
+             f"{load_end} at end)")
+    header = "| op | shape | hipsched.dask | peer | peer time | ratio (peer/ours) | target | hipsched rate |"
+    text = f"## {title}\n\n{header}\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    text += ("\n### Per-chunk task overhead\n\n(workers x wall - summed kernel time) / chunks, from one run with "
+             "the workers' telemetry\n\n| rows per chunk | chunks | chunk size | wall | kernel per chunk | "
+             "overhead per chunk | overhead total (share of worker time) |\n|---|---|---|---|---|---|---|\n"
+             + "\n".join(over) + "\n")
+    print("\n" + text)
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "distributed.md")
+    with open(path, "w") as fh:
+        fh.write(text)
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()
