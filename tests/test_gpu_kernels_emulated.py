@@ -115,3 +115,40 @@ def test_device_in_device_out(emu, rng):
     np.testing.assert_allclose(out.get(), CPU.run(OPS["softmax"].prepare(x)), rtol=4e-6, atol=1e-7)
     gi, gs = emu.run(OPS["top_k"].prepare(to_device(x[0], runtime=rt), to_device(x, runtime=rt), 3))
     assert isinstance(gi, DeviceArray) and gi.get()[0] == 0
+
+
+# The kernels below are not reached by the tests above nor by test_executor_gpu_emulated.py; every kernel
+# must run here at least once, as these tests are also what memcheck and racecheck run (docs/gpu.md).
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_quant_kernels(emu, rng, qtype):
+    """dequantize, and qmatmul's three kernels: a vector (mat-vec), up to 8 columns (mat-vec, MC = 8)
+    and more (64x64 tiles: 69 rows and 70 columns leave partial tiles both ways; 69 rows a partial pair
+    for the mat-vec's two rows per warp)."""
+    from hipsched import quantize
+    W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
+    g, c = both(emu, "dequantize", W)
+    np.testing.assert_array_equal(g, c)
+    for shape in ((64,), (64, 3), (64, 70)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        g, c = both(emu, "qmatmul", W, x)
+        np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hd", [100, 200], ids=["d128", "d256"])
+def test_attention_wide_head_classes(emu, rng, hd):
+    q = rng.standard_normal((1, 2, 7, hd)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 20, hd)).astype(np.float32) for _ in range(2))  # d256: 2 key tiles
+    for causal in (False, True):
+        g, c = both(emu, "attention", q, k, v, causal=causal)
+        np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-6)
+
+
+def test_spread_activation_int64_indices(emu, rng):
+    from test_cpu_graph import random_graph
+    indptr, indices, weights = random_graph(rng, 40, 200)
+    assert indptr.dtype == indices.dtype == np.int64   # the _i64 push kernel
+    seeds = np.zeros(40, np.float32)
+    seeds[:4] = 1
+    g, c = both(emu, "spread_activation", (indptr, indices, weights * np.float32(0.5)), seeds, 0.5, 3, 0.01)
+    np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
