@@ -74,7 +74,7 @@ def main(argv=None):
     import hipsched.dask as hd
 
     load_start = _load()
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                            env={"HIPSCHED_NUM_THREADS": "1"})
     client = Client(cluster)
     try:

@@ -86,7 +86,7 @@ def gate(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, gate):
     # processes=True: each worker runs under a Nanny, which restarts it after it dies
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     client = distributed.Client(cluster, set_as_default=False)   # the session cluster stays the default
     logs = tmp_path_factory.mktemp("dask-fault-logs")
     job = hd.setup(client, persist_model=False, telemetry_dir=str(logs), job="fault",
