@@ -79,7 +79,7 @@ def encode_cost():
     from hipsched.telemetry.events import LineFormatter
     from hipsched.telemetry.scope import EMPTY
     fmt = LineFormatter("run", "host", "device")
-    recs = [(time.time(), i, *ARGS[:5], *ARGS[5:], 1, EMPTY, None) for i in range(BATCH)]
+    recs = [(time.time(), i, *ARGS[:5], *ARGS[5:], 1, EMPTY, None, None) for i in range(BATCH)]
     def once():
         "".join(map(fmt.line, recs)).encode()
     return _thread_cpu(once) / BATCH

@@ -38,15 +38,17 @@ F_GPU_SUPPORTS = 2     # it has this op and dtype, and the size is within its ma
 F_FITS = 4             # the call fits in free device memory
 F_WANT_CPU = 8         # backend="cpu" on this call
 F_WANT_GPU = 16        # backend="gpu" on this call
+F_CALL_UNSUPPORTED = 32  # the GPU has the op, but refuses this call's shapes or parameters
 DEF _F_GPU_PRESENT = 1
 DEF _F_GPU_SUPPORTS = 2
 DEF _F_FITS = 4
 DEF _F_WANT_CPU = 8
 DEF _F_WANT_GPU = 16
+DEF _F_CALL_UNSUPPORTED = 32
 
 # reasons (indices into scheduling.SelectionReason order)
 REASONS = ("gpu_available", "gpu_unavailable", "cpu_fallback", "cost_model", "memory_constraint",
-           "user_preference", "below_min_batch", "gpu_unhealthy", "exploring")
+           "user_preference", "below_min_batch", "gpu_unhealthy", "exploring", "gpu_unsupported")
 DEF R_GPU_AVAILABLE = 0
 DEF R_GPU_UNAVAILABLE = 1
 DEF R_CPU_FALLBACK = 2
@@ -56,6 +58,7 @@ DEF R_USER = 5
 DEF R_BELOW_MIN = 6
 DEF R_UNHEALTHY = 7
 DEF R_EXPLORING = 8
+DEF R_GPU_UNSUPPORTED = 9
 
 STRATEGIES = ("automatic", "gpu_preferred", "cpu_preferred", "backend_only")
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -218,12 +221,17 @@ cdef class SchedCore:
         if p.force_cpu or flags & _F_WANT_CPU:
             return CPU | R_USER << 1
         if flags & _F_WANT_GPU or (p.strategy == 3 and p.backend_only == GPU):
-            return (GPU | R_USER << 1) if gpu_ok else (CPU | R_GPU_UNAVAILABLE << 1)
+            if not gpu_ok:
+                return CPU | R_GPU_UNAVAILABLE << 1
+            # a call the device cannot run is not run there even when asked for: it would only fail
+            return (CPU | R_GPU_UNSUPPORTED << 1) if flags & _F_CALL_UNSUPPORTED else (GPU | R_USER << 1)
         if p.strategy == 3:
             return CPU | R_USER << 1
         # 2. capability
         if not gpu_ok:
             return CPU | R_GPU_UNAVAILABLE << 1
+        if flags & _F_CALL_UNSUPPORTED:
+            return CPU | R_GPU_UNSUPPORTED << 1
         if not flags & _F_FITS:
             return CPU | R_MEMORY << 1
         # 3. health: while open, CPU; after the cooldown one probe call goes to the GPU
@@ -509,10 +517,25 @@ cdef class SchedCore:
         return self.p.min_samples
 
 
+ctypedef struct Decision:
+    int slot
+    int want
+    int backend
+    int reason
+    double pc
+    double pg
+    double h2d
+    double d2h
+
+
 cdef class FastPath:
     """The Executor's per-call path compiled: validate (the op's prepare), look up the slot, decide,
     and for host data on the CPU run, time, record and log the call without returning to Python.
-    Everything else (GPU runs, fallback, device data, errors to raise) goes to the executor's methods."""
+    Everything else (GPU runs, fallback, device data, errors to raise) goes to the executor's methods.
+
+    `_decide_call` is the only place a call's flags and decision are worked out: real calls (`run`)
+    and `decide_call` (what Executor.select_backend answers) both go through it, so a prediction is
+    the decision the same call gets from the same state."""
     cdef SchedCore core
     cdef dict prepare
     cdef dict slots
@@ -529,48 +552,79 @@ cdef class FastPath:
         self.run_gpu, self.run_other, self.tel_record = run_gpu, run_other, tel_record
         self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
 
+    cdef tuple _entry(self, str op, dtype):
+        entry = self.slots.get((op, dtype))
+        if entry is None:
+            entry = self.slot_miss(op, dtype)
+        return entry
+
+    cdef object _decide_call(self, str op, call, backend, tuple entry, bint commit, Decision *d):
+        """Fills `d` with the decision for `call`; returns the decision's detail (why the GPU refuses the
+        call, or why it was found gone deciding it) or None. Without `commit` nothing changes (see
+        SchedCore._decide)."""
+        cdef int flags, r
+        cdef double size
+        cdef Params *p = &self.core.p
+        if backend == "auto":
+            d.want = 0
+        elif backend == "cpu":
+            d.want = _F_WANT_CPU
+        elif backend == "gpu":
+            d.want = _F_WANT_GPU
+        else:
+            raise ValueError(f"{op}: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
+        d.slot = entry[0]
+        flags = <int>entry[1] | d.want | _F_FITS
+        d.h2d = d.d2h = 0.0
+        size = call.size
+        detail = None
+        # Calls that will stay on the CPU whatever the GPU says are not asked about: small ones (below
+        # the batch minimum) keep the device queries off the common path; GPU-bound ones always are.
+        if flags & _F_GPU_SUPPORTS and not d.want & _F_WANT_CPU and not p.force_cpu and (
+                size >= self.min_batch or d.want & _F_WANT_GPU or (p.strategy == 3 and p.backend_only == GPU)):
+            flags_o, h2d_o, d2h_o, detail = self.gpu_terms(call, flags, entry[2])
+            flags, d.h2d, d.d2h = flags_o, h2d_o, d2h_o
+        hs_lock(&self.core.lock)
+        r = self.core._decide(self.core.slots[d.slot], size, d.h2d, d.d2h, flags, &d.pc, &d.pg, commit)
+        hs_unlock(&self.core.lock)
+        d.backend = r & 1
+        d.reason = r >> 1
+        return detail if d.reason == R_GPU_UNSUPPORTED or d.reason == R_GPU_UNAVAILABLE else None
+
+    def decide_call(self, call, backend="auto"):
+        """(backend, reason index, predicted cpu us, predicted gpu us, detail) the call would get now,
+        changing nothing."""
+        cdef Decision d
+        detail = self._decide_call(call.op, call, backend, self._entry(call.op, call.dtype), False, &d)
+        return d.backend, d.reason, d.pc, d.pg, detail
+
     def run(self, str op, backend, stream, *args, **kwargs):
-        cdef int want, flags, r
-        cdef double size, pc, pg, dur, h2d = 0.0, d2h = 0.0
+        cdef Decision d
+        cdef double dur
         cdef long long t0
-        cdef Slot *s
         prep = self.prepare.get(op)
         if prep is None:
             prep = self.prepare_missing(op)
         call = prep(*args, **kwargs)
-        if backend == "auto":
-            want = 0
-        elif backend == "cpu":
-            want = _F_WANT_CPU
-        elif backend == "gpu":
-            want = _F_WANT_GPU
-        else:
-            raise ValueError(f"{op}: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
         dtype = call.dtype
-        entry = self.slots.get((op, dtype))
-        if entry is None:
-            entry = self.slot_miss(op, dtype)
-        slot_o, flags_o, max_size, fn = entry
-        cdef int slot = slot_o
-        flags = <int>flags_o | want | _F_FITS  # small calls are not checked: they fit, and stay on the CPU
-        size = call.size
-        if flags & _F_GPU_SUPPORTS and size >= self.min_batch and not want & _F_WANT_CPU:
-            flags_o, h2d_o, d2h_o = self.gpu_terms(call, flags, max_size)
-            flags, h2d, d2h = flags_o, h2d_o, d2h_o
-        if fn is None or call.on_device or (want == _F_WANT_GPU and not self.allow_fallback):
-            return self.run_other(call, slot, flags, want, h2d, d2h, stream)
-        s = self.core.slots[slot]
-        hs_lock(&self.core.lock)
-        r = self.core._decide(s, size, h2d, d2h, flags, &pc, &pg, True)
-        hs_unlock(&self.core.lock)
-        if r & 1:
-            return self.run_gpu(call, slot, r >> 1, pc, pg, h2d, d2h, stream)
+        entry = self._entry(op, dtype)
+        detail = self._decide_call(op, call, backend, entry, True, &d)
+        if d.backend == GPU:
+            return self.run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)
+        fn = entry[3]
+        if fn is None or call.on_device or (d.want == _F_WANT_GPU and not self.allow_fallback):
+            return self.run_other(call, d.slot, d.reason, d.pc, d.pg, d.want, detail, stream)
         t0 = now_ns()
         out = fn(*call.args, **call.params)  # the lock is not held while the kernel runs
         dur = (now_ns() - t0) * 1e-3
         hs_lock(&self.core.lock)
-        self.core._record(s, CPU, size, dur, 0.0, 0.0, True, True, False)
+        self.core._record(self.core.slots[d.slot], CPU, call.size, dur, 0.0, 0.0, True, True, False)
         hs_unlock(&self.core.lock)
         if self.tel_record is not None:
-            self.tel_record(op, "cpu", self.reason_str[r >> 1], call.size, dtype, call.nbytes, dur, pc, pg, stream)
+            if detail is None:
+                self.tel_record(op, "cpu", self.reason_str[d.reason], call.size, dtype, call.nbytes, dur, d.pc, d.pg,
+                                stream)
+            else:
+                self.tel_record(op, "cpu", self.reason_str[d.reason], call.size, dtype, call.nbytes, dur, d.pc, d.pg,
+                                stream, None, detail)
         return out

@@ -26,8 +26,7 @@ log = logging.getLogger("hipsched")
 
 _perf_ns = time.perf_counter_ns
 _F_PRESENT, _F_SUPPORTS, _F_FITS = _sched.F_GPU_PRESENT, _sched.F_GPU_SUPPORTS, _sched.F_FITS
-_F_WANT_CPU, _F_WANT_GPU = _sched.F_WANT_CPU, _sched.F_WANT_GPU
-_WANT = {"auto": 0, "cpu": _F_WANT_CPU, "gpu": _F_WANT_GPU}
+_F_WANT_CPU, _F_WANT_GPU, _F_UNSUPPORTED = _sched.F_WANT_CPU, _sched.F_WANT_GPU, _sched.F_CALL_UNSUPPORTED
 _REASON_STR = tuple(r.value for r in REASONS)
 _FREE_MEMORY_TTL_NS = 10_000_000  # free device memory is re-read at most every 10 ms
 _DTYPES = ("float32", "q8_0", "q4_0")
@@ -176,36 +175,45 @@ class Executor:
         return free
 
     def _gpu_terms(self, call, flags, max_size):
-        """Capability flags and the copies for a call that could go to the GPU."""
-        if not getattr(self._gpu, "available", True):  # it went away since (forked child, driver refused our code)
-            return flags & ~_F_PRESENT, 0, 0
+        """(capability flags, host->device bytes, device->host bytes, detail) for a call that could go
+        to the GPU. A refusal (a shape the kernels do not take, a launch past this target's limits) is
+        found here, before anything is uploaded or launched; detail is its text, or, when these queries
+        find the GPU gone (a driver that refuses our code, a forked child), why."""
+        gpu = self._gpu
+        if not getattr(gpu, "available", True):  # it went away since (forked child, driver refused our code)
+            return flags & ~_F_PRESENT, 0, 0, None
         if call.size > max_size:
-            return flags & ~_F_SUPPORTS, 0, 0
+            return flags & ~_F_SUPPORTS, 0, 0, None
+        refusal = getattr(gpu, "unsupported", None)
         try:
-            if self._gpu.device_bytes_needed(call) > self._free_memory():
-                if not getattr(self._gpu, "available", True):  # the query found the GPU gone
-                    return flags & ~_F_PRESENT, 0, 0
+            why = refusal(call) if refusal is not None else None
+            if why is not None:
+                return flags | _F_UNSUPPORTED, 0, 0, why
+            if gpu.device_bytes_needed(call) > self._free_memory() or not getattr(gpu, "available", True):
+                if not getattr(gpu, "available", True):  # a query found the GPU gone
+                    return flags & ~_F_PRESENT, 0, 0, getattr(gpu, "unavailable_reason", None)
                 flags &= ~_F_FITS
-            h2d, d2h = self._gpu.transfer_bytes(call)
+            h2d, d2h = gpu.transfer_bytes(call)
         except Exception as e:  # a failing query means the GPU cannot be trusted with this call
             log.debug("hipsched: GPU query failed for %s: %s", call.op, e)
-            return flags & ~_F_SUPPORTS, 0, 0
-        return flags, h2d, d2h
+            return flags & ~_F_SUPPORTS, 0, 0, None
+        return flags, h2d, d2h, None
 
-    def _run_other(self, call, slot, flags, want, h2d, d2h, stream):
-        """Calls off the compiled common path (hipsched._sched.FastPath.run, which is `_run`): device
-        data, a CPU family that is not built, or backend='gpu' without fallback."""
-        be, reason, pc, pg = self._core.decide(slot, call.size, h2d, d2h, flags)
-        if be == 1:
-            return self._run_gpu(call, slot, reason, pc, pg, h2d, d2h, stream)
+    def _run_other(self, call, slot, reason, pc, pg, want, detail, stream):
+        """CPU runs off the compiled common path (hipsched._sched.FastPath.run, which is `_run`, and
+        which decided the call): device data, a CPU family that is not built, or backend='gpu' without
+        fallback."""
         if want == _F_WANT_GPU and not self.config.allow_fallback:
+            if detail is not None:
+                raise GpuError("unsupported", f"{call.op}: backend='gpu' was asked for but the GPU cannot run this "
+                               f"call: {detail}")
             raise GpuError("unavailable", f"{call.op}: backend='gpu' was asked for but the GPU cannot take this "
                            f"call ({_REASON_STR[reason]}; {getattr(self._gpu, 'unavailable_reason', None)})")
         if call.on_device:
-            return self._run_cpu_device(call, slot, reason, pc, pg, stream)
+            return self._run_cpu_device(call, slot, reason, pc, pg, stream, detail=detail)
         t0 = _perf_ns()
         out = self._cpu.run(call)  # raises the CPU family's ImportError when it is not built
-        self._finish(call, slot, 0, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream)
+        self._finish(call, slot, 0, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, detail=detail)
         return out
 
     def _prepare_missing(self, op):
@@ -214,7 +222,7 @@ class Executor:
             return self._prepare[op]
         raise NotImplementedError(f"hipsched: op {op!r} is not available (its family is not built or registered)")
 
-    def _run_cpu_device(self, call, slot, reason, pc, pg, stream, fallback=None):
+    def _run_cpu_device(self, call, slot, reason, pc, pg, stream, fallback=None, detail=None):
         """CPU run of device inputs: download, run, upload, so the result lives where the inputs did."""
         from .gpu.memory import is_device_array, to_device, to_host
         t0 = _perf_ns()
@@ -224,17 +232,17 @@ class Executor:
         rt = next((getattr(a, "runtime", None) for a in call.args if is_device_array(a)), None)
         out = tuple(to_device(o, runtime=rt) for o in out) if isinstance(out, tuple) else to_device(out, runtime=rt)
         dur = (_perf_ns() - t0) * 1e-3
-        self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback)
+        self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback, detail=detail)
         return out
 
-    def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0):
+    def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0, detail=None):
         # A GPU run on device data returns with the work still queued on the stream: its wall time is
         # not a completion time, so it counts but does not teach the model (-1: no sample).
         sample = -1.0 if be == 1 and call.on_device else dur
         self._core.record(slot, be, call.size, sample, h2d, d2h, True, True, fallback is not None)
         if self._tel is not None:
             self._tel.record(call.op, BACKENDS[be], _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur,
-                             pc, pg, stream, fallback)
+                             pc, pg, stream, fallback, detail)
 
     def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
         t0 = _perf_ns()
@@ -286,33 +294,26 @@ class Executor:
         return out
 
     # ------------------------------------------------------------------ decisions without running
-    def select_backend(self, op, size, dtype="float32", *, nbytes=None, on_device=False,
-                       backend="auto") -> BackendSelection:
-        """The decision a call of this op, size and dtype would get now, without running anything or
-        changing any state. Copies are counted as `nbytes` host->device unless `on_device`."""
-        if op not in CPU_IMPLS and op not in OPS:
-            raise ValueError(f"select_backend: unknown op {op!r}; ops: {', '.join(sorted(CPU_IMPLS))}")
-        if not isinstance(size, (int, float)) or isinstance(size, bool) or size < 0 or not math.isfinite(size):
-            raise ValueError(f"select_backend: size must be a finite number >= 0, got {size!r}")
-        want = _WANT.get(backend)
-        if want is None:
-            raise ValueError(f"select_backend: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
-        slot, flags, max_size, _ = self._slot(op, dtype)
-        flags |= want
-        h2d = 0 if on_device or nbytes is None else nbytes
-        if flags & _F_SUPPORTS:
-            if size > max_size:
-                flags &= ~_F_SUPPORTS
-            elif size < self.config.gpu_min_batch_size or want & _F_WANT_CPU:
-                flags |= _F_FITS  # as a call does: small or CPU-forced calls never query device memory
-            else:
-                try:
-                    if nbytes is None or nbytes <= self._free_memory():
-                        flags |= _F_FITS
-                except Exception:
-                    flags &= ~_F_SUPPORTS
-        be, reason, pc, pg = self._core.decide(slot, size, h2d, 0, flags, False)
-        return BackendSelection(BACKENDS[be], REASONS[reason], {"cpu": us_or_none(pc), "gpu": us_or_none(pg)})
+    def select_backend(self, op, size=None, dtype="float32", *, nbytes=None, on_device=False,
+                       backend="auto", args=None, kwargs=None) -> BackendSelection:
+        """The decision a call would get now, without running anything or changing any state, through
+        the same path real calls take (FastPath._decide_call). Given `args` (and `kwargs`), the call
+        `getattr(ex, op)(*args, **kwargs, backend=backend)` is validated and judged exactly, shapes and
+        parameters included (a call the GPU refuses is `gpu_unsupported`). Given only `size` (and
+        `nbytes`, the call's device bytes, `on_device`), it is judged as a call of that work measure
+        whose shapes the GPU takes."""
+        if op not in OPS:
+            raise ValueError(f"select_backend: unknown op {op!r}; ops: {', '.join(sorted(OPS))}")
+        if args is not None or kwargs is not None:
+            if size is not None or nbytes is not None or on_device:
+                raise ValueError("select_backend: give either args/kwargs (a concrete call) or size/nbytes/on_device")
+            call = OPS[op].prepare(*(args or ()), **(kwargs or {}))
+        else:
+            if not isinstance(size, (int, float)) or isinstance(size, bool) or size < 0 or not math.isfinite(size):
+                raise ValueError(f"select_backend: size must be a finite number >= 0, got {size!r}")
+            call = Call(op, (), {}, size, 0 if nbytes is None else nbytes, dtype, bool(on_device))
+        be, reason, pc, pg, detail = self._fast.decide_call(call, backend)
+        return BackendSelection(BACKENDS[be], REASONS[reason], {"cpu": us_or_none(pc), "gpu": us_or_none(pg)}, detail)
 
     def capabilities(self) -> ExecutorCapabilities:
         from . import cpu_features

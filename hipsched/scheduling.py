@@ -26,6 +26,7 @@ class SelectionReason(str, Enum):
     BELOW_MIN_BATCH = "below_min_batch"      # smaller than gpu_min_batch_size
     GPU_UNHEALTHY = "gpu_unhealthy"          # the op's circuit breaker is open
     EXPLORING = "exploring"                  # sent to the side whose model needs samples (or a breaker probe)
+    GPU_UNSUPPORTED = "gpu_unsupported"      # the GPU has the op but cannot run this call (its shapes, parameters)
 
 
 # the core returns reasons as indices; both tuples must list them in the same order
@@ -49,6 +50,7 @@ class BackendSelection:
     backend_id: str                # "cpu" | "gpu"
     reason: SelectionReason
     estimated_cost: dict = field(default_factory=dict)   # {"cpu": us or None, "gpu": us or None}
+    detail: str | None = None      # gpu_unsupported: why the GPU refuses the call
 
     @property
     def backend(self) -> str:

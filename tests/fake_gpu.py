@@ -23,7 +23,7 @@ class FakeGpuBackend:
 
     def __init__(self, ops=("add", "scale", "softmax", "cosine_similarity", "top_k", "matmul", "attention"),
                  dtypes=("float32",), max_elements=1 << 40, free_memory=1 << 34, oom_above_bytes=None,
-                 cost_us=None, fail=None, available=True, transfer=None):
+                 cost_us=None, fail=None, available=True, transfer=None, unsupported=None):
         self.available = available
         self.unavailable_reason = None if available else "fake: no device"
         self.runtime_name = "fake" if available else None
@@ -34,6 +34,7 @@ class FakeGpuBackend:
         self.oom_above_bytes = oom_above_bytes   # runs needing more device bytes raise an oom GpuError
         self.cost_us = cost_us                   # call -> microseconds to spin (None: no spin)
         self.fail = fail                         # call -> GpuError kind to raise, or None
+        self.refuse = unsupported                # call -> why the device cannot run it, or None
         self._transfer = transfer or {"h2d_latency_us": 5.0, "h2d_gbps": 20.0, "d2h_latency_us": 5.0, "d2h_gbps": 20.0}
         self._cpu = CpuBackend()
         self._lock = threading.Lock()
@@ -50,6 +51,9 @@ class FakeGpuBackend:
 
     def free_memory(self):
         return self._free
+
+    def unsupported(self, call):
+        return self.refuse(call) if self.refuse is not None else None
 
     def device_bytes_needed(self, call):
         return call.nbytes

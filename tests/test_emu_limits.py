@@ -2,7 +2,8 @@
 error (tests/emu_limits.py), and hipsched's own check (hipsched/gpu/targets.py) refuses the same
 launches, naming the limit, given the same kernel resources (those of the real compiler's code object:
 the emulator's own code objects are host libraries without any); end to end, a call beyond a launch
-limit runs on the CPU without a launch, an upload or a mark against the GPU's health."""
+limit is decided for the CPU (reason gpu_unsupported) without a launch, an upload or a mark against the
+GPU's health."""
 import ctypes
 
 import numpy as np
@@ -137,9 +138,11 @@ def test_executor_runs_a_call_beyond_a_limit_on_the_cpu(tmp_path, monkeypatch):
             assert calls == {"launch": 0, "malloc": 0}
             health = ex.gpu_health("top_k")
             assert health["state"] == "closed" and health["failures"] == 0
-            fallbacks = [e for e in ex.events if e.get("fallback")]
-            assert len(fallbacks) == 3
-            assert "launch-limit-grid-y" in str(fallbacks[0]["fallback"])
+            # decided before the run, with its own reason and the planner's words: not a failed GPU run
+            assert [(e["backend"], e["reason"], e["fallback"]) for e in ex.events] == \
+                [("cpu", "gpu_unsupported", None)] * 3 + [("cpu", "user_preference", None)]
+            assert all("launch-limit-grid-y" in e["detail"] for e in ex.events[:3])
+            assert "detail" not in ex.events[3]
             # a call the device can take still runs there
             ex.top_k(q[:100], T, 3)
             assert calls["launch"] > 0

@@ -126,6 +126,25 @@ class GpuBackend:
     def max_elements(self, op: str) -> int:
         return MAX_ELEMENTS.get(op, 0)
 
+    def unsupported(self, call) -> str | None:
+        """Why this GPU cannot run `call`, or None when it can: the op's launch planner
+        (`<op>_plan(ctx, call)` next to its glue) and this target's launch limits, judged on the call's
+        shapes and parameters before anything is uploaded. Only refusals count (GpuError "unsupported");
+        anything else (a compile error, a bug) is left for the run to report, where it counts against the
+        GPU's health. A call without arguments (select_backend by size) has nothing to judge."""
+        if not call.args or not self.available:
+            return None
+        try:
+            planner = self._impl(call.op, "_plan")
+            self._ctx.check_launches(planner(self._ctx, call))
+        except GpuError as e:
+            if e.kind == "unavailable":   # loading the planned kernels met a dead driver: as run() would
+                self._disable(str(e).split("] ", 1)[-1])
+            return str(e) if e.kind == "unsupported" else None
+        except Exception:
+            return None
+        return None
+
     def free_memory(self) -> int:
         if not self._still_available():
             return 0
@@ -160,17 +179,19 @@ class GpuBackend:
         return (int(h2d), int(max(0, call.nbytes - total_in)))
 
     # ------------------------------------------------------------------ running
-    def _impl(self, op):
-        fn = self._fns.get(op)
+    def _impl(self, op, suffix=""):
+        """The op's launch glue, or with suffix "_plan" its launch planner."""
+        key = op + suffix
+        fn = self._fns.get(key)
         if fn is None:
             if op not in GPU_IMPLS:
                 raise GpuError("unsupported", f"no GPU implementation of {op!r}")
             module, name = GPU_IMPLS[op]
             try:
-                fn = getattr(importlib.import_module(f"hipsched.gpu.{module}"), name)
+                fn = getattr(importlib.import_module(f"hipsched.gpu.{module}"), name + suffix)
             except (ImportError, AttributeError) as e:
                 raise GpuError("unsupported", f"GPU glue for {op!r} cannot load: {e}") from e
-            self._fns[op] = fn
+            self._fns[key] = fn
         return fn
 
     def _disable(self, reason: str) -> None:

@@ -33,16 +33,22 @@ def attention_launches(b: int, h: int, sq: int, hd: int) -> list[Launch]:
     return [Launch.of("attention", f"hs_attention_d{d}", -(-sq // rows) * b * h, _THREADS)]
 
 
+def attention_plan(ctx, call) -> list[Launch]:
+    b, h, sq, hd = (int(s) for s in call.args[0].shape)
+    head_dim_class(hd)  # an empty call with too large a head_dim is refused as well: the kernels never take it
+    return attention_launches(b, h, sq, hd) if b * h * sq * hd else []
+
+
 def attention(ctx, call, stream):
+    plan = ctx.check_launches(attention_plan(ctx, call))  # before any upload: an unsupported call costs nothing
     b, h, sq, hd = (int(s) for s in call.args[0].shape)
     sk = int(call.args[1].shape[2])
-    head_dim_class(hd)  # before any upload: an unsupported call costs nothing
     causal = bool(call.params.get("causal", False))
     scale = call.params.get("scale")
     out = ctx.empty((b, h, sq, hd), np.float32, stream)
-    if b * h * sq * hd == 0:
+    if not plan:
         return ctx.finish(out, call, stream)
-    (launch,) = ctx.check_launches(attention_launches(b, h, sq, hd))
+    (launch,) = plan
     q, k, v = (ctx.upload(a, stream) for a in call.args[:3])
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
     ctx.run(launch, (q, k, v, out, ctypes.c_int64(sq), ctypes.c_int64(sk), ctypes.c_int32(hd),

@@ -65,15 +65,26 @@ def add_launches(n: int, nb: int, vec: bool, multiprocessors: int) -> list[Launc
     return [Launch.of("elementwise", name, grid_stride_blocks(work, BLOCK, multiprocessors), BLOCK)]
 
 
-def add(ctx, call, stream):
+def add_plan(ctx, call) -> list[Launch]:
+    """The launches add makes for this call ([] for an empty one); GpuError("unsupported") for a call
+    the kernels do not take."""
     a_in, b_in = call.args[0], call.args[1]
     n, nb = _size(a_in.shape), _size(b_in.shape)
     if n == 0:
-        return _empty_result(ctx, call, a_in.shape, np.float32, stream)
+        return []
     if nb == 0 or n % nb:
         raise GpuError("unsupported", f"add: b {tuple(b_in.shape)} does not tile a {tuple(a_in.shape)}")
-    vec = n % 4 == 0 and nb % 4 == 0 and _will_align(a_in, b_in)
-    (launch,) = ctx.check_launches(add_launches(n, nb, vec, ctx.multiprocessors))
+    return add_launches(n, nb, n % 4 == 0 and nb % 4 == 0 and _will_align(a_in, b_in), ctx.multiprocessors)
+
+
+def add(ctx, call, stream):
+    a_in, b_in = call.args[0], call.args[1]
+    plan = ctx.check_launches(add_plan(ctx, call))
+    if not plan:
+        return _empty_result(ctx, call, a_in.shape, np.float32, stream)
+    (launch,) = plan
+    n, nb = _size(a_in.shape), _size(b_in.shape)
+    vec = launch.kernel.endswith("_v4")
     a, b = ctx.upload(a_in, stream), ctx.upload(b_in, stream)
     y = ctx.empty(a_in.shape, np.float32, stream)
     if vec and not _aligned(a, b, y):  # not for hipsched's own allocations; stay safe for any runtime
@@ -94,14 +105,21 @@ def scale_launches(n: int, vec: bool, multiprocessors: int) -> list[Launch]:
                       grid_stride_blocks(work, BLOCK, multiprocessors), BLOCK)]
 
 
+def scale_plan(ctx, call) -> list[Launch]:
+    x_in = call.args[0]
+    n = _size(x_in.shape)
+    return scale_launches(n, n % 4 == 0 and _will_align(x_in), ctx.multiprocessors) if n else []
+
+
 def scale(ctx, call, stream):
     x_in = call.args[0]
     alpha = float(_param(call, 1, "alpha"))
-    n = _size(x_in.shape)
-    if n == 0:
+    plan = ctx.check_launches(scale_plan(ctx, call))
+    if not plan:
         return _empty_result(ctx, call, x_in.shape, np.float32, stream)
-    vec = n % 4 == 0 and _will_align(x_in)
-    (launch,) = ctx.check_launches(scale_launches(n, vec, ctx.multiprocessors))
+    (launch,) = plan
+    n = _size(x_in.shape)
+    vec = launch.kernel.endswith("_v4")
     x = ctx.upload(x_in, stream)
     y = ctx.empty(x_in.shape, np.float32, stream)
     if vec and not _aligned(x, y):
@@ -113,20 +131,35 @@ def scale(ctx, call, stream):
     return ctx.finish(y, call, stream)
 
 
-def softmax(ctx, call, stream):
-    x_in = call.args[0]
-    shape = tuple(x_in.shape)
+def _softmax_layout(call):
+    """(outer, length, inner) of the softmax axis of call's x."""
+    shape = tuple(call.args[0].shape)
     axis = int(call.params.get("axis", call.args[1] if len(call.args) > 1 else -1))
     if not shape:
         raise GpuError("unsupported", "softmax of a 0-d array")
     if not -len(shape) <= axis < len(shape):
         raise GpuError("unsupported", f"softmax: axis {axis} out of range for shape {shape}")
     axis %= len(shape)
-    if _size(shape) == 0:
+    return _size(shape[:axis]), shape[axis], _size(shape[axis + 1:])
+
+
+def softmax_plan(ctx, call) -> list[Launch]:
+    outer, length, inner = _softmax_layout(call)
+    if outer * length * inner == 0:
+        return []
+    vec = inner == 1 and length % 4 == 0 and _will_align(call.args[0])
+    return softmax_launches(outer, length, inner, vec, ctx.multiprocessors)
+
+
+def softmax(ctx, call, stream):
+    x_in = call.args[0]
+    shape = tuple(x_in.shape)
+    plan = ctx.check_launches(softmax_plan(ctx, call))
+    if not plan:
         return _empty_result(ctx, call, shape, np.float32, stream)
-    outer, length, inner = _size(shape[:axis]), shape[axis], _size(shape[axis + 1:])
-    vec = inner == 1 and length % 4 == 0 and _will_align(x_in)
-    (launch,) = ctx.check_launches(softmax_launches(outer, length, inner, vec, ctx.multiprocessors))
+    (launch,) = plan
+    outer, length, inner = _softmax_layout(call)
+    vec = launch.kernel.endswith("_v4")
     x = ctx.upload(x_in, stream)
     y = ctx.empty(shape, np.float32, stream)
     if vec and not _aligned(x, y):
@@ -181,19 +214,27 @@ def _cosine_scores(ctx, q, T, m, n, d, stream, scores):
     return scores
 
 
+def cosine_similarity_plan(ctx, call) -> list[Launch]:
+    q_in, T_in = call.args[0], call.args[1]
+    m, d = _as_queries(q_in)
+    n = T_in.shape[0]
+    if m == 0 or n == 0 or d == 0:
+        return []
+    return cosine_launches(m, n, d, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors)
+
+
 def cosine_similarity(ctx, call, stream):
     q_in, T_in = call.args[0], call.args[1]
     m, d = _as_queries(q_in)
     n = T_in.shape[0]
     out_shape = (n,) if len(q_in.shape) == 1 else (m, n)
+    ctx.check_launches(cosine_similarity_plan(ctx, call))
     if m == 0 or n == 0:
         return _empty_result(ctx, call, out_shape, np.float32, stream)
     if d == 0:  # every vector is a zero vector: similarity 0 by definition
         out = ctx.empty(out_shape, np.float32, stream)
         ctx.rt.memset(out.ptr, 0, out.nbytes, int(stream or 0))
         return ctx.finish(out, call, stream)
-    ctx.check_launches(cosine_launches(m, n, d, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size,
-                                       ctx.multiprocessors))
     q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
     scores = _cosine_scores(ctx, q, T, m, n, d, stream, ctx.empty(out_shape, np.float32, stream))
     return ctx.finish(scores, call, stream)
@@ -224,7 +265,7 @@ def top_k_launches(m: int, n: int, d: int, kout: int, vec: bool, warp: int, mult
     return scores + top_k_select_launches(m, n, kout)
 
 
-def top_k(ctx, call, stream):
+def top_k_plan(ctx, call) -> list[Launch]:
     q_in, T_in = call.args[0], call.args[1]
     k = int(_param(call, 2, "k"))
     m, d = _as_queries(q_in)
@@ -232,13 +273,22 @@ def top_k(ctx, call, stream):
     kout = min(k, n)
     if kout > TOPK_MAX_K:
         raise GpuError("unsupported", f"top_k: k={k} is above the GPU limit {TOPK_MAX_K}")
+    if m == 0 or kout == 0:
+        return []
+    return top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors)
+
+
+def top_k(ctx, call, stream):
+    q_in, T_in = call.args[0], call.args[1]
+    k = int(_param(call, 2, "k"))
+    m, d = _as_queries(q_in)
+    n = T_in.shape[0]
+    kout = min(k, n)
     one = len(q_in.shape) == 1
     out_shape = (kout,) if one else (m, kout)
-    if m == 0 or kout == 0:
+    if not ctx.check_launches(top_k_plan(ctx, call)):
         idx = ctx.empty(out_shape, np.int64, stream)
         return ctx.finish((idx, ctx.empty(out_shape, np.float32, stream)), call, stream)
-    ctx.check_launches(top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size,
-                                      ctx.multiprocessors))
     q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
     scores = ctx.scratch("scores", (m, n), np.float32, stream)
     if d == 0:
@@ -279,17 +329,26 @@ def _matmul_shapes(a_shape, b_shape):
     return batch, M, N, K, (M * K if ba else 0), (K * N if bb else 0), out
 
 
+def matmul_plan(ctx, call) -> list[Launch]:
+    """The tiled kernel's launch, or [] when nothing is launched (an empty result or sum) or the vendor
+    BLAS does the work (it takes any shape the kernel would)."""
+    batch, M, N, K, _, _, _ = _matmul_shapes(tuple(call.args[0].shape), tuple(call.args[1].shape))
+    if batch * M * N * K == 0 or ctx.blas() is not None:
+        return []
+    return matmul_launches(batch, M, N, K)
+
+
 def matmul(ctx, call, stream):
     a_in, b_in = call.args[0], call.args[1]
     batch, M, N, K, sa, sb, out_shape = _matmul_shapes(tuple(a_in.shape), tuple(b_in.shape))
+    plan = ctx.check_launches(matmul_plan(ctx, call))
     c = ctx.empty(out_shape, np.float32, stream)
     if c.size == 0:
         return ctx.finish(c, call, stream)
     if K == 0:  # an empty sum: zeros, as NumPy gives
         ctx.rt.memset(c.ptr, 0, c.nbytes, int(stream or 0))
         return ctx.finish(c, call, stream)
-    blas = ctx.blas()
-    plan = None if blas is not None else ctx.check_launches(matmul_launches(batch, M, N, K))
+    blas = None if plan else ctx.blas()
     a, b = ctx.upload(a_in, stream), ctx.upload(b_in, stream)
     if blas is not None:
         blas.sgemm_rowmajor(a, b, c, M, N, K, batch, sa, sb, M * N, stream)

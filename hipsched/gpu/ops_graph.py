@@ -31,8 +31,17 @@ def spread_launches(n: int, index_dtype, multiprocessors: int) -> list[Launch]:
             Launch.of("graph", "hs_spread_finish", grid_stride_blocks(n, _BLOCK, multiprocessors), _BLOCK)]
 
 
+def spread_activation_plan(ctx, call) -> list[Launch]:
+    indptr, indices, _, seeds = call.args
+    n = int(seeds.shape[0])
+    if n == 0 or int(call.params["steps"]) == 0:
+        return []
+    return spread_launches(n, _index_pair(indptr, indices)[1].dtype, ctx.multiprocessors)
+
+
 def spread_activation(ctx, call, stream):
     indptr, indices, weights, seeds = call.args
+    plan = ctx.check_launches(spread_activation_plan(ctx, call))
     decay = float(call.params["decay"])
     steps = int(call.params["steps"])
     threshold = float(call.params["threshold"])
@@ -46,7 +55,7 @@ def spread_activation(ctx, call, stream):
         return ctx.finish(out, call, stream)
 
     indptr, indices = _index_pair(indptr, indices)
-    push, finish = ctx.check_launches(spread_launches(n, indices.dtype, ctx.multiprocessors))
+    push, finish = plan
     ip, ix = ctx.upload(indptr, stream), ctx.upload(indices, stream)
     w = ctx.upload(np.ascontiguousarray(weights, dtype=np.float32), stream)
     acc = ctx.empty((n,), np.float32, stream)

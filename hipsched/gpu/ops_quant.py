@@ -59,19 +59,33 @@ def qmatmul_launches(n: int, m: int, qtype: str, warp: int) -> list[Launch]:
     return [Launch.of("quant", f"hs_qmatmat_{qtype}", (-(-n // _TILE), -(-m // _TILE)), 256)]
 
 
+def dequantize_plan(ctx, call) -> list[Launch]:
+    (w,) = call.args
+    nblocks = w.shape[0] * w.shape[1] // QK
+    return dequantize_launches(nblocks, _suffix(w), ctx.multiprocessors) if nblocks else []
+
+
 def dequantize(ctx, call, stream):
     (w,) = call.args
+    plan = ctx.check_launches(dequantize_plan(ctx, call))
     n, k = w.shape
     out = ctx.empty((n, k), np.float32, stream)
-    nblocks = n * k // QK
-    if nblocks:
-        (launch,) = ctx.check_launches(dequantize_launches(nblocks, _suffix(w), ctx.multiprocessors))
-        ctx.run(launch, (weights(ctx, w, stream), out, ctypes.c_int64(nblocks)), stream)
+    if plan:
+        ctx.run(plan[0], (weights(ctx, w, stream), out, ctypes.c_int64(n * k // QK)), stream)
     return ctx.finish(out, call, stream)
+
+
+def qmatmul_plan(ctx, call) -> list[Launch]:
+    w, x = call.args
+    n, k = w.shape
+    m = 1 if len(x.shape) == 1 else int(x.shape[1])
+    return qmatmul_launches(n, m, _suffix(w), ctx.warp_size) if n * m * k else []
 
 
 def qmatmul(ctx, call, stream):
     w, x = call.args
+    # checked before the weights go up: a launch the device refuses (m columns beyond grid y) costs nothing
+    plan = ctx.check_launches(qmatmul_plan(ctx, call))
     n, k = w.shape
     vector = len(x.shape) == 1
     m = 1 if vector else int(x.shape[1])
@@ -81,8 +95,7 @@ def qmatmul(ctx, call, stream):
     if k == 0:  # empty sums: zeros, as the CPU gives
         ctx.rt.memset(out.ptr, 0, out.nbytes, int(stream or 0))
         return ctx.finish(out, call, stream)
-    # checked before the weights go up: a launch the device refuses (m columns beyond grid y) costs nothing
-    (launch,) = ctx.check_launches(qmatmul_launches(n, m, _suffix(w), ctx.warp_size))
+    (launch,) = plan
     wd = weights(ctx, w, stream)
     if m == 1:
         ctx.run(launch, (wd, _aligned(ctx, x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k)), stream)

@@ -26,7 +26,7 @@ from .reader import DropCounter, ReadStats, iter_records
 # Decisions the cost model did not make (forced by the user, by health or by capacity, or deliberate
 # exploration) are not judged for routing accuracy.
 NOT_ROUTED = frozenset({"user_preference", "exploring", "gpu_unhealthy", "gpu_unavailable", "memory_constraint",
-                        "cpu_fallback"})
+                        "cpu_fallback", "gpu_unsupported"})
 
 
 def size_bucket(size) -> int:

@@ -16,13 +16,17 @@ from datetime import datetime, timezone
 SCHEMA_VERSION = 1
 
 # Layout of the tuple Telemetry.record stores (indices used by the writer, store and formatter).
-TS, SEQ, OP, BACKEND, REASON, SIZE, DTYPE, NBYTES, DURATION, PRED_CPU, PRED_GPU, STREAM, SCOPE, FALLBACK = range(14)
+TS, SEQ, OP, BACKEND, REASON, SIZE, DTYPE, NBYTES, DURATION, PRED_CPU, PRED_GPU, STREAM, SCOPE, FALLBACK, DETAIL = \
+    range(15)
 
 FIELDS = ("v", "ts", "run", "seq", "host", "device", "op", "backend", "reason", "size", "dtype", "bytes",
           "duration_us", "predicted_us", "stream", "phase", "tags", "fallback")
 # Present only when the Telemetry was given them (a worker of a distributed job, hipsched.dask): after
 # `device`, so logs of single-machine runs are byte for byte what they were.
 OPTIONAL_IDENT = ("worker", "job")
+# Present only on events whose reason has one (gpu_unsupported: why the GPU refused the call), last, so
+# every other line is byte for byte what it was.
+OPTIONAL_EVENT = ("detail",)
 
 
 def new_run_id() -> str:
@@ -96,12 +100,13 @@ def to_dict(rec, run, host, device, extra=None) -> dict:
         # validate against the same schema
         "phase": json.loads(sc.phase_json), "tags": json.loads(sc.tags_json),
         "fallback": None if fb is None else {"backend": text(fb[0]), "error": str(fb[1])},
+        **({} if rec[DETAIL] is None else {"detail": str(rec[DETAIL])}),
     }
 
 
 _INF = float("inf")  # the range test below also rejects NaN (every comparison with it is False)
 _NUMBERS = ',"size":%d,"bytes":%d,"duration_us":%.3f,"predicted_us":{"cpu":%.3f,"gpu":%.3f}'
-_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s}\n'
+_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s%s}\n'
 
 
 class LineFormatter:
@@ -148,7 +153,7 @@ class LineFormatter:
                 f'"predicted_us":{{"cpu":{num(pc)},"gpu":{num(pg)}}}')
 
     def line(self, rec) -> str:
-        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb = rec
+        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb, detail = rec
         sec = int(t)
         if sec != self._sec:
             self._sec = sec
@@ -173,8 +178,9 @@ class LineFormatter:
         else:
             st = json.dumps(stream_id(st))
         fbt = "null" if fb is None else '{"backend":%s,"error":%s}' % (self._str(fb[0]), json.dumps(str(fb[1])))
+        dt = "" if detail is None else ',"detail":' + json.dumps(str(detail))
         return _LINE % (self.head, self._sec_text, micro, self.ident, seq, names, nums, st, sc.phase_json,
-                        sc.tags_json, fbt)
+                        sc.tags_json, fbt, dt)
 
     def dropped_line(self, t, count, total) -> str:
         """The record that reports events lost to a full queue (they are still in the counters)."""

@@ -61,13 +61,14 @@ class Telemetry:
 
     # ---------------------------------------------------------------- hot path
     def record(self, op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us, pred_gpu_us,
-               stream=None, fallback=None):
+               stream=None, fallback=None, detail=None):
         """Record one executed call. Thread safe, never blocks on I/O, never raises for I/O problems.
-        `fallback` is None or (failed_backend, error_str); `backend` is the one that produced the result."""
+        `fallback` is None or (failed_backend, error_str); `backend` is the one that produced the result;
+        `detail` is None or the text behind the reason (gpu_unsupported: why the GPU refuses the call)."""
         if not self.enabled:
             return
         rec = (_now(), next(self._seq), op, backend, reason, size, dtype, nbytes, duration_us,
-               pred_cpu_us, pred_gpu_us, stream, _current_scope(), fallback)
+               pred_cpu_us, pred_gpu_us, stream, _current_scope(), fallback, detail)
         self._ring.append(rec)
         try:
             cells = self._local.cells          # this thread's shard: no lock needed (store.py)
