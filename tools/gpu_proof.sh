@@ -55,7 +55,8 @@ if [ -d .whl ] && compgen -G ".whl/*.whl" >/dev/null; then
   step "wheels from .whl" 120 "$BUILD_LOG" "$PY" -m pip install -q --no-index --no-deps --target /tmp/hipsched-site .whl/*.whl
   export PYTHONPATH=/tmp/hipsched-site${PYTHONPATH:+:$PYTHONPATH}
 fi
-step "build in place" 120 "$BUILD_LOG" "$PY" setup.py -q build_ext --inplace || { echo "build failed: see $BUILD_LOG"; exit 1; }
+step "build in place" "${HIPSCHED_PROOF_BUILD_S:-180}" "$BUILD_LOG" \
+  "$PY" setup.py -q build_ext --inplace -j "$HIPSCHED_CYTHON_JOBS" || { echo "build failed: see $BUILD_LOG"; exit 1; }
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 # a GPU must be taken, or everything after this proves nothing
 step "GPU detected" 30 "$BUILD_LOG" "$PY" -c "
@@ -73,8 +74,8 @@ SAN=(compute-sanitizer --error-exitcode 99 --report-api-errors no --print-limit 
 SAN_TESTS=("${PYTEST[@]}" -m gpu tests/test_gpu_ops.py tests/test_gpu_ops_extra.py -k "not out_of_memory")
 step "memcheck" 90 "$OUT/memcheck.log" "${SAN[@]}" --tool memcheck --leak-check no "${SAN_TESTS[@]}"
 step "racecheck" 60 "$OUT/racecheck.log" "${SAN[@]}" --tool racecheck "${SAN_TESTS[@]}" -x
-step "GPU benchmark" 90 "$OUT/bench.log" "$PY" bench/gpu_ops.py --quick
-step "demo" 60 "$OUT/demo.log" "$PY" -m hipsched demo --quick --no-progress --log "$OUT/demo.jsonl"
+step "GPU benchmark" 60 "$OUT/bench.log" "$PY" bench/gpu_ops.py --quick
+step "demo" 30 "$OUT/demo.log" "$PY" -m hipsched demo --quick --no-progress --log "$OUT/demo.jsonl"
 
 {
   echo
