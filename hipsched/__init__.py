@@ -22,13 +22,25 @@ _LAZY = {
     "OpType": ".ops",
     "QuantizedTensor": ".ops.quant", "quantize": ".ops.quant",
 }
-OPS = ("add", "scale", "softmax", "cosine_similarity", "top_k", "matmul", "dequantize", "qmatmul", "attention",
-       "spread_activation")
 # the compiled extension modules, as `from . import _sched` asks for them
 _COMPILED = ("_sched",)
 
-__all__ = ["BuildMissingError", "ConfigError", "GpuError", "HipschedError", "HybridConfig", "cpu_features",
-           "default_executor", *_LAZY, *OPS]
+_NAMES = ["BuildMissingError", "ConfigError", "GpuError", "HipschedError", "HybridConfig", "cpu_features",
+          "default_executor", *_LAZY]
+
+
+def _op_names() -> tuple:
+    """The public ops, read from the op specs. Imported on first use: the specs need NumPy, and the log
+    tools (telemetry, analyze) must import this package without it."""
+    return tuple(importlib.import_module(".ops", __name__).OPS)
+
+
+def _op_names_or_none() -> tuple:
+    # `from hipsched import telemetry` asks hasattr first: without NumPy that is "no such op", not an error
+    try:
+        return _op_names()
+    except ImportError:
+        return ()
 
 
 def _source_tree() -> str | None:
@@ -66,14 +78,20 @@ def _is_missing_extension(e: ImportError) -> bool:
 
 
 def __getattr__(name):
+    if name.startswith("__") and name != "__all__":
+        raise AttributeError(f"module 'hipsched' has no attribute {name!r}")
     if name in _LAZY:
         value = getattr(_import_compiled(_LAZY[name]), name)
-    elif name in OPS:
-        value = _forward(name)
+    elif name == "OPS":
+        value = _op_names()
+    elif name == "__all__":
+        value = _NAMES + list(_op_names())
     elif name in _COMPILED:
         # `from . import _sched` asks the package first (hasattr): import the extension here, so an
         # unbuilt one is reported as such instead of as Python's circular-import message
         value = _import_compiled("." + name)
+    elif not name.startswith("_") and name in _op_names_or_none():
+        value = _forward(name)
     else:
         raise AttributeError(f"module 'hipsched' has no attribute {name!r}")
     globals()[name] = value
@@ -81,7 +99,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__getattr__("__all__")))
 
 
 def cpu_features() -> dict:

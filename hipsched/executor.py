@@ -13,7 +13,7 @@ import time
 import weakref
 
 from . import _sched
-from .backends.cpu import CPU_IMPLS, CpuBackend
+from .backends.cpu import CpuBackend
 from .chunking import chunkable, run_chunked
 from .config import HybridConfig
 from .errors import GpuError
@@ -29,7 +29,6 @@ _F_PRESENT, _F_SUPPORTS, _F_FITS = _sched.F_GPU_PRESENT, _sched.F_GPU_SUPPORTS, 
 _F_WANT_CPU, _F_WANT_GPU, _F_UNSUPPORTED = _sched.F_WANT_CPU, _sched.F_WANT_GPU, _sched.F_CALL_UNSUPPORTED
 _REASON_STR = tuple(r.value for r in REASONS)
 _FREE_MEMORY_TTL_NS = 10_000_000  # free device memory is re-read at most every 10 ms
-_DTYPES = ("float32", "q8_0", "q4_0")
 
 
 class _NoGpu:
@@ -318,14 +317,13 @@ class Executor:
     def capabilities(self) -> ExecutorCapabilities:
         from . import cpu_features
         feats = cpu_features()
-        ops = [OpCapability(op, "cpu", ("float32",) if op not in ("dequantize", "qmatmul") else ("q8_0", "q4_0"),
-                            sys.maxsize, None) for op in CPU_IMPLS]
+        ops = [OpCapability(op, "cpu", spec.cpu_dtypes, sys.maxsize, None) for op, spec in OPS.items()]
         reasons = ()
         present = self._gpu_present and bool(getattr(self._gpu, "available", True))
         if present:
-            for op in CPU_IMPLS:
+            for op, spec in OPS.items():
                 try:
-                    dts = tuple(d for d in _DTYPES if self._gpu.supports(op, d))
+                    dts = tuple(d for d in spec.gpu_dtypes if self._gpu.supports(op, d))
                     if dts:
                         ops.append(OpCapability(op, "gpu", dts, int(self._gpu.max_elements(op)), "gpu"))
                 except Exception:
@@ -463,3 +461,21 @@ class Executor:
         return (self._run if stream is None else self._run_on_stream)("spread_activation", backend, stream, graph,
                                                                       seeds, decay=decay, steps=steps,
                                                                       threshold=threshold)
+
+
+def _op_method(name, spec):
+    """An Executor method for an op declared only by its spec: the positional and keyword arguments
+    are the spec's `prepare`, and its docstring is the method's."""
+    def method(self, *args, backend="auto", stream=None, **kwargs):
+        return (self._run if stream is None else self._run_on_stream)(name, backend, stream, *args, **kwargs)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = spec.prepare.__doc__
+    return method
+
+
+# Ops with a spec but no hand-written method above (which carry richer signatures) get one here, so
+# adding an op takes no edit of this class.
+for _name, _spec in OPS.items():
+    if not hasattr(Executor, _name):
+        setattr(Executor, _name, _op_method(_name, _spec))
+del _name, _spec

@@ -15,7 +15,8 @@ import pytest
 from hipsched.backends import gpu as gpu_backend
 from hipsched.backends.gpu import GPU_IMPLS, create_gpu_backend
 from hipsched.errors import GpuError
-from hipsched.ops.base import Call, OpType
+from hipsched.ops import OpType
+from hipsched.ops.base import Call
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,7 @@ def test_runtime_none_is_unavailable_everywhere():
 def test_impl_table_covers_every_op():
     assert set(GPU_IMPLS) == {op.value for op in OpType}
     for module, fn in GPU_IMPLS.values():
-        assert module.startswith("ops_") and fn
+        assert module.startswith("hipsched.gpu.ops_") and fn
 
 
 def test_supports_table(backend):

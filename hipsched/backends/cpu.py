@@ -1,23 +1,12 @@
 """CpuBackend: runs a validated Call through the C kernels (hipsched/cpu/_<family> extensions).
-Each op maps to a function `family.op(*call.args, **call.params)` taking C-contiguous float32 host
+Each op's spec names a function `f(*call.args, **call.params)` taking C-contiguous float32 host
 arrays (or op objects such as QuantizedTensor) and returning NumPy results."""
 from __future__ import annotations
 
-import importlib
+from ..ops import OPS
 
-# op -> (extension module under hipsched.cpu, function name)
-CPU_IMPLS = {
-    "add": ("_elementwise", "add"),
-    "scale": ("_elementwise", "scale"),
-    "softmax": ("_elementwise", "softmax"),
-    "cosine_similarity": ("_similarity", "cosine_similarity"),
-    "top_k": ("_similarity", "top_k"),
-    "matmul": ("_similarity", "matmul"),
-    "dequantize": ("_quant", "dequantize"),
-    "qmatmul": ("_quant", "qmatmul"),
-    "attention": ("_attention", "attention"),
-    "spread_activation": ("_graph", "spread_activation"),
-}
+# op -> (module, function) of its CPU kernel, as the op specs declare it
+CPU_IMPLS = {name: spec.cpu for name, spec in OPS.items()}
 
 
 class CpuBackend:
@@ -28,8 +17,7 @@ class CpuBackend:
         self._fns = {}
 
     def _load(self, op):
-        module, fn = CPU_IMPLS[op]
-        f = getattr(importlib.import_module(f"hipsched.cpu.{module}"), fn)
+        f = OPS[op].cpu_function()
         self._fns[op] = f
         return f
 

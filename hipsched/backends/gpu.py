@@ -1,13 +1,12 @@
 """GpuBackend: runs a validated Call on the GPU through the detected runtime and the compiled kernels.
 
 What the scheduler asks of it (capabilities, free memory, transfer volume) is answered without touching
-the device where possible. `run` maps the op to its launch glue `hipsched.gpu.ops_<family>.<op>(ctx,
-call, stream)` through GPU_IMPLS and turns ANY failure into GpuError, so the executor can always fall
+the device where possible. `run` calls the launch glue its op spec names (`hipsched.gpu.ops_<family>.<op>(ctx,
+call, stream)`) and turns ANY failure into GpuError, so the executor can always fall
 back to the CPU. Results come back where the inputs live: NumPy for host inputs, DeviceArray for device
 inputs. `create_gpu_backend` never raises: with no GPU the backend says so in `unavailable_reason`."""
 from __future__ import annotations
 
-import importlib
 import statistics
 import threading
 import time
@@ -16,25 +15,12 @@ import numpy as np
 
 from ..errors import GpuError
 from ..gpu import runtime as _rt
+from ..ops import OPS
 
-# op -> (module under hipsched.gpu, function): the launch glue for each op
-GPU_IMPLS = {
-    "add": ("ops_basic", "add"),
-    "scale": ("ops_basic", "scale"),
-    "softmax": ("ops_basic", "softmax"),
-    "cosine_similarity": ("ops_basic", "cosine_similarity"),
-    "top_k": ("ops_basic", "top_k"),
-    "matmul": ("ops_basic", "matmul"),
-    "dequantize": ("ops_quant", "dequantize"),
-    "qmatmul": ("ops_quant", "qmatmul"),
-    "attention": ("ops_attention", "attention"),
-    "spread_activation": ("ops_graph", "spread_activation"),
-}
-
-_QTYPES = ("q8_0", "q4_0")
-# op -> dtypes (Call.dtype) with a GPU path
-SUPPORTED_DTYPES = {op: ("float32",) for op in GPU_IMPLS}
-SUPPORTED_DTYPES.update(dequantize=_QTYPES, qmatmul=_QTYPES)
+# Views of the op specs (hipsched/ops), which are the one place these are declared:
+# op -> (module, function) of the launch glue, and op -> dtypes (Call.dtype) with a GPU path
+GPU_IMPLS = {name: spec.gpu for name, spec in OPS.items() if spec.gpu is not None}
+SUPPORTED_DTYPES = {name: OPS[name].gpu_dtypes for name in GPU_IMPLS}
 
 # Largest Call.size per op. Every kernel indexes with 64 bits, so the practical limit is device memory,
 # which the scheduler checks separately through device_bytes_needed() and free_memory().
@@ -159,14 +145,8 @@ class GpuBackend:
 
     def device_bytes_needed(self, call) -> int:
         """Inputs + outputs (call.nbytes) plus the scratch an op allocates on the device."""
-        extra = 0
-        if call.op in ("cosine_similarity", "top_k") and len(call.args) >= 2:
-            q, T = call.args[0], call.args[1]
-            m = 1 if len(q.shape) == 1 else q.shape[0]
-            extra = 4 * m  # query norms
-            if call.op == "top_k":
-                extra += 4 * m * T.shape[0] * 2 + 12 * m * T.shape[0]  # scores + first-pass partials (bound)
-        return int(call.nbytes) + extra
+        spec = OPS.get(call.op)
+        return int(call.nbytes) + (spec.device_scratch(call) if spec is not None else 0)
 
     def transfer_bytes(self, call) -> tuple[int, int]:
         """(host->device, device->host) bytes this call copies: inputs not already resident, outputs."""
@@ -186,9 +166,8 @@ class GpuBackend:
         if fn is None:
             if op not in GPU_IMPLS:
                 raise GpuError("unsupported", f"no GPU implementation of {op!r}")
-            module, name = GPU_IMPLS[op]
             try:
-                fn = getattr(importlib.import_module(f"hipsched.gpu.{module}"), name + suffix)
+                fn = OPS[op].gpu_function(suffix)
             except (ImportError, AttributeError) as e:
                 raise GpuError("unsupported", f"GPU glue for {op!r} cannot load: {e}") from e
             self._fns[key] = fn

@@ -54,3 +54,8 @@ def attention(ctx, call, stream):
     ctx.run(launch, (q, k, v, out, ctypes.c_int64(sq), ctypes.c_int64(sk), ctypes.c_int32(hd),
                      ctypes.c_float(scale), ctypes.c_int32(1 if causal else 0)), stream)
     return ctx.finish(out, call, stream)
+
+
+def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
+    """Every head-dim class's kernel (the compile report's occupancy rows)."""
+    return [launch for hd in HEAD_DIM_CLASSES for launch in attention_launches(1, 2, 100, hd)]

@@ -363,3 +363,21 @@ def matmul_launches(batch: int, M: int, N: int, K: int) -> list[Launch]:
     if max(M, N, K) >= 2**31:  # the kernel takes int dimensions
         raise GpuError("unsupported", f"matmul: {batch}x{M}x{N}x{K} exceeds the fallback kernel's 32-bit sizes")
     return [Launch.of("matmul", "hs_matmul_f32", (-(-N // 64), -(-M // 64), batch), 256)]
+
+
+def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
+    """Plans for shapes that reach every kernel here at every block size it is launched with (the
+    compile report's occupancy rows)."""
+    plans = []
+    for vec in (False, True):
+        plans += add_launches(1024, 1024, vec, multiprocessors)
+        plans += add_launches(1024, 64, vec, multiprocessors)
+        plans += scale_launches(1024, vec, multiprocessors)
+        for length in (1, 4, 511, 512, 2044, 2048, 4095, 4096, SOFTMAX_CACHED_LEN, SOFTMAX_CACHED_LEN + 4, 16384,
+                       1 << 20):
+            plans += softmax_launches(8, length, 1, vec, multiprocessors)
+        for m in (1, 9):
+            plans += top_k_launches(m, 5000, 64, 10, vec, warp, multiprocessors)
+    plans += softmax_launches(8, 100, 8, False, multiprocessors)
+    plans += matmul_launches(2, 100, 100, 100)
+    return plans

@@ -69,3 +69,8 @@ def spread_activation(ctx, call, stream):
                 stream)
         cur, dst = dst, (other if dst is out else out)
     return ctx.finish(out, call, stream)
+
+
+def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
+    """Both index widths' kernels (the compile report's occupancy rows)."""
+    return [launch for dtype in (np.int32, np.int64) for launch in spread_launches(1000, dtype, multiprocessors)]

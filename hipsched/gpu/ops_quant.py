@@ -10,8 +10,12 @@ import ctypes
 import numpy as np
 
 from ..errors import GpuError
-from ..ops.quant import BLOCK_BYTES, QK
 from .context import Launch, grid_stride_blocks
+
+# GGUF's block layout (fixed by the file format, as in hipsched/ops/quant.py); spelled out here because
+# the glue sits below the op specs and never imports them.
+QK = 32
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
 
 _DEQ_BLOCK = 256
 _MATVEC_BLOCK = 128      # threads; each warp/wavefront owns _MATVEC_ROWS rows
@@ -106,3 +110,13 @@ def qmatmul(ctx, call, stream):
         ctx.run(launch, (wd, ctx.upload(x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int64(m)),
                 stream)
     return ctx.finish(out, call, stream)
+
+
+def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
+    """Every quant kernel at the block sizes the glue uses (the compile report's occupancy rows)."""
+    plans = []
+    for qtype in ("q8_0", "q4_0"):
+        plans += dequantize_launches(100, qtype, multiprocessors)
+        for m in (1, 2, 9):
+            plans += qmatmul_launches(100, m, qtype, warp)
+    return plans

@@ -4,9 +4,9 @@ block sizes the launch glue really uses, on that target (limits and occupancy mo
 hipsched/gpu/targets.py), with what bounds it."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-import numpy as np
 
 from .codeobject import KernelResources
 from .targets import Occupancy, Target, occupancy_percent
@@ -39,27 +39,14 @@ class ReportRow:
 def glue_launches(warp: int, multiprocessors: int = 100) -> dict[str, dict[int, int]]:
     """{kernel: {threads per block: the most dynamic shared memory}} over what the launch glue plans
     for shapes that reach every kernel and every block size it uses."""
-    from . import ops_attention, ops_basic, ops_graph, ops_quant
+    # Each glue module (ops_*.py beside this one) lists its own: a new op's glue needs no entry here.
+    import importlib
+    import pkgutil
     plans = []
-    for vec in (False, True):
-        plans += ops_basic.add_launches(1024, 1024, vec, multiprocessors)
-        plans += ops_basic.add_launches(1024, 64, vec, multiprocessors)
-        plans += ops_basic.scale_launches(1024, vec, multiprocessors)
-        for length in (1, 4, 511, 512, 2044, 2048, 4095, 4096, ops_basic.SOFTMAX_CACHED_LEN,
-                       ops_basic.SOFTMAX_CACHED_LEN + 4, 16384, 1 << 20):
-            plans += ops_basic.softmax_launches(8, length, 1, vec, multiprocessors)
-        for m in (1, 9):
-            plans += ops_basic.top_k_launches(m, 5000, 64, 10, vec, warp, multiprocessors)
-    plans += ops_basic.softmax_launches(8, 100, 8, False, multiprocessors)
-    plans += ops_basic.matmul_launches(2, 100, 100, 100)
-    for hd in ops_attention.HEAD_DIM_CLASSES:
-        plans += ops_attention.attention_launches(1, 2, 100, hd)
-    for dtype in (np.int32, np.int64):
-        plans += ops_graph.spread_launches(1000, dtype, multiprocessors)
-    for qtype in ("q8_0", "q4_0"):
-        plans += ops_quant.dequantize_launches(100, qtype, multiprocessors)
-        for m in (1, 2, 9):
-            plans += ops_quant.qmatmul_launches(100, m, qtype, warp)
+    for info in pkgutil.iter_modules([os.path.dirname(os.path.abspath(__file__))]):
+        if info.name.startswith("ops_"):
+            module = importlib.import_module(f"{__package__}.{info.name}")
+            plans += module.report_launches(warp, multiprocessors)
     out: dict[str, dict[int, int]] = {}
     for p in plans:
         threads = p.block[0] * p.block[1] * p.block[2]

@@ -1,3 +1,16 @@
-"""Op descriptors: each family module registers a prepare(*args, **kwargs) -> Call for its ops."""
-from .base import OPS, Call, OpSpec, OpType, register  # noqa: F401
-from . import elementwise, similarity, linalg, quant, attention, graph  # noqa: F401,E402  (registers)
+"""Op specs: each module here declares its ops with `register` (see base.OpSpec); importing this
+package registers them all, and everything else (backends, chunking, calibration, the executor, the
+public op list) reads OPS. Modules are found, not listed, so a new op is one new module (or one more
+`register` in an existing one) and nothing else here."""
+import importlib as _importlib
+import pkgutil as _pkgutil
+from enum import Enum
+
+from .base import OPS, Call, OpSpec, register  # noqa: F401
+
+for _info in _pkgutil.iter_modules(__path__):
+    if _info.name != "base":
+        _importlib.import_module(f"{__name__}.{_info.name}")
+del _info
+
+OpType = Enum("OpType", {name.upper(): name for name in OPS}, type=str)

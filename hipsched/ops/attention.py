@@ -19,12 +19,33 @@ import math
 
 import numpy as np
 
-from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, finite_scalar, register, shape_mismatch
+from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, finite_scalar, rand_f32, register, \
+    shape_mismatch
 
 OP = "attention"
 
 
-@register(OP)
+def _split(call):
+    """batch * heads: each (b, h) slice attends only within itself."""
+    args = call.args
+    if len(args) < 3 or not all(isinstance(a, np.ndarray) and a.ndim == 4 for a in args[:3]):
+        return None
+    b, h = args[0].shape[0], args[0].shape[1]
+    if b * h < 2:
+        return None
+    flat = [a.reshape(b * h, 1, a.shape[2], a.shape[3]) for a in args[:3]]
+    return b * h, (lambda lo, hi: tuple(f[lo:hi] for f in flat) + tuple(args[3:])), \
+        (lambda rs: (lambda r: r.reshape(b, h, r.shape[2], r.shape[3]))(np.concatenate(rs, axis=0)))
+
+
+def _sweep(rng):
+    for s in (16, 64, 128, 256, 512):
+        q, k, v = (rand_f32(rng, 1, 4, s, 64) for _ in range(3))
+        yield 4 * s * s * 64, (q, k, v), {}
+
+
+@register(OP, cpu=("hipsched.cpu._attention", "attention"), gpu=("hipsched.gpu.ops_attention", "attention"),
+          split=_split, sweep=_sweep)
 def prepare(q, k, v, causal=False, scale=None) -> Call:
     q = as_f32(q, OP, "q")
     k = as_f32(k, OP, "k")

@@ -3,25 +3,12 @@ input checks (dtype, shape, memory) each op's `prepare` composes. Validation hap
 before any scheduling decision, so both backends receive identical, well-formed inputs."""
 from __future__ import annotations
 
+import importlib
 import os
-from enum import Enum
 
 import numpy as np
 
 from ..errors import GpuError
-
-
-class OpType(str, Enum):
-    ADD = "add"
-    SCALE = "scale"
-    SOFTMAX = "softmax"
-    COSINE_SIMILARITY = "cosine_similarity"
-    TOP_K = "top_k"
-    MATMUL = "matmul"
-    DEQUANTIZE = "dequantize"
-    QMATMUL = "qmatmul"
-    ATTENTION = "attention"
-    SPREAD_ACTIVATION = "spread_activation"
 
 
 class Call:
@@ -45,23 +32,85 @@ class Call:
         return f"Call({self.op}, size={self.size}, nbytes={self.nbytes}, dtype={self.dtype}, on_device={self.on_device})"
 
 
-class OpSpec:
-    __slots__ = ("name", "prepare")
+F32 = ("float32",)
 
-    def __init__(self, name, prepare):
+
+def _resolve(path):
+    module, name = path
+    return getattr(importlib.import_module(module), name)
+
+
+class OpSpec:
+    """Everything the rest of hipsched knows about one op, declared once beside its validation.
+
+    Kernels are named as (module path, function name) and imported only when first asked for: this
+    package never imports the GPU layer, which may be absent or broken, and the glue never imports
+    this package, so each layer only points down. `gpu_supports` is the launch planner beside the glue
+    (`<glue>_plan(ctx, call)`), so what the GPU accepts is decided by the code that launches.
+    `scratch(call)` is the device memory the glue allocates beyond inputs and outputs; `split(call)`
+    cuts a call into independent pieces for out-of-memory recovery, (pieces, args(lo, hi),
+    combine(results)) or None; `sweep(rng)` yields the calibration calls (size, args, kwargs)."""
+
+    __slots__ = ("name", "prepare", "cpu", "gpu", "cpu_dtypes", "gpu_dtypes", "scratch", "split", "sweep")
+
+    def __init__(self, name, prepare, *, cpu, gpu=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None, split=None,
+                 sweep=None):
         self.name = name
         self.prepare = prepare
+        self.cpu = cpu
+        self.gpu = gpu
+        self.cpu_dtypes = tuple(cpu_dtypes)
+        self.gpu_dtypes = tuple(gpu_dtypes) if gpu is not None else ()
+        self.scratch = scratch
+        self.split = split
+        self.sweep = sweep
+
+    @property
+    def gpu_supports(self):
+        """(module, function) of the launch planner that judges a call before anything is uploaded."""
+        return None if self.gpu is None else (self.gpu[0], self.gpu[1] + "_plan")
+
+    def cpu_function(self):
+        return _resolve(self.cpu)
+
+    def gpu_function(self, suffix=""):
+        return _resolve((self.gpu[0], self.gpu[1] + suffix))
+
+    def device_scratch(self, call) -> int:
+        return int(self.scratch(call)) if self.scratch is not None else 0
+
+    def chunks(self, call):
+        return self.split(call) if self.split is not None else None
 
 
 OPS: dict[str, OpSpec] = {}
 
 
-def register(name):
-    """Decorator for an op's prepare(*args, **kwargs) -> Call."""
+def register(name, *, cpu, gpu=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None, split=None, sweep=None):
+    """Decorator for an op's prepare(*args, **kwargs) -> Call: declares the op (see OpSpec)."""
     def deco(fn):
-        OPS[name] = OpSpec(name, fn)
+        OPS[name] = OpSpec(name, fn, cpu=cpu, gpu=gpu, cpu_dtypes=cpu_dtypes, gpu_dtypes=gpu_dtypes,
+                           scratch=scratch, split=split, sweep=sweep)
         return fn
     return deco
+
+
+def rand_f32(rng, *shape):
+    """Calibration input: standard normal float32 of this shape."""
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def split_rows(call, same_shape_only=False):
+    """Chunks along the first axis of args[0]; other arguments of args[0]'s shape are cut alike (with
+    `same_shape_only`), the rest passed whole. Results are stacked along axis 0."""
+    args = call.args
+    x = args[0]
+    if not isinstance(x, np.ndarray) or x.ndim < 1 or x.shape[0] < 2:
+        return None
+    cut = [i == 0 or (same_shape_only and isinstance(a, np.ndarray) and a.shape == x.shape)
+           for i, a in enumerate(args)]
+    return x.shape[0], (lambda lo, hi: tuple(a[lo:hi] if c else a for a, c in zip(args, cut))), \
+        (lambda rs: np.concatenate(rs, axis=0))
 
 
 # ---------------------------------------------------------------- device arrays

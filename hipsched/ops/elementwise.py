@@ -15,7 +15,11 @@ import numbers
 import numpy as np
 
 from . import base
-from .base import Call, any_on_device, as_f32, check_result_fits, register, shape_mismatch
+from .base import Call, any_on_device, as_f32, check_result_fits, rand_f32, register, shape_mismatch, split_rows
+
+_CPU = "hipsched.cpu._elementwise"
+_GPU = "hipsched.gpu.ops_basic"
+
 
 def _elements(op: str, shape) -> int:
     """Element count of a float32 result of `shape`, MemoryError (check_result_fits) if it cannot fit.
@@ -26,7 +30,25 @@ def _elements(op: str, shape) -> int:
     return n
 
 
-@register("add")
+def _sweep_rows(make):
+    """64 .. 4M elements in rows of 256, about 4x per step (the usual CPU/GPU crossover lies inside)."""
+    def sweep(rng):
+        for n in (2 ** e for e in range(6, 23, 2)):
+            rows = max(1, n // 256)
+            x = rand_f32(rng, rows, n // rows)
+            yield (n,) + make(rng, x)
+    return sweep
+
+
+def _split_softmax(call):
+    x = call.args[0]
+    if not isinstance(x, np.ndarray) or x.ndim < 2 or call.params.get("axis", -1) % x.ndim == 0:
+        return None
+    return split_rows(call)
+
+
+@register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), split=lambda call: split_rows(call, same_shape_only=True),
+          sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
 def prepare_add(a, b) -> Call:
     a = as_f32(a, "add", "a")
     b = as_f32(b, "add", "b")
@@ -48,7 +70,8 @@ def _real_scalar(value, op: str, name: str) -> float:
     raise TypeError(f"{op}: {name} must be a real scalar, got {value!r}")
 
 
-@register("scale")
+@register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), split=split_rows,
+          sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})))
 def prepare_scale(x, alpha) -> Call:
     x = as_f32(x, "scale", "x")
     alpha = _real_scalar(alpha, "scale", "alpha")
@@ -56,7 +79,8 @@ def prepare_scale(x, alpha) -> Call:
     return Call("scale", (x,), {"alpha": alpha}, size=n, nbytes=8 * n, on_device=any_on_device(x))
 
 
-@register("softmax")
+@register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), split=_split_softmax,
+          sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})))
 def prepare_softmax(x, axis=-1) -> Call:
     x = as_f32(x, "softmax", "x")
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):

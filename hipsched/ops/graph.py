@@ -89,7 +89,18 @@ def _seed_array(seeds, n: int):
     return a
 
 
-@register(OP)
+def _sweep(rng, degree=8):
+    for n in (256, 4096, 65536):
+        indptr = np.arange(0, n * degree + 1, degree, dtype=np.int64)
+        indices = rng.integers(0, n, n * degree, dtype=np.int64)
+        weights = rng.random(n * degree, dtype=np.float32)
+        seeds = np.zeros(n, np.float32)
+        seeds[:8] = 1.0
+        yield n * degree * 3, ((indptr, indices, weights), seeds), {"decay": 0.5, "steps": 3, "threshold": 0.0}
+
+
+@register(OP, cpu=("hipsched.cpu._graph", "spread_activation"), gpu=("hipsched.gpu.ops_graph", "spread_activation"),
+          sweep=_sweep)
 def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
     indptr, indices, weights, cols = _csr_parts(graph)
     indptr, indices = _index_pair(_index_array(indptr, "indptr"), _index_array(indices, "indices"))

@@ -5,10 +5,44 @@ from __future__ import annotations
 
 import math
 
-from .base import Call, any_on_device, as_f32, check_result_fits, register, shape_mismatch
+import numpy as np
+
+from .base import Call, any_on_device, as_f32, check_result_fits, rand_f32, register, shape_mismatch
 
 
-@register("matmul")
+def _split(call):
+    """np.matmul's layouts: split the axis that is the result's first (or, for a 1-d a against a
+    matrix, last) axis, on every operand that carries it."""
+    args = call.args
+    if len(args) < 2 or not all(isinstance(a, np.ndarray) for a in args[:2]):
+        return None
+    a, b = args[0], args[1]
+    rest = tuple(args[2:])
+    if a.ndim >= 3 and b.ndim == a.ndim:          # equal batch axes: split both
+        split, n = (lambda lo, hi: (a[lo:hi], b[lo:hi]) + rest), a.shape[0]
+    elif a.ndim >= 2 and b.ndim <= 2:             # a's batch axis or rows
+        split, n = (lambda lo, hi: (a[lo:hi], b) + rest), a.shape[0]
+    elif b.ndim >= 3 and a.ndim <= 2:             # b's batch axis (a broadcast over it)
+        split, n = (lambda lo, hi: (a, b[lo:hi]) + rest), b.shape[0]
+    elif a.ndim == 1 and b.ndim == 2:             # vector @ matrix: columns of b
+        if b.shape[1] < 2:
+            return None
+        return b.shape[1], (lambda lo, hi: (a, np.ascontiguousarray(b[:, lo:hi])) + rest), \
+            (lambda rs: np.concatenate(rs, axis=-1))
+    else:
+        return None
+    if n < 2:
+        return None
+    return n, split, (lambda rs: np.concatenate(rs, axis=0))
+
+
+def _sweep(rng):
+    for n in (8, 16, 32, 64, 128, 256, 512):
+        yield n ** 3, (rand_f32(rng, n, n), rand_f32(rng, n, n)), {}
+
+
+@register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.ops_basic", "matmul"),
+          split=_split, sweep=_sweep)
 def prepare_matmul(a, b) -> Call:
     a = as_f32(a, "matmul", "a")
     b = as_f32(b, "matmul", "b")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, register, shape_mismatch
+from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, rand_f32, register, shape_mismatch
 
 __all__ = ["QuantizedTensor", "quantize"]
 
@@ -111,7 +111,33 @@ def _check_qt(w, op: str) -> QuantizedTensor:
     return w
 
 
-@register("dequantize")
+_CPU = "hipsched.cpu._quant"
+_GPU = "hipsched.gpu.ops_quant"
+
+
+def _split_qmatmul(call):
+    """Columns of x: each is an independent matrix-vector product with the whole of w."""
+    args = call.args
+    if len(args) < 2 or not isinstance(args[1], np.ndarray) or args[1].ndim != 2 or args[1].shape[1] < 2:
+        return None
+    w, v = args[0], args[1]
+    return v.shape[1], (lambda lo, hi: (w, np.ascontiguousarray(v[:, lo:hi])) + tuple(args[2:])), \
+        (lambda rs: np.concatenate(rs, axis=1))
+
+
+def _sweep(with_x):
+    def sweep(rng):
+        for n in (64, 256, 1024, 2048):
+            w = quantize(rand_f32(rng, n, 1024), "q8_0")
+            yield n * 1024, ((w, rand_f32(rng, 1024)) if with_x else (w,)), {}
+    return sweep
+
+
+_QTYPES = tuple(BLOCK_BYTES)
+
+
+@register("dequantize", cpu=(_CPU, "dequantize"), gpu=(_GPU, "dequantize"), cpu_dtypes=_QTYPES, gpu_dtypes=_QTYPES,
+          sweep=_sweep(False))
 def prepare_dequantize(w) -> Call:
     _check_qt(w, "dequantize")
     n, k = w.shape
@@ -119,7 +145,8 @@ def prepare_dequantize(w) -> Call:
     return Call("dequantize", (w,), {}, size=n * k, nbytes=w.nbytes + 4 * n * k, dtype=w.qtype)
 
 
-@register("qmatmul")
+@register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=_QTYPES, gpu_dtypes=_QTYPES,
+          split=_split_qmatmul, sweep=_sweep(True))
 def prepare_qmatmul(w, x) -> Call:
     """w (n, k) quantized times float32 x (k,) or (k, m). The CPU kernel keeps x in float32 and
     dequantizes each weight in registers (bit-exact to `dequantize`), so the result is the float32

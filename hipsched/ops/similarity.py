@@ -9,8 +9,13 @@ float32), (k',) or (m, k'), best first; equal scores go to the lower index; NaN 
 number (among themselves by index). k < 1 is a ValueError."""
 from __future__ import annotations
 
-from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, finite_scalar, register, \
+import numpy as np
+
+from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, finite_scalar, rand_f32, register, \
     shape_mismatch
+
+_CPU = "hipsched.cpu._similarity"
+_GPU = "hipsched.gpu.ops_basic"
 
 
 def _queries_targets(op, q, T):
@@ -26,7 +31,48 @@ def _queries_targets(op, q, T):
     return q, T, m, n, d, on_device
 
 
-@register("cosine_similarity")
+def _queries(call):
+    q = call.args[0]
+    return 1 if len(q.shape) == 1 else int(q.shape[0])
+
+
+def _scratch_cosine(call):
+    return 4 * _queries(call) if len(call.args) >= 2 else 0  # query norms
+
+
+def _scratch_top_k(call):
+    if len(call.args) < 2:
+        return 0
+    m, n = _queries(call), int(call.args[1].shape[0])
+    return 4 * m + 4 * m * n * 2 + 12 * m * n  # query norms, scores, first-pass partials (a bound)
+
+
+def _split_cosine(call):
+    args = call.args
+    if len(args) < 2 or not isinstance(args[0], np.ndarray) or not isinstance(args[1], np.ndarray) \
+            or args[1].ndim < 1 or args[1].shape[0] < 2:
+        return None
+    q, t = args[0], args[1]
+    return t.shape[0], (lambda lo, hi: (q, t[lo:hi]) + tuple(args[2:])), (lambda rs: np.concatenate(rs, axis=-1))
+
+
+def _split_top_k(call):
+    x, args = call.args[0], call.args
+    if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[0] < 2:
+        return None
+    return x.shape[0], (lambda lo, hi: (x[lo:hi],) + tuple(args[1:])), \
+        (lambda rs: tuple(np.concatenate(p, axis=0) for p in zip(*rs)))
+
+
+def _sweep(*extra):
+    def sweep(rng):
+        for n in (64, 256, 1024, 4096, 16384, 65536):
+            yield n * 128, (rand_f32(rng, 128), rand_f32(rng, n, 128)) + extra, {}
+    return sweep
+
+
+@register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"),
+          scratch=_scratch_cosine, split=_split_cosine, sweep=_sweep())
 def prepare_cosine(q, T) -> Call:
     q, T, m, n, d, on_device = _queries_targets("cosine_similarity", q, T)
     check_result_fits("cosine_similarity", m, n)
@@ -34,7 +80,8 @@ def prepare_cosine(q, T) -> Call:
                 on_device=on_device)
 
 
-@register("top_k")
+@register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), scratch=_scratch_top_k, split=_split_top_k,
+          sweep=_sweep(10))
 def prepare_top_k(q, T, k) -> Call:
     q, T, m, n, d, on_device = _queries_targets("top_k", q, T)
     k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
