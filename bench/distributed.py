@@ -141,7 +141,8 @@ def main(argv=None):
                         f"{fmt_time(mp)} | {mp / mo:.2f}x | >= 2x {'ok' if mp / mo >= 2 else 'MISSED'} | {gbs:.2f} GB/s |")
             over.append(f"| {rows_per_chunk} | {chunks} | {4 * rows_per_chunk * D / 2**20:.0f} MiB | {fmt_time(wall)} | "
                         f"{fmt_time(kern / max(n_ev, 1))} | {fmt_time(overhead)} | "
-                        f"{workers * wall - kern:.3f} s ({(workers * wall - kern) / (workers * wall):.0%}) |")
+                        f"{workers * wall - kern:.3f} s ({(workers * wall - kern) / (workers * wall):.0%}) | "
+                        f"{_load().split()[0]} |")
             print(rows[-2] + "\n" + rows[-1] + "\n" + over[-1], flush=True)
             if T is not base:
                 del T
@@ -157,7 +158,7 @@ def main(argv=None):
     text = f"## {title}\n\n{header}\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     text += ("\n### Per-chunk task overhead\n\n(workers x wall - summed kernel time) / chunks, from one run with "
              "the workers' telemetry\n\n| rows per chunk | chunks | chunk size | wall | kernel per chunk | "
-             "overhead per chunk | overhead total (share of worker time) |\n|---|---|---|---|---|---|---|\n"
+             "overhead per chunk | overhead total (share of worker time) | load (1 min) |\n|---|---|---|---|---|---|---|---|\n"
              + "\n".join(over) + "\n")
     print("\n" + text)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
