@@ -152,9 +152,15 @@ def test_sigkill_mid_top_k_reruns_tasks_and_leaves_a_parseable_log(cluster, gate
     # the nanny restarts the victim under its name, in a new process, with its executor from the plugin
     def back():
         w = _workers(client).get(victim)
-        return w if w is not None and w[1] != pid else None
-    restarted = _wait(back, f"worker {victim} to restart")
-    info = client.run(hd.worker_info, workers=[restarted[0]])[restarted[0]]
+        if w is None or w[1] == pid:
+            return None
+        # the scheduler lists a worker before its plugins have run: wait for the executor too
+        try:
+            info = client.run(hd.worker_info, workers=[w[0]]).get(w[0])
+        except OSError:   # distributed's CommClosedError: the new process is not answering yet
+            return None
+        return (w, info) if info is not None else None
+    restarted, info = _wait(back, f"worker {victim} to restart with its executor")
     assert info["worker"] == victim and info["pid"] == restarted[1]
     # a small top_k on the restarted worker appends to the same log under a new run id
     small = da.from_array(T[:400], chunks=(100, D))
