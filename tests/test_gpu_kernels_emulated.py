@@ -64,6 +64,31 @@ def test_softmax_nan_inf(emu):
         np.testing.assert_allclose(g[~np.isnan(c)], c[~np.isnan(c)], rtol=4e-6, atol=1e-7)
 
 
+# rms_norm: widths below, at and past each block size the glue picks (64 / 256 / 1024 threads), so rows
+# leave threads idle, fill the block and loop; the double block sum is checked for warp 32 and 64.
+@pytest.mark.parametrize("shape", [(1,), (5, 3), (4, 64), (3, 100), (2, 1024), (2, 1500), (1, 16384 + 7),
+                                   (2, 3, 40)])
+def test_rms_norm(emu, rng, shape):
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    g, c = both(emu, "rms_norm", x, w, eps=1e-5)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * w
+    # both round the same float64 value once; only the order of the double sums differs
+    np.testing.assert_array_max_ulp(g, c, maxulp=1)
+    np.testing.assert_array_max_ulp(g, ref.astype(np.float32), maxulp=1)
+
+
+def test_rms_norm_nan_inf_empty(emu):
+    x = np.array([[1, 2, np.nan, 4], [1, np.inf, 3, 4], [0, 0, 0, 0], [1e30, -1e30, 3, 0]], np.float32)
+    w = np.array([1, -2, 0.5, 3], np.float32)
+    g, c = both(emu, "rms_norm", x, w)
+    np.testing.assert_array_equal(g, c)
+    for shape in ((0, 4), (3, 0)):
+        g, c = both(emu, "rms_norm", np.zeros(shape, np.float32), np.ones(shape[-1], np.float32))
+        assert g.shape == c.shape == shape
+
+
 @pytest.mark.parametrize("m,d", [(None, 8), (None, 33), (9, 12), (2, 7)])
 def test_cosine(emu, rng, m, d):
     q = rng.standard_normal(d if m is None else (m, d)).astype(np.float32)

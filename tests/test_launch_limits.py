@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu import ops_attention, ops_basic, ops_graph, ops_quant
+from hipsched.gpu import ops_attention, ops_basic, ops_graph, ops_norm, ops_quant
 from hipsched.gpu.codeobject import KernelResources, _msgpack, kernel_resources, with_ptxas_spills
 from hipsched.gpu.compilers import get_compiler
 from hipsched.gpu.kernels import KernelCache
@@ -286,6 +286,9 @@ def sweep(warp, cus, amd):
                 yield plan("softmax", (outer, length, 1, vec), ops_basic.softmax_launches, outer, length, 1, vec, cus)
     for outer, length, inner in ((1, 1, 2), (2**20, 3, 2**10), (1, 2**20, 2**40), (2**31, 2, 2**31)):
         yield plan("softmax", (outer, length, inner), ops_basic.softmax_launches, outer, length, inner, False, cus)
+    for rows in (1, 7, 2**20, 2**20 + 1, 2**40):
+        for length in (1, 63, 64, 1023, 1024, 16383, 16384, 2**31):
+            yield plan("rms_norm", (rows, length), ops_norm.rms_norm_launches, rows, length)
     for m in (1, 2, 8, 9, 65535, 65536, 8 * 65535 + 1, 2**31):
         for n in (1, 2**20, 2**31):
             for d in (1, 4, 4096):

@@ -1,0 +1,3 @@
+/* Portable variant of the normalisation kernels (plain C). */
+#include "simd.h"
+#include "norm.inc"

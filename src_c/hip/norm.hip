@@ -1,0 +1,49 @@
+// RMS norm over the last axis of a (rows, len) row-major x: y = x / sqrt(mean(x^2) + eps) * w.
+// The sum of squares and each product are formed in double and rounded to float once, as the CPU
+// engine does, so both give the float64 formula within float32 rounding (they can differ only where
+// the order of the double sum moves a result across a float rounding boundary).
+
+// prelude.h's block reduce is float-only; this is the same idiom (shuffle tree per warp, one slot per
+// warp in shared memory, the first warp reduces the slots) for a double, for warp 32 and 64 alike.
+HS_DEV double hs_warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = HS_WARP / 2; o > 0; o >>= 1) v += HS_SHFL_XOR(v, o);
+    return v;
+}
+
+// Every thread of the block must call it; `scratch` is __shared__ double[HS_MAX_WARPS] and may be
+// reused by the next call (it syncs before writing).
+HS_DEV double hs_block_sum_f64(double v, double* scratch) {
+    const int lane = threadIdx.x % HS_WARP, wid = threadIdx.x / HS_WARP;
+    const int nw = (blockDim.x + HS_WARP - 1) / HS_WARP;
+    v = hs_warp_sum_f64(v);
+    __syncthreads();
+    if (lane == 0) scratch[wid] = v;
+    __syncthreads();
+    if (wid == 0) {
+        v = lane < nw ? scratch[lane] : 0.0;
+        v = hs_warp_sum_f64(v);
+        if (lane == 0) scratch[0] = v;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+// One block per row; the grid strides over further rows.
+HS_KERNEL void hs_rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                               double eps, hs_i64 rows, hs_i64 len) {
+    __shared__ double scratch[HS_MAX_WARPS];
+    for (hs_i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * len;
+        float* yr = y + r * len;
+        double s = 0.0;
+        for (hs_i64 j = threadIdx.x; j < len; j += blockDim.x) {
+            const double v = xr[j];
+            s += v * v;
+        }
+        s = hs_block_sum_f64(s, scratch);
+        const double inv = 1.0 / sqrt(s / (double)len + eps);
+        for (hs_i64 j = threadIdx.x; j < len; j += blockDim.x)
+            yr[j] = (float)(((double)xr[j] * inv) * (double)w[j]);
+    }
+}
