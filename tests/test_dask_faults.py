@@ -151,13 +151,13 @@ def test_sigkill_mid_top_k_reruns_tasks_and_leaves_a_parseable_log(cluster, gate
 
     # the nanny restarts the victim under its name, in a new process, with its executor from the plugin
     def back():
-        w = _workers(client).get(victim)
-        if w is None or w[1] == pid:
-            return None
-        # the scheduler lists a worker before its plugins have run: wait for the executor too
         try:
+            w = _workers(client).get(victim)
+            if w is None or w[1] == pid:
+                return None
+            # the scheduler lists a worker before its plugins have run: wait for the executor too
             info = client.run(hd.worker_info, workers=[w[0]]).get(w[0])
-        except OSError:   # distributed's CommClosedError: the new process is not answering yet
+        except OSError:   # distributed's CommClosedError: a process listed but not answering (yet)
             return None
         return (w, info) if info is not None else None
     restarted, info = _wait(back, f"worker {victim} to restart with its executor")
