@@ -2,7 +2,7 @@
 accurately the learned model routes a workload with known costs, and (with a GPU) a mixed workload run
 four ways: cpu-only, gpu-only, automatic and oracle (the faster side per call, as measured).
 Usage: python bench/dispatch.py [--calls N] [--fake-gpu]
---fake-gpu runs the four-way comparison on tests/fake_gpu.py to check the code path; its numbers mean
+--fake-gpu runs the four-way comparison on tests/support/fake_gpu.py to check the code path; its numbers mean
 nothing. Tables are printed and written to bench/results/dispatch.md."""
 import argparse
 import os
@@ -208,7 +208,7 @@ def main(argv=None):
 
     gpu = None
     if args.fake_gpu:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "support"))
         from fake_gpu import FakeGpuBackend
         gpu = FakeGpuBackend(cost_us=lambda call: 30.0 + call.size * 2e-5)
     ex = hs.Executor(gpu_backend=gpu, persist_model=False)

@@ -71,7 +71,7 @@ step "pytest -m gpu" 150 "$OUT/gpu-tests.log" "${PYTEST[@]}" -m gpu tests
 # The sanitizers slow kernels 10-100x: the op tests on their own (small shapes), without the deliberate
 # out-of-memory test whose failed allocation the sanitizer would report as an API error.
 SAN=(compute-sanitizer --error-exitcode 99 --report-api-errors no --print-limit 50)
-SAN_TESTS=("${PYTEST[@]}" -m gpu tests/test_gpu_ops.py tests/test_gpu_ops_extra.py -k "not out_of_memory")
+SAN_TESTS=("${PYTEST[@]}" -m gpu tests/gpu/test_gpu_ops.py tests/gpu/test_gpu_ops_extra.py -k "not out_of_memory")
 step "memcheck" 90 "$OUT/memcheck.log" "${SAN[@]}" --tool memcheck --leak-check no "${SAN_TESTS[@]}"
 step "racecheck" 60 "$OUT/racecheck.log" "${SAN[@]}" --tool racecheck "${SAN_TESTS[@]}" -x
 step "GPU benchmark" 60 "$OUT/bench.log" "$PY" bench/gpu_ops.py --quick

@@ -225,7 +225,7 @@ def spread_activation(graph, seeds, decay=0.5, steps=1, threshold=0.0, *, split_
     A_p^T a_p from its nodes' activations, a tree of fan-in `split_every` sums the partial vectors in a
     fixed order, and the root applies the clamp and threshold. The summation order differs from the
     multi-threaded kernel's, so results agree with hipsched.spread_activation on the whole graph within
-    the float32 bound of the sums (see tests/test_dask_graph.py), not bit for bit."""
+    the float32 bound of the sums (see tests/dask/test_dask_graph.py), not bit for bit."""
     if not isinstance(graph, PartitionedGraph):
         if isinstance(graph, (list, tuple)) and graph and isinstance(graph[0], (list, tuple)):
             graph = PartitionedGraph(graph)

@@ -1,0 +1,219 @@
+"""Bad input for add, scale, softmax, cosine_similarity, top_k and matmul: every case is rejected (or
+handled) in validation, before a kernel runs, with the error type and message the issue asks for."""
+import numpy as np
+import pytest
+
+import hipsched
+from hipsched.ops import OPS
+
+ex = hipsched.Executor()
+T8 = np.arange(24, dtype=np.float32).reshape(6, 4)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint16, np.float16, np.float64, np.bool_])
+def test_numeric_dtypes_convert_as_numpy_does(dtype):
+    a = (np.arange(12) % 5).astype(dtype).reshape(3, 4)
+    want = a.astype(np.float32)
+    np.testing.assert_array_equal(ex.add(a, a), want + want)
+    np.testing.assert_array_equal(ex.scale(a, 2), want * np.float32(2))
+    np.testing.assert_allclose(ex.softmax(a), ex.softmax(want))
+    np.testing.assert_array_equal(ex.cosine_similarity(a[0], a), ex.cosine_similarity(want[0], want))
+    np.testing.assert_array_equal(ex.matmul(a, a.T), want @ want.T)
+    assert ex.add(a, a).dtype == np.float32
+    big = np.array([2**40 + 1, 16777217], np.int64)  # rounded exactly as astype(float32)
+    np.testing.assert_array_equal(ex.scale(big, 1), big.astype(np.float32))
+
+
+@pytest.mark.parametrize("bad", [np.ones(3, np.complex64), np.array(["a", "b", "c"]), np.array([object(), 1, 2])])
+def test_unconvertible_dtypes_are_type_errors_naming_op_and_argument(bad):
+    good = np.ones(3, np.float32)
+    for op, call in [("add", lambda: ex.add(good, bad)), ("scale", lambda: ex.scale(bad, 2.0)),
+                     ("softmax", lambda: ex.softmax(bad)), ("cosine_similarity", lambda: ex.cosine_similarity(good, bad[None])),
+                     ("top_k", lambda: ex.top_k(bad, good[None], 1)), ("matmul", lambda: ex.matmul(good, bad))]:
+        with pytest.raises(TypeError) as e:
+            call()
+        assert op in str(e.value) and ("'b'" in str(e.value) or "'x'" in str(e.value) or "'T'" in str(e.value)
+                                       or "'q'" in str(e.value))
+
+
+@pytest.mark.parametrize("call,shapes", [
+    (lambda: ex.add(np.ones((3, 4)), np.ones(3)), ["(3, 4)", "(3,)"]),
+    (lambda: ex.add(np.ones(4), np.ones((2, 4))), ["(4,)", "(2, 4)"]),
+    (lambda: ex.cosine_similarity(np.ones(5), np.ones((3, 4))), ["(5,)", "(3, 4)"]),
+    (lambda: ex.top_k(np.ones((2, 5)), np.ones((3, 4)), 1), ["(2, 5)", "(3, 4)"]),
+    (lambda: ex.matmul(np.ones((2, 3)), np.ones((4, 5))), ["(2, 3)", "(4, 5)"]),
+    (lambda: ex.matmul(np.ones((2, 2, 3)), np.ones((4, 3, 5))), ["(2, 2, 3)", "(4, 3, 5)"]),
+])
+def test_shape_mismatch_names_both_shapes(call, shapes):
+    with pytest.raises(ValueError) as e:
+        call()
+    for s in shapes:
+        assert s in str(e.value)
+
+
+def test_wrong_ranks_and_parameters():
+    with pytest.raises(ValueError, match="cosine_similarity.*'q'"):
+        ex.cosine_similarity(np.ones((2, 2, 2)), T8)
+    with pytest.raises(ValueError, match="'T'"):
+        ex.cosine_similarity(np.ones(4), np.ones(4))
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        ex.top_k(T8[0], T8, 0)
+    for k in (2.0, True, "3", None):
+        with pytest.raises(TypeError, match="top_k: k"):
+            ex.top_k(T8[0], T8, k)
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        ex.softmax(T8, axis=2)
+    with pytest.raises(ValueError, match="axis -3"):
+        ex.softmax(T8, axis=-3)
+    with pytest.raises(TypeError, match="axis"):
+        ex.softmax(T8, axis=1.0)
+    with pytest.raises(ValueError, match="0-d"):
+        ex.softmax(np.float32(1.0))
+    for alpha in ("2", 1 + 2j, None, np.ones(2)):
+        with pytest.raises(TypeError, match="scale: alpha"):
+            ex.scale(T8, alpha)
+    with pytest.raises(ValueError, match="at least 1-d"):
+        ex.matmul(np.float32(2), T8)
+
+
+def test_non_contiguous_and_unaligned_inputs_give_correct_results():
+    base = np.arange(200, dtype=np.float32).reshape(10, 20) / 7
+    views = [base[:, ::2], base.T, base[::-1], np.asfortranarray(base)]
+    raw = np.zeros(base.nbytes + 1, np.uint8)
+    unaligned = np.frombuffer(raw.data, dtype=np.float32, count=base.size, offset=1).reshape(10, 20)
+    assert not unaligned.flags.aligned
+    unaligned[...] = base
+    views.append(unaligned)
+    for v in views:
+        ref = np.array(v, dtype=np.float32, order="C")
+        np.testing.assert_array_equal(ex.add(v, v), ref + ref)
+        np.testing.assert_array_equal(ex.scale(v, 3.0), ref * np.float32(3))
+        np.testing.assert_array_equal(ex.softmax(v, axis=0), ex.softmax(ref, axis=0))
+        np.testing.assert_array_equal(ex.cosine_similarity(v[0], v), ex.cosine_similarity(ref[0], ref))
+        np.testing.assert_array_equal(ex.top_k(v, v, 3)[0], ex.top_k(ref, ref, 3)[0])
+        # matmul is NumPy's BLAS, whose kernel (and so summation order) depends on the operands' layout:
+        # compare with float64 within the float32 bound for a length-20 dot product (20 * 2**-24 relative)
+        ref64 = ref.astype(np.float64)
+        np.testing.assert_allclose(ex.matmul(v, v.T), ref64 @ ref64.T, rtol=20 * 2.0**-24)
+
+
+def test_empty_inputs_give_empty_results():
+    assert ex.add(np.ones((0, 5)), np.ones(5)).shape == (0, 5)
+    assert ex.scale(np.ones((3, 0)), 2).shape == (3, 0)
+    assert ex.softmax(np.ones((0, 4))).shape == (0, 4)
+    assert ex.softmax(np.ones((4, 0)), axis=-1).shape == (4, 0)
+    assert ex.cosine_similarity(np.ones(4), np.ones((0, 4))).shape == (0,)
+    assert ex.cosine_similarity(np.ones((0, 4)), np.ones((3, 4))).shape == (0, 3)
+    np.testing.assert_array_equal(ex.cosine_similarity(np.ones((2, 0)), np.ones((3, 0))), np.zeros((2, 3)))
+    idx, val = ex.top_k(np.ones(4), np.ones((0, 4)), 5)
+    assert idx.shape == (0,) and val.shape == (0,) and idx.dtype == np.int64 and val.dtype == np.float32
+    idx, val = ex.top_k(np.ones((0, 4)), np.ones((3, 4)), 2)
+    assert idx.shape == (0, 2)
+    assert ex.matmul(np.ones((0, 3)), np.ones((3, 4))).shape == (0, 4)
+    np.testing.assert_array_equal(ex.matmul(np.ones((2, 0)), np.ones((0, 3))), np.zeros((2, 3)))
+
+
+def test_results_that_cannot_fit_are_memory_errors():
+    # zero-width inputs take no memory, but the results would need terabytes
+    q, T = np.ones((1 << 20, 0), np.float32), np.ones((1 << 20, 0), np.float32)
+    with pytest.raises(MemoryError, match="cosine_similarity"):
+        ex.cosine_similarity(q, T)
+    with pytest.raises(MemoryError, match="top_k"):
+        ex.top_k(np.ones((1 << 30, 0), np.float32), np.ones((1 << 20, 0), np.float32), 1 << 20)
+    with pytest.raises(MemoryError, match="matmul"):
+        ex.matmul(q, T.T)
+
+
+def test_nan_inf_propagate_through_public_api():
+    x = np.array([[np.nan, 1, 2], [np.inf, 0, 1], [-np.inf, 0, 1]], np.float32)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(ex.add(x, x), x + x)
+        np.testing.assert_array_equal(ex.scale(x, np.nan), x * np.float32(np.nan))
+    sm = ex.softmax(x)
+    assert np.isnan(sm[:2]).all() and sm[2, 0] == 0 and np.isfinite(sm[2]).all()
+
+
+def test_call_work_measures_follow_the_interface():
+    assert OPS["add"].prepare(np.ones((4, 5)), np.ones(5)).size == 20
+    assert OPS["softmax"].prepare(np.ones((4, 5)), axis=0).params == {"axis": 0}
+    c = OPS["cosine_similarity"].prepare(np.ones((3, 8)), np.ones((10, 8)))
+    assert (c.size, c.nbytes, c.dtype, c.on_device) == (3 * 8 * 10, 4 * (24 + 80 + 30), "float32", False)
+    assert OPS["top_k"].prepare(np.ones(8), np.ones((10, 8)), 4).params == {"k": 4}
+    assert OPS["matmul"].prepare(np.ones((2, 3, 4)), np.ones((4, 5))).size == 2 * 3 * 5 * 4
+    assert OPS["scale"].prepare(np.ones(3), 2).params == {"alpha": 2.0}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Regressions (folded from test_review_cpu_guards.py): Direct callers of the CPU extensions: inputs the kernels cannot read safely are refused, never read
+# as raw memory (byte-swapped float32 has NumPy type number NPY_FLOAT32 too; the quant wrappers trust
+# shapes and dtypes with raw pointers).
+# ----------------------------------------------------------------------------------------------------
+from hipsched.cpu import _attention, _elementwise, _graph, _quant, _similarity
+from hipsched.ops.quant import quantize
+
+
+def _swapped(a):
+    return a.astype(a.dtype.newbyteorder(">" if a.dtype.byteorder in "=<" else "<"))
+
+
+def test_elementwise_refuses_byteswapped_float32():
+    x = _swapped(np.arange(8, dtype=np.float32))
+    assert x.dtype.num == np.dtype(np.float32).num
+    for f in (lambda: _elementwise.add(x, x), lambda: _elementwise.scale(x, 2.0),
+              lambda: _elementwise.softmax(x), lambda: _elementwise.exp(x)):
+        with pytest.raises(TypeError):
+            f()
+
+
+def test_similarity_refuses_byteswapped_float32():
+    T = _swapped(np.ones((3, 4), np.float32))
+    with pytest.raises(TypeError):
+        _similarity.cosine_similarity(np.ones(4, np.float32), T)
+
+
+def test_attention_refuses_byteswapped_float32():
+    q = np.ones((1, 1, 2, 4), np.float32)
+    with pytest.raises(TypeError):
+        _attention.attention(q, _swapped(q), q)
+
+
+def test_graph_refuses_byteswapped_arrays():
+    indptr, indices = np.array([0, 1, 1], np.int64), np.array([1], np.int64)
+    w, seeds = np.ones(1, np.float32), np.ones(2, np.float32)
+    with pytest.raises(TypeError):
+        _graph.spread_activation(indptr, indices, _swapped(w), seeds)
+    with pytest.raises(TypeError):
+        _graph.spread_activation(_swapped(indptr), _swapped(indices), w, seeds)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_quant_direct_calls_refuse_bad_x(qtype):
+    w = quantize(np.random.default_rng(0).random((4, 64), dtype=np.float32), qtype)
+    for bad in (np.ones(64, np.float64), _swapped(np.ones(64, np.float32))):
+        with pytest.raises(TypeError):
+            _quant.qmatmul(w, bad)
+    for bad in (np.ones(3, np.float32), np.ones((32, 2), np.float32), np.ones((64, 2, 1), np.float32)):
+        with pytest.raises(ValueError):
+            _quant.qmatmul(w, bad)
+    ok = np.ones((64, 3), np.float32)
+    np.testing.assert_allclose(_quant.qmatmul(w, ok), _quant.dequantize(w) @ ok, rtol=1e-5)
+
+
+def test_quant_direct_quantize_refuses_bad_w():
+    with pytest.raises(TypeError):
+        _quant.quantize(np.ones((2, 64)), "q8_0")
+    with pytest.raises(ValueError):
+        _quant.quantize(np.ones((2, 40), np.float32), "q8_0")
+    with pytest.raises(ValueError):
+        _quant.quantize(np.ones(64, np.float32), "q8_0")
+
+
+@pytest.mark.parametrize("qtype,fine,bad", [("q8_0", 8.32e6, 1e7), ("q4_0", 5.241e5, -6e5)])
+def test_quantize_range_error_names_the_overflowing_row(qtype, fine, bad):
+    # a row just over 127 (or 8) x 65504 still gets a finite fp16 scale (rounds down to 65504)
+    W = np.zeros((3, 32), np.float32)
+    W[0, 0] = fine
+    quantize(W[:1], qtype)
+    W[2, 0] = bad
+    with pytest.raises(ValueError, match=r"\(row 2\)"):
+        quantize(W, qtype)

@@ -1,0 +1,179 @@
+"""The GPU kernels and their launch glue, run on the CPU by tests/support/gpu_emulator.py, against the CPU engine.
+Real kernel sources, real GpuBackend/GpuContext/glue; only the device is emulated. Covers what compile
+checks cannot: reductions, shuffles, multi-pass top-k, tails, float4/scalar variants, for warp 32
+(NVIDIA) and warp 64 (AMD gfx9). Shapes are small: every block is OS threads. The vendor BLAS is off
+(HIPSCHED_BLAS=none) so matmul runs our tiled kernel. Tolerances as in test_gpu_ops.py."""
+import numpy as np
+import pytest
+
+import gpu_emulator
+from hipsched.backends.cpu import CpuBackend
+from hipsched.backends.gpu import GpuBackend
+from hipsched.ops import OPS
+
+pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
+
+CPU = CpuBackend()
+
+
+@pytest.fixture(scope="module", params=[32, 64], ids=["warp32", "warp64"])
+def emu(request, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HIPSCHED_BLAS", "none")
+    rt = gpu_emulator.EmuRuntime(request.param)
+    be = GpuBackend({"kernel_cache_dir": str(tmp_path_factory.mktemp("kernels"))}, runtime=rt)
+    assert be.available, be.unavailable_reason
+    yield be
+    be.close()
+    rt.close()
+    mp.undo()
+
+
+def both(be, op, *args, **kwargs):
+    return be.run(OPS[op].prepare(*args, **kwargs)), CPU.run(OPS[op].prepare(*args, **kwargs))
+
+
+def test_add_scale(emu, rng):
+    for n in (1, 9, 4099):
+        a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        np.testing.assert_array_equal(emu.run(OPS["add"].prepare(a, b)), a + b)
+        np.testing.assert_array_equal(emu.run(OPS["scale"].prepare(a, -1.5)), a * np.float32(-1.5))
+    for sa, sb in (((5, 8), (8,)), ((7, 9), (9,)), ((2, 3), ())):
+        a, b = rng.standard_normal(sa).astype(np.float32), np.asarray(rng.standard_normal(sb), np.float32)
+        g, c = both(emu, "add", a, b)
+        np.testing.assert_array_equal(g, c)
+        np.testing.assert_array_equal(g, a + b)
+
+
+@pytest.mark.parametrize("shape,axis", [((9, 33), -1), ((3, 1000), -1), ((2, 12300), -1), ((4, 5, 6), 1),
+                                        ((6, 4), 0)])
+def test_softmax(emu, rng, shape, axis):
+    from scipy.special import softmax
+    x = (rng.standard_normal(shape) * 5).astype(np.float32)
+    g, c = both(emu, "softmax", x, axis=axis)
+    ref = softmax(x.astype(np.float64), axis=axis)
+    np.testing.assert_array_less(np.abs(g - ref), 2e-6 * np.abs(ref) + 1e-7)
+    np.testing.assert_allclose(g, c, rtol=4e-6, atol=1e-7)
+
+
+def test_softmax_nan_inf(emu):
+    x = np.array([[1, np.nan, 2, 0], [np.inf, 1, 2, 0], [-np.inf] * 4, [-np.inf, 0, 1, 2]], np.float32)
+    for xs in (x, x[:, :3].copy()):  # rows of 4: float4 kernel; rows of 3: scalar kernel
+        g, c = both(emu, "softmax", xs)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(c))
+        np.testing.assert_allclose(g[~np.isnan(c)], c[~np.isnan(c)], rtol=4e-6, atol=1e-7)
+
+
+# rms_norm: widths below, at and past each block size the glue picks (64 / 256 / 1024 threads), so rows
+# leave threads idle, fill the block and loop; the double block sum is checked for warp 32 and 64.
+@pytest.mark.parametrize("shape", [(1,), (5, 3), (4, 64), (3, 100), (2, 1024), (2, 1500), (1, 16384 + 7),
+                                   (2, 3, 40)])
+def test_rms_norm(emu, rng, shape):
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    g, c = both(emu, "rms_norm", x, w, eps=1e-5)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * w
+    # both round the same float64 value once; only the order of the double sums differs
+    np.testing.assert_array_max_ulp(g, c, maxulp=1)
+    np.testing.assert_array_max_ulp(g, ref.astype(np.float32), maxulp=1)
+
+
+def test_rms_norm_nan_inf_empty(emu):
+    x = np.array([[1, 2, np.nan, 4], [1, np.inf, 3, 4], [0, 0, 0, 0], [1e30, -1e30, 3, 0]], np.float32)
+    w = np.array([1, -2, 0.5, 3], np.float32)
+    g, c = both(emu, "rms_norm", x, w)
+    np.testing.assert_array_equal(g, c)
+    for shape in ((0, 4), (3, 0)):
+        g, c = both(emu, "rms_norm", np.zeros(shape, np.float32), np.ones(shape[-1], np.float32))
+        assert g.shape == c.shape == shape
+
+
+@pytest.mark.parametrize("m,d", [(None, 8), (None, 33), (9, 12), (2, 7)])
+def test_cosine(emu, rng, m, d):
+    q = rng.standard_normal(d if m is None else (m, d)).astype(np.float32)
+    T = rng.standard_normal((70, d)).astype(np.float32)
+    g, c = both(emu, "cosine_similarity", q, T)
+    assert g.shape == c.shape
+    np.testing.assert_allclose(g, c, rtol=0, atol=3e-6 + 2e-7 * np.sqrt(d))
+
+
+def test_cosine_zero_nan_extreme(emu):
+    T = np.array([[0, 0, 0, 0], [1, 2, 3, 4], [np.nan, 1, 1, 1], [np.inf, 0, 0, 0], [1e-30, 0, 0, 0],
+                  [1e20, 1e20, 0, 0]], np.float32)
+    for q in ([0, 0, 0, 0], [1, 0, 0, 0], [np.nan, 0, 0, 0], [1e-25, 2e-25, 0, 0]):
+        g, c = both(emu, "cosine_similarity", np.array(q, np.float32), T)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(c))
+        np.testing.assert_allclose(g[~np.isnan(c)], c[~np.isnan(c)], atol=1e-6)
+
+
+def test_top_k_multi_pass_ties_nan(emu, rng):
+    T = rng.standard_normal((5000, 6)).astype(np.float32)   # 3 segments: two selection passes
+    q = rng.standard_normal(6).astype(np.float32)
+    (gi, gs), (ci, cs) = both(emu, "top_k", q, T, 10)
+    np.testing.assert_array_equal(gi, ci)
+    np.testing.assert_allclose(gs, cs, atol=5e-6)
+    base = rng.standard_normal((20, 5)).astype(np.float32)
+    T = np.concatenate([base, base])
+    T[3] = np.nan
+    Q = rng.standard_normal((3, 5)).astype(np.float32)
+    (gi, gs), (ci, cs) = both(emu, "top_k", Q, T, 40)
+    np.testing.assert_array_equal(gi, ci)                   # exact ties to the lower index, NaN last
+    assert (gi[:, -1] == 3).all()
+
+
+@pytest.mark.parametrize("sa,sb", [((33, 8), (8, 65)), ((2, 5, 7), (7, 3)), ((9,), (9, 33)), ((70, 40), (40,))])
+def test_matmul_tiled_kernel(emu, rng, sa, sb):
+    a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+    g = emu.run(OPS["matmul"].prepare(a, b))
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert g.shape == ref.shape
+    assert np.all(np.abs(g - ref) <= 1e-5 * np.matmul(np.abs(a), np.abs(b)) + 1e-30)
+
+
+def test_device_in_device_out(emu, rng):
+    from hipsched.gpu.memory import DeviceArray, to_device
+    rt = emu._ctx.rt
+    x = rng.standard_normal((5, 40)).astype(np.float32)
+    out = emu.run(OPS["softmax"].prepare(to_device(x, runtime=rt)))
+    assert isinstance(out, DeviceArray)
+    np.testing.assert_allclose(out.get(), CPU.run(OPS["softmax"].prepare(x)), rtol=4e-6, atol=1e-7)
+    gi, gs = emu.run(OPS["top_k"].prepare(to_device(x[0], runtime=rt), to_device(x, runtime=rt), 3))
+    assert isinstance(gi, DeviceArray) and gi.get()[0] == 0
+
+
+# The kernels below are not reached by the tests above nor by test_executor_gpu_emulated.py; every kernel
+# must run here at least once, as these tests are also what memcheck and racecheck run (docs/gpu.md).
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_quant_kernels(emu, rng, qtype):
+    """dequantize, and qmatmul's three kernels: a vector (mat-vec), up to 8 columns (mat-vec, MC = 8)
+    and more (64x64 tiles: 69 rows and 70 columns leave partial tiles both ways; 69 rows a partial pair
+    for the mat-vec's two rows per warp)."""
+    from hipsched import quantize
+    W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
+    g, c = both(emu, "dequantize", W)
+    np.testing.assert_array_equal(g, c)
+    for shape in ((64,), (64, 3), (64, 70)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        g, c = both(emu, "qmatmul", W, x)
+        np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hd", [100, 200], ids=["d128", "d256"])
+def test_attention_wide_head_classes(emu, rng, hd):
+    q = rng.standard_normal((1, 2, 7, hd)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 20, hd)).astype(np.float32) for _ in range(2))  # d256: 2 key tiles
+    for causal in (False, True):
+        g, c = both(emu, "attention", q, k, v, causal=causal)
+        np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-6)
+
+
+def test_spread_activation_int64_indices(emu, rng):
+    from graph_data import random_graph
+    indptr, indices, weights = random_graph(rng, 40, 200)
+    assert indptr.dtype == indices.dtype == np.int64   # the _i64 push kernel
+    seeds = np.zeros(40, np.float32)
+    seeds[:4] = 1
+    g, c = both(emu, "spread_activation", (indptr, indices, weights * np.float32(0.5)), seeds, 0.5, 3, 0.01)
+    np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,127 @@
+"""ResidentCache and the garbage collector: an entry's host array dying must never take the cache's lock
+from inside the collector. The collector runs weakref callbacks on whatever thread allocates, and the
+cache allocates under its (non-reentrant) lock (fingerprint, the entry tuple), so a callback that took
+the lock there deadlocked the thread on itself. The callback only queues the key now; the next cache
+operation drops it (CPython's WeakValueDictionary does the same with _pending_removals)."""
+import ctypes
+import gc
+
+import numpy as np
+
+from hipsched.gpu.memory import ResidentCache
+
+from host_memory import HostMemoryRuntime, run_bounded  # noqa: F401
+
+
+def test_host_array_dying_in_a_cycle_while_the_lock_is_held_does_not_deadlock():
+    """Deterministic: the collector runs where an allocation under the lock would run it (inside
+    fingerprint), while a cached array's only owner is a reference cycle."""
+    run_bounded('''
+        import gc
+        import numpy as np
+        from hipsched.gpu import memory
+        from hipsched.gpu.memory import ResidentCache
+
+        class Holder:
+            pass
+
+        real = memory.fingerprint
+
+        def fingerprint_that_collects(arr):
+            gc.collect()          # what gc.set_threshold(1) makes any allocation here do
+            return real(arr)
+
+        cache = ResidentCache(HostMemoryRuntime(), max_bytes=1 << 20)
+        other = np.ones(256, np.float32)
+        cache.get(other)
+        for i in range(3):
+            h = Holder()
+            h.me = h              # only the collector frees it, and its array with it
+            h.arr = np.full(256, i, np.float32)
+            cache.get(h.arr)
+            del h
+            memory.fingerprint = fingerprint_that_collects
+            try:
+                assert cache.get(other) is not None and cache.is_resident(other)   # hits: under the lock
+            finally:
+                memory.fingerprint = real
+        assert len(cache) == 1 and cache.bytes == other.nbytes, (len(cache), cache.bytes)
+        print("ok")
+    ''')
+
+
+def test_collector_at_every_allocation_never_deadlocks_the_cache():
+    """The same with the collector left to itself: gc.set_threshold(1) runs it at nearly every
+    allocation, cycles dying at every step, for a few thousand cache operations."""
+    run_bounded('''
+        import gc
+        import numpy as np
+        from hipsched.gpu.memory import ResidentCache
+
+        class Holder:
+            pass
+
+        cache = ResidentCache(HostMemoryRuntime(), max_bytes=64 * 1024)
+        keep = [np.ones(64, np.float32) for _ in range(4)]
+        gc.collect()
+        gc.set_threshold(1)
+        for i in range(2000):
+            h = Holder()
+            h.me = h
+            h.arr = np.full(64 + i % 7, i, np.float32)
+            cache.get(h.arr)
+            del h
+            cache.get(keep[i % 4])
+            cache.is_resident(keep[(i + 1) % 4])
+        gc.set_threshold(700)
+        gc.collect()
+        cache.invalidate(keep[0])
+        assert all(cache.is_resident(k) for k in keep[1:]) and len(cache) == 3, len(cache)
+        print("ok")
+    ''')
+
+
+def test_dead_entries_are_dropped_by_the_next_operation():
+    rt = HostMemoryRuntime()
+    cache = ResidentCache(rt, max_bytes=1 << 20)
+    a, b = np.ones(100, np.float32), np.zeros(100, np.float32)
+    cache.get(a)
+    dev_b = cache.get(b)
+    ptr_a = next(p for p in rt.buffers if p != dev_b.ptr)
+    del a
+    gc.collect()
+    # the collector only queued the key: the device copy goes with the next call, outside the collector
+    assert cache.bytes == 400 and len(cache) == 1 and ptr_a not in rt.buffers
+    c = np.ones(100, np.float32)
+    cache.get(c)
+    assert cache.is_resident(c) and cache.is_resident(b) and cache.bytes == 800
+
+
+def test_a_recycled_id_never_hits():
+    cache = ResidentCache(HostMemoryRuntime(), max_bytes=1 << 20)
+    for i in range(20):
+        x = np.full(64, i, np.float32)
+        got = cache.get(x).ptr
+        view = np.frombuffer(ctypes.string_at(got, x.nbytes), np.float32)
+        np.testing.assert_array_equal(view, x)   # never an older array's copy under the same id()
+        del x
+    assert len(cache) <= 20
+
+
+def test_fingerprint_is_taken_before_the_upload():
+    """The entry's stamp must describe what was uploaded: taken after the copy, a change made in
+    between would be stamped as current and never re-uploaded."""
+    rt = HostMemoryRuntime()
+    cache = ResidentCache(rt, max_bytes=1 << 20)
+    w = np.zeros(1000, np.float32)
+    real = rt.memcpy_htod
+
+    def copy_then_change(dst, src, n, stream=0):
+        real(dst, src, n, stream)
+        w[:] = 7.0                 # the host array changes right after the copy
+    rt.memcpy_htod = copy_then_change
+    cache.get(w)
+    rt.memcpy_htod = real
+    assert not cache.is_resident(w)
+    dev = cache.get(w)
+    assert np.frombuffer(ctypes.string_at(dev.ptr, w.nbytes), np.float32)[0] == 7.0

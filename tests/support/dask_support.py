@@ -1,0 +1,58 @@
+"""Helpers for the tests/dask/test_dask_*.py modules: the LocalCluster they share and an executor factory that
+gives chosen workers the fake GPU (tests/support/fake_gpu.py). Worker processes are spawned and cannot import
+this tests/ folder, so this module is pickled by value (cloudpickle) and the factory puts the folder on
+the worker's sys.path before it imports fake_gpu there."""
+import contextlib
+import os
+import sys
+import time
+
+import cloudpickle
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def start_cluster(distributed, n_workers=2, **kwargs):
+    cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, **kwargs)
+    return cluster, distributed.Client(cluster)
+
+
+class FakeGpuFactory:
+    """executor_factory for hipsched.dask.setup: workers named in `gpu_workers` get a fake GPU whose
+    every call costs `gpu_cost_us` (busy-waited), the others none at all."""
+
+    def __init__(self, gpu_workers=("0",), gpu_cost_us=0.0, fail_workers=()):
+        self.gpu_workers = set(gpu_workers)
+        self.gpu_cost_us = gpu_cost_us
+        self.fail_workers = set(fail_workers)   # these workers' fake GPU fails every launch
+
+    def __call__(self, config):
+        if TESTS_DIR not in sys.path:
+            sys.path.insert(0, TESTS_DIR)
+        from fake_gpu import FakeGpuBackend
+        from hipsched import Executor
+        name = config.telemetry_worker
+        if name not in self.gpu_workers:
+            return Executor(config, gpu_backend=FakeGpuBackend(available=False))
+        cost = self.gpu_cost_us
+        fail = (lambda call: "launch") if name in self.fail_workers else None
+        return Executor(config, gpu_backend=FakeGpuBackend(cost_us=(lambda call: cost) if cost else None, fail=fail))
+
+
+@contextlib.contextmanager
+def no_task_runs(client, settle_s=30.0):
+    """Asserts the block ran no task on `client`'s cluster (bad input must fail on the client). Earlier
+    tests' results are released in the background, so it first waits for the scheduler to hold none."""
+    def state(dask_scheduler):
+        return len(dask_scheduler.tasks), dask_scheduler.transition_counter
+
+    end = time.monotonic() + settle_s
+    before = client.run_on_scheduler(state)
+    while before[0] and time.monotonic() < end:
+        time.sleep(0.05)
+        before = client.run_on_scheduler(state)
+    assert before[0] == 0, f"the scheduler still holds {before[0]} tasks of earlier tests"
+    yield
+    assert client.run_on_scheduler(state) == before, "a task ran on the cluster"

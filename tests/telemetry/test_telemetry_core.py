@@ -1,0 +1,235 @@
+"""Telemetry in memory: event dicts against the schema, scopes, exact counters under threads, the
+bounded ring, summaries and the debug table."""
+import io
+import json
+import threading
+import time
+from enum import Enum
+
+import pytest
+
+from hipsched.telemetry import BackendStats, Telemetry, parse_ts, schema_path
+
+
+@pytest.fixture(scope="module")
+def validator():
+    jsonschema = pytest.importorskip("jsonschema", reason="validates events against the schema (test extra)")
+    with open(schema_path()) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def rec(tel, op="add", backend="cpu", dur=2.0, size=8, fallback=None, stream=None):
+    tel.record(op, backend, "cost_model", size, "float32", size * 12, dur, 1.5, 30.0, stream=stream, fallback=fallback)
+
+
+def test_event_fields_match_the_schema(validator):
+    tel = Telemetry(host="h1", device="gfx90a", run_id="run-a")
+    t0 = time.time()
+    with tel.scope(phase="search", corpus="wiki"):
+        tel.record("cosine_similarity", "gpu", "cost_model", 262144, "float32", 805306368, 812.4, 9100.0, 790.0,
+                   stream=1)
+    rec(tel, fallback=("gpu", "[oom/hipErrorOutOfMemory] out of memory"))
+    a, b = tel.events
+    for e in (a, b):
+        validator.validate(e)
+    assert a["op"] == "cosine_similarity" and a["backend"] == "gpu" and a["size"] == 262144
+    assert a["predicted_us"] == {"cpu": 9100.0, "gpu": 790.0} and a["duration_us"] == 812.4
+    assert a["phase"] == "search" and a["tags"] == {"corpus": "wiki"} and a["stream"] == 1
+    assert (a["run"], a["host"], a["device"], a["v"]) == ("run-a", "h1", "gfx90a", 1)
+    assert abs(parse_ts(a["ts"]) - t0) < 5
+    assert (a["seq"], b["seq"]) == (0, 1)
+    assert b["phase"] is None and b["tags"] == {} and a["fallback"] is None
+    assert b["fallback"] == {"backend": "gpu", "error": "[oom/hipErrorOutOfMemory] out of memory"}
+
+
+def test_enum_reasons_and_stream_objects_become_plain_values():
+    class Reason(str, Enum):
+        COST_MODEL = "cost_model"
+
+    class Stream:
+        ptr = 0xABC
+
+    tel = Telemetry()
+    tel.record("add", "gpu", Reason.COST_MODEL, 8, "float32", 96, 3.0, None, float("nan"), stream=Stream())
+    e = tel.events[0]
+    assert e["reason"] == "cost_model" and e["stream"] == 0xABC
+    assert e["predicted_us"] == {"cpu": None, "gpu": None}
+
+
+def test_scopes_nest_and_stay_in_their_thread():
+    tel = Telemetry()
+    seen = {}
+    with tel.scope(phase="outer", a=1):
+        with tel.scope(b=2):
+            rec(tel)
+        with tel.scope(phase="inner", a=3):
+            rec(tel)
+        t = threading.Thread(target=lambda: (rec(tel), seen.setdefault("ok", True)))
+        t.start()
+        t.join()
+    rec(tel)
+    ev = tel.events
+    assert (ev[0]["phase"], ev[0]["tags"]) == ("outer", {"a": 1, "b": 2})
+    assert (ev[1]["phase"], ev[1]["tags"]) == ("inner", {"a": 3})
+    assert (ev[2]["phase"], ev[2]["tags"]) == (None, {})  # a new thread starts with an empty context
+    assert (ev[3]["phase"], ev[3]["tags"]) == (None, {})
+
+
+def test_counters_are_exact_under_many_threads():
+    tel = Telemetry(ring_size=100)
+    n_threads, per = 8, 3000
+
+    def work(i):
+        for j in range(per):
+            if j % 3 == 0:
+                rec(tel, op="softmax", backend="gpu", dur=4.0)
+            elif j % 100 == 1:
+                rec(tel, op="add", backend="cpu", dur=1.0, fallback=("gpu", "launch"))
+            else:
+                rec(tel, op="add", backend="cpu", dur=1.0)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    gpu_per = len(range(0, per, 3))
+    fb_per = len([j for j in range(per) if j % 3 and j % 100 == 1])
+    s = tel.stats()
+    assert s.total_operations == n_threads * per
+    assert s.gpu_operations == n_threads * gpu_per
+    assert s.cpu_operations == n_threads * (per - gpu_per)
+    assert s.fallback_operations == n_threads * fb_per
+    assert s.gpu_time_us == pytest.approx(4.0 * n_threads * gpu_per)
+    assert s.cpu_time_us == pytest.approx(1.0 * n_threads * (per - gpu_per))
+    assert len(tel.events) == 100  # the ring is bounded, the counters are not
+    assert sorted({e["seq"] for e in tel.events}) == list(range(n_threads * per - 100, n_threads * per))
+    summ = tel.summary()
+    assert summ.per_op["softmax"]["gpu"].count == n_threads * gpu_per
+    assert summ.fallback_errors == {("add", "launch"): n_threads * fb_per}
+    by = tel.operations_by_type("add")
+    assert by["gpu"]["count"] == 0 and by["cpu"]["fallbacks"] == n_threads * fb_per
+    assert by["cpu"]["mean_us"] == pytest.approx(1.0)
+
+
+def test_ring_keeps_the_most_recent_events():
+    tel = Telemetry(ring_size=10)
+    for i in range(25):
+        rec(tel, size=i + 1)
+    assert [e["size"] for e in tel.events] == list(range(16, 26))
+    assert tel.stats().total_operations == 25
+
+
+def test_empty_and_cleared_summaries_do_not_divide_by_zero():
+    tel = Telemetry()
+    buf = io.StringIO()
+    tel.print_debug_summary(file=buf)
+    assert "no operations" in buf.getvalue()
+    s = tel.stats()
+    assert s == BackendStats() and s.gpu_fraction == 0.0 and s.fallback_rate == 0.0
+    assert tel.operations_by_type("add")["cpu"] == {"count": 0, "time_us": 0.0, "mean_us": 0.0, "fallbacks": 0}
+    rec(tel, op="add", backend="cpu", dur=3.0)
+    rec(tel, op="add", backend="gpu", dur=1.0)
+    buf = io.StringIO()
+    tel.print_debug_summary(file=buf)
+    out = buf.getvalue()
+    assert "add" in out and "50%" in out
+    tel.clear()
+    assert tel.events == [] and tel.stats().total_operations == 0
+
+
+def test_disabled_telemetry_records_nothing():
+    tel = Telemetry(enabled=False)
+    rec(tel)
+    assert tel.events == [] and tel.stats().total_operations == 0
+
+
+def test_bad_sizes_are_rejected_with_the_value():
+    with pytest.raises(ValueError, match="ring_size"):
+        Telemetry(ring_size=-1)
+    with pytest.raises(ValueError, match="queue_size"):
+        Telemetry(path="/tmp/never-used.jsonl", queue_size=0)
+
+
+def test_counts_of_ended_threads_survive_and_clear_resets_them():
+    tel = Telemetry()
+    for round_ in range(3):  # many short threads: their shards are folded, not lost
+        ts = [threading.Thread(target=lambda: [rec(tel, op="scale") for _ in range(50)]) for _ in range(10)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert tel.stats().total_operations == 500 * (round_ + 1)
+    rec(tel, op="scale")
+    assert tel.operations_by_type("scale")["cpu"]["count"] == 1501
+    tel.clear()
+    assert tel.stats().total_operations == 0
+    rec(tel, op="scale")
+    assert tel.stats().total_operations == 1
+
+
+@pytest.mark.parametrize("value,expected", [("/tmp/x.jsonl", "/tmp/x.jsonl"), ("", None), ("off", None), ("0", None)])
+def test_path_from_env(monkeypatch, value, expected):
+    from hipsched.telemetry import path_from_env
+    monkeypatch.setenv("HIPSCHED_TELEMETRY", value)
+    assert path_from_env() == expected
+
+
+def test_nvtx_ranges_are_safe_with_or_without_a_profiler_library():
+    from hipsched.telemetry import nvtx
+    opened = nvtx.push("hipsched:test")
+    assert opened == nvtx.available()
+    if opened:
+        nvtx.pop()
+    with nvtx.annotate("block"):
+        pass
+    tel = Telemetry()
+    with tel.scope(phase="profiled"):
+        rec(tel)
+    assert tel.events[0]["phase"] == "profiled"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Regressions (folded from test_review_tel_events.py): Review: events from numpy scalars, non-string phases and odd tag values validate against the schema,
+# in the JSONL lines and in Telemetry.events.
+# ----------------------------------------------------------------------------------------------------
+import numpy as np
+
+from hipsched.telemetry import Telemetry, schema_path
+
+
+
+def test_numpy_stream_and_non_string_phase_validate(tmp_path):
+    v = pytest.importorskip("jsonschema").Draft202012Validator(json.load(open(schema_path())))
+    p = tmp_path / "l.jsonl"
+    tel = Telemetry(path=str(p), flush_interval=3600)
+    with tel.scope(phase=5, x=np.float32(1.5), y=np.int64(2)):
+        tel.record("add", "gpu", "cost_model", np.int64(5), "float32", np.int64(20), np.float32(1.5),
+                   np.float64("nan"), None, stream=np.int64(3))
+    tel.close()
+    line = json.loads(p.read_text().splitlines()[0])
+    assert line["stream"] == 3
+    d = tel.events[0]
+    assert d["stream"] == 3 and d["phase"] == "5"
+    for rec in (line, json.loads(json.dumps(d))):
+        assert not list(v.iter_errors(rec)), rec
+
+
+def test_record_with_missing_or_nan_duration_keeps_counters_finite(tmp_path):
+    import math
+    v = pytest.importorskip("jsonschema").Draft202012Validator(json.load(open(schema_path())))
+    p = tmp_path / "l.jsonl"
+    tel = Telemetry(path=str(p), flush_interval=3600)
+    tel.record("add", "cpu", "cost_model", 4, "float32", 16, 5.0, 1.0, None)
+    tel.record("add", "cpu", "cost_model", 4, "float32", 16, None, 1.0, None)        # schema: null allowed
+    tel.record("add", "cpu", "cost_model", 4, "float32", 16, float("nan"), 1.0, None)
+    tel.record("add", "cpu", "cost_model", 4, "float32", 16, float("inf"), 1.0, None)
+    tel.close()
+    st = tel.stats()
+    assert st.cpu_operations == 4 and st.cpu_time_us == 5.0 and math.isfinite(st.cpu_time_us)
+    lines = [json.loads(x) for x in p.read_text().splitlines()]
+    assert [x["duration_us"] for x in lines] == [5.0, None, None, None]
+    for rec in lines + [json.loads(json.dumps(d)) for d in tel.events]:
+        assert not list(v.iter_errors(rec)), rec
