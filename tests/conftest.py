@@ -53,6 +53,28 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# distributed's Nanny writes its workers' environment (distributed.nanny.pre-spawn-environ) into the
+# environment of the process that starts a LocalCluster, for good: OMP_NUM_THREADS=1 there made every
+# later subprocess of the session (fork-then-exec, the scalar-path reruns) run its kernels on one thread.
+_NANNY_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_",
+               "PYTHONHASHSEED", "__DASK_PARENT_PID")
+_ENV_AT_START = {k: os.environ.get(k) for k in _NANNY_KEYS}
+
+
+def _restore_nanny_environ():
+    for k, v in _ENV_AT_START.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_left_by_dask():
+    yield
+    _restore_nanny_environ()
+
+
 @pytest.fixture(scope="session")
 def dask_client():
     """One distributed.LocalCluster for the tests/dask/test_dask_*.py modules: 2 worker processes (spawned, as
@@ -61,6 +83,7 @@ def dask_client():
     distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
     from dask_support import start_cluster
     cluster, client = start_cluster(distributed)
+    _restore_nanny_environ()
     yield client
     client.close()
     cluster.close()
