@@ -34,7 +34,7 @@ def both(be, op, *args, **kwargs):
 
 
 def test_add_scale(emu, rng):
-    for n in (1, 9, 4099):
+    for n in (1, 9, 64, 4099):  # 64: the float4 kernels
         a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         np.testing.assert_array_equal(emu.run(OPS["add"].prepare(a, b)), a + b)
         np.testing.assert_array_equal(emu.run(OPS["scale"].prepare(a, -1.5)), a * np.float32(-1.5))
@@ -142,8 +142,8 @@ def test_device_in_device_out(emu, rng):
     assert isinstance(gi, DeviceArray) and gi.get()[0] == 0
 
 
-# The kernels below are not reached by the tests above nor by test_executor_gpu_emulated.py; every kernel
-# must run here at least once, as these tests are also what memcheck and racecheck run (docs/gpu.md).
+# Every kernel runs in this file at least once (the ones below are reached by no test above), because
+# this file is also what CI's memcheck and racecheck steps run (docs/gpu.md).
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 def test_quant_kernels(emu, rng, qtype):
@@ -160,8 +160,8 @@ def test_quant_kernels(emu, rng, qtype):
         np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("hd", [100, 200], ids=["d128", "d256"])
-def test_attention_wide_head_classes(emu, rng, hd):
+@pytest.mark.parametrize("hd", [20, 40, 100, 200], ids=["d32", "d64", "d128", "d256"])
+def test_attention_head_classes(emu, rng, hd):
     q = rng.standard_normal((1, 2, 7, hd)).astype(np.float32)
     k, v = (rng.standard_normal((1, 2, 20, hd)).astype(np.float32) for _ in range(2))  # d256: 2 key tiles
     for causal in (False, True):
@@ -169,11 +169,12 @@ def test_attention_wide_head_classes(emu, rng, hd):
         np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-6)
 
 
-def test_spread_activation_int64_indices(emu, rng):
+@pytest.mark.parametrize("index", [np.int32, np.int64])   # the _i32 and _i64 push kernels
+def test_spread_activation(emu, rng, index):
     from graph_data import random_graph
     indptr, indices, weights = random_graph(rng, 40, 200)
-    assert indptr.dtype == indices.dtype == np.int64   # the _i64 push kernel
+    graph = (indptr.astype(index), indices.astype(index), weights * np.float32(0.5))
     seeds = np.zeros(40, np.float32)
     seeds[:4] = 1
-    g, c = both(emu, "spread_activation", (indptr, indices, weights * np.float32(0.5)), seeds, 0.5, 3, 0.01)
+    g, c = both(emu, "spread_activation", graph, seeds, 0.5, 3, 0.01)
     np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
