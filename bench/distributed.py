@@ -95,7 +95,7 @@ def main(argv=None):
         print(f"corpus {n} x {D} float32 ({4 * n * D / 2**30:.2f} GiB) generated on the workers in {t_gen:.1f} s; "
               f"local copy checked; load average {load_start}", flush=True)
 
-        rows, over = [], []
+        rows, over, fit = [], [], []
         for rows_per_chunk in sizes:
             T = base if rows_per_chunk == base_rows else base.rechunk((rows_per_chunk, D)).persist()
             wait(T)
@@ -132,6 +132,7 @@ def main(argv=None):
             kern = sum(us for _, us in per.values()) / 1e6
             workers = len(per)
             overhead = (workers * wall - kern) / chunks
+            fit.append((chunks, workers * wall - kern))
             shape = f"k={K}, q({D}) x T({n},{D}), {chunks} chunks of {rows_per_chunk} rows"
             gbs = 4.0 * n * D / mo / 1e9
             rows.append(f"| top_k | {shape} | {fmt_time(mo)} | one Executor, 2 threads, same data | {fmt_time(ms)} | "
@@ -160,6 +161,11 @@ def main(argv=None):
              "the workers' telemetry\n\n| rows per chunk | chunks | chunk size | wall | kernel per chunk | "
              "overhead per chunk | overhead total (share of worker time) | load (1 min) |\n|---|---|---|---|---|---|---|---|\n"
              + "\n".join(over) + "\n")
+    if len(fit) >= 2:
+        # total overhead = fixed + per_chunk x chunks: the slope is what one more chunk costs
+        per_chunk, fixed = np.polyfit([c for c, _ in fit], [o for _, o in fit], 1)
+        text += (f"\nLeast-squares fit over the chunk sizes: overhead = {fixed * 1e3:.0f} ms + {per_chunk * 1e3:.2f} ms x "
+                 f"chunks (worker time per query)\n")
     print("\n" + text)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     os.makedirs(out, exist_ok=True)
