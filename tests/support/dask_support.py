@@ -15,7 +15,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def start_cluster(distributed, n_workers=2, **kwargs):
     cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, **kwargs)
+                                       dashboard_address=":0", **kwargs)
     return cluster, distributed.Client(cluster)
 
 
