@@ -181,3 +181,22 @@ def test_wrapper_preloads_the_runtime_and_keeps_reports_out_of_pytests_capture(t
                         "no:cacheprovider", str(probe)], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(TESTS)))
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_memcheck_gives_each_scratch_temporary_an_exact_size_allocation(tmp_path):
+    """The glue keeps scratch buffers (256 bytes at least, reused when large enough), so a planted write
+    one past a top-k pass's 120-byte partial results goes unreported there; memcheck turns reuse off."""
+    code = ("import sys, numpy as np\n"
+            f"sys.path.insert(0, {str(TESTS)!r})\n"
+            "import gpu_emulator\n"
+            "from hipsched.gpu.context import GpuContext\n"
+            f"ctx = GpuContext(gpu_emulator.EmuRuntime(32), cache_dir={str(tmp_path)!r})\n"
+            "a = ctx.scratch('partial', (30,), np.float32, 0)\n"
+            "print('bytes', a.owner.nbytes)\n")
+    sizes = {}
+    for kind in ("address", "thread"):
+        r = subprocess.run([sys.executable, "-c", code], env=gpu_emulator.sanitizer_env(kind), capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        sizes[kind] = int(r.stdout.split("bytes ", 1)[1])
+    assert sizes == {"address": 120, "thread": 256}   # racecheck keeps the glue's reuse as it is
