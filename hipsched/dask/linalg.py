@@ -11,6 +11,7 @@ import dask.array as da
 import numpy as np
 
 from ..ops.base import as_f32, check_ndim, finite_scalar, shape_mismatch
+from ..ops.linalg import matmul_shapes
 from ..ops.quant import BLOCK_BYTES, QK, QuantizedTensor, _check_shape, _qtype_name
 from .ops import _dask, _dtype_ok
 from .workers import executor
@@ -69,17 +70,7 @@ def matmul(a, b):
     a = _matmul_operand(a, "a")
     b = _matmul_operand(b, "b")
     sa, sb = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
-    if not sa or not sb:
-        raise ValueError(f"matmul: operands must be at least 1-d, got a {sa} and b {sb}")
-    a2 = (1,) + sa if len(sa) == 1 else sa
-    b2 = sb + (1,) if len(sb) == 1 else sb
-    k, k2 = a2[-1], b2[-2]
-    if k != k2:
-        raise shape_mismatch("matmul", "a", sa, "b", sb, f"a's last axis ({k}) must equal b's "
-                             f"{'only' if len(sb) == 1 else 'second-to-last'} axis ({k2})")
-    ba, bb = a2[:-2], b2[:-2]
-    if ba and bb and ba != bb:
-        raise shape_mismatch("matmul", "a", sa, "b", sb, "batch axes must be equal or on one side only")
+    ba, bb = matmul_shapes(sa, sb)[:2]   # the single-machine op's rule and messages
     _known_chunks(a, "matmul", "a")
     _known_chunks(b, "matmul", "b")
     nb = len(ba or bb)

@@ -41,12 +41,9 @@ def _sweep(rng):
         yield n ** 3, (rand_f32(rng, n, n), rand_f32(rng, n, n)), {}
 
 
-@register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.ops_basic", "matmul"),
-          split=_split, sweep=_sweep)
-def prepare_matmul(a, b) -> Call:
-    a = as_f32(a, "matmul", "a")
-    b = as_f32(b, "matmul", "b")
-    sa, sb = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
+def matmul_shapes(sa: tuple, sb: tuple):
+    """np.matmul's shape rule, checked: (a's batch axes, b's batch axes, m, k, n) for operand shapes sa
+    and sb (a 1-d a is a row, a 1-d b a column; batch axes equal or on one side only)."""
     if not sa or not sb:
         raise ValueError(f"matmul: operands must be at least 1-d, got a {sa} and b {sb}")
     a2 = (1,) + sa if len(sa) == 1 else sa
@@ -59,6 +56,16 @@ def prepare_matmul(a, b) -> Call:
     ba, bb = a2[:-2], b2[:-2]
     if ba and bb and ba != bb:
         raise shape_mismatch("matmul", "a", sa, "b", sb, "batch axes must be equal or on one side only")
+    return ba, bb, m, k, n
+
+
+@register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.ops_basic", "matmul"),
+          split=_split, sweep=_sweep)
+def prepare_matmul(a, b) -> Call:
+    a = as_f32(a, "matmul", "a")
+    b = as_f32(b, "matmul", "b")
+    sa, sb = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
+    ba, bb, m, k, n = matmul_shapes(sa, sb)
     batch_shape = ba or bb
     out_shape = batch_shape + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ())
     check_result_fits("matmul", *out_shape)
