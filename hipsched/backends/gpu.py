@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from ..device_arrays import is_device_array
 from ..errors import GpuError
 from ..gpu import runtime as _rt
 from ..ops import OPS
@@ -34,7 +35,7 @@ def _host_arrays(x):
     if isinstance(x, (tuple, list)):
         return [a for item in x for a in _host_arrays(item)]
     data = getattr(x, "data", None)
-    if isinstance(data, np.ndarray) and not hasattr(x, "__cuda_array_interface__"):
+    if isinstance(data, np.ndarray) and not is_device_array(x):
         return [data]
     return []
 

@@ -7,10 +7,10 @@ import ctypes
 
 import numpy as np
 
+from ..device_arrays import (GPU_DEVICE_TYPES, kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged,  # noqa: F401
+                             kDLROCM, kDLROCMHost)
 from ..errors import GpuError
 
-kDLCPU, kDLCUDA, kDLCUDAHost, kDLROCM, kDLROCMHost, kDLCUDAManaged = 1, 2, 3, 10, 11, 13
-GPU_DEVICE_TYPES = (kDLCUDA, kDLROCM, kDLCUDAManaged)
 _CODE = {"i": 0, "u": 1, "f": 2, "b": 6, "c": 5}   # numpy kind -> DLDataTypeCode (kDLBool = 6)
 
 

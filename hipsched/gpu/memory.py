@@ -11,6 +11,7 @@ import weakref
 
 import numpy as np
 
+from ..device_arrays import GPU_DEVICE_TYPES, dlpack_device, is_device_array
 from ..errors import GpuError
 from . import dlpack
 
@@ -168,7 +169,7 @@ class DeviceArray:
         if stream is None:
             stream = _consumer.get()
         dev = _dlpack_device(obj)
-        if dev is not None and dev[0] in dlpack.GPU_DEVICE_TYPES:
+        if dev is not None and dev[0] in GPU_DEVICE_TYPES:
             return cls._from_dlpack(obj, runtime, stream)
         cai = getattr(obj, "__cuda_array_interface__", None)
         if cai is not None:
@@ -361,13 +362,8 @@ def _on_own_device(runtime, ptr, device):
 
 
 def _dlpack_device(obj):
-    """`obj.__dlpack_device__()` as a tuple, or None when it has no DLPack (or cannot say)."""
-    if not (hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")):
-        return None
-    try:
-        return tuple(obj.__dlpack_device__())
-    except Exception:
-        return None
+    """The DLPack device of an object that can also export (`__dlpack__`), else None."""
+    return dlpack_device(obj) if hasattr(obj, "__dlpack__") else None
 
 
 def _stream_int(stream) -> int:
@@ -395,20 +391,9 @@ def to_host(x) -> np.ndarray:
         return x
     if isinstance(x, DeviceArray):
         return x.get()
-    if hasattr(x, "__cuda_array_interface__") or (hasattr(x, "__dlpack_device__") and
-                                                   tuple(x.__dlpack_device__())[0] in dlpack.GPU_DEVICE_TYPES):
+    if is_device_array(x):
         return DeviceArray.from_external(x).get()
     return np.asarray(x)
-
-
-def is_device_array(x) -> bool:
-    """True for DeviceArray and for foreign GPU arrays (CAI, or DLPack on a GPU device)."""
-    if isinstance(x, DeviceArray) or hasattr(x, "__cuda_array_interface__"):
-        return True
-    try:
-        return hasattr(x, "__dlpack_device__") and tuple(x.__dlpack_device__())[0] in dlpack.GPU_DEVICE_TYPES
-    except Exception:
-        return False
 
 
 _SAMPLES = 256

@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 
+from ..device_arrays import is_device_array
 from ..errors import GpuError
 
 
@@ -114,24 +115,6 @@ def split_rows(call, same_shape_only=False):
 
 
 # ---------------------------------------------------------------- device arrays
-
-_DLPACK_GPU_DEVICES = (2, 10)  # kDLCUDA, kDLROCM
-
-
-def is_device_array(x) -> bool:
-    """True for arrays that live in GPU memory (CuPy, PyTorch on CUDA/ROCm, our DeviceArray)."""
-    if isinstance(x, np.ndarray):
-        return False
-    if hasattr(x, "__cuda_array_interface__"):
-        return True
-    dev = getattr(x, "__dlpack_device__", None)
-    if dev is not None:
-        try:
-            return dev()[0] in _DLPACK_GPU_DEVICES
-        except Exception:
-            return False
-    return False
-
 
 def any_on_device(*arrays) -> bool:
     """True when any validated argument lives on a GPU (host arrays are checked by type alone: this runs

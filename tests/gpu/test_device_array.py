@@ -163,6 +163,66 @@ def test_from_external_rejects_host_objects(rt):
     assert not is_device_array(np.zeros(2)) and is_device_array(FakeCai(0x10, (2,)))
 
 
+class OnDlDevice:
+    """A DLPack producer whose data is `host` but which reports `device` (how managed or pinned memory
+    looks from the outside)."""
+
+    def __init__(self, host, device):
+        self.host, self.device = host, device
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return dlpack.make_capsule(self.host.ctypes.data, self.host.shape, None, self.host.dtype, self.device,
+                                   owner=self)
+
+
+def test_one_device_array_test_and_one_set_of_device_types():
+    import hipsched.device_arrays as leaf
+    from hipsched.gpu import memory
+    from hipsched.ops import base
+    assert base.is_device_array is memory.is_device_array is leaf.is_device_array
+    assert dlpack.GPU_DEVICE_TYPES is leaf.GPU_DEVICE_TYPES
+    assert (dlpack.kDLCPU, dlpack.kDLCUDA, dlpack.kDLCUDAHost, dlpack.kDLROCM, dlpack.kDLROCMHost,
+            dlpack.kDLCUDAManaged) == (1, 2, 3, 10, 11, 13)    # dlpack.h's numbers
+
+
+@pytest.mark.parametrize("device_type, on_gpu", [(2, True), (10, True), (13, True),      # CUDA, ROCm, managed
+                                                 (1, False), (3, False), (11, False)])   # CPU, pinned host
+def test_which_dlpack_devices_are_device_arrays(device_type, on_gpu):
+    """Managed memory is a device array (read only after the producer's stream is done: through the
+    DLPack handshake); pinned host memory is host memory."""
+    assert is_device_array(OnDlDevice(np.zeros(2, np.float32), (device_type, 0))) is on_gpu
+
+
+def test_device_array_test_survives_odd_producers():
+    class Broken:
+        def __dlpack_device__(self):
+            raise RuntimeError("no device")
+
+    class RaisingCai:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("not on a GPU")
+
+    class Empty:
+        def __dlpack_device__(self):
+            return ()
+    assert not any(is_device_array(x) for x in (Broken(), RaisingCai(), Empty(), [1.0], 3.0, None))
+
+
+def test_managed_memory_is_taken_in_place_and_copied_back(rt):
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    managed = OnDlDevice(host, (dlpack.kDLCUDAManaged, 0))
+    d = DeviceArray.from_external(managed, runtime=rt)
+    assert (d.ptr, d.shape, d.device) == (host.ctypes.data, (2, 3), (dlpack.kDLCUDAManaged, 0))
+    np.testing.assert_array_equal(d.get(), host)      # through the runtime's copy, which synchronises
+    pinned = OnDlDevice(host, (dlpack.kDLCUDAHost, 0))
+    with pytest.raises(GpuError, match="not a GPU"):
+        DeviceArray.from_external(pinned, runtime=rt)
+
+
 def test_to_device_get_and_owned_memory_is_freed(rt):
     host = np.random.default_rng(0).standard_normal((7, 9)).astype(np.float32)
     d = to_device(host, runtime=rt)
