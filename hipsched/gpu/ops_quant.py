@@ -10,12 +10,8 @@ import ctypes
 import numpy as np
 
 from ..errors import GpuError
+from ..gguf_blocks import BLOCK_BYTES, QK
 from .context import Launch, grid_stride_blocks
-
-# GGUF's block layout (fixed by the file format, as in hipsched/ops/quant.py); spelled out here because
-# the glue sits below the op specs and never imports them.
-QK = 32
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
 
 _DEQ_BLOCK = 256
 _MATVEC_BLOCK = 128      # threads; each warp/wavefront owns _MATVEC_ROWS rows

@@ -254,6 +254,22 @@ def test_quantized_tensor_is_read_only_and_pickles(rng):
         w.qtype = "q4_0"
 
 
+def test_one_block_format_for_every_layer():
+    """The leaf hipsched/gguf_blocks.py is the one definition: the op specs, the GPU glue and the public
+    name hold the same objects, and the C kernels' block sizes agree with it (and with GGUF's)."""
+    from hipsched import gguf_blocks
+    from hipsched.cpu import _quant
+    from hipsched.gpu import ops_quant
+    from hipsched.ops import quant
+    assert QuantizedTensor is quant.QuantizedTensor is gguf_blocks.QuantizedTensor
+    assert ops_quant.BLOCK_BYTES is quant.BLOCK_BYTES is gguf_blocks.BLOCK_BYTES
+    assert ops_quant.QK == gguf_blocks.QK == 32
+    assert _quant.BLOCK_BYTES == gguf_blocks.BLOCK_BYTES == BLOCK_BYTES
+    assert {qt: gguf.constants.GGML_QUANT_SIZES[QTYPES[qt]] for qt in QTYPES} == \
+        {qt: (gguf_blocks.QK, b) for qt, b in gguf_blocks.BLOCK_BYTES.items()}
+    assert gguf_blocks.row_bytes(96, "q4_0") == 3 * 18
+
+
 def test_quantize_converts_like_numpy(rng):
     W64 = rng.standard_normal((3, 64))
     assert np.array_equal(hs.quantize(W64, "Q8_0").data, gguf.quants.quantize(W64.astype(np.float32), GT.Q8_0))
