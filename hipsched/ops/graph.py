@@ -24,10 +24,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Call, as_f32, check_ndim, finite_scalar, register, shape_mismatch
+from .base import Call, _resolve, as_f32, check_ndim, finite_scalar, register, shape_mismatch
 
 OP = "spread_activation"
 MAX_STEPS = 2**31 - 1
+_CPU = "hipsched.cpu._graph"
+# The CSR check is compiled code of the CPU extension that every backend relies on (the GPU kernels trust
+# the graph). Named like the spec's kernels and resolved on first use, so the op specs import no kernel
+# module and `import hipsched` never needs it.
+_CHECK_CSR = (_CPU, "check_csr")
 
 
 def _csr_parts(graph):
@@ -99,7 +104,7 @@ def _sweep(rng, degree=8):
         yield n * degree * 3, ((indptr, indices, weights), seeds), {"decay": 0.5, "steps": 3, "threshold": 0.0}
 
 
-@register(OP, cpu=("hipsched.cpu._graph", "spread_activation"), gpu=("hipsched.gpu.ops_graph", "spread_activation"),
+@register(OP, cpu=(_CPU, "spread_activation"), gpu=("hipsched.gpu.ops_graph", "spread_activation"),
           sweep=_sweep)
 def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
     indptr, indices, weights, cols = _csr_parts(graph)
@@ -113,8 +118,7 @@ def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
         raise shape_mismatch(OP, "indptr", indptr.shape, "graph", (cols, cols))
     if indices.shape[0] != weights.shape[0]:
         raise shape_mismatch(OP, "indices", indices.shape, "weights", weights.shape, "one weight per edge")
-    from ..cpu._graph import check_csr  # the C pass; imported here so `import hipsched` never needs it
-    check_csr(indptr, indices)  # before any backend sees the graph: the GPU kernels trust it
+    _resolve(_CHECK_CSR)(indptr, indices)
     seeds = _seed_array(seeds, n)
     decay = finite_scalar(decay, OP, "decay")
     if abs(decay) > float(np.finfo(np.float32).max):  # the kernels take it as float32: inf * 0 would be NaN
