@@ -73,11 +73,6 @@ def cosine_similarity(q, T):
                         name="hipsched-cosine_similarity-" + dask.base.tokenize(qd, T))
 
 
-def _topk_chunk(qb, tb, k, offset):
-    idx, scores = executor().top_k(qb, tb, k)
-    return idx + np.int64(offset), scores
-
-
 def merge_top_k(parts, k):
     """Top k of several (indices, scores) candidate lists in the single-machine order: higher score
     first, equal scores by lower index, NaN after every number (np.argsort puts NaN last). Works on
@@ -96,12 +91,172 @@ def _merge(k, *parts):
     return merge_top_k(parts, k)
 
 
+# ---------------------------------------------------------------------------------------- grouping
+class ChunkGroup:
+    """The chunks one grouped task reads, in corpus order (opaque to Dask: it never looks inside, so the
+    chunk keys and the subgraph it carries are data, not dependencies).
+
+    `offsets[i]` is chunk i's first row in the whole corpus; `sources[i]` says where the task gets it:
+    ("arg", j), its j-th chunk argument (a chunk Dask computed or holds already: a persisted chunk is
+    read in place on the worker that holds it), or ("graph", key), computed inside the task from
+    `graph[key]`, the chunk's own subgraph (a lazy chunk whose tasks no other chunk shares: it is made,
+    scanned and dropped there, so it never crosses the network and one at a time is in memory)."""
+
+    __slots__ = ("offsets", "sources", "graph", "worker")
+
+    def __init__(self, offsets, sources, graph=None, worker=None):
+        self.offsets, self.sources, self.graph, self.worker = tuple(offsets), tuple(sources), graph, worker
+
+    def __len__(self):
+        return len(self.offsets)
+
+    def __repr__(self):
+        return f"ChunkGroup({len(self)} chunks, first rows {self.offsets[:4]}..., worker={self.worker!r})"
+
+    def chunks(self, args):
+        """(offset, chunk) pairs, one chunk at a time."""
+        for off, (kind, ref) in zip(self.offsets, self.sources):
+            if kind == "arg":
+                yield off, args[ref]
+            else:
+                from dask.local import get_sync
+                yield off, get_sync(self.graph[ref], ref)
+
+
+def _topk_group(q, k, group, split_every, *args):
+    """One task's share of a top_k: each of its chunks through this worker's executor (the chunk read in
+    place, no copy), indices offset to the whole corpus, merged into one candidate list."""
+    ex = executor()
+    parts = []
+    for off, block in group.chunks(args):
+        idx, val = ex.top_k(q, block, k)
+        parts.append((idx + np.int64(off), val))
+        if len(parts) >= split_every:
+            parts = [merge_top_k(parts, k)]
+    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+
+
+GROUPS_PER_THREAD = 2   # a lazy corpus: consecutive runs of chunks, this many per worker thread
+
+
+def _default_threads():
+    """Worker threads of the default distributed client, else this machine's CPU count (the threaded
+    scheduler's pool)."""
+    try:
+        from distributed.client import default_client
+        return max(1, sum(default_client().nthreads().values()))
+    except (ImportError, ValueError, OSError):
+        return max(1, int(dask.system.CPU_COUNT or 1))
+
+
+def _runs(items, rows, parts):
+    """`items` cut into at most `parts` consecutive runs of about equal rows, none empty."""
+    n = len(items)
+    parts = max(1, min(int(parts), n))
+    cum = np.cumsum(rows)
+    bounds, prev = [0], 0
+    for p in range(1, parts):
+        cut = int(np.searchsorted(cum, cum[-1] * p / parts)) + 1   # after the item that reaches the share
+        cut = min(max(cut, prev + 1), n - (parts - p))             # at least one item per run
+        bounds.append(cut)
+        prev = cut
+    bounds.append(n)
+    return [items[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+EMBED_SHARED_BYTES = 1 << 20   # a lazy chunk's shared plain-data input up to this size is copied into its group
+
+
+def _lazy_sources(T, live):
+    """{chunk index: its subgraph} for the lazy chunks a grouped task can make itself: every task it
+    needs is its own (no other chunk shares it) and no input is a Future (persisted data); shared
+    inputs that are plain data of at most EMBED_SHARED_BYTES (a zarr array handle, say) are copied in.
+    The other chunks are left to Dask (computed as the array's own tasks, passed to the group)."""
+    from dask.core import get_dependencies, istask
+    from dask.sizeof import sizeof
+    from distributed import Future
+    dsk = dict(T.__dask_graph__())
+    keys = T.__dask_keys__()
+    closure, users = {}, {}
+    for i in live:
+        root = keys[i][0]
+        seen, stack = set(), [root]
+        while stack:
+            key = stack.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            users.setdefault(key, set()).add(i)
+            v = dsk.get(key)
+            if v is None or isinstance(v, Future):
+                seen.add(None)   # not in this graph, or persisted: Dask must provide it
+                continue
+            stack.extend(get_dependencies(dsk, key))
+        closure[i] = seen
+    out = {}
+    for i, seen in closure.items():
+        if None in seen:
+            continue
+        if all(len(users[key]) == 1 or (not istask(dsk[key]) and sizeof(dsk[key]) <= EMBED_SHARED_BYTES)
+               for key in seen):
+            out[i] = {key: dsk[key] for key in seen}
+    return out
+
+
+def _persisted_groups(T, live):
+    """Groups of a persisted corpus by where its chunks live: each worker's chunks (client.who_has), cut
+    into one consecutive run per worker thread, so every chunk is read where it is. None when T's
+    chunks are not all persisted futures."""
+    from distributed import futures_of
+    keys = T.__dask_keys__()
+    futs = {f.key: f for f in futures_of(T)}
+    if not futs or any(keys[i][0] not in futs for i in live):
+        return None
+    client = next(iter(futs.values())).client
+    nthreads = client.nthreads()
+    if not nthreads:
+        return None
+    who = client.who_has([futs[keys[i][0]] for i in live])
+    rows = T.chunks[0]
+    load = {w: 0 for w in nthreads}
+    mine = {w: [] for w in nthreads}
+    for i in live:
+        holders = [w for w in who.get(keys[i][0], ()) if w in load] or list(load)   # lost: Dask recomputes it
+        w = min(holders, key=lambda a: load[a])   # a replicated chunk goes to its least loaded holder
+        mine[w].append(i)
+        load[w] += rows[i]
+    groups = []
+    for w, idx in mine.items():
+        for run in (_runs(idx, [rows[i] for i in idx], nthreads[w]) if idx else []):
+            groups.append((w, run))
+    return groups
+
+
+def chunk_groups(T, groups_per_thread=None):
+    """How top_k groups T's row chunks into tasks: a list of (worker address or None, [chunk indices]).
+    Persisted (every chunk a future): one group per worker thread, of the chunks that worker holds.
+    Lazy: consecutive runs of about equal rows, `groups_per_thread` (GROUPS_PER_THREAD) per thread of
+    the default client's workers (or per CPU without one). Chunks with no rows are left out."""
+    live = [i for i, r in enumerate(T.chunks[0]) if r]
+    if not live:
+        return []
+    groups = _persisted_groups(T, live)
+    if groups is None:
+        per = GROUPS_PER_THREAD if groups_per_thread is None else groups_per_thread
+        groups = [(None, run) for run in _runs(live, [T.chunks[0][i] for i in live], per * _default_threads())]
+    return groups
+
+
 def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     """hipsched.top_k on a Dask corpus T (n, d) chunked by rows -> (indices int64, scores float32) as
-    Dask arrays, (k',) or (m, k') with k' = min(k, n): each chunk's top k through its worker's
-    Executor, indices offset to the whole corpus, then a merge tree of fan-in `split_every` that keeps
-    the single-machine order (ties on the lower index, NaN last). Equal to hipsched.top_k on the
-    computed corpus, bit for bit when q has at most 12 rows (see docs/distributed.md)."""
+    Dask arrays, (k',) or (m, k') with k' = min(k, n). The chunks are grouped (chunk_groups): a
+    persisted corpus into one task per worker thread over the chunks that worker holds, a lazy one into
+    consecutive runs, a few per thread; each task runs every chunk of its group through its worker's
+    Executor (reading the chunk in place), offsets the indices to the whole corpus and keeps one top-k
+    list; a merge tree of fan-in `split_every` joins the groups. Every merge keeps the single-machine
+    order (ties on the lower index, NaN last), so the result is the same however the chunks are grouped:
+    equal to hipsched.top_k on the computed corpus, bit for bit when q has at most 12 rows (see
+    docs/distributed.md)."""
     qd, T = _corpus(q, T, "top_k")
     k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
     if not isinstance(split_every, numbers.Integral) or split_every < 2:
@@ -112,14 +267,30 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     if kk == 0 or (qd.ndim == 2 and qd.shape[0] == 0):
         return (da.zeros(out_shape, dtype=np.int64, chunks=out_shape),
                 da.zeros(out_shape, dtype=np.float32, chunks=out_shape))
-    q_del = qd.to_delayed().ravel()[0]
+    # A NumPy query goes into every grouped task as data (a few KB), not as a key: a task whose only
+    # input is the query would otherwise follow the query's bytes, and every lazy group would run on the
+    # one worker holding it. A Dask query stays a dependency.
+    q_arg = qd.to_delayed().ravel()[0] if isinstance(q, da.Array) else as_f32(q, "top_k", "q", allow_device=False)
     token = dask.base.tokenize(qd, T, k)
-    chunk = dask.delayed(_topk_chunk, pure=True)
-    level, offset = [], 0
-    for i, (blk, rows) in enumerate(zip(T.to_delayed().ravel(), T.chunks[0])):
-        if rows:
-            level.append(chunk(q_del, blk, k, offset, dask_key_name=(f"hipsched-top_k-chunk-{token}", i)))
-        offset += rows
+    groups = chunk_groups(T)
+    offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
+    handles = T.to_delayed(optimize_graph=False).ravel()
+    persisted = any(w is not None for w, _ in groups)
+    inline = {} if persisted else _lazy_sources(T, [i for _, run in groups for i in run])
+    keys = T.__dask_keys__()
+    task = dask.delayed(_topk_group, pure=True)
+    level = []
+    for g, (worker, run) in enumerate(groups):
+        sources, args, graph = [], [], {}
+        for i in run:
+            if i in inline:
+                graph[keys[i][0]] = inline[i]
+                sources.append(("graph", keys[i][0]))
+            else:
+                sources.append(("arg", len(args)))
+                args.append(handles[i])
+        group = ChunkGroup([offsets[i] for i in run], sources, graph or None, worker)
+        level.append(task(q_arg, k, group, split_every, *args, dask_key_name=(f"hipsched-top_k-group-{token}", g)))
     merge = dask.delayed(_merge, pure=True)
     depth = 0
     while len(level) > 1:

@@ -133,9 +133,10 @@ def test_sigkill_mid_top_k_reruns_tasks_and_leaves_a_parseable_log(cluster, gate
     def victim_tasks(dask_scheduler, addr=addr):
         ws = dask_scheduler.workers.get(addr)
         return sorted(str(ts.key) for ts in ws.processing) if ws is not None else []
-    # its second top_k call is held at the gate: that chunk task is lost with the process
-    _wait(lambda: [k for k in client.run_on_scheduler(victim_tasks) if "hipsched-top_k-chunk" in k],
-                 "the victim to hold a top_k chunk task")
+    # its second top_k call (the second chunk of its group) is held at the gate: that grouped task is
+    # lost with the process, with the chunks it already scanned
+    _wait(lambda: [k for k in client.run_on_scheduler(victim_tasks) if "hipsched-top_k-group" in k],
+                 "the victim to hold a grouped top_k task")
     assert not fut_val.done()   # the gate is closed: the job cannot have finished
     os.kill(pid, signal.SIGKILL)
     path = os.path.join(job_dir, f"{victim}.jsonl")
