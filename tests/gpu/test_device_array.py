@@ -3,7 +3,6 @@ host<->device helpers and the resident cache. Without a GPU, the DLPack machiner
 CPU-device tensors that NumPy and PyTorch really produce and consume, and the copy/cache logic runs on
 HostMemoryRuntime, a test double whose "device memory" is host memory. Real-device round trips are
 marked gpu."""
-import ctypes
 import gc
 import weakref
 
@@ -14,35 +13,7 @@ from hipsched.errors import GpuError
 from hipsched.gpu import dlpack
 from hipsched.gpu.memory import DeviceArray, ResidentCache, fingerprint, is_device_array, to_device, to_host
 
-
-class HostMemoryRuntime:
-    """Implements the memory part of the Runtime interface on host memory (for the cache logic)."""
-    platform = "amd"
-
-    def __init__(self):
-        self.buffers, self.freed, self.h2d = {}, [], 0
-
-    def current_device(self):
-        return 0
-
-    def malloc(self, n):
-        buf = ctypes.create_string_buffer(n)
-        self.buffers[ctypes.addressof(buf)] = buf
-        return ctypes.addressof(buf)
-
-    def free(self, ptr):
-        self.freed.append(ptr)
-        del self.buffers[ptr]
-
-    def memcpy_htod(self, dst, src, n, stream=0):
-        self.h2d += 1
-        ctypes.memmove(dst, src, n)
-
-    def memcpy_dtoh(self, dst, src, n, stream=0):
-        ctypes.memmove(dst, src, n)
-
-    def stream_synchronize(self, s):
-        pass
+from host_memory import HostMemoryRuntime
 
 
 @pytest.fixture

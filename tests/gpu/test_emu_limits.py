@@ -11,6 +11,7 @@ import pytest
 
 import emu_limits
 import gpu_emulator
+from call_counts import count_calls
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
@@ -113,14 +114,7 @@ def test_executor_runs_a_call_beyond_a_limit_on_the_cpu(tmp_path, monkeypatch):
     """top_k with 65536 queries needs grid y = 65536: refused before any upload or launch, rerun on the
     CPU, and the GPU's health untouched."""
     rt = gpu_emulator.EmuRuntime(32)
-    calls = {"launch": 0, "malloc": 0}
-    for name in calls:
-        real = getattr(rt, name)
-
-        def counted(*a, _real=real, _name=name, **k):
-            calls[_name] += 1
-            return _real(*a, **k)
-        monkeypatch.setattr(rt, name, counted)
+    calls = count_calls(monkeypatch, rt, ("launch", "malloc"))
     gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt)
     assert gpu.available, gpu.unavailable_reason
     rng = np.random.default_rng(5)

@@ -15,6 +15,7 @@ from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
 from hipsched.scheduling import SelectionReason as R
 
+from call_counts import count_calls
 from fake_gpu import FakeGpuBackend
 
 emulated = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
@@ -30,14 +31,7 @@ def emu(kernels, monkeypatch):
     """(runtime, backend, counts of launches, allocations and uploads since the executor started)."""
     monkeypatch.setenv("HIPSCHED_BLAS", "none")
     rt = gpu_emulator.EmuRuntime(32)
-    counts = {"launch": 0, "malloc": 0, "memcpy_htod": 0}
-    for name in counts:
-        real = getattr(rt, name)
-
-        def counted(*a, _real=real, _name=name, **k):
-            counts[_name] += 1
-            return _real(*a, **k)
-        monkeypatch.setattr(rt, name, counted)
+    counts = count_calls(monkeypatch, rt, ("launch", "malloc", "memcpy_htod"))
     gpu = GpuBackend({"kernel_cache_dir": kernels}, runtime=rt)
     assert gpu.available, gpu.unavailable_reason
     yield rt, gpu, counts

@@ -12,21 +12,11 @@ from hipsched.gpu.codeobject import kernel_symbols
 from hipsched.gpu.compilers import get_compiler, split_amd_target
 from hipsched.gpu.kernels import KernelCache, kernel_names, kernel_sources
 
+from real_compilers import cache_dir, compiler_or_skip  # noqa: F401 (cache_dir is a fixture)
+
 AMD_ARCHS = ["gfx906", "gfx908", "gfx90a", "gfx1030"]
 NVIDIA_ARCHS = ["sm_80", "sm_90"]
 SOURCES = sorted(kernel_sources())
-
-
-def _compiler_or_skip(arch):
-    try:
-        return get_compiler(arch)
-    except GpuError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("kernel-cache")
 
 
 def test_sources_are_found_with_prelude():
@@ -40,7 +30,7 @@ def test_sources_are_found_with_prelude():
 @pytest.mark.parametrize("arch", AMD_ARCHS + NVIDIA_ARCHS)
 @pytest.mark.parametrize("source", SOURCES)
 def test_every_kernel_compiles(source, arch, cache_dir):
-    compiler = _compiler_or_skip(arch)
+    compiler = compiler_or_skip(arch)
     code = KernelCache(compiler, cache_dir).code_object(source, arch)
     assert code[:4] == b"\x7fELF"          # HSACO and CUBIN are ELF files
     symbols = kernel_symbols(code)
@@ -51,7 +41,7 @@ def test_every_kernel_compiles(source, arch, cache_dir):
 
 @pytest.mark.parametrize("arch", ["gfx1100", "gfx942", "gfx9999", "gfx1030:xnack-", "gfx90a:foo+", "sm_9999"])
 def test_unknown_target_is_an_error_not_an_abort(arch):
-    compiler = _compiler_or_skip(arch)
+    compiler = compiler_or_skip(arch)
     assert not compiler.supports(arch)
     with pytest.raises(GpuError) as info:
         compiler.compile('extern "C" __global__ void k(float* x) { x[0] = 1.0f; }', "k.hip", arch)
@@ -68,7 +58,7 @@ def test_target_ids_parse_and_reject_garbage():
 
 
 def test_feature_order_does_not_matter():
-    compiler = _compiler_or_skip("gfx90a")
+    compiler = compiler_or_skip("gfx90a")
     src = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 2.0f; }'
     a = compiler.compile(src, "k.hip", "gfx90a:xnack-:sramecc+")
     b = compiler.compile(src, "k.hip", "gfx90a:sramecc+:xnack-")
@@ -78,7 +68,7 @@ def test_feature_order_does_not_matter():
 def test_unlisted_compiler_version_probes_in_a_child(monkeypatch):
     # A hiprtc without a measured allow-list tries the target in a child process first: gfx1100
     # aborts that child (ROCm 5.2) and is reported unsupported while this process lives on.
-    compiler = _compiler_or_skip("gfx90a")
+    compiler = compiler_or_skip("gfx90a")
     if ".so.5" not in compiler.library_path:
         pytest.skip("the abort only happens with ROCm 5.x hiprtc")
     monkeypatch.setattr(compiler, "_allow_list", lambda: None)
@@ -89,7 +79,7 @@ def test_unlisted_compiler_version_probes_in_a_child(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["gfx90a", "sm_90"])
 def test_compile_error_carries_the_log(arch):
-    compiler = _compiler_or_skip(arch)
+    compiler = compiler_or_skip(arch)
     with pytest.raises(GpuError) as info:
         compiler.compile('extern "C" __global__ void k(float* x) { undeclared_thing(x); }', "bad.hip", arch)
     assert info.value.kind == "compile"
@@ -97,7 +87,7 @@ def test_compile_error_carries_the_log(arch):
 
 
 def test_nvrtc_rejects_o3_and_we_do_not_pass_it():
-    compiler = _compiler_or_skip("sm_90")
+    compiler = compiler_or_skip("sm_90")
     assert "-O3" not in compiler.default_options
     with pytest.raises(GpuError):
         compiler.compile('extern "C" __global__ void k() {}', "k.hip", "sm_90", ("-O3",))

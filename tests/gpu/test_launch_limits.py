@@ -5,7 +5,6 @@ compiling the kernels for that target, and the executor treating "unsupported" (
 cannot run) as no sign of GPU ill-health."""
 import re
 import struct
-import time
 
 import numpy as np
 import pytest
@@ -13,23 +12,12 @@ import pytest
 from hipsched.errors import GpuError
 from hipsched.gpu import ops_attention, ops_basic, ops_graph, ops_norm, ops_quant
 from hipsched.gpu.codeobject import KernelResources, _msgpack, kernel_resources, with_ptxas_spills
-from hipsched.gpu.compilers import get_compiler
 from hipsched.gpu.kernels import KernelCache
 from hipsched.gpu.targets import TARGETS, check_launch, target_for
 
+from real_compilers import cache_dir, compiler_or_skip  # noqa: F401 (cache_dir is a fixture)
+
 ARCHS = ["sm_80", "sm_90", "gfx906", "gfx908", "gfx90a", "gfx1030"]
-
-
-def _compiler_or_skip(arch):
-    try:
-        return get_compiler(arch)
-    except GpuError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("kernel-cache")
 
 
 _CODE = {}
@@ -38,7 +26,7 @@ _CODE = {}
 def code_objects(arch, cache_dir):
     """{source: code object} for every kernel source compiled for `arch` (once per module)."""
     if arch not in _CODE:
-        cache = KernelCache(_compiler_or_skip(arch), cache_dir)
+        cache = KernelCache(compiler_or_skip(arch), cache_dir)
         _CODE[arch] = {src: cache.code_object(src, arch) for src in cache.sources}
     return _CODE[arch]
 
@@ -117,7 +105,7 @@ def test_amd_metadata_agrees_with_kernel_descriptors(arch, cache_dir):
 
 def _ptxas(arch, source_name):
     """(code object, ptxas -v log) of one source, compiled with the real NVRTC."""
-    compiler = _compiler_or_skip(arch)
+    compiler = compiler_or_skip(arch)
     cache = KernelCache(compiler)
     return compiler.compile_with_log(cache.source(source_name), source_name, arch, ("--ptxas-options=-v",))
 
@@ -373,7 +361,7 @@ class _CompileOnlyRuntime:
 
     def __init__(self, arch, warp):
         from hipsched.gpu.runtime import DeviceInfo
-        self.compiler = _compiler_or_skip(arch)
+        self.compiler = compiler_or_skip(arch)
         self.platform = self.compiler.platform
         self.info = DeviceInfo(0, "compile-only", arch, 1 << 30, self.platform, warp, 4)
         self.launches = []
@@ -443,18 +431,10 @@ def test_unsupported_falls_back_without_feeding_the_breaker():
 
 
 def test_unsupported_half_open_probe_does_not_wedge_the_breaker():
-    from hipsched import Executor
-    from fake_gpu import FakeGpuBackend
+    from fake_gpu import breaker_open_for_add
 
     mode = {"kind": "launch"}
-    gpu = FakeGpuBackend(ops=("add",), fail=lambda call: mode["kind"])
-    ex = Executor(gpu_backend=gpu, persist_model=False, telemetry_path=None, breaker_cooldown_s=0.02,
-                  strategy="gpu_preferred", breaker_failures=3)
-    a = np.ones((64, 64), np.float32)
-    for _ in range(3):
-        ex.add(a, a)
-    assert ex.gpu_health("add")["state"] == "open"
-    time.sleep(0.03)
+    gpu, ex, a = breaker_open_for_add(lambda call: mode["kind"], breaker_failures=3)
     mode["kind"] = "unsupported"
     runs = gpu.runs
     ex.add(a, a)                                  # the probe: the call cannot run on this GPU
@@ -484,7 +464,7 @@ def test_compile_report_command(cache_dir):
     import subprocess
     import sys
     for arch in ("sm_90", "gfx90a"):
-        _compiler_or_skip(arch)
+        compiler_or_skip(arch)
     r = subprocess.run([sys.executable, "-m", "hipsched", "compile", "--arch", "sm_90", "--arch", "gfx90a",
                         "--cache-dir", str(cache_dir), "--report", "--json"], capture_output=True, text=True,
                        timeout=600)

@@ -12,7 +12,7 @@ from hipsched import Executor
 from hipsched.errors import GpuError
 from hipsched.scheduling import SelectionReason as R
 
-from fake_gpu import FakeGpuBackend
+from fake_gpu import FakeGpuBackend, breaker_open_for_add
 
 
 def make(gpu=None, **cfg):
@@ -393,14 +393,7 @@ def test_interrupted_half_open_probe_does_not_wedge_the_breaker():
             raise KeyboardInterrupt
         return mode["v"]
 
-    gpu = FakeGpuBackend(ops=("add",), fail=fail)
-    ex = Executor(gpu_backend=gpu, persist_model=False, telemetry_path=None, breaker_cooldown_s=0.02,
-                  strategy="gpu_preferred")
-    a = np.ones((64, 64), np.float32)
-    for _ in range(3):
-        ex.add(a, a)
-    assert ex.gpu_health("add")["state"] == "open"
-    time.sleep(0.03)
+    _, ex, a = breaker_open_for_add(fail)
     mode["v"] = "interrupt"
     with pytest.raises(KeyboardInterrupt):
         ex.add(a, a)          # the half-open probe is interrupted

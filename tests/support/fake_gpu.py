@@ -83,3 +83,21 @@ class FakeGpuBackend:
 
     def close(self):
         self.closed = True
+
+
+def breaker_open_for_add(fail, **executor_cfg):
+    """(FakeGpuBackend, Executor, a) where three `add` calls that `fail(call)` made fail ("launch") have
+    opened the breaker for add and its cooldown has passed: the next `ex.add(a, a)` is the half-open
+    probe. `fail` is consulted on every GPU run, so the test decides what the probe meets."""
+    import numpy as np
+
+    from hipsched import Executor
+    gpu = FakeGpuBackend(ops=("add",), fail=fail)
+    cfg = dict(persist_model=False, telemetry_path=None, breaker_cooldown_s=0.02, strategy="gpu_preferred")
+    ex = Executor(gpu_backend=gpu, **{**cfg, **executor_cfg})
+    a = np.ones((64, 64), np.float32)
+    for _ in range(3):
+        ex.add(a, a)
+    assert ex.gpu_health("add")["state"] == "open"
+    time.sleep(0.03)
+    return gpu, ex, a

@@ -1,6 +1,6 @@
 """HostMemoryRuntime (the memory part of the Runtime interface on host memory) and run_bounded, a
-subprocess runner that turns a deadlock into a failure with the hung stack; shared by the resident cache
-and finalizer lock tests."""
+subprocess runner that turns a deadlock into a failure with the hung stack; shared by the resident cache,
+finalizer lock and device array tests."""
 import subprocess
 import sys
 import textwrap
@@ -10,11 +10,11 @@ import ctypes
 
 
 class HostMemoryRuntime:
-    """The memory part of the Runtime interface on host memory."""
+    """The memory part of the Runtime interface on host memory; `freed` lists the pointers freed."""
     platform = "amd"
 
     def __init__(self):
-        self.buffers = {}
+        self.buffers, self.freed = {}, []
 
     def current_device(self):
         return 0
@@ -25,6 +25,7 @@ class HostMemoryRuntime:
         return ctypes.addressof(buf)
 
     def free(self, ptr):
+        self.freed.append(ptr)
         del self.buffers[ptr]
 
     def memcpy_htod(self, dst, src, n, stream=0):
