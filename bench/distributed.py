@@ -8,9 +8,15 @@ is computed here with the threaded scheduler for (a): the same chunks with the s
 bits, which the script checks (a sample of rows, and top_k results equal bit for bit). Other chunk sizes
 are rechunks of that persisted corpus, so every row of the table scans identical data.
 
-Per-chunk task overhead: for each chunk size one more run with the workers' telemetry cleared first;
-overhead per chunk = (workers x wall - sum of the chunk kernels' own durations) / chunks, the worker time
-not spent in a chunk's top_k kernel (scheduling, transfers, the merge tree, imbalance), per chunk.
+hipsched.dask.top_k groups the chunks: one task per worker thread over the chunks that worker holds
+(the corpus is persisted), then one merge; so the tasks per query do not grow with the chunks.
+
+Overhead: for each chunk size one more run with the workers' telemetry cleared first; overhead per query
+= workers x wall - the sum of the chunk kernels' own durations (each top_k event's duration_us): the
+worker time not spent in a kernel (the client building and sending the graph, the scheduler, the query
+and the candidates moving, the executor's own per-call work, a worker idle while the other finishes);
+per chunk = that / chunks. The table also gives the client's graph-building time (hd.top_k's call,
+including its who_has round trip) and the tasks per query (keys of the optimized graph that run).
 
 Usage: python bench/distributed.py [--n 1000000] [--chunks 4000,15625,62500,250000] [--repeat 5]
 Tables printed and written to bench/results/distributed.md, with the machine's load average."""
@@ -68,7 +74,7 @@ def main(argv=None):
 
     import dask
     import dask.array as da
-    from distributed import Client, LocalCluster, wait
+    from distributed import Client, LocalCluster, futures_of, wait
 
     import hipsched as hs
     import hipsched.dask as hd
@@ -132,8 +138,13 @@ def main(argv=None):
             # one more run with the kernels' own durations: what is left of the workers' time is overhead
             client.run(_clear)
             t = time.perf_counter()
-            ours()
+            arrays = hd.top_k(q, T, K)
+            t_build = time.perf_counter() - t
+            dask.compute(*arrays)
             wall = time.perf_counter() - t
+            graph = dict(dask.base.collections_to_expr(arrays, optimize_graph=True).__dask_graph__())
+            persisted = {f.key for f in futures_of(T)}
+            n_tasks = sum(1 for key, v in graph.items() if key not in persisted and type(v).__name__ != "Alias")
             per = client.run(_kernel_us)
             n_ev = sum(c for c, _ in per.values())
             kern = sum(us for _, us in per.values()) / 1e6
@@ -147,10 +158,10 @@ def main(argv=None):
                         f"{gbs:.2f} GB/s |")
             rows.append(f"| top_k | {shape} | {fmt_time(mo)} | plain Dask da.argtopk(T @ q), same cluster | "
                         f"{fmt_time(mp)} | {mp / mo:.2f}x | >= 2x {'ok' if mp / mo >= 2 else 'MISSED'} | {gbs:.2f} GB/s |")
-            over.append(f"| {rows_per_chunk} | {chunks} | {4 * rows_per_chunk * D / 2**20:.0f} MiB | {fmt_time(wall)} | "
-                        f"{fmt_time(kern / max(n_ev, 1))} | {fmt_time(overhead)} | "
-                        f"{workers * wall - kern:.3f} s ({(workers * wall - kern) / (workers * wall):.0%}) | "
-                        f"{_load().split()[0]} |")
+            over.append(f"| {rows_per_chunk} | {chunks} | {4 * rows_per_chunk * D / 2**20:.0f} MiB | {n_tasks} | "
+                        f"{fmt_time(wall)} | {fmt_time(t_build)} | {fmt_time(kern / max(n_ev, 1))} | "
+                        f"{fmt_time(workers * wall - kern)} ({(workers * wall - kern) / (workers * wall):.0%}) | "
+                        f"{fmt_time(overhead)} | {_load().split()[0]} |")
             print(rows[-2] + "\n" + rows[-1] + "\n" + over[-1], flush=True)
             if T is not base:
                 del T
@@ -164,15 +175,18 @@ def main(argv=None):
              f"{load_end} at end)")
     header = "| op | shape | hipsched.dask | peer | peer time | ratio (peer/ours) | target | hipsched rate |"
     text = f"## {title}\n\n{header}\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
-    text += ("\n### Per-chunk task overhead\n\n(workers x wall - summed kernel time) / chunks, from one run with "
-             "the workers' telemetry\n\n| rows per chunk | chunks | chunk size | wall | kernel per chunk | "
-             "overhead per chunk | overhead total (share of worker time) | load (1 min) |\n|---|---|---|---|---|---|---|---|\n"
-             + "\n".join(over) + "\n")
+    text += ("\n### Overhead\n\nworkers x wall - summed kernel time, per query and per chunk, from one run with "
+             "the workers' telemetry\n\n| rows per chunk | chunks | chunk size | tasks per query | wall | graph built "
+             "(client) | kernel per chunk | overhead per query (share of worker time) | overhead per chunk | "
+             "load (1 min) |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(over) + "\n")
     if len(fit) >= 2:
         # total overhead = fixed + per_chunk x chunks: the slope is what one more chunk costs
-        per_chunk, fixed = np.polyfit([c for c, _ in fit], [o for _, o in fit], 1)
+        # (a line only where the points lie near one: the largest residual says how near)
+        xs, ys = np.array([c for c, _ in fit], float), np.array([o for _, o in fit])
+        per_chunk, fixed = np.polyfit(xs, ys, 1)
+        resid = float(np.max(np.abs(ys - (fixed + per_chunk * xs))))
         text += (f"\nLeast-squares fit over the chunk sizes: overhead = {fixed * 1e3:.0f} ms + {per_chunk * 1e3:.2f} ms x "
-                 f"chunks (worker time per query)\n")
+                 f"chunks (worker time per query; largest residual {resid * 1e3:.0f} ms)\n")
     print("\n" + text)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     os.makedirs(out, exist_ok=True)
