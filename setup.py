@@ -1,5 +1,5 @@
 """Build: one Cython extension per CPU op family (hipsched/cpu/_<family>.pyx + src_c/cpu/<family>*.c)
-plus the scheduler core. No global -mavx2/-march: SIMD variants are selected per translation unit
+plus the scheduler core and the telemetry's event recorder. No global -mavx2/-march: SIMD variants are selected per translation unit
 (src_c/cpu/*_avx2.c carry `#pragma GCC target`), so the Cython glue stays portable.
 HIPSCHED_BUILD_ONLY=name1,name2 limits the build to some extensions (development only)."""
 import glob
@@ -25,13 +25,13 @@ def cpu_extension(pyx):
 
 
 def core_extension(pyx):
-    name = "hipsched." + os.path.basename(pyx)[:-4]
+    name = pyx[:-4].replace("/", ".")
     return Extension(name, [pyx], include_dirs=[np.get_include()], extra_compile_args=["-O3"],
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
 
 extensions = [cpu_extension(p) for p in sorted(glob.glob("hipsched/cpu/_*.pyx"))]
-extensions += [core_extension(p) for p in sorted(glob.glob("hipsched/_*.pyx"))]
+extensions += [core_extension(p) for p in sorted(glob.glob("hipsched/_*.pyx") + glob.glob("hipsched/telemetry/_*.pyx"))]
 if only:
     extensions = [e for e in extensions if e.name.rsplit(".", 1)[-1].lstrip("_") in only]
 

@@ -133,9 +133,12 @@ os.register_at_fork(after_in_child=_forget_default_in_child)
 
 def _forward(name):
     executor_cls = __getattr__("Executor")
+    method = getattr(executor_cls, name)
 
     def op(*args, **kwargs):
-        return getattr(default_executor(), name)(*args, **kwargs)
+        # one frame over the Executor method: the module-level ops are the tiny-call path too
+        ex = _default
+        return method(default_executor() if ex is None else ex, *args, **kwargs)
     op.__name__ = name
     op.__qualname__ = name
     op.__doc__ = getattr(executor_cls, name).__doc__

@@ -2,6 +2,44 @@
 
 from hipsched._perfmodel cimport Bucket, Fit, NBUCKETS
 
+# What the executor knows about a call, as flags of the decision.
+cpdef enum Flag:
+    F_GPU_PRESENT = 1        # a working GPU backend exists
+    F_GPU_SUPPORTS = 2       # it has this op and dtype, and the size is within its maximum
+    F_FITS = 4               # the call fits in free device memory
+    F_WANT_CPU = 8           # backend="cpu" on this call
+    F_WANT_GPU = 16          # backend="gpu" on this call
+    F_CALL_UNSUPPORTED = 32  # the GPU has the op, but refuses this call's shapes or parameters
+
+# Why a backend was chosen: indices into _sched.REASONS (the strings telemetry writes).
+cpdef enum Reason:
+    R_GPU_AVAILABLE = 0
+    R_GPU_UNAVAILABLE = 1
+    R_CPU_FALLBACK = 2
+    R_COST_MODEL = 3
+    R_MEMORY = 4
+    R_USER = 5
+    R_BELOW_MIN = 6
+    R_UNHEALTHY = 7
+    R_EXPLORING = 8
+    R_GPU_UNSUPPORTED = 9
+
+cdef enum:                   # backends, as the model's array index (scheduling.BACKENDS names them)
+    CPU = 0
+    GPU = 1
+
+# Indices into config.STRATEGIES (checked at import of _sched).
+cpdef enum Strategy:
+    ST_AUTOMATIC = 0
+    ST_GPU_PREFERRED = 1
+    ST_CPU_PREFERRED = 2
+    ST_BACKEND_ONLY = 3
+
+cpdef enum BreakerState:
+    S_CLOSED = 0
+    S_OPEN = 1
+    S_HALF_OPEN = 2
+
 cdef enum:
     MAX_SLOTS = 512        # (op, dtype) pairs
     MAX_OPS = 128          # ops with a health record

@@ -8,9 +8,13 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.math cimport isfinite, isnan
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
+from hipsched.cpu._hot cimport HotOp
+from hipsched.telemetry._record cimport Recorder
 from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, predict_us
 
 import threading
+
+from hipsched.config import STRATEGIES
 
 cdef extern from *:
     """
@@ -28,43 +32,19 @@ cdef extern from *:
     void hs_lock(char *l) nogil
     void hs_unlock(char *l) nogil
 
-# backends
-DEF CPU = 0
-DEF GPU = 1
-
-# decision flags (what the executor knows about this call)
-F_GPU_PRESENT = 1      # a working GPU backend exists
-F_GPU_SUPPORTS = 2     # it has this op and dtype, and the size is within its maximum
-F_FITS = 4             # the call fits in free device memory
-F_WANT_CPU = 8         # backend="cpu" on this call
-F_WANT_GPU = 16        # backend="gpu" on this call
-F_CALL_UNSUPPORTED = 32  # the GPU has the op, but refuses this call's shapes or parameters
-DEF _F_GPU_PRESENT = 1
-DEF _F_GPU_SUPPORTS = 2
-DEF _F_FITS = 4
-DEF _F_WANT_CPU = 8
-DEF _F_WANT_GPU = 16
-DEF _F_CALL_UNSUPPORTED = 32
-
-# reasons (indices into scheduling.SelectionReason order)
+# The flags, reasons, backends and breaker states are the cpdef enums of _sched.pxd: one definition,
+# read as C constants here and as this module's Python names (F_GPU_PRESENT, R_COST_MODEL, ...) by
+# the executor. REASONS names the reasons in their index order; scheduling.SelectionReason is built
+# from it.
 REASONS = ("gpu_available", "gpu_unavailable", "cpu_fallback", "cost_model", "memory_constraint",
            "user_preference", "below_min_batch", "gpu_unhealthy", "exploring", "gpu_unsupported")
-DEF R_GPU_AVAILABLE = 0
-DEF R_GPU_UNAVAILABLE = 1
-DEF R_CPU_FALLBACK = 2
-DEF R_COST_MODEL = 3
-DEF R_MEMORY = 4
-DEF R_USER = 5
-DEF R_BELOW_MIN = 6
-DEF R_UNHEALTHY = 7
-DEF R_EXPLORING = 8
-DEF R_GPU_UNSUPPORTED = 9
-
-STRATEGIES = ("automatic", "gpu_preferred", "cpu_preferred", "backend_only")
 BREAKER_STATES = ("closed", "open", "half_open")
-DEF S_CLOSED = 0
-DEF S_OPEN = 1
-DEF S_HALF_OPEN = 2
+# Python sees the enum classes (Flag, Reason, ...); their members also go in the module namespace, the
+# spelling the executor and the tests use (_sched.F_FITS).
+globals().update({m.name: m for e in (Flag, Reason, Strategy, BreakerState) for m in e})
+if STRATEGIES.index("gpu_preferred") != ST_GPU_PREFERRED or STRATEGIES.index("cpu_preferred") != ST_CPU_PREFERRED \
+        or STRATEGIES.index("backend_only") != ST_BACKEND_ONLY:  # pragma: no cover - a build out of step
+    raise ImportError("hipsched._sched: config.STRATEGIES is not in the order of the Strategy enum")
 
 # A re-probe of the losing side is skipped when it is predicted this many times slower: drift that
 # large would not go unnoticed anyway, and probing it would cost more than it could ever win back.
@@ -208,7 +188,7 @@ cdef class SchedCore:
         cdef Health *h = &self.hl[s.op_index]
         cdef Bucket *bc
         cdef Bucket *bg
-        cdef int gpu_ok = (flags & _F_GPU_PRESENT) and (flags & _F_GPU_SUPPORTS)
+        cdef int gpu_ok = (flags & F_GPU_PRESENT) and (flags & F_GPU_SUPPORTS)
         cdef long long calls
         cdef double c, g
         c = predict_us(s.buckets[CPU], &s.fit[CPU], size)
@@ -218,21 +198,21 @@ cdef class SchedCore:
         pc[0] = c
         pg[0] = g
         # 1. what the user asked for
-        if p.force_cpu or flags & _F_WANT_CPU:
+        if p.force_cpu or flags & F_WANT_CPU:
             return CPU | R_USER << 1
-        if flags & _F_WANT_GPU or (p.strategy == 3 and p.backend_only == GPU):
+        if flags & F_WANT_GPU or (p.strategy == ST_BACKEND_ONLY and p.backend_only == GPU):
             if not gpu_ok:
                 return CPU | R_GPU_UNAVAILABLE << 1
             # a call the device cannot run is not run there even when asked for: it would only fail
-            return (CPU | R_GPU_UNSUPPORTED << 1) if flags & _F_CALL_UNSUPPORTED else (GPU | R_USER << 1)
-        if p.strategy == 3:
+            return (CPU | R_GPU_UNSUPPORTED << 1) if flags & F_CALL_UNSUPPORTED else (GPU | R_USER << 1)
+        if p.strategy == ST_BACKEND_ONLY:
             return CPU | R_USER << 1
         # 2. capability
         if not gpu_ok:
             return CPU | R_GPU_UNAVAILABLE << 1
-        if flags & _F_CALL_UNSUPPORTED:
+        if flags & F_CALL_UNSUPPORTED:
             return CPU | R_GPU_UNSUPPORTED << 1
-        if not flags & _F_FITS:
+        if not flags & F_FITS:
             return CPU | R_MEMORY << 1
         # 3. health: while open, CPU; after the cooldown one probe call goes to the GPU
         if h.state != S_CLOSED:
@@ -246,9 +226,9 @@ cdef class SchedCore:
         if size < p.min_batch:
             return CPU | R_BELOW_MIN << 1
         # 5. fixed preferences
-        if p.strategy == 1:
+        if p.strategy == ST_GPU_PREFERRED:
             return GPU | R_GPU_AVAILABLE << 1
-        if p.strategy == 2:
+        if p.strategy == ST_CPU_PREFERRED:
             return CPU | R_USER << 1
         # 6. learn what is not known yet, then re-probe now and then
         bc = &s.buckets[CPU][bucket_of(size)]
@@ -529,59 +509,69 @@ ctypedef struct Decision:
 
 
 cdef class FastPath:
-    """The Executor's per-call path compiled: validate (the op's prepare), look up the slot, decide,
-    and for host data on the CPU run, time, record and log the call without returning to Python.
-    Everything else (GPU runs, fallback, device data, errors to raise) goes to the executor's methods.
+    """The Executor's per-call path compiled. For an op's common case (its HotOp accepts the
+    arguments: plain float32 host arrays) validation, decision, the CPU kernel, the model's record and
+    the telemetry event run here without entering Python. Otherwise the op's `prepare` validates, and
+    host data on the CPU still runs, times and records here; GPU runs, fallback, device data and errors
+    to raise go to the executor's methods.
 
-    `_decide_call` is the only place a call's flags and decision are worked out: real calls (`run`)
-    and `decide_call` (what Executor.select_backend answers) both go through it, so a prediction is
-    the decision the same call gets from the same state."""
+    `_decide_call` is the only place a call's flags and decision are worked out: both kinds of real
+    call (`run`) and `decide_call` (what Executor.select_backend answers) go through it, so a prediction
+    is the decision the same call gets from the same state."""
     cdef SchedCore core
     cdef dict prepare
     cdef dict slots
+    cdef dict hot           # op -> its float32 entry, for calls its HotOp accepts
     cdef object slot_miss, prepare_missing, gpu_terms, run_gpu, run_other
-    cdef public object tel_record
+    cdef public Recorder tel        # the executor's telemetry recorder, or None
     cdef double min_batch
     cdef bint allow_fallback
     cdef tuple reason_str
 
     def __init__(self, SchedCore core, dict prepare, dict slots, slot_miss, prepare_missing, gpu_terms, run_gpu,
-                 run_other, tel_record, double min_batch, bint allow_fallback, tuple reason_str):
+                 run_other, Recorder tel, double min_batch, bint allow_fallback, tuple reason_str):
         self.core, self.prepare, self.slots = core, prepare, slots
         self.slot_miss, self.prepare_missing, self.gpu_terms = slot_miss, prepare_missing, gpu_terms
-        self.run_gpu, self.run_other, self.tel_record = run_gpu, run_other, tel_record
+        self.run_gpu, self.run_other, self.tel = run_gpu, run_other, tel
         self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
+        self.hot = {}
 
     cdef tuple _entry(self, str op, dtype):
+        """(core slot, capability flags, GPU max size, CPU function or None, HotOp or None)."""
         entry = self.slots.get((op, dtype))
         if entry is None:
             entry = self.slot_miss(op, dtype)
         return entry
 
-    cdef object _decide_call(self, str op, call, backend, tuple entry, bint commit, Decision *d):
-        """Fills `d` with the decision for `call`; returns the decision's detail (why the GPU refuses the
-        call, or why it was found gone deciding it) or None. Without `commit` nothing changes (see
+    cdef inline int _want(self, str op, backend) except -1:
+        if backend is "auto" or backend == "auto":  # identity first: the literal default is interned
+            return 0
+        if backend == "cpu":
+            return F_WANT_CPU
+        if backend == "gpu":
+            return F_WANT_GPU
+        raise ValueError(f"{op}: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
+
+    cdef inline bint _asks_gpu(self, int flags, int want, double size) noexcept:
+        """Whether deciding this call needs the GPU's view of it (its refusal, memory, copies). Calls
+        that stay on the CPU whatever the GPU says are not asked about: small ones (below the batch
+        minimum) keep the device queries off the common path; GPU-bound ones always are asked."""
+        cdef Params *p = &self.core.p
+        return (flags & F_GPU_SUPPORTS and not want & F_WANT_CPU and not p.force_cpu and (
+            size >= self.min_batch or want & F_WANT_GPU or (p.strategy == ST_BACKEND_ONLY and p.backend_only == GPU)))
+
+    cdef object _decide_call(self, call, double size, int want, tuple entry, bint commit, Decision *d):
+        """Fills `d` with the decision for a call of work `size`; returns the decision's detail (why the
+        GPU refuses the call, or why it was found gone deciding it) or None. `call` (the prepared Call)
+        may be None only where `_asks_gpu` is false. Without `commit` nothing changes (see
         SchedCore._decide)."""
         cdef int flags, r
-        cdef double size
-        cdef Params *p = &self.core.p
-        if backend == "auto":
-            d.want = 0
-        elif backend == "cpu":
-            d.want = _F_WANT_CPU
-        elif backend == "gpu":
-            d.want = _F_WANT_GPU
-        else:
-            raise ValueError(f"{op}: backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
+        d.want = want
         d.slot = entry[0]
-        flags = <int>entry[1] | d.want | _F_FITS
+        flags = <int>entry[1] | want | F_FITS
         d.h2d = d.d2h = 0.0
-        size = call.size
         detail = None
-        # Calls that will stay on the CPU whatever the GPU says are not asked about: small ones (below
-        # the batch minimum) keep the device queries off the common path; GPU-bound ones always are.
-        if flags & _F_GPU_SUPPORTS and not d.want & _F_WANT_CPU and not p.force_cpu and (
-                size >= self.min_batch or d.want & _F_WANT_GPU or (p.strategy == 3 and p.backend_only == GPU)):
+        if self._asks_gpu(flags, want, size):
             flags_o, h2d_o, d2h_o, detail = self.gpu_terms(call, flags, entry[2])
             flags, d.h2d, d.d2h = flags_o, h2d_o, d2h_o
         hs_lock(&self.core.lock)
@@ -595,36 +585,59 @@ cdef class FastPath:
         """(backend, reason index, predicted cpu us, predicted gpu us, detail) the call would get now,
         changing nothing."""
         cdef Decision d
-        detail = self._decide_call(call.op, call, backend, self._entry(call.op, call.dtype), False, &d)
+        detail = self._decide_call(call, call.size, self._want(call.op, backend),
+                                   self._entry(call.op, call.dtype), False, &d)
         return d.backend, d.reason, d.pc, d.pg, detail
+
+    cdef object _record_cpu(self, str op, Decision *d, double dur, size, dtype, nbytes, stream, detail):
+        hs_lock(&self.core.lock)
+        self.core._record(self.core.slots[d.slot], CPU, <double>size, dur, 0.0, 0.0, True, True, False)
+        hs_unlock(&self.core.lock)
+        if self.tel is not None:
+            self.tel.record(op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc, d.pg, stream, None,
+                            detail)
 
     def run(self, str op, backend, stream, *args, **kwargs):
         cdef Decision d
-        cdef double dur
+        cdef double dur, size, nbytes
         cdef long long t0
+        cdef HotOp hot
+        cdef int want
+        # 1. the op's common case, compiled end to end
+        entry = self.hot.get(op)
+        if entry is None and op not in self.hot:
+            entry = self._entry(op, "float32")
+            if entry[4] is None:
+                entry = None
+            self.hot[op] = entry
+        if entry is not None and stream is None:
+            hot = <HotOp>entry[4]
+            ready = hot.check(args, kwargs, &size, &nbytes)
+            if ready is not None:
+                want = self._want(op, backend)
+                if want != F_WANT_GPU and not self._asks_gpu(<int>entry[1] | want | F_FITS, want, size):
+                    self._decide_call(None, size, want, entry, True, &d)
+                    # (never the GPU: that takes a call the GPU was asked about)
+                    t0 = now_ns()
+                    out = hot.run(ready)
+                    dur = (now_ns() - t0) * 1e-3
+                    self._record_cpu(op, &d, dur, <long long>size, "float32", <long long>nbytes, stream, None)
+                    return out
+        # 2. everything else: the op's prepare validates and converts
         prep = self.prepare.get(op)
         if prep is None:
             prep = self.prepare_missing(op)
         call = prep(*args, **kwargs)
         dtype = call.dtype
         entry = self._entry(op, dtype)
-        detail = self._decide_call(op, call, backend, entry, True, &d)
+        detail = self._decide_call(call, call.size, self._want(op, backend), entry, True, &d)
         if d.backend == GPU:
             return self.run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)
         fn = entry[3]
-        if fn is None or call.on_device or (d.want == _F_WANT_GPU and not self.allow_fallback):
+        if fn is None or call.on_device or (d.want == F_WANT_GPU and not self.allow_fallback):
             return self.run_other(call, d.slot, d.reason, d.pc, d.pg, d.want, detail, stream)
         t0 = now_ns()
         out = fn(*call.args, **call.params)  # the lock is not held while the kernel runs
         dur = (now_ns() - t0) * 1e-3
-        hs_lock(&self.core.lock)
-        self.core._record(self.core.slots[d.slot], CPU, call.size, dur, 0.0, 0.0, True, True, False)
-        hs_unlock(&self.core.lock)
-        if self.tel_record is not None:
-            if detail is None:
-                self.tel_record(op, "cpu", self.reason_str[d.reason], call.size, dtype, call.nbytes, dur, d.pc, d.pg,
-                                stream)
-            else:
-                self.tel_record(op, "cpu", self.reason_str[d.reason], call.size, dtype, call.nbytes, dur, d.pc, d.pg,
-                                stream, None, detail)
+        self._record_cpu(op, &d, dur, call.size, dtype, call.nbytes, stream, detail)
         return out

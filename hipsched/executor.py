@@ -100,7 +100,7 @@ class Executor:
             success_threshold=cfg.gpu_success_rate_threshold, speedup_threshold=cfg.gpu_speedup_threshold,
             cooldown_s=cfg.breaker_cooldown_s)
         self._tel = _create_telemetry(cfg, getattr(gpu, "device_name", None) if self._gpu_present else "cpu")
-        self._slots = {}            # (op, dtype) -> (core slot, capability flags, GPU max size, CPU fn)
+        self._slots = {}            # (op, dtype) -> (core slot, capability flags, GPU max size, CPU fn, HotOp)
         self._prepare = {name: spec.prepare for name, spec in OPS.items()}
         self._free = (0, 0)         # (read at ns, bytes)
         self._warned = set()
@@ -109,7 +109,7 @@ class Executor:
         self.performance_tracker = PerformanceTracker(self._core)
         self._fast = _sched.FastPath(self._core, self._prepare, self._slots, self._slot, self._prepare_missing,
                                      self._gpu_terms, self._run_gpu, self._run_other,
-                                     self._tel.record if self._tel is not None else None, cfg.gpu_min_batch_size,
+                                     self._tel.recorder if self._tel is not None else None, cfg.gpu_min_batch_size,
                                      cfg.allow_fallback, _REASON_STR)
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
         from .model_store import ModelPersistence
@@ -145,7 +145,8 @@ class Executor:
 
     # ------------------------------------------------------------------ the hot path
     def _slot(self, op, dtype):
-        """(core slot, capability flags, GPU max size, CPU function or None) of (op, dtype), cached."""
+        """(core slot, capability flags, GPU max size, CPU function or None, HotOp or None) of (op, dtype),
+        cached."""
         key = (op, dtype)
         s = self._slots.get(key)
         if s is None:
@@ -162,7 +163,9 @@ class Executor:
                 fn = self._cpu._fns.get(op) or self._cpu._load(op)
             except (ImportError, KeyError, AttributeError):
                 fn = None  # reported when a call needs it (select_backend works without it)
-            s = self._slots[key] = (self._core.slot(op, dtype), flags, max_size, fn)
+            spec = OPS.get(op)
+            hot = spec.hot_op() if spec is not None and dtype == "float32" and fn is not None else None
+            s = self._slots[key] = (self._core.slot(op, dtype), flags, max_size, fn, hot)
         return s
 
     def _free_memory(self):
@@ -222,14 +225,9 @@ class Executor:
         raise NotImplementedError(f"hipsched: op {op!r} is not available (its family is not built or registered)")
 
     def _run_cpu_device(self, call, slot, reason, pc, pg, stream, fallback=None, detail=None):
-        """CPU run of device inputs: download, run, upload, so the result lives where the inputs did."""
-        from .gpu.memory import is_device_array, to_device, to_host
+        """CPU run of device inputs (the copies both ways included in its time)."""
         t0 = _perf_ns()
-        host_args = tuple(to_host(a) if is_device_array(a) else a for a in call.args)
-        out = self._cpu.run(Call(call.op, host_args, call.params, call.size, call.nbytes, call.dtype, False))
-        # Back onto the inputs' own runtime (their device), not whichever the process would pick first.
-        rt = next((getattr(a, "runtime", None) for a in call.args if is_device_array(a)), None)
-        out = tuple(to_device(o, runtime=rt) for o in out) if isinstance(out, tuple) else to_device(out, runtime=rt)
+        out = self._cpu.run_device_data(call)
         dur = (_perf_ns() - t0) * 1e-3
         self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback, detail=detail)
         return out

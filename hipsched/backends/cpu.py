@@ -1,9 +1,12 @@
 """CpuBackend: runs a validated Call through the C kernels (hipsched/cpu/_<family> extensions).
 Each op's spec names a function `f(*call.args, **call.params)` taking C-contiguous float32 host
-arrays (or op objects such as QuantizedTensor) and returning NumPy results."""
+arrays (or op objects such as QuantizedTensor) and returning NumPy results. Calls whose inputs live
+on a GPU run here too (a fallback, or a call too small for a launch): their inputs come down, the
+result goes back up to the inputs' device."""
 from __future__ import annotations
 
 from ..ops import OPS
+from ..ops.base import Call
 
 # op -> (module, function) of its CPU kernel, as the op specs declare it
 CPU_IMPLS = {name: spec.cpu for name, spec in OPS.items()}
@@ -22,6 +25,15 @@ class CpuBackend:
         return f
 
     def run(self, call, stream=None):
-        """Run on host arrays; the executor moves device inputs to the host before calling this."""
+        """Run on host arrays (see run_device_data for a call whose inputs live on a GPU)."""
         f = self._fns.get(call.op) or self._load(call.op)
         return f(*call.args, **call.params)
+
+    def run_device_data(self, call):
+        """Download the device inputs, run, and upload the result (each array of a tuple) onto the
+        inputs' own runtime, their device, not whichever runtime the process would pick first."""
+        from ..gpu.memory import is_device_array, to_device, to_host
+        host_args = tuple(to_host(a) if is_device_array(a) else a for a in call.args)
+        out = self.run(Call(call.op, host_args, call.params, call.size, call.nbytes, call.dtype, False))
+        rt = next((getattr(a, "runtime", None) for a in call.args if is_device_array(a)), None)
+        return tuple(to_device(o, runtime=rt) for o in out) if isinstance(out, tuple) else to_device(out, runtime=rt)

@@ -71,3 +71,134 @@ def exp(x):
     with nogil:
         hs_exp_f32(px, po, n)
     return out
+
+
+# ---------------------------------------------------------------- compiled common cases (see _hot.pxd)
+from cpython.float cimport PyFloat_CheckExact, PyFloat_AS_DOUBLE
+from cpython.long cimport PyLong_CheckExact
+from hipsched.cpu._hot cimport HotOp, plain_f32
+
+# Below this many elements a kernel runs without releasing the GIL: dropping and retaking it costs
+# about as much as adding 4096 floats, and the C kernels start no threads at these sizes anyway.
+DEF GIL_KEPT_MAX = 4096
+# Past this the general path's checks (result memory) apply; its cost is nothing at such sizes.
+DEF HOT_MAX = 1 << 28
+
+
+cdef inline cnp.ndarray empty_like_f32(cnp.ndarray a):
+    return cnp.PyArray_EMPTY(cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a), cnp.NPY_FLOAT32, 0)
+
+
+cdef class AddHot(HotOp):
+    """add(a, b): b of a's shape or a trailing part of it, both plain float32."""
+    cdef object check(self, tuple args, dict kwargs, double *size, double *nbytes):
+        if len(args) != 2 or kwargs:
+            return None
+        a = args[0]
+        b = args[1]
+        if not (plain_f32(a) and plain_f32(b)):
+            return None
+        cdef int na = cnp.PyArray_NDIM(<cnp.ndarray>a), nb = cnp.PyArray_NDIM(<cnp.ndarray>b), i
+        cdef cnp.npy_intp *da = cnp.PyArray_DIMS(<cnp.ndarray>a)
+        cdef cnp.npy_intp *db = cnp.PyArray_DIMS(<cnp.ndarray>b)
+        if nb > na:
+            return None
+        for i in range(nb):
+            if da[na - nb + i] != db[i]:
+                return None
+        cdef cnp.npy_intp n = cnp.PyArray_SIZE(<cnp.ndarray>a)
+        if n > HOT_MAX:
+            return None
+        size[0] = n
+        nbytes[0] = 4.0 * (2 * n + cnp.PyArray_SIZE(<cnp.ndarray>b))
+        return args
+
+    cdef object run(self, object ready):
+        cdef cnp.ndarray a = <cnp.ndarray>(<tuple>ready)[0]
+        cdef cnp.ndarray b = <cnp.ndarray>(<tuple>ready)[1]
+        cdef cnp.ndarray out = empty_like_f32(a)
+        cdef const float *pa = <float *>cnp.PyArray_DATA(a)
+        cdef const float *pb = <float *>cnp.PyArray_DATA(b)
+        cdef float *po = <float *>cnp.PyArray_DATA(out)
+        cdef int64_t n = cnp.PyArray_SIZE(a), m = cnp.PyArray_SIZE(b)
+        if n <= GIL_KEPT_MAX:
+            hs_add_f32(pa, pb, po, n, m)
+        else:
+            with nogil:
+                hs_add_f32(pa, pb, po, n, m)
+        return out
+
+
+cdef class ScaleHot(HotOp):
+    """scale(x, alpha): x plain float32, alpha a Python float (ints, NumPy scalars and 0-d arrays take
+    the general path, which owns their conversion and its errors)."""
+    cdef object check(self, tuple args, dict kwargs, double *size, double *nbytes):
+        if len(args) != 2 or kwargs:
+            return None
+        x = args[0]
+        alpha = args[1]
+        if not plain_f32(x) or not PyFloat_CheckExact(alpha):
+            return None
+        cdef cnp.npy_intp n = cnp.PyArray_SIZE(<cnp.ndarray>x)
+        if n > HOT_MAX:
+            return None
+        size[0] = n
+        nbytes[0] = 8.0 * n
+        return args
+
+    cdef object run(self, object ready):
+        cdef cnp.ndarray x = <cnp.ndarray>(<tuple>ready)[0]
+        cdef float a = <float>PyFloat_AS_DOUBLE((<tuple>ready)[1])  # rounded as the general path rounds it
+        cdef cnp.ndarray out = empty_like_f32(x)
+        cdef const float *px = <float *>cnp.PyArray_DATA(x)
+        cdef float *po = <float *>cnp.PyArray_DATA(out)
+        cdef int64_t n = cnp.PyArray_SIZE(x)
+        if n <= GIL_KEPT_MAX:
+            hs_scale_f32(px, a, po, n)
+        else:
+            with nogil:
+                hs_scale_f32(px, a, po, n)
+        return out
+
+
+cdef class SoftmaxHot(HotOp):
+    """softmax(x, axis=-1) over the last axis of a plain float32 x (other axes: general path)."""
+    cdef object check(self, tuple args, dict kwargs, double *size, double *nbytes):
+        if len(args) != 1:
+            return None
+        if kwargs:
+            if len(kwargs) != 1:
+                return None
+            axis = kwargs.get("axis")
+            if not PyLong_CheckExact(axis) or axis != -1:
+                return None
+        x = args[0]
+        if not plain_f32(x) or cnp.PyArray_NDIM(<cnp.ndarray>x) == 0:
+            return None
+        cdef cnp.npy_intp n = cnp.PyArray_SIZE(<cnp.ndarray>x)
+        if n > HOT_MAX:
+            return None
+        size[0] = n
+        nbytes[0] = 8.0 * n
+        return x
+
+    cdef object run(self, object ready):
+        cdef cnp.ndarray x = <cnp.ndarray>ready
+        cdef int nd = cnp.PyArray_NDIM(x)
+        cdef int64_t n = cnp.PyArray_SIZE(x), length = cnp.PyArray_DIM(x, nd - 1)
+        cdef cnp.ndarray out = empty_like_f32(x)
+        cdef const float *px = <float *>cnp.PyArray_DATA(x)
+        cdef float *po = <float *>cnp.PyArray_DATA(out)
+        if length == 0:
+            return out
+        if n <= GIL_KEPT_MAX:
+            hs_softmax_f32(px, po, n // length, length, 1)
+        else:
+            with nogil:
+                hs_softmax_f32(px, po, n // length, length, 1)
+        return out
+
+
+add_hot = AddHot()
+scale_hot = ScaleHot()
+softmax_hot = SoftmaxHot()

@@ -50,16 +50,20 @@ class OpSpec:
     (`<glue>_plan(ctx, call)`), so what the GPU accepts is decided by the code that launches.
     `scratch(call)` is the device memory the glue allocates beyond inputs and outputs; `split(call)`
     cuts a call into independent pieces for out-of-memory recovery, (pieces, args(lo, hi),
-    combine(results)) or None; `sweep(rng)` yields the calibration calls (size, args, kwargs)."""
+    combine(results)) or None; `sweep(rng)` yields the calibration calls (size, args, kwargs).
+    `hot` names the op's compiled common case (a hipsched.cpu._hot.HotOp instance): validation and the
+    CPU kernel for plain float32 arrays, which the dispatcher runs without entering Python; calls it
+    declines take `prepare` and `cpu`, with the same results."""
 
-    __slots__ = ("name", "prepare", "cpu", "gpu", "cpu_dtypes", "gpu_dtypes", "scratch", "split", "sweep")
+    __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "scratch", "split", "sweep")
 
-    def __init__(self, name, prepare, *, cpu, gpu=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None, split=None,
-                 sweep=None):
+    def __init__(self, name, prepare, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None,
+                 split=None, sweep=None):
         self.name = name
         self.prepare = prepare
         self.cpu = cpu
         self.gpu = gpu
+        self.hot = hot
         self.cpu_dtypes = tuple(cpu_dtypes)
         self.gpu_dtypes = tuple(gpu_dtypes) if gpu is not None else ()
         self.scratch = scratch
@@ -74,6 +78,15 @@ class OpSpec:
     def cpu_function(self):
         return _resolve(self.cpu)
 
+    def hot_op(self):
+        """The compiled common case, or None (none declared, or its module is not built)."""
+        if self.hot is None:
+            return None
+        try:
+            return _resolve(self.hot)
+        except (ImportError, AttributeError):
+            return None
+
     def gpu_function(self, suffix=""):
         return _resolve((self.gpu[0], self.gpu[1] + suffix))
 
@@ -87,10 +100,11 @@ class OpSpec:
 OPS: dict[str, OpSpec] = {}
 
 
-def register(name, *, cpu, gpu=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None, split=None, sweep=None):
+def register(name, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None, split=None,
+             sweep=None):
     """Decorator for an op's prepare(*args, **kwargs) -> Call: declares the op (see OpSpec)."""
     def deco(fn):
-        OPS[name] = OpSpec(name, fn, cpu=cpu, gpu=gpu, cpu_dtypes=cpu_dtypes, gpu_dtypes=gpu_dtypes,
+        OPS[name] = OpSpec(name, fn, cpu=cpu, gpu=gpu, hot=hot, cpu_dtypes=cpu_dtypes, gpu_dtypes=gpu_dtypes,
                            scratch=scratch, split=split, sweep=sweep)
         return fn
     return deco

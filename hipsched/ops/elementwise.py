@@ -47,7 +47,8 @@ def _split_softmax(call):
     return split_rows(call)
 
 
-@register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), split=lambda call: split_rows(call, same_shape_only=True),
+@register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), hot=(_CPU, "add_hot"),
+          split=lambda call: split_rows(call, same_shape_only=True),
           sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
 def prepare_add(a, b) -> Call:
     a = as_f32(a, "add", "a")
@@ -70,7 +71,7 @@ def _real_scalar(value, op: str, name: str) -> float:
     raise TypeError(f"{op}: {name} must be a real scalar, got {value!r}")
 
 
-@register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), split=split_rows,
+@register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), hot=(_CPU, "scale_hot"), split=split_rows,
           sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})))
 def prepare_scale(x, alpha) -> Call:
     x = as_f32(x, "scale", "x")
@@ -79,7 +80,8 @@ def prepare_scale(x, alpha) -> Call:
     return Call("scale", (x,), {"alpha": alpha}, size=n, nbytes=8 * n, on_device=any_on_device(x))
 
 
-@register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), split=_split_softmax,
+@register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), hot=(_CPU, "softmax_hot"),
+          split=_split_softmax,
           sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})))
 def prepare_softmax(x, axis=-1) -> Call:
     x = as_f32(x, "softmax", "x")

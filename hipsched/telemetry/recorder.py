@@ -1,24 +1,20 @@
-"""Telemetry: the object the Executor records every call into. `record` is the hot path (well under a
-microsecond): it stores one tuple in the ring of recent events, adds to this thread's shard of the
-exact counters and hands the same tuple to the JSONL writer's queue, taking no lock; dicts and JSON are
-built later, off the caller."""
+"""Telemetry: the object the Executor records every call into. `record` is the hot path (a few hundred
+nanoseconds, compiled in _record.pyx): it stores one tuple in the ring of recent events, adds to the
+exact counters and hands the same tuple to the JSONL writer's queue, taking no lock; dicts and JSON
+are built later, off the caller. The compiled part is imported when a Telemetry is made, so reading
+and analysing logs (this package's other modules) needs no build."""
 from __future__ import annotations
 
-import itertools
 import os
-import time
-from collections import deque
 
 from . import events as ev
-from .scope import current as _current_scope
+from .scope import _current as _scope_var
 from .scope import scope as _scope
 from .store import Counters
 from .summary import BackendExecutionSummary, BackendStats, OpBackendTotals, print_debug_summary
 from .writer import JsonlWriter
 
 ENV_PATH = "HIPSCHED_TELEMETRY"
-_now = time.time
-_INF = float("inf")
 
 
 def path_from_env():
@@ -37,62 +33,45 @@ class Telemetry:
                  host=None, device=None, run_id=None, rotate_keep=8, flush_interval=0.02, worker=None, job=None):
         if ring_size < 0:
             raise ValueError(f"telemetry ring_size must be >= 0, got {ring_size!r}")
-        self.enabled = bool(enabled)
+        self._enabled = bool(enabled)
         self.run_id = run_id or ev.new_run_id()
         self.host = host or ev.default_host()
         self.device = device or "cpu"
         self.worker = None if worker is None else str(worker)
         self.job = None if job is None else str(job)
         self._extra = ev.ident_extra(self.worker, self.job)
-        self._ring = deque(maxlen=int(ring_size))
-        self._seq = itertools.count()
         self._counters = Counters()
-        self._local = self._counters.local
         self._writer = None
-        self._queue = None       # the writer's queue, filled inline by record() (saves a call per event)
-        self._queue_size = 0
-        if path is not None and self.enabled:
+        if path is not None and self._enabled:
             self._writer = JsonlWriter(path, ev.LineFormatter(self.run_id, self.host, self.device, self._extra),
                                        queue_size=queue_size, rotate_bytes=rotate_bytes, keep=rotate_keep,
                                        interval=flush_interval)
-            self._queue = self._writer.queue
-            self._queue_size = self._writer.queue_size
-            self._drops = self._writer.drop_counter
+        from ._record import Recorder
+        w = self._writer
+        self.recorder = Recorder(int(ring_size), w.queue if w is not None else None, w.queue_size if w is not None else 0,
+                                 w.drop_counter if w is not None else None, self._counters.cells,
+                                 self._counters.add_error, _scope_var)
+        self.recorder.enabled = self._enabled
+        # the compiled method itself, so a call costs no Python frame of ours
+        self.record = self.recorder.record
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value):
+        self._enabled = self.recorder.enabled = bool(value)
 
     # ---------------------------------------------------------------- hot path
     def record(self, op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us, pred_gpu_us,
                stream=None, fallback=None, detail=None):
         """Record one executed call. Thread safe, never blocks on I/O, never raises for I/O problems.
         `fallback` is None or (failed_backend, error_str); `backend` is the one that produced the result;
-        `detail` is None or the text behind the reason (gpu_unsupported: why the GPU refuses the call)."""
-        if not self.enabled:
-            return
-        rec = (_now(), next(self._seq), op, backend, reason, size, dtype, nbytes, duration_us,
-               pred_cpu_us, pred_gpu_us, stream, _current_scope(), fallback, detail)
-        self._ring.append(rec)
-        try:
-            cells = self._local.cells          # this thread's shard: no lock needed (store.py)
-        except AttributeError:
-            cells = self._counters.shard()
-        c = cells.get((op, backend))
-        if c is None:
-            c = cells[(op, backend)] = [0, 0.0, 0]
-        c[0] += 1
-        try:
-            if -_INF < duration_us < _INF:   # None (no measurement), NaN and inf add no time
-                c[1] += duration_us
-        except TypeError:
-            pass
-        if fallback is not None:
-            c[2] += 1
-            self._counters.add_error(op, fallback)
-        q = self._queue
-        if q is not None:
-            # Same as JsonlWriter.put, inlined; the length check may overshoot by a few under threads.
-            if len(q) < self._queue_size:
-                q.append(rec)
-            else:
-                next(self._drops)
+        `detail` is None or the text behind the reason (gpu_unsupported: why the GPU refuses the call).
+        (Each instance replaces this with its compiled recorder's method; this is its documentation.)"""
+        return self.recorder.record(op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us,
+                                    pred_gpu_us, stream, fallback, detail)
 
     def scope(self, phase=None, **tags):
         """Context manager: events recorded inside carry this phase and these tags (contextvars, so
@@ -103,7 +82,7 @@ class Telemetry:
     @property
     def events(self) -> list:
         """The most recent events (up to ring_size) as schema-v1 dicts, oldest first."""
-        recs = list(self._ring)
+        recs = self.recorder.recent()
         return [ev.to_dict(r, self.run_id, self.host, self.device, self._extra) for r in recs]
 
     @property
@@ -145,14 +124,14 @@ class Telemetry:
 
     def clear(self) -> None:
         """Forget the in-memory events and counters (the JSONL file keeps what it has)."""
-        self._ring.clear()
+        self.recorder.clear()
         self._counters.clear()
 
     def close(self) -> None:
         """Flush and close the JSONL file; later records stay in memory only. Idempotent."""
         w = self._writer
         if w is not None:
-            self._queue = None
+            self.recorder.detach_queue()
             w.close()
 
     def __enter__(self):

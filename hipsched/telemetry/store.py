@@ -1,8 +1,6 @@
-"""Exact counters per (op, backend) that many threads update at once, without a lock on the hot path:
-each thread adds into its own shard (a dict it alone writes, found through a threading.local), and
-readers sum the shards. Shards of threads that have ended are folded into one retired shard, so a
-program that starts many short threads does not accumulate them. Fallback errors are rare and go
-into one dict under a lock."""
+"""Exact counters per (op, backend): one dict of cells the compiled recorder (_record.pyx) adds into
+under the GIL, which a record never gives up part way, so many threads need no lock and lose no count.
+Fallback errors are rare and go into one dict under a lock."""
 from __future__ import annotations
 
 import threading
@@ -13,20 +11,9 @@ from .summary import BackendExecutionSummary, BackendStats, OpBackendTotals
 
 class Counters:
     def __init__(self):
-        self.local = threading.local()   # .cells: this thread's shard, (op, backend) -> [count, time_us, fallbacks]
+        self.cells = {}                  # (op, backend) -> [count, time_us, fallbacks]
         self.lock = threading.Lock()
-        self._shards = []                # [(thread, cells)]
-        self._retired = {}
         self.errors = {}                 # (op, error) -> count
-
-    def shard(self) -> dict:
-        """This thread's shard, created and registered on its first call. Telemetry.record adds into it
-        directly (count, time, fallbacks), which is what keeps the hot path free of locks and calls."""
-        cells = {}
-        self.local.cells = cells
-        with self.lock:
-            self._shards.append((threading.current_thread(), cells))
-        return cells
 
     def add_error(self, op, fallback):
         key = (_name(op), str(fallback[1]))
@@ -34,27 +21,20 @@ class Counters:
             self.errors[key] = self.errors.get(key, 0) + 1
 
     def snapshot(self):
-        """Summed cells and the error counts. Exact for every record() that has returned."""
+        """The cells and the error counts. Exact for every record() that has returned."""
         with self.lock:
-            live = []
-            for t, cells in self._shards:
-                if t.is_alive():
-                    live.append((t, cells))
-                else:
-                    _fold(self._retired, cells)
-            self._shards = live
-            total = {k: list(v) for k, v in self._retired.items()}
-            for _, cells in live:
-                _fold(total, cells)
-            return {k: tuple(v) for k, v in total.items()}, dict(self.errors)
+            errors = dict(self.errors)
+        # list(): one C-level copy of the items, and tuple() of each cell, safe while records insert;
+        # cells zeroed by clear() are not reported
+        return {k: tuple(v) for k, v in list(self.cells.items()) if v[0]}, errors
 
     def clear(self):
         """Zero everything. Not atomic with records running at the same moment in other threads."""
         with self.lock:
-            self._retired.clear()
             self.errors.clear()
-            for _, cells in self._shards:
-                cells.clear()
+        # in place: the recorder keeps a reference to the cell it used last
+        for c in list(self.cells.values()):
+            c[0], c[1], c[2] = 0, 0.0, 0
 
     def stats(self, dropped=0) -> BackendStats:
         cells, _ = self.snapshot()
@@ -81,13 +61,3 @@ class Counters:
             per_backend[b] = OpBackendTotals(pb.count + count, pb.time_us + time_us, pb.fallbacks + fallbacks)
         return BackendExecutionSummary(per_op, per_backend, errors, dropped)
 
-
-def _fold(into: dict, cells: dict) -> None:
-    for k, v in list(cells.items()):   # list(): one C-level copy, safe while the owner inserts
-        acc = into.get(k)
-        if acc is None:
-            into[k] = list(v)
-        else:
-            acc[0] += v[0]
-            acc[1] += v[1]
-            acc[2] += v[2]

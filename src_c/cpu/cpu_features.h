@@ -89,7 +89,9 @@ static inline int hs_num_threads(void) {
 }
 
 /* Threads worth using for `work` elements: parallel regions cost microseconds, so small calls stay
- * on the calling thread. `grain` is the least work one thread should get. */
+ * on the calling thread. `grain` is the least work one thread should get. Every parallel region that
+ * uses it also says `if (nt > 1)`: libgomp starts a region even for a team of one (about a
+ * microsecond, more than the whole of a tiny call), and the if clause is what skips it. */
 static inline int hs_threads_for(long long work, long long grain) {
     long long t = grain > 0 ? work / grain : work;
     int n = hs_num_threads();

@@ -46,7 +46,8 @@ void hs_add_f32(const float *a, const float *b, float *out, int64_t n, int64_t n
     } else {  /* bias: one pass of b per row of nb elements */
         void (*f)(const float *, const float *, float *, int64_t) = HS_PICK(hs_add_range);
         int64_t rows = n / nb;
-        #pragma omp parallel for schedule(dynamic, 64) num_threads(hs_threads_for(n, HS_GRAIN))
+        int nt = hs_threads_for(n, HS_GRAIN);
+        #pragma omp parallel for schedule(dynamic, 64) num_threads(nt) if (nt > 1)
         for (int64_t r = 0; r < rows; r++) f(a + r * nb, b, out + r * nb, nb);
     }
 }
@@ -69,12 +70,12 @@ void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int6
     int nt = hs_threads_for(n, HS_GRAIN / 4);  /* exp makes softmax compute-heavier than add */
     if (inner == 1) {
         void (*f)(const float *, float *, int64_t) = HS_PICK(hs_softmax_row);
-        #pragma omp parallel for schedule(dynamic, 16) num_threads(nt)
+        #pragma omp parallel for schedule(dynamic, 16) num_threads(nt) if (nt > 1)
         for (int64_t o = 0; o < outer; o++) f(x + o * len, out + o * len, len);
     } else {
         void (*f)(const float *, float *, int64_t, int64_t, int64_t, int64_t) = HS_PICK(hs_softmax_cols);
         int64_t cblocks = (inner + HS_SOFTMAX_COLS - 1) / HS_SOFTMAX_COLS, items = outer * cblocks;
-        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
         for (int64_t it = 0; it < items; it++) {
             int64_t o = it / cblocks, c0 = (it % cblocks) * HS_SOFTMAX_COLS;
             int64_t c1 = c0 + HS_SOFTMAX_COLS < inner ? c0 + HS_SOFTMAX_COLS : inner;

@@ -21,7 +21,7 @@ void hs_rms_norm_f32(const float *x, const float *w, double eps, float *out, int
     }
     int64_t per = HS_NORM_ITEM / len > 1 ? HS_NORM_ITEM / len : 1;
     int64_t items = (rows + per - 1) / per;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (int64_t it = 0; it < items; it++) {
         int64_t r0 = it * per, r1 = r0 + per < rows ? r0 + per : rows;
         f(x, w, eps, out, r0, r1, len);

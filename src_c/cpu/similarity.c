@@ -26,7 +26,7 @@ int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t 
         f(q, qinv, m, exact, T, n, d, 0, n, out);
     } else {
         int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
-        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
         for (int64_t b = 0; b < blocks; b++) {
             int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
             f(q, qinv, m, exact, T, n, d, lo, hi, out);
@@ -40,7 +40,8 @@ int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
     if (n <= 0) return 0;
     int64_t (*f)(const float *, int64_t, int64_t, int64_t, float *) = HS_PICK(hs_inv_norms_rows);
     int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK, extreme = 0;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(hs_threads_for(n * d, HS_GRAIN)) reduction(+: extreme)
+    int nt = hs_threads_for(n * d, HS_GRAIN);
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1) reduction(+: extreme)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
         extreme += f(T, d, lo, hi, inv);
@@ -52,7 +53,8 @@ void hs_transpose_scale_f32(const float *src, int64_t n, int64_t m, const float 
     if (m <= 0 || n <= 0) return;
     /* a tile of src rows stays in L1/L2 while it is written out column by column */
     const int64_t tile = 64, tiles = (n + tile - 1) / tile;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(hs_threads_for(m * n, HS_GRAIN))
+    int nt = hs_threads_for(m * n, HS_GRAIN);
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t lo = t * tile, hi = lo + tile < n ? lo + tile : n;
         for (int64_t i = 0; i < m; i++) {

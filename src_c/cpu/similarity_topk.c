@@ -69,20 +69,20 @@ int hs_topk_f32(const float *scores, int64_t m, int64_t n, int64_t k, int64_t *i
     int nt = hs_threads_for(m * n, 1 << 16);
     if (k > HS_TOPK_INSERT_MAX) {
         int failed = 0;
-        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(|: failed)
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1) reduction(|: failed)
         for (int64_t r = 0; r < m; r++) failed |= hs_topk_sorted(scores + r * n, n, k, idx + r * k, val + r * k) != 0;
         return failed ? -1 : 0;
     }
     int64_t chunks = m >= nt ? 1 : 4 * nt, items = m * chunks;  /* a few chunks per thread, for balance */
     if (chunks == 1) {
-        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
         for (int64_t r = 0; r < m; r++) hs_scan(scores + r * n, 0, n, k, val + r * k, idx + r * k);
         return 0;
     }
     float *cv = malloc(sizeof(float) * (size_t)(items * k));
     int64_t *ci = malloc(sizeof(int64_t) * (size_t)(items * k)), *cc = malloc(sizeof(int64_t) * (size_t)items);
     if (!cv || !ci || !cc) { free(cv); free(ci); free(cc); return -1; }
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (int64_t it = 0; it < items; it++) {
         int64_t r = it / chunks, c = it % chunks, step = (n + chunks - 1) / chunks;
         int64_t lo = c * step < n ? c * step : n, hi = lo + step < n ? lo + step : n;
