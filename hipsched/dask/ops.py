@@ -213,6 +213,8 @@ def _persisted_groups(T, live):
     if not futs or any(keys[i][0] not in futs for i in live):
         return None
     client = next(iter(futs.values())).client
+    if getattr(client, "asynchronous", False):   # its calls would return coroutines: group as a lazy corpus
+        return None
     nthreads = client.nthreads()
     if not nthreads:
         return None
