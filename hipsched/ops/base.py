@@ -139,22 +139,87 @@ def any_on_device(*arrays) -> bool:
     return False
 
 
-def as_device_array(x, op, arg):
-    """Wrap a foreign device array without copying (lazy import: the GPU layer is optional)."""
+def as_device_array(x, op, arg, dtypes=F32):
+    """Wrap a foreign device array without copying (lazy import: the GPU layer is optional). Its dtype
+    must be one of `dtypes` (names, see FLOATS): a device array is never converted behind the caller's
+    back."""
     try:
         from ..gpu.memory import DeviceArray
     except ImportError as e:  # pragma: no cover - only when the GPU layer is broken
         raise GpuError("unavailable", f"{op}: argument {arg!r} is a device array but hipsched's GPU layer cannot load: {e}")
     arr = DeviceArray.from_external(x)
-    if arr.dtype != np.float32:
-        raise TypeError(f"{op}: argument {arg!r} is a device array of dtype {arr.dtype}; hipsched ops take float32 "
-                        f"device arrays (convert on the device first, e.g. x.float())")
+    if np.dtype(arr.dtype).name not in dtypes:
+        raise TypeError(f"{op}: argument {arg!r} is a device array of dtype {arr.dtype}; {op} takes "
+                        f"{', '.join(dtypes)} device arrays (convert on the device first, e.g. x.float())")
     return arr
 
 
 # ---------------------------------------------------------------- host validation
 
 _CONVERTIBLE_KINDS = "biuf"  # bool, signed, unsigned, float: converted to float32 as NumPy's astype would
+
+# The floating types kernels read as they are, by NumPy dtype name ("bfloat16" is ml_dtypes' dtype,
+# recognised by name so that hipsched never needs ml_dtypes itself: whoever holds a bfloat16 array has
+# it). Results come back in the inputs' dtype, as PyTorch does; kernels accumulate in float32.
+FLOATS = ("float32", "float16", "bfloat16")
+HALF = ("float16", "bfloat16")
+
+
+def dtype_name(a) -> str:
+    """The dtype name of an array (host or device) as the op specs and the scheduler key it."""
+    return np.dtype(a.dtype).name
+
+
+def as_float(x, op: str, arg: str, dtypes=FLOATS, allow_device: bool = True):
+    """Validated floating input in one of `dtypes` (a subset of FLOATS, float32 always in it): a
+    C-contiguous aligned native host array, or a device array left in place. A host array whose dtype
+    is in `dtypes` keeps it; other real numeric types (float64, integers, bool, and a half type the op
+    does not take, which widens exactly) convert to float32 as `np.asarray(x).astype(np.float32)`;
+    anything else (complex, object, strings, other extension types) is a TypeError naming the op, the
+    argument and the supported dtypes."""
+    if type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.aligned:
+        return x  # the common case, checked in a few attribute reads
+    if allow_device and is_device_array(x):
+        return as_device_array(x, op, arg, dtypes)
+    try:
+        a = np.asarray(x)
+    except Exception as e:
+        raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
+    name = a.dtype.name
+    if name in HALF and name in dtypes:
+        if not a.dtype.isnative:  # float16 may come byte-swapped ('>f2'); the kernels read native halves
+            a = a.astype(a.dtype.newbyteorder("="))
+    elif a.dtype.kind in _CONVERTIBLE_KINDS or name in HALF:
+        if a.dtype != np.float32:
+            a = a.astype(np.float32)
+    else:
+        raise TypeError(f"{op}: argument {arg!r} has dtype {a.dtype}; {op} takes {', '.join(dtypes)} (other real "
+                        f"numeric types are converted to float32)")
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        a = np.ascontiguousarray(a)
+        if not a.flags.aligned:  # ascontiguousarray keeps an unaligned contiguous buffer as is
+            a = a.copy()
+    return a
+
+
+def promote(op: str, **arrays):
+    """The common dtype of validated inputs (from as_float) and the inputs converted to it, in the
+    order given. Equal dtypes stay; any mix (float16 with float32, bfloat16 with float16, ...) is
+    float32, which is NumPy's and PyTorch's promotion for every pair of these three types. Device
+    arrays are not converted: a mix that includes one is a TypeError."""
+    names = {dtype_name(a) for a in arrays.values()}
+    if len(names) <= 1:
+        return (names.pop() if names else "float32"), tuple(arrays.values())
+    out = []
+    for arg, a in arrays.items():
+        if dtype_name(a) != "float32":
+            if is_device_array(a):
+                raise TypeError(f"{op}: device argument {arg!r} is {dtype_name(a)} but the other inputs are "
+                                f"{', '.join(sorted(names - {dtype_name(a)}))}; give them one dtype (inputs on a "
+                                f"device are not converted)")
+            a = a.astype(np.float32)
+        out.append(a)
+    return "float32", tuple(out)
 
 
 def as_f32(x, op: str, arg: str, allow_device: bool = True):

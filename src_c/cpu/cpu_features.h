@@ -21,8 +21,10 @@ static int hs__probe_avx2_fma(void) {
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
-    if (!(osxsave && avx && fma)) return 0;
+    /* F16C (half <-> float conversion) belongs to the AVX2 level: every AVX2 CPU has it, and the
+     * level's float16 loads and stores use it */
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!(osxsave && avx && fma && f16c)) return 0;
     /* The CPU having AVX is not enough: the OS must save YMM state on context switches. */
     unsigned xlo, xhi;
     __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));

@@ -7,6 +7,49 @@
 #include <stdint.h>
 #include <math.h>
 
+/* Half precision: stored as 16 bits, computed in float32. These scalar conversions are the reference
+ * both variants use for tails and the scalar variant uses throughout; the AVX2 variant converts 8 at a
+ * time (F16C for float16, which the AVX2 level requires; shifts for bfloat16) with identical results.
+ * float16: IEEE binary16, round to nearest even, overflow to inf, subnormals kept: bit for bit NumPy's
+ * and PyTorch's conversion of every float32 but NaNs, which keep their sign and top payload bits and
+ * come out quiet, as F16C makes them (NumPy keeps a signalling NaN signalling; PyTorch makes every NaN
+ * 0x7e00). bfloat16: the top 16 bits of a float32, round to nearest even, a NaN becomes the
+ * quiet NaN 0x7fc0 with its sign (as ml_dtypes converts; PyTorch drops the sign). */
+static inline float hs_f32_from_bits(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }
+static inline uint32_t hs_bits_from_f32(float f) { union { uint32_t u; float f; } c; c.f = f; return c.u; }
+
+static inline float hs_bf16_to_f32(uint16_t h) { return hs_f32_from_bits((uint32_t)h << 16); }
+static inline uint16_t hs_f32_to_bf16(float f) {
+    uint32_t u = hs_bits_from_f32(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float hs_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1fu)   /* inf; a NaN comes back quiet, as F16C converts it */
+        return hs_f32_from_bits(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));
+    if (exp != 0) return hs_f32_from_bits(sign | ((exp + 112u) << 23) | (man << 13)); /* normal */
+    /* zero or subnormal: man * 2^-24, exact in float32 */
+    float v = (float)man * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+}
+static inline uint16_t hs_f32_to_f16(float f) {
+    uint32_t u = hs_bits_from_f32(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));   /* NaN, quieted */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* rounds past 65504: inf (inf too) */
+    if (a >= 0x38800000u) {                                    /* normal half: rebias, round to even */
+        uint32_t r = a - 0x38000000u;                          /* exponent 127 -> 15 */
+        return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+    }
+    if (a < 0x33000000u) return (uint16_t)sign;                /* below half the least subnormal: 0 */
+    /* subnormal half: the mantissa with its implicit bit, shifted right, round to even */
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e; /* 14..24 */
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
 #ifdef HS_AVX2
 #include <immintrin.h>
 #define HS_FN(name) name##_avx2
@@ -32,6 +75,25 @@ static inline float hs_v8_hmax(hs_v8f v) {
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+static inline hs_v8f hs_v8_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline void hs_v8_store_f16(uint16_t *p, hs_v8f v) {
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline hs_v8f hs_v8_load_bf16(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline void hs_v8_store_bf16(uint16_t *p, hs_v8f v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                  _mm256_and_si256(hi, _mm256_set1_epi32(1)))), 16);
+    __m256i qnan = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
+    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    /* 8 x 32-bit lanes (each < 2^16) to 8 x 16-bit: pack within 128-bit halves, then gather them */
+    __m256i p16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(p16));
+}
 #else
 #define HS_FN(name) name##_scalar
 typedef struct { float v[8]; } hs_v8f;
@@ -50,5 +112,9 @@ static inline float hs_v8_hsum(hs_v8f a) {
     return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
 }
 static inline float hs_v8_hmax(hs_v8f a) { float m = a.v[0]; for (int i = 1; i < 8; i++) m = a.v[i] > m ? a.v[i] : m; return m; }
+static inline hs_v8f hs_v8_load_f16(const uint16_t *p) { hs_v8f r; for (int i = 0; i < 8; i++) r.v[i] = hs_f16_to_f32(p[i]); return r; }
+static inline void hs_v8_store_f16(uint16_t *p, hs_v8f a) { for (int i = 0; i < 8; i++) p[i] = hs_f32_to_f16(a.v[i]); }
+static inline hs_v8f hs_v8_load_bf16(const uint16_t *p) { hs_v8f r; for (int i = 0; i < 8; i++) r.v[i] = hs_bf16_to_f32(p[i]); return r; }
+static inline void hs_v8_store_bf16(uint16_t *p, hs_v8f a) { for (int i = 0; i < 8; i++) p[i] = hs_f32_to_bf16(a.v[i]); }
 #endif
 #endif
