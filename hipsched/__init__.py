@@ -23,7 +23,7 @@ _LAZY = {
     "QuantizedTensor": ".ops.quant", "quantize": ".ops.quant",
 }
 # the compiled extension modules, as `from . import _sched` asks for them
-_COMPILED = ("_sched",)
+_COMPILED = ("_sched", "_dispatch")
 
 _NAMES = ["BuildMissingError", "ConfigError", "GpuError", "HipschedError", "HybridConfig", "cpu_features",
           "default_executor", *_LAZY]

@@ -1,4 +1,5 @@
-# The scheduler core's C state: declarations only (the logic is in _sched.pyx).
+# The scheduler core's C state: declarations (the logic is in _sched.pyx; _dispatch.pyx cimports them).
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 from hipsched._perfmodel cimport Bucket, Fit, NBUCKETS
 
@@ -88,3 +89,46 @@ cdef struct Params:
     double h2d_us_per_byte
     double d2h_latency_us
     double d2h_us_per_byte
+
+
+cdef extern from *:
+    """
+    #include <sched.h>
+    /* A test-and-test-and-set spin lock: the critical sections are a few hundred instructions of
+       plain C that never block, so spinning is cheaper than a semaphore round trip (about 4x on an
+       uncontended acquire/release). A waiter yields its core so a preempted holder can finish. */
+    static inline void hs_lock(char *l) {
+        while (__atomic_test_and_set(l, __ATOMIC_ACQUIRE)) {
+            while (__atomic_load_n(l, __ATOMIC_RELAXED)) sched_yield();
+        }
+    }
+    static inline void hs_unlock(char *l) { __atomic_clear(l, __ATOMIC_RELEASE); }
+    """
+    void hs_lock(char *l) nogil
+    void hs_unlock(char *l) nogil
+
+
+cdef inline long long now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1000000000LL + ts.tv_nsec
+
+
+cdef class SchedCore:
+    cdef Params p
+    cdef Slot *slots[MAX_SLOTS]
+    cdef int nslots
+    cdef Health hl[MAX_OPS]
+    cdef int nops
+    cdef Counters c
+    cdef char lock
+    cdef dict slot_ids
+    cdef dict op_ids
+    cdef object create_lock
+    cdef int _op_index(self, str op) except -1
+    cdef double _xfer(self, double h2d, double d2h) noexcept nogil
+    cdef int _decide(self, Slot *s, double size, double h2d, double d2h, int flags,
+                     double *pc, double *pg, bint commit) noexcept nogil
+    cdef void _health(self, Health *h, bint ok) noexcept nogil
+    cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
+                      bint ok, bint final, bint fallback) noexcept nogil

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 
-from . import _sched
+from . import _dispatch, _sched
 from .backends.cpu import CpuBackend
 from .chunking import chunkable, run_chunked
 from .config import HybridConfig
@@ -107,7 +107,7 @@ class Executor:
         self._warn_lock = threading.Lock()
         self._closed = False
         self.performance_tracker = PerformanceTracker(self._core)
-        self._fast = _sched.FastPath(self._core, self._prepare, self._slots, self._slot, self._prepare_missing,
+        self._fast = _dispatch.FastPath(self._core, self._prepare, self._slots, self._slot, self._prepare_missing,
                                      self._gpu_terms, self._run_gpu, self._run_other,
                                      self._tel.recorder if self._tel is not None else None, cfg.gpu_min_batch_size,
                                      cfg.allow_fallback, _REASON_STR)
@@ -202,7 +202,7 @@ class Executor:
         return flags, h2d, d2h, None
 
     def _run_other(self, call, slot, reason, pc, pg, want, detail, stream):
-        """CPU runs off the compiled common path (hipsched._sched.FastPath.run, which is `_run`, and
+        """CPU runs off the compiled common path (hipsched._dispatch.FastPath.run, which is `_run`, and
         which decided the call): device data, a CPU family that is not built, or backend='gpu' without
         fallback."""
         if want == _F_WANT_GPU and not self.config.allow_fallback:

@@ -1,4 +1,4 @@
-"""The compiled common case (an op's HotOp, run by _sched.FastPath without entering Python): it is
+"""The compiled common case (an op's HotOp, run by _dispatch.FastPath without entering Python): it is
 taken exactly for plain float32 host arrays of valid shapes, gives bit for bit the result of the op's
 general path (prepare + CPU function) and of NumPy, records the same event, and leaves every other
 call (conversions, odd layouts, other scalars, errors) to the general path. Tiny calls start no
