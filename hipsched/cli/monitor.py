@@ -64,14 +64,17 @@ def _matcher(args):
 
 class Summary:
     def __init__(self):
+        from ..telemetry.events import op_label
         from ..telemetry.quantiles import LogHistogram
         self._hist = LogHistogram
+        self._label = op_label
         self.cells = {}      # (op, backend) -> [hist, fallbacks]
 
     def add(self, d):
-        c = self.cells.get((d.get("op"), d.get("backend")))
+        key = (self._label(d), d.get("backend"))
+        c = self.cells.get(key)
         if c is None:
-            c = self.cells[(d.get("op"), d.get("backend"))] = [self._hist(), 0]
+            c = self.cells[key] = [self._hist(), 0]
         if isinstance(d.get("duration_us"), (int, float)):
             c[0].add(float(d["duration_us"]))
         if d.get("fallback"):

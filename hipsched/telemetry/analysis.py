@@ -20,6 +20,7 @@ import bisect
 import math
 import re
 
+from .events import op_label
 from .quantiles import LogHistogram
 from .reader import DropCounter, ReadStats, iter_records
 
@@ -158,14 +159,15 @@ class Analyzer:
             r["last_ts"] = ts
 
         op, backend, reason = d.get("op"), d.get("backend"), d.get("reason")
+        label = op_label(d)   # tables per op and half dtype; GPU health stays per op, as the breaker is
         dur = d.get("duration_us")
         dur = float(dur) if isinstance(dur, (int, float)) else None
         fb = d.get("fallback")
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
 
-        cell = self.cells.get((op, backend))
+        cell = self.cells.get((label, backend))
         if cell is None:
-            cell = self.cells[(op, backend)] = [LogHistogram(), 0]
+            cell = self.cells[(label, backend)] = [LogHistogram(), 0]
         if dur is not None:
             cell[0].add(dur)
         ph = self.phases.setdefault((d.get("phase"), backend), [0, 0.0])
@@ -181,29 +183,29 @@ class Analyzer:
 
         if fb:
             cell[1] += 1
-            fkey = (op, fb.get("backend"), error_key(fb.get("error")))
+            fkey = (label, fb.get("backend"), error_key(fb.get("error")))
             if fkey not in self.fallbacks:
                 # memory stays bounded even when every error text is different
-                n_op = self._error_kinds.get(op, 0)
+                n_op = self._error_kinds.get(label, 0)
                 if n_op >= MAX_ERRORS_PER_OP:
-                    fkey = (op, fb.get("backend"), OTHER_ERRORS)
+                    fkey = (label, fb.get("backend"), OTHER_ERRORS)
                 else:
-                    self._error_kinds[op] = n_op + 1
+                    self._error_kinds[label] = n_op + 1
             self.fallbacks[fkey] = self.fallbacks.get(fkey, 0) + 1
             if fb.get("backend") == "gpu":
                 health[1] += 1
             return True
         if backend == "gpu":
             health[0] += 1
-            gb = self.gpu_bytes.setdefault(op, [0, 0.0])
+            gb = self.gpu_bytes.setdefault(label, [0, 0.0])
             gb[0] += int(d.get("bytes") or 0)
             gb[1] += dur or 0.0
         size = d.get("size") or 0
         if dur is None or size <= 0:
             return True
-        b = self.buckets.get((op, size_bucket(size)))
+        b = self.buckets.get((label, size_bucket(size)))
         if b is None:
-            b = self.buckets[(op, size_bucket(size))] = _Bucket()
+            b = self.buckets[(label, size_bucket(size))] = _Bucket()
         b.n += 1
         b.log_size += math.log(size)
         h = b.hist.get(backend)

@@ -29,6 +29,17 @@ OPTIONAL_IDENT = ("worker", "job")
 OPTIONAL_EVENT = ("detail",)
 
 
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def op_label(d) -> object:
+    """The name an event is tabulated under: the op, and for half precision the op and its dtype
+    ("top_k[float16]": half the bytes, its own costs and crossover). float32 and the quantized ops'
+    block types keep the plain op name, so logs without half calls read as they always did."""
+    op, dt = d.get("op"), d.get("dtype")
+    return f"{op}[{dt}]" if dt in HALF_DTYPES and isinstance(op, str) else op
+
+
 def new_run_id() -> str:
     """Sortable and unique across hosts: UTC start time plus random bits."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]

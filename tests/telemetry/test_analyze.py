@@ -353,3 +353,23 @@ def test_analyze_accepts_a_single_path(tmp_path):
     _write(p, [_ev(0), _ev(1)])
     assert analysis.analyze(str(p))["runs"][0]["events"] == 2
     assert analysis.analyze(p)["runs"][0]["events"] == 2
+
+
+def test_half_precision_calls_have_their_own_rows_and_crossover():
+    """A float16 call reads half the bytes: the analyzer keeps its costs apart (`op[float16]`), while
+    float32 and quantized calls keep the plain op name and GPU health stays per op."""
+    an = analysis.Analyzer(min_samples=1)
+    recs = []
+    for i, (dtype, backend, dur) in enumerate([("float32", "cpu", 10.0), ("float32", "gpu", 20.0),
+                                               ("float16", "cpu", 6.0), ("float16", "gpu", 3.0),
+                                               ("bfloat16", "cpu", 7.0), ("q8_0", "cpu", 5.0)]):
+        recs.append({"v": 1, "run": "r", "seq": i, "ts": "2026-11-22T10:00:00.000000Z", "op": "add",
+                     "backend": backend, "reason": "cost_model", "size": 4096, "dtype": dtype, "bytes": 1,
+                     "duration_us": dur, "fallback": None})
+    res = an.feed(recs).result()
+    rows = {(r["op"], r["backend"]): r["count"] for r in res["ops"]}
+    assert rows == {("add", "cpu"): 2, ("add", "gpu"): 1, ("add[float16]", "cpu"): 1, ("add[float16]", "gpu"): 1,
+                    ("add[bfloat16]", "cpu"): 1}
+    speed = {r["op"]: r["speedup"] for r in res["speedup"]}
+    assert speed["add"] < 1 < speed["add[float16]"]
+    assert [h["op"] for h in res["gpu_health"]] == ["add"]
