@@ -1,14 +1,18 @@
-# Wrappers of src_c/cpu/elementwise.c: take validated float32 C-contiguous arrays (ops/elementwise.py
-# checks shapes and converts dtypes), allocate the result, run the kernel without the GIL.
+# Wrappers of src_c/cpu/elementwise.c: take validated C-contiguous float32, float16 or bfloat16 arrays
+# (ops/elementwise.py checks shapes and converts or promotes dtypes), allocate the result in the input's
+# dtype, run the kernel without the GIL.
 cimport numpy as cnp
 import numpy as np
 from libc.stdint cimport int64_t
 
-from hipsched.cpu._carray cimport f32_ptr
+from hipsched.cpu._carray cimport f32_ptr, float_ptr, hs_dtype
 
 cnp.import_array()
 
 cdef extern from "elementwise.h" nogil:
+    void hs_add(hs_dtype dt, const void *a, const void *b, void *out, int64_t n, int64_t nb)
+    void hs_scale(hs_dtype dt, const void *x, float alpha, void *out, int64_t n)
+    void hs_softmax(hs_dtype dt, const void *x, void *out, int64_t outer, int64_t len, int64_t inner)
     void hs_add_f32(const float *a, const float *b, float *out, int64_t n, int64_t nb)
     void hs_scale_f32(const float *x, float alpha, float *out, int64_t n)
     void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int64_t inner)
@@ -16,34 +20,43 @@ cdef extern from "elementwise.h" nogil:
 
 
 def add(a, b):
-    """a + b where b has a's shape or a trailing part of it (a bias repeated over the leading axes)."""
-    cdef float *pa = f32_ptr(a, "a")
-    cdef float *pb = f32_ptr(b, "b")
+    """a + b where b has a's shape or a trailing part of it (a bias repeated over the leading axes);
+    a and b of one dtype (the kernel reads both with one element type)."""
+    cdef int ca = -1, cb = -1
+    cdef void *pa = float_ptr(a, "a", &ca)
+    cdef void *pb = float_ptr(b, "b", &cb)
+    if ca != cb:
+        raise TypeError(f"add: a ({a.dtype}) and b ({b.dtype}) must have one dtype (promote through hipsched.ops)")
     cdef int64_t n = a.size, nb = b.size
     if b.ndim > a.ndim or tuple(a.shape[a.ndim - b.ndim:]) != tuple(b.shape):
         raise ValueError(f"add: b {b.shape} is neither a's shape {a.shape} nor a trailing part of it")
     out = np.empty_like(a)
-    cdef float *po = <float *>cnp.PyArray_DATA(out)
+    cdef void *po = cnp.PyArray_DATA(out)
+    cdef hs_dtype dt = <hs_dtype>ca
     with nogil:
-        hs_add_f32(pa, pb, po, n, nb)
+        hs_add(dt, pa, pb, po, n, nb)
     return out
 
 
 def scale(x, alpha):
-    """alpha * x; alpha is rounded to float32 first, as NumPy does for a Python scalar."""
-    cdef float *px = f32_ptr(x, "x")
+    """alpha * x; alpha is rounded to float32 first, as NumPy does for a Python scalar, and the product
+    (formed in float32) is rounded to x's dtype."""
+    cdef int cx = -1
+    cdef void *px = float_ptr(x, "x", &cx)
     cdef float a = <float>float(alpha)
     cdef int64_t n = x.size
     out = np.empty_like(x)
-    cdef float *po = <float *>cnp.PyArray_DATA(out)
+    cdef void *po = cnp.PyArray_DATA(out)
+    cdef hs_dtype dt = <hs_dtype>cx
     with nogil:
-        hs_scale_f32(px, a, po, n)
+        hs_scale(dt, px, a, po, n)
     return out
 
 
 def softmax(x, int axis=-1):
     """exp(x - max) / sum along `axis` (see hipsched.ops.elementwise for the NaN/inf rules)."""
-    cdef float *px = f32_ptr(x, "x")
+    cdef int cx = -1
+    cdef void *px = float_ptr(x, "x", &cx)
     cdef int nd = x.ndim
     if nd == 0 or not -nd <= axis < nd:
         raise ValueError(f"softmax: axis {axis} is out of range for shape {x.shape}")
@@ -56,9 +69,10 @@ def softmax(x, int axis=-1):
     for i in range(axis + 1, nd):
         inner *= cnp.PyArray_DIM(x, i)
     out = np.empty_like(x)
-    cdef float *po = <float *>cnp.PyArray_DATA(out)
+    cdef void *po = cnp.PyArray_DATA(out)
+    cdef hs_dtype dt = <hs_dtype>cx
     with nogil:
-        hs_softmax_f32(px, po, outer, length, inner)
+        hs_softmax(dt, px, po, outer, length, inner)
     return out
 
 

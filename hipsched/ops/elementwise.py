@@ -6,7 +6,14 @@ is a scalar). scale(x, alpha): alpha any real scalar, rounded to float32 as NumP
 softmax(x, axis=-1): exp(x - max) / sum along `axis`, exactly scipy.special.softmax's formula, so a
 slice containing NaN, or whose max is +inf or -inf (all -inf), comes out all NaN, and -inf entries
 give 0 when the slice has a finite max. Results agree with scipy in float64 to about 1e-6 relative
-(the CPU kernel's vector exp is within 2 ulp)."""
+(the CPU kernel's vector exp is within 2 ulp).
+
+Dtypes: float32, float16 and bfloat16 (ml_dtypes) run as they are on the CPU, computed in float32 and
+rounded once to the input dtype, which is the result's (float16 past 65504 becomes inf, as NumPy's and
+PyTorch's conversion makes it). Other real types convert to float32; add's a and b of two different
+float dtypes promote to float32, as NumPy and PyTorch promote them, but a Python scalar b takes a's
+dtype (NumPy's rule for Python scalars, NEP 50). The GPU takes float32 only, so half calls run on the
+CPU."""
 from __future__ import annotations
 
 import math
@@ -15,19 +22,24 @@ import numbers
 import numpy as np
 
 from . import base
-from .base import Call, any_on_device, as_f32, check_result_fits, rand_f32, register, shape_mismatch, split_rows
+from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, dtype_name, promote, rand_f32, \
+    register, shape_mismatch, split_rows
 
 _CPU = "hipsched.cpu._elementwise"
 _GPU = "hipsched.gpu.ops_basic"
 
 
-def _elements(op: str, shape) -> int:
-    """Element count of a float32 result of `shape`, MemoryError (check_result_fits) if it cannot fit.
+def _elements(op: str, shape, itemsize: int = 4) -> int:
+    """Element count of a result of `shape`, MemoryError (check_result_fits) if it cannot fit.
     These results are the size of an input, so the full check runs only past the cheap bound."""
     n = math.prod(shape)
-    if 4 * n > base.PHYSICAL_MEMORY:
-        check_result_fits(op, *shape)
+    if itemsize * n > base.PHYSICAL_MEMORY:
+        check_result_fits(op, *shape, itemsize=itemsize)
     return n
+
+
+def _itemsize(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
 
 
 def _sweep_rows(make):
@@ -47,17 +59,25 @@ def _split_softmax(call):
     return split_rows(call)
 
 
-@register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), hot=(_CPU, "add_hot"),
+@register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), hot=(_CPU, "add_hot"), cpu_dtypes=FLOATS,
           split=lambda call: split_rows(call, same_shape_only=True),
           sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
 def prepare_add(a, b) -> Call:
-    a = as_f32(a, "add", "a")
-    b = as_f32(b, "add", "b")
+    a = as_float(a, "add", "a")
+    if type(b) is float or type(b) is int:
+        # a Python scalar is weak, as in NumPy: it takes a's dtype rather than widening a half a
+        try:
+            b = np.asarray(b, dtype=np.float32 if type(a) is not np.ndarray else a.dtype)
+        except OverflowError:  # an int past float range: as_float names it as it always has
+            pass
+    b = as_float(b, "add", "b")
+    dtype, (a, b) = promote("add", a=a, b=b)
     sa, sb = tuple(a.shape), tuple(b.shape)
     if sb != sa and not (len(sb) <= len(sa) and sa[len(sa) - len(sb):] == sb):
         raise shape_mismatch("add", "a", sa, "b", sb, "b must have a's shape or a trailing part of it")
-    n, nb = _elements("add", sa), math.prod(sb)
-    return Call("add", (a, b), {}, size=n, nbytes=4 * (2 * n + nb), on_device=any_on_device(a, b))
+    es = _itemsize(dtype)
+    n, nb = _elements("add", sa, es), math.prod(sb)
+    return Call("add", (a, b), {}, size=n, nbytes=es * (2 * n + nb), dtype=dtype, on_device=any_on_device(a, b))
 
 
 def _real_scalar(value, op: str, name: str) -> float:
@@ -71,20 +91,23 @@ def _real_scalar(value, op: str, name: str) -> float:
     raise TypeError(f"{op}: {name} must be a real scalar, got {value!r}")
 
 
-@register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), hot=(_CPU, "scale_hot"), split=split_rows,
+@register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), hot=(_CPU, "scale_hot"), cpu_dtypes=FLOATS,
+          split=split_rows,
           sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})))
 def prepare_scale(x, alpha) -> Call:
-    x = as_f32(x, "scale", "x")
+    x = as_float(x, "scale", "x")
     alpha = _real_scalar(alpha, "scale", "alpha")
-    n = _elements("scale", x.shape)
-    return Call("scale", (x,), {"alpha": alpha}, size=n, nbytes=8 * n, on_device=any_on_device(x))
+    dtype = dtype_name(x)
+    es = _itemsize(dtype)
+    n = _elements("scale", x.shape, es)
+    return Call("scale", (x,), {"alpha": alpha}, size=n, nbytes=2 * es * n, dtype=dtype, on_device=any_on_device(x))
 
 
-@register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), hot=(_CPU, "softmax_hot"),
+@register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), hot=(_CPU, "softmax_hot"), cpu_dtypes=FLOATS,
           split=_split_softmax,
           sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})))
 def prepare_softmax(x, axis=-1) -> Call:
-    x = as_f32(x, "softmax", "x")
+    x = as_float(x, "softmax", "x")
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"softmax: axis must be an integer, got {axis!r}")
     nd = len(x.shape)
@@ -92,5 +115,8 @@ def prepare_softmax(x, axis=-1) -> Call:
         raise ValueError("softmax: x must have at least one dimension, got a 0-d array")
     if not -nd <= axis < nd:
         raise ValueError(f"softmax: axis {axis} is out of range for shape {tuple(x.shape)}")
-    n = _elements("softmax", x.shape)
-    return Call("softmax", (x,), {"axis": int(axis) % nd}, size=n, nbytes=8 * n, on_device=any_on_device(x))
+    dtype = dtype_name(x)
+    es = _itemsize(dtype)
+    n = _elements("softmax", x.shape, es)
+    return Call("softmax", (x,), {"axis": int(axis) % nd}, size=n, nbytes=2 * es * n, dtype=dtype,
+                on_device=any_on_device(x))

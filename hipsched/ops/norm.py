@@ -4,15 +4,19 @@ rms_norm(x, weight, eps=1e-6): over the last axis of x (at least 1-d), x / sqrt(
 weight, with weight of shape (x.shape[-1],) and eps a finite number > 0. Both backends form the sum of
 squares and each product in float64 and round once to float32, so results are the float64 formula
 within float32 rounding; NaN and inf go through the formula (a row holding inf comes out NaN where x is
-inf and 0 elsewhere, a NaN makes its row NaN). Empty inputs give empty results."""
+inf and 0 elsewhere, a NaN makes its row NaN). Empty inputs give empty results.
+Dtypes: float32, float16 and bfloat16 (ml_dtypes) run as they are on the CPU, the result in x's dtype,
+rounded to it once from the float32 value (float16 past 65504 becomes inf); x and weight of two
+different float dtypes promote to float32, as NumPy and PyTorch promote them, and other real types
+convert to float32. The GPU takes float32 only, so half calls run on the CPU."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from .base import Call, any_on_device, as_f32, check_result_fits, finite_scalar, rand_f32, register, \
-    shape_mismatch, split_rows
+from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, finite_scalar, promote, rand_f32, \
+    register, shape_mismatch, split_rows
 
 OP = "rms_norm"
 
@@ -30,13 +34,15 @@ def _sweep(rng):
         yield n, (rand_f32(rng, n // width, width), rand_f32(rng, width)), {"eps": 1e-6}
 
 
-@register(OP, cpu=("hipsched.cpu._norm", "rms_norm"), gpu=("hipsched.gpu.ops_norm", "rms_norm"), split=_split,
+@register(OP, cpu=("hipsched.cpu._norm", "rms_norm"), gpu=("hipsched.gpu.ops_norm", "rms_norm"), cpu_dtypes=FLOATS,
+          split=_split,
           sweep=_sweep)
 def prepare_rms_norm(x, weight, eps=1e-6) -> Call:
-    """x / sqrt(mean(x**2, -1) + eps) * weight over the last axis (float32); weight is (x.shape[-1],),
-    eps finite and > 0."""
-    x = as_f32(x, OP, "x")
-    weight = as_f32(weight, OP, "weight")
+    """x / sqrt(mean(x**2, -1) + eps) * weight over the last axis (float32, float16 or bfloat16);
+    weight is (x.shape[-1],), eps finite and > 0."""
+    x = as_float(x, OP, "x")
+    weight = as_float(weight, OP, "weight")
+    dtype, (x, weight) = promote(OP, x=x, weight=weight)
     if len(x.shape) == 0:
         raise ValueError(f"{OP}: argument 'x' must be at least 1-d, got a 0-d array")
     if tuple(weight.shape) != (x.shape[-1],):
@@ -47,6 +53,7 @@ def prepare_rms_norm(x, weight, eps=1e-6) -> Call:
     if not eps > 0:
         raise ValueError(f"{OP}: eps must be > 0, got {eps!r}")
     n = math.prod(x.shape)
-    check_result_fits(OP, *x.shape)
-    return Call(OP, (x, weight), {"eps": eps}, size=n, nbytes=4 * (2 * n + int(weight.shape[0])),
+    es = 4 if dtype == "float32" else 2
+    check_result_fits(OP, *x.shape, itemsize=es)
+    return Call(OP, (x, weight), {"eps": eps}, size=n, nbytes=es * (2 * n + int(weight.shape[0])), dtype=dtype,
                 on_device=any_on_device(x, weight))

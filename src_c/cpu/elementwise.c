@@ -5,14 +5,24 @@
 #include "cpu_features.h"
 #include "elementwise.h"
 
-#define HS_BOTH(ret, name, args) ret name##_avx2 args; ret name##_scalar args;
-HS_BOTH(void, hs_add_range, (const float *a, const float *b, float *out, int64_t n))
-HS_BOTH(void, hs_add_scalar_range, (const float *a, float b, float *out, int64_t n))
-HS_BOTH(void, hs_scale_range, (const float *x, float alpha, float *out, int64_t n))
-HS_BOTH(void, hs_exp_range, (const float *x, float *out, int64_t n))
-HS_BOTH(void, hs_softmax_row, (const float *x, float *y, int64_t len))
-HS_BOTH(void, hs_softmax_cols, (const float *x, float *y, int64_t len, int64_t inner, int64_t c0, int64_t c1))
+/* Every range function exists per element type (f32, f16, bf16) and per variant (avx2, scalar). */
+#define HS_TYPED(ret, name, args)                                                          \
+    ret name##_f32_avx2 args; ret name##_f32_scalar args; ret name##_f16_avx2 args;        \
+    ret name##_f16_scalar args; ret name##_bf16_avx2 args; ret name##_bf16_scalar args;
+HS_TYPED(void, hs_add_range, (const void *a, const void *b, void *out, int64_t n))
+HS_TYPED(void, hs_add_scalar_range, (const void *a, const void *b, void *out, int64_t n))
+HS_TYPED(void, hs_scale_range, (const void *x, float alpha, void *out, int64_t n))
+HS_TYPED(void, hs_softmax_row, (const void *x, void *y, int64_t len))
+HS_TYPED(void, hs_softmax_cols, (const void *x, void *y, int64_t len, int64_t inner, int64_t c0, int64_t c1))
+void hs_exp_range_avx2(const float *x, float *out, int64_t n);
+void hs_exp_range_scalar(const float *x, float *out, int64_t n);
 #define HS_PICK(name) (hs_cpu_level() == HS_LEVEL_AVX2 ? name##_avx2 : name##_scalar)
+#define HS_PICK_T(name, dt)                                                                \
+    (hs_cpu_level() == HS_LEVEL_AVX2                                                       \
+         ? ((dt) == HS_F16 ? name##_f16_avx2 : (dt) == HS_BF16 ? name##_bf16_avx2 : name##_f32_avx2) \
+         : ((dt) == HS_F16 ? name##_f16_scalar : (dt) == HS_BF16 ? name##_bf16_scalar : name##_f32_scalar))
+/* Element i of a typed buffer seen as bytes (es: the element size). */
+#define HS_AT(p, i) ((char *)(p) + (i) * es)
 
 #define HS_BLOCK 16384            /* elements per work item of add/scale/exp (64 KiB) */
 #define HS_GRAIN (1 << 18)        /* below ~1 MiB a second thread costs more than it saves */
@@ -35,28 +45,36 @@ HS_BOTH(void, hs_softmax_cols, (const float *x, float *y, int64_t len, int64_t i
         }                                                                                  \
     } while (0)
 
-void hs_add_f32(const float *a, const float *b, float *out, int64_t n, int64_t nb) {
+/* Grains and blocks count elements, whatever their size: the conversions make a half element cost
+ * about what a float32 one does, though it moves half the bytes. */
+void hs_add(hs_dtype dt, const void *a, const void *b, void *out, int64_t n, int64_t nb) {
     if (n <= 0) return;
+    int64_t es = hs_dtype_size(dt);
     if (nb == n) {
-        void (*f)(const float *, const float *, float *, int64_t) = HS_PICK(hs_add_range);
-        HS_FOR_BLOCKS(n, HS_GRAIN, f(a + lo, b + lo, out + lo, hi - lo));
+        void (*f)(const void *, const void *, void *, int64_t) = HS_PICK_T(hs_add_range, dt);
+        HS_FOR_BLOCKS(n, HS_GRAIN, f(HS_AT(a, lo), HS_AT(b, lo), HS_AT(out, lo), hi - lo));
     } else if (nb == 1) {
-        void (*f)(const float *, float, float *, int64_t) = HS_PICK(hs_add_scalar_range);
-        HS_FOR_BLOCKS(n, HS_GRAIN, f(a + lo, b[0], out + lo, hi - lo));
+        void (*f)(const void *, const void *, void *, int64_t) = HS_PICK_T(hs_add_scalar_range, dt);
+        HS_FOR_BLOCKS(n, HS_GRAIN, f(HS_AT(a, lo), b, HS_AT(out, lo), hi - lo));
     } else {  /* bias: one pass of b per row of nb elements */
-        void (*f)(const float *, const float *, float *, int64_t) = HS_PICK(hs_add_range);
+        void (*f)(const void *, const void *, void *, int64_t) = HS_PICK_T(hs_add_range, dt);
         int64_t rows = n / nb;
         int nt = hs_threads_for(n, HS_GRAIN);
         #pragma omp parallel for schedule(dynamic, 64) num_threads(nt) if (nt > 1)
-        for (int64_t r = 0; r < rows; r++) f(a + r * nb, b, out + r * nb, nb);
+        for (int64_t r = 0; r < rows; r++) f(HS_AT(a, r * nb), b, HS_AT(out, r * nb), nb);
     }
 }
 
-void hs_scale_f32(const float *x, float alpha, float *out, int64_t n) {
+void hs_add_f32(const float *a, const float *b, float *out, int64_t n, int64_t nb) { hs_add(HS_F32, a, b, out, n, nb); }
+
+void hs_scale(hs_dtype dt, const void *x, float alpha, void *out, int64_t n) {
     if (n <= 0) return;
-    void (*f)(const float *, float, float *, int64_t) = HS_PICK(hs_scale_range);
-    HS_FOR_BLOCKS(n, HS_GRAIN, f(x + lo, alpha, out + lo, hi - lo));
+    int64_t es = hs_dtype_size(dt);
+    void (*f)(const void *, float, void *, int64_t) = HS_PICK_T(hs_scale_range, dt);
+    HS_FOR_BLOCKS(n, HS_GRAIN, f(HS_AT(x, lo), alpha, HS_AT(out, lo), hi - lo));
 }
+
+void hs_scale_f32(const float *x, float alpha, float *out, int64_t n) { hs_scale(HS_F32, x, alpha, out, n); }
 
 void hs_exp_f32(const float *x, float *out, int64_t n) {
     if (n <= 0) return;
@@ -64,22 +82,27 @@ void hs_exp_f32(const float *x, float *out, int64_t n) {
     HS_FOR_BLOCKS(n, HS_GRAIN / 4, f(x + lo, out + lo, hi - lo));
 }
 
-void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int64_t inner) {
+void hs_softmax(hs_dtype dt, const void *x, void *out, int64_t outer, int64_t len, int64_t inner) {
     int64_t n = outer * len * inner;
     if (n <= 0) return;
+    int64_t es = hs_dtype_size(dt);
     int nt = hs_threads_for(n, HS_GRAIN / 4);  /* exp makes softmax compute-heavier than add */
     if (inner == 1) {
-        void (*f)(const float *, float *, int64_t) = HS_PICK(hs_softmax_row);
+        void (*f)(const void *, void *, int64_t) = HS_PICK_T(hs_softmax_row, dt);
         #pragma omp parallel for schedule(dynamic, 16) num_threads(nt) if (nt > 1)
-        for (int64_t o = 0; o < outer; o++) f(x + o * len, out + o * len, len);
+        for (int64_t o = 0; o < outer; o++) f(HS_AT(x, o * len), HS_AT(out, o * len), len);
     } else {
-        void (*f)(const float *, float *, int64_t, int64_t, int64_t, int64_t) = HS_PICK(hs_softmax_cols);
+        void (*f)(const void *, void *, int64_t, int64_t, int64_t, int64_t) = HS_PICK_T(hs_softmax_cols, dt);
         int64_t cblocks = (inner + HS_SOFTMAX_COLS - 1) / HS_SOFTMAX_COLS, items = outer * cblocks;
         #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
         for (int64_t it = 0; it < items; it++) {
             int64_t o = it / cblocks, c0 = (it % cblocks) * HS_SOFTMAX_COLS;
             int64_t c1 = c0 + HS_SOFTMAX_COLS < inner ? c0 + HS_SOFTMAX_COLS : inner;
-            f(x + o * len * inner, out + o * len * inner, len, inner, c0, c1);
+            f(HS_AT(x, o * len * inner), HS_AT(out, o * len * inner), len, inner, c0, c1);
         }
     }
+}
+
+void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int64_t inner) {
+    hs_softmax(HS_F32, x, out, outer, len, inner);
 }
