@@ -15,37 +15,64 @@ from .progress import progress as _progress
 log = logging.getLogger("hipsched")
 
 
-def _sweep(op, rng):
-    """The op spec's calibration calls: (size, args, kwargs), sizes growing by about 4x per step."""
-    return OPS[op].sweep(rng)
+DTYPES = ("float32", "float16", "bfloat16")
 
 
-def calibrate(ex, ops=None, progress=True, repeats=3, max_seconds_per_op=None, seed=0):
+def _sweep(op, rng, dtype="float32"):
+    """The op spec's calibration calls: (size, args, kwargs), sizes growing by about 4x per step; for a
+    half dtype, its float32 array arguments in that dtype (the model keys samples by dtype)."""
+    calls = OPS[op].sweep(rng)
+    if dtype == "float32":
+        return calls
+    dt = _numpy_dtype(dtype)
+    return ((size, tuple(a.astype(dt) if isinstance(a, np.ndarray) and a.dtype == np.float32 else a
+                         for a in args), kwargs) for size, args, kwargs in calls)
+
+
+def _numpy_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes  # noqa: F401 - registers the type; whoever calibrates bfloat16 has it
+    return np.dtype(name)
+
+
+def calibrate(ex, ops=None, progress=True, repeats=3, max_seconds_per_op=None, seed=0, dtypes=("float32",)):
     """Runs the sweep through `ex` (so the model learns from real runs, exactly as in use); returns
-    {op: [(size, median cpu us, median gpu us or None)]}. Ops that cannot run here are skipped with
-    a log line, and a size whose CPU run takes longer than max_seconds_per_op ends that op's sweep."""
+    {op: [(size, median cpu us, median gpu us or None)]}, a float16/bfloat16 sweep under "op[dtype]".
+    `dtypes` (of float32, float16, bfloat16) are swept for each op whose CPU side takes them. Ops that
+    cannot run here are skipped with a log line, and a size whose CPU run takes longer than
+    max_seconds_per_op ends that op's sweep."""
     known = [name for name, spec in OPS.items() if spec.sweep is not None]
     ops = list(ops) if ops else known
     unknown = [o for o in ops if o not in known]
     if unknown:
         raise ValueError(f"calibrate: unknown op(s) {unknown}; ops: {', '.join(known)}")
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise ValueError(f"calibrate: dtypes must be among {', '.join(DTYPES)}, got {list(dtypes)}")
     rng = np.random.default_rng(seed)
-    sides = ["cpu"] + (["gpu"] if ex.capabilities().gpu_available else [])
+    caps = ex.capabilities()
+    # a forced GPU run of a dtype the GPU lacks would run on the CPU: not a GPU time
+    on_gpu = {(c.op, d) for c in caps.ops if c.backend == "gpu" for d in c.dtypes} if caps.gpu_available else set()
     plans = {}
     for op in ops:
-        try:
-            plans[op] = list(_sweep(op, rng))
-        except Exception as e:  # e.g. the quant family is not built here
-            log.info("hipsched calibrate: skipping %s (%s)", op, e)
+        for dtype in dtypes:
+            if dtype not in OPS[op].cpu_dtypes:
+                continue
+            name = op if dtype == "float32" else f"{op}[{dtype}]"
+            try:
+                plans[(name, op, dtype)] = list(_sweep(op, rng, dtype))
+            except Exception as e:  # e.g. the quant family is not built here, ml_dtypes absent
+                log.info("hipsched calibrate: skipping %s (%s)", name, e)
     bar = _progress(sum(len(p) for p in plans.values()), "calibrating", enabled=progress)
     table = {}
     try:
         with ex.scope(phase="calibrate"):
-            for op, plan in plans.items():
+            for (name, op, dtype), plan in plans.items():
                 fn = getattr(ex, op)
+                sides = ["cpu"] + (["gpu"] if (op, dtype) in on_gpu else [])
                 rows = []
                 for size, args, kwargs in plan:
-                    bar.set_postfix_str(f"{op} size={size}")
+                    bar.set_postfix_str(f"{name} size={size}")
                     med = {}
                     for side in sides:
                         try:
@@ -61,16 +88,16 @@ def calibrate(ex, ops=None, progress=True, repeats=3, max_seconds_per_op=None, s
                             if times:
                                 med[side] = float(np.median(times))
                             else:
-                                log.info("hipsched calibrate: %s on %s at size %d fell back to the CPU", op, side,
+                                log.info("hipsched calibrate: %s on %s at size %d fell back to the CPU", name, side,
                                          size)
                         except (GpuError, NotImplementedError, ImportError) as e:
-                            log.info("hipsched calibrate: %s on %s at size %d: %s", op, side, size, e)
+                            log.info("hipsched calibrate: %s on %s at size %d: %s", name, side, size, e)
                     bar.update(1)
                     rows.append((size, med.get("cpu"), med.get("gpu")))
                     if max_seconds_per_op and (med.get("cpu") or 0) * 1e-6 > max_seconds_per_op:
                         bar.update(len(plan) - len(rows))
                         break
-                table[op] = rows
+                table[name] = rows
     finally:
         bar.close()
     return table

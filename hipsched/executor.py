@@ -385,11 +385,13 @@ class Executor:
         return nullcontext()
 
     # ------------------------------------------------------------------ calibration and lifecycle
-    def calibrate(self, ops=None, progress=True, repeats=3, max_seconds_per_op=None):
+    def calibrate(self, ops=None, progress=True, repeats=3, max_seconds_per_op=None, dtypes=("float32",)):
         """Sweeps sizes of each op on both backends (forced), feeding the model; saves it. Returns a
-        {op: [(size, cpu_us, gpu_us or None)]} table of medians."""
+        {op: [(size, cpu_us, gpu_us or None)]} table of medians; `dtypes` adds float16/bfloat16 sweeps
+        (keyed "op[dtype]") for the ops that take them."""
         from .calibration import calibrate
-        table = calibrate(self, ops=ops, progress=progress, repeats=repeats, max_seconds_per_op=max_seconds_per_op)
+        table = calibrate(self, ops=ops, progress=progress, repeats=repeats, max_seconds_per_op=max_seconds_per_op,
+                          dtypes=dtypes)
         if self.config.persist_model:
             self.save_model()
         return table

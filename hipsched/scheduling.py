@@ -78,14 +78,15 @@ def us_or_none(x: float):
 
 class PerformanceTracker:
     """The seeds' tracker API over the executor's learned model. Latencies in microseconds; `size` is
-    the op's work measure (Call.size), needed to put a sample in its size bucket."""
+    the op's work measure (Call.size), needed to put a sample in its size bucket. The model is per
+    (op, dtype): `dtype` here is the default; the model-reading methods also take one per call."""
 
     def __init__(self, core, dtype: str = "float32"):
         self._core = core
         self._dtype = dtype
 
-    def _slot(self, op):
-        return self._core.slot(op, self._dtype)
+    def _slot(self, op, dtype=None):
+        return self._core.slot(op, dtype or self._dtype)
 
     def record_cpu_latency(self, op: str, latency_us: float, size: int = 1) -> None:
         self._core.record(self._slot(op), 0, size, latency_us, 0.0, 0.0, True, False, False)
@@ -96,10 +97,10 @@ class PerformanceTracker:
     def record_gpu_failure(self, op: str, size: int = 1) -> None:
         self._core.record(self._slot(op), 1, size, 0.0, 0.0, 0.0, False, False, False)
 
-    def gpu_speedup(self, op: str, size: int | None = None):
+    def gpu_speedup(self, op: str, size: int | None = None, dtype: str | None = None):
         """Predicted CPU time / GPU kernel time at `size`, or, without a size, the median of that
         ratio over the size buckets measured on both sides. None when there is not enough data."""
-        sid = self._slot(op)
+        sid = self._slot(op, dtype)
         if size is not None:
             c, g = self._core.predict(sid, 0, size), self._core.predict(sid, 1, size)
             return None if math.isnan(c) or math.isnan(g) or g <= 0 else c / g
@@ -114,6 +115,6 @@ class PerformanceTracker:
     def breaker_state(self, op: str) -> str:
         return self._core.health(op)["state"]
 
-    def samples(self, op: str, backend: str = "cpu") -> list[tuple]:
+    def samples(self, op: str, backend: str = "cpu", dtype: str | None = None) -> list[tuple]:
         """[(bucket, samples held, mean size, median us, samples ever)] per measured size bucket."""
-        return self._core.buckets(self._slot(op), BACKENDS.index(backend))
+        return self._core.buckets(self._slot(op, dtype), BACKENDS.index(backend))

@@ -1,4 +1,4 @@
-"""python -m hipsched calibrate [--ops add,softmax ...]: measure ops over a size sweep on every
+"""python -m hipsched calibrate [--ops add,softmax ...] [--dtypes float32,float16]: measure ops over a size sweep on every
 backend present and save the learned model to the cache directory."""
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ def add_arguments(parser):
     parser.add_argument("--repeats", type=int, default=3, help="runs per size and backend (median kept)")
     parser.add_argument("--max-seconds", type=float, default=2.0,
                         help="stop an op's sweep after a size whose CPU run takes longer than this")
+    parser.add_argument("--dtypes", nargs="+", default=None, metavar="DTYPE",
+                        help="float32, float16, bfloat16 (space or comma separated); default: float32")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -22,17 +24,18 @@ def run(args) -> int:
         return 2
     with Executor(persist_model=True) as ex:
         try:
+            dtypes = tuple(d for item in (args.dtypes or ["float32"]) for d in item.split(",") if d)
             table = ex.calibrate(ops=ops, progress=not args.no_progress, repeats=args.repeats,
-                                 max_seconds_per_op=args.max_seconds)
+                                 max_seconds_per_op=args.max_seconds, dtypes=dtypes)
         except ValueError as e:
             print(f"hipsched calibrate: {e}", file=sys.stderr)
             return 2
-        print(f"{'op':<20} {'size':>12} {'cpu us':>12} {'gpu us':>12}")
+        print(f"{'op':<24} {'size':>12} {'cpu us':>12} {'gpu us':>12}")
         for op, rows in table.items():
             for size, c, g in rows:
                 cs = f"{c:12.1f}" if c is not None else f"{'-':>12}"
                 gs = f"{g:12.1f}" if g is not None else f"{'-':>12}"
-                print(f"{op:<20} {size:>12} {cs} {gs}")
+                print(f"{op:<24} {size:>12} {cs} {gs}")
         caps = ex.capabilities()
         if not caps.gpu_available:
             print("no GPU: only the CPU side was measured (" + "; ".join(caps.reasons) + ")")

@@ -62,3 +62,21 @@ def test_gpu_column_kept_when_gpu_works():
     table = ex.calibrate(ops=["add"], progress=False, repeats=1)
     assert all(g is not None for _, _, g in table["add"])
     ex.close()
+
+
+def test_half_dtypes_are_swept_under_their_own_name_and_model_slot():
+    """dtypes=... sweeps each op's half dtypes as arrays of that dtype (the model keys by dtype); a GPU
+    without the dtype gets no GPU column (a forced run would have run on the CPU)."""
+    pytest.importorskip("ml_dtypes")
+    gpu = FakeGpuBackend(dtypes=("float32",))
+    ex = Executor(gpu_backend=gpu, persist_model=False, telemetry_path=None)
+    table = ex.calibrate(ops=["scale"], progress=False, repeats=1, dtypes=("float32", "float16", "bfloat16"))
+    assert set(table) == {"scale", "scale[float16]", "scale[bfloat16]"}
+    assert all(g is not None for _, _, g in table["scale"])
+    for name, dtype in (("scale[float16]", "float16"), ("scale[bfloat16]", "bfloat16")):
+        assert table[name] and all(c is not None and g is None for _, c, g in table[name])
+        assert {e["dtype"] for e in ex.events if e["op"] == "scale"} >= {dtype}
+        assert len(ex.performance_tracker.samples("scale", "cpu", dtype=dtype)) == len(table[name])
+    with pytest.raises(ValueError, match="dtypes must be"):
+        ex.calibrate(ops=["scale"], progress=False, dtypes=("float64",))
+    ex.close()
