@@ -165,9 +165,17 @@ FLOATS = ("float32", "float16", "bfloat16")
 HALF = ("float16", "bfloat16")
 
 
+_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
+
+
 def dtype_name(a) -> str:
-    """The dtype name of an array (host or device) as the op specs and the scheduler key it."""
-    return np.dtype(a.dtype).name
+    """The dtype name of an array (host or device) as the op specs and the scheduler key it. Cached by
+    dtype: NumPy builds `dtype.name` in Python (about a microsecond), and validation asks per input."""
+    dt = a.dtype
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = np.dtype(dt).name  # a dict: a racing thread writes the same value
+    return name
 
 
 def as_float(x, op: str, arg: str, dtypes=FLOATS, allow_device: bool = True):
@@ -185,7 +193,7 @@ def as_float(x, op: str, arg: str, dtypes=FLOATS, allow_device: bool = True):
         a = np.asarray(x)
     except Exception as e:
         raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
-    name = a.dtype.name
+    name = dtype_name(a)
     if name in HALF and name in dtypes:
         if not a.dtype.isnative:  # float16 may come byte-swapped ('>f2'); the kernels read native halves
             a = a.astype(a.dtype.newbyteorder("="))

@@ -10,7 +10,8 @@ ex = hipsched.Executor()
 T8 = np.arange(24, dtype=np.float32).reshape(6, 4)
 
 
-@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint16, np.float16, np.float64, np.bool_])
+# float16 is not here: the ops that read half precision keep it (tests/cpu/test_cpu_half*.py)
+@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint16, np.float64, np.bool_])
 def test_numeric_dtypes_convert_as_numpy_does(dtype):
     a = (np.arange(12) % 5).astype(dtype).reshape(3, 4)
     want = a.astype(np.float32)
