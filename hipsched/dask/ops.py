@@ -91,6 +91,10 @@ def _merge(k, *parts):
     return merge_top_k(parts, k)
 
 
+def _merge_part(k, part, *parts):
+    return (parts[0] if len(parts) == 1 else merge_top_k(parts, k))[part]
+
+
 # ---------------------------------------------------------------------------------------- grouping
 class ChunkGroup:
     """The chunks one grouped task reads, in corpus order (opaque to Dask: it never looks inside, so the
@@ -295,13 +299,16 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
         level.append(task(q_arg, k, group, split_every, *args, dask_key_name=(f"hipsched-top_k-group-{token}", g)))
     merge = dask.delayed(_merge, pure=True)
     depth = 0
-    while len(level) > 1:
+    while len(level) > split_every:
         depth += 1
         level = [merge(k, *level[j:j + split_every], dask_key_name=(f"hipsched-top_k-merge{depth}-{token}", j))
                  for j in range(0, len(level), split_every)]
-    result = level[0]
-    idx = da.from_delayed(result[0], shape=out_shape, dtype=np.int64, name=f"hipsched-top_k-indices-{token}")
-    val = da.from_delayed(result[1], shape=out_shape, dtype=np.float32, name=f"hipsched-top_k-scores-{token}")
+    # The root merge runs twice, once per output (indices, scores), each a merge of a few lists of k: one
+    # hop less than a merge and a getitem per output, which is what a query waits for at its end.
+    root = dask.delayed(_merge_part, pure=True)
+    idx, val = (da.from_delayed(root(k, part, *level, dask_key_name=f"hipsched-top_k-{what}-root-{token}"),
+                                shape=out_shape, dtype=dtype, name=f"hipsched-top_k-{what}-{token}")
+                for part, what, dtype in ((0, "indices", np.int64), (1, "scores", np.float32)))
     return idx, val
 
 
