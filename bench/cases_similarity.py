@@ -1,6 +1,9 @@
 """Similarity benchmarks: cosine of one 768-d query against 262,144 targets (NumPy's direct formula and
 its bare T @ q), top_k k=10 on the same data against FAISS IndexFlatIP, 32 queries against 16,384
-targets against NumPy's BLAS product with normalised queries, and matmul against NumPy (the same BLAS)."""
+targets against NumPy's BLAS product with normalised queries, and matmul against NumPy (the same BLAS).
+Half precision (issue 11): top_k over the same corpus in float16 against our own float32 top_k on the
+same values and against FAISS's float16 scalar-quantizer index (the same 2 bytes per element), and
+cosine_similarity with the corpus in bfloat16 against our float32: half the bytes read."""
 import numpy as np
 
 from harness import Case
@@ -34,6 +37,33 @@ def cases():
         out.append(Case("top_k", f"k=10, q({d}) x T({n},{d})", lambda: ex.top_k(q, T, 10, backend="cpu"),
                         lambda: index.search(q2, 10), f"faiss IndexFlatIP ({faiss.omp_get_max_threads()} threads)",
                         bytes=tbytes, flops=4.0 * n * d, target=1.5, family="similarity"))
+
+    Th = T.astype(np.float16)
+    hbytes = 2.0 * n * d
+    top_h = lambda: ex.top_k(q, Th, 10, backend="cpu")  # noqa: E731
+    out.append(Case("top_k", f"k=10, q({d}) x T({n},{d}) fp16", top_h, lambda: ex.top_k(q, T, 10, backend="cpu"),
+                    "hipsched top_k float32 T", bytes=hbytes, flops=4.0 * n * d, target=1.7, family="similarity"))
+    try:
+        import faiss
+    except ImportError:
+        pass
+    else:
+        sq = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+        sq.train(T[:1024])
+        sq.add(T)
+        q2 = q[None, :]
+        out.append(Case("top_k", f"k=10, q({d}) x T({n},{d}) fp16", top_h, lambda: sq.search(q2, 10),
+                        f"faiss IndexScalarQuantizer QT_fp16 IP ({faiss.omp_get_max_threads()} threads)",
+                        bytes=hbytes, flops=4.0 * n * d, target=2.0, family="similarity"))
+    try:
+        import ml_dtypes
+    except ImportError:
+        print("cases_similarity: ml_dtypes not installed, bfloat16 rows skipped")
+    else:
+        Tb = T.astype(ml_dtypes.bfloat16)
+        out.append(Case("cosine_similarity", f"q({d}) x T({n},{d}) bf16", lambda: ex.cosine_similarity(q, Tb, backend="cpu"),
+                        ours, "hipsched cosine float32 T", bytes=hbytes, flops=4.0 * n * d, target=1.7,
+                        family="similarity"))
 
     m, n2 = 32, 16_384
     T2 = np.ascontiguousarray(T[:n2])

@@ -1,12 +1,15 @@
-# Wrappers of src_c/cpu/similarity*.c: take validated float32 C-contiguous arrays (ops/similarity.py
-# and ops/linalg.py check shapes and convert dtypes), allocate results, run kernels without the GIL.
+# Wrappers of src_c/cpu/similarity*.c: take validated C-contiguous arrays (ops/similarity.py and
+# ops/linalg.py check shapes and dtypes), allocate results, run kernels without the GIL.
 # Few queries: one fused pass over the targets (dots and norms together, memory-bound). Many queries:
 # BLAS (np.matmul) on normalised queries, then the target norms applied while transposing, in C.
+# Targets may be float32, float16 or bfloat16: the fused pass reads half targets as they are (half the
+# bytes); the BLAS path widens one cache-sized block of them at a time. Queries are widened to float32
+# (exact, and they are few), so the scores are the float32 computation on the given values.
 cimport numpy as cnp
 import numpy as np
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint16_t
 
-from hipsched.cpu._carray cimport f32_ptr
+from hipsched.cpu._carray cimport f32_ptr, float_ptr, HS_F32, HS_BF16
 
 cnp.import_array()
 
@@ -14,6 +17,10 @@ cdef extern from "similarity.h" nogil:
     int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out)
     int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv)
     void hs_transpose_scale_f32(const float *src, int64_t n, int64_t m, const float *s, float *dst)
+    int hs_cosine_f16(const float *q, int64_t m, const uint16_t *T, int64_t n, int64_t d, float *out)
+    int hs_cosine_bf16(const float *q, int64_t m, const uint16_t *T, int64_t n, int64_t d, float *out)
+    void hs_widen_f16(const uint16_t *src, int64_t count, float *dst)
+    void hs_widen_bf16(const uint16_t *src, int64_t count, float *dst)
     int hs_topk_f32(const float *scores, int64_t m, int64_t n, int64_t k, int64_t *idx, float *val)
 
 # Up to this many queries the fused kernel re-reads each target row from L1 per query; beyond it a
@@ -21,6 +28,57 @@ cdef extern from "similarity.h" nogil:
 FUSED_MAX_QUERIES = 12
 # Scores held at once by top_k (per block of queries), bytes.
 TOPK_BLOCK_BYTES = 32 << 20
+# float32 bytes of one widened block of a half corpus on the BLAS path: large enough for BLAS to run
+# at speed, small enough to stay in L2/L3 between its widening and its product.
+HALF_BLOCK_BYTES = 2 << 20
+
+
+cdef as_queries(q):
+    """Queries as float32: half values widen exactly, and they are few next to the corpus."""
+    if q.dtype.name in ("float16", "bfloat16"):
+        return np.ascontiguousarray(q, dtype=np.float32)
+    return q  # anything else must already be float32 (f32_ptr refuses the rest)
+
+
+cdef cosine_half_into(Q, T, out, object t_inv):
+    """cosine_into for a float16/bfloat16 T: one fused pass reading T as half for few queries; for
+    many, BLAS on one widened block of T rows at a time (never the whole corpus widened)."""
+    cdef int code
+    cdef const uint16_t *pt = <const uint16_t *>float_ptr(T, "T", &code)
+    cdef float *pq = f32_ptr(Q, "q")
+    cdef float *po = f32_ptr(out, "out")
+    cdef int64_t m = Q.shape[0], n = T.shape[0], d = T.shape[1], lo, hi, rows
+    cdef int rc
+    cdef bint bf = code == HS_BF16
+    if code == HS_F32:
+        raise TypeError("T: expected float16 or bfloat16")
+    if m == 0 or n == 0:
+        return t_inv
+    if m <= FUSED_MAX_QUERIES or d == 0:
+        with nogil:
+            rc = hs_cosine_bf16(pq, m, pt, n, d, po) if bf else hs_cosine_f16(pq, m, pt, n, d, po)
+        if rc != 0:
+            raise MemoryError("cosine_similarity: out of memory")
+        return t_inv
+    rows = max(16, HALF_BLOCK_BYTES // (4 * d))
+    block = np.empty((min(rows, n), d), np.float32)
+    part = np.empty((m, min(rows, n)), np.float32)
+    cdef float *pb = <float *>cnp.PyArray_DATA(block)
+    for lo in range(0, n, rows):
+        hi = min(n, lo + rows)
+        with nogil:
+            if bf:
+                hs_widen_bf16(pt + lo * d, (hi - lo) * d, pb)
+            else:
+                hs_widen_f16(pt + lo * d, (hi - lo) * d, pb)
+        if hi - lo == block.shape[0]:
+            cosine_into(Q, block, part, None)
+            out[:, lo:hi] = part
+        else:  # the last, shorter block
+            tail = np.empty((m, hi - lo), np.float32)
+            cosine_into(Q, block[:hi - lo], tail, None)
+            out[:, lo:hi] = tail
+    return t_inv
 
 
 cdef inv_norms(T):
@@ -38,6 +96,10 @@ cdef inv_norms(T):
 cdef cosine_into(Q, T, out, t_inv):
     """out (m, n) = cos(Q (m, d), T (n, d)). t_inv: T's inverse norms, None (not computed yet) or False
     (T has extreme rows: fused kernel only). Returns t_inv so top_k's query blocks share it."""
+    if T.dtype != np.float32:
+        if Q.ndim != 2 or T.ndim != 2 or Q.shape[1] != T.shape[1] or out.shape != (Q.shape[0], T.shape[0]):
+            raise ValueError(f"cosine_similarity: q {Q.shape} and T {T.shape} must be (m, d) and (n, d)")
+        return cosine_half_into(Q, T, out, t_inv)
     cdef float *pq = f32_ptr(Q, "q")
     cdef float *pt = f32_ptr(T, "T")
     cdef float *po = f32_ptr(out, "out")
@@ -73,8 +135,8 @@ cdef cosine_into(Q, T, out, t_inv):
 
 def cosine_similarity(q, T):
     """q (d,) or (m, d) against T (n, d) -> (n,) or (m, n) float32. A zero vector scores 0 against any
-    finite vector; NaN or inf in either vector gives NaN."""
-    Q = q.reshape(1, -1) if q.ndim == 1 else q
+    finite vector; NaN or inf in either vector gives NaN. q and T each float32, float16 or bfloat16."""
+    Q = as_queries(q.reshape(1, -1) if q.ndim == 1 else q)
     out = np.empty((Q.shape[0], T.shape[0]), np.float32)
     cosine_into(Q, T, out, None)
     return out[0] if q.ndim == 1 else out
@@ -83,7 +145,7 @@ def cosine_similarity(q, T):
 def top_k(q, T, k):
     """The min(k, n) rows of T most similar to q by cosine -> (indices int64, scores float32), best
     first, ties to the lower index, NaN scores last; q (m, d) gives (m, k') arrays."""
-    Q = q.reshape(1, -1) if q.ndim == 1 else q
+    Q = as_queries(q.reshape(1, -1) if q.ndim == 1 else q)
     if int(k) < 1:
         raise ValueError(f"top_k: k must be >= 1, got {k}")
     cdef int64_t m = Q.shape[0], n = T.shape[0], kk = min(int(k), T.shape[0]), b0, b1, block

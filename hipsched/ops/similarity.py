@@ -6,21 +6,30 @@ either vector gives NaN, as NumPy's dot / (norm * norm) would. Agrees with a flo
 about 1e-6 absolute.
 top_k(q, T, k): the k' = min(k, n) rows of T with the highest cosine to q -> (indices int64, scores
 float32), (k',) or (m, k'), best first; equal scores go to the lower index; NaN scores rank after every
-number (among themselves by index). k < 1 is a ValueError."""
+number (among themselves by index). k < 1 is a ValueError.
+
+Dtypes: q and T each float32, float16 or bfloat16 (other real types convert to float32). Scores are
+float32 whatever the inputs: rounding them to half would merge distinct scores into ties (fp16 keeps
+11 bits) and change top_k's ranking.
+A mix of dtypes is not promoted: each input is kept as it is, because the kernel converts each in
+registers and computes in float32, so the scores are exactly those of the float32 computation on the
+given values (which is also what promotion to float32 would give, without widening the corpus in
+memory). A half corpus is read as half: the fused pass over T reads half the bytes. The call's dtype
+(the scheduler's key) is the corpus's, which decides the cost. On a device, inputs must be float32."""
 from __future__ import annotations
 
 import numpy as np
 
-from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, finite_scalar, rand_f32, register, \
-    shape_mismatch
+from .base import FLOATS, Call, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, finite_scalar, \
+    rand_f32, register, shape_mismatch
 
 _CPU = "hipsched.cpu._similarity"
 _GPU = "hipsched.gpu.ops_basic"
 
 
 def _queries_targets(op, q, T):
-    q = as_f32(q, op, "q")
-    T = as_f32(T, op, "T")
+    q = as_float(q, op, "q")
+    T = as_float(T, op, "T")
     check_ndim(q, (1, 2), op, "q")
     check_ndim(T, (2,), op, "T")
     if q.shape[-1] != T.shape[1]:
@@ -28,7 +37,16 @@ def _queries_targets(op, q, T):
     m = 1 if len(q.shape) == 1 else int(q.shape[0])
     n, d = int(T.shape[0]), int(T.shape[1])
     on_device = any_on_device(q, T)
+    if on_device:  # the GPU kernels are float32-only (and mixed device dtypes are not converted)
+        for name, a in (("q", q), ("T", T)):
+            if dtype_name(a) != "float32":
+                raise TypeError(f"{op}: device argument {name!r} is {dtype_name(a)}; {op} takes float32 device "
+                                f"arrays (float16/bfloat16 on the host)")
     return q, T, m, n, d, on_device
+
+
+def _bytes(q, T):
+    return q.dtype.itemsize * q.size + T.dtype.itemsize * T.size
 
 
 def _queries(call):
@@ -71,21 +89,21 @@ def _sweep(*extra):
     return sweep
 
 
-@register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"),
+@register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"), cpu_dtypes=FLOATS,
           scratch=_scratch_cosine, split=_split_cosine, sweep=_sweep())
 def prepare_cosine(q, T) -> Call:
     q, T, m, n, d, on_device = _queries_targets("cosine_similarity", q, T)
     check_result_fits("cosine_similarity", m, n)
-    return Call("cosine_similarity", (q, T), {}, size=n * d * m, nbytes=4 * (m * d + n * d + m * n),
-                on_device=on_device)
+    return Call("cosine_similarity", (q, T), {}, size=n * d * m, nbytes=_bytes(q, T) + 4 * m * n,
+                dtype=dtype_name(T), on_device=on_device)
 
 
-@register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), scratch=_scratch_top_k, split=_split_top_k,
+@register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), cpu_dtypes=FLOATS, scratch=_scratch_top_k, split=_split_top_k,
           sweep=_sweep(10))
 def prepare_top_k(q, T, k) -> Call:
     q, T, m, n, d, on_device = _queries_targets("top_k", q, T)
     k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
     kk = min(k, n)
     check_result_fits("top_k", m, kk, itemsize=12)  # int64 index + float32 score
-    return Call("top_k", (q, T), {"k": k}, size=n * d * m, nbytes=4 * (m * d + n * d) + 12 * m * kk,
-                on_device=on_device)
+    return Call("top_k", (q, T), {"k": k}, size=n * d * m, nbytes=_bytes(q, T) + 12 * m * kk,
+                dtype=dtype_name(T), on_device=on_device)

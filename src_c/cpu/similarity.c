@@ -5,8 +5,13 @@
 #include "similarity.h"
 
 #define HS_BOTH(ret, name, args) ret name##_avx2 args; ret name##_scalar args;
-HS_BOTH(void, hs_cosine_rows, (const float *q, const float *qinv, int64_t m, int exact, const float *T, int64_t n,
-                               int64_t d, int64_t lo, int64_t hi, float *out))
+#define HS_ROWS_DECL(suf, T_t) \
+    HS_BOTH(void, hs_cosine_rows_##suf, (const float *q, const float *qinv, int64_t m, int exact, const T_t *T, \
+                                         int64_t n, int64_t d, int64_t lo, int64_t hi, float *out)) \
+    HS_BOTH(void, hs_widen_##suf, (const T_t *src, int64_t count, float *dst))
+HS_ROWS_DECL(f32, float)
+HS_ROWS_DECL(f16, uint16_t)
+HS_ROWS_DECL(bf16, uint16_t)
 HS_BOTH(int64_t, hs_inv_norms_rows, (const float *T, int64_t d, int64_t lo, int64_t hi, float *inv))
 #define HS_PICK(name) (hs_cpu_level() == HS_LEVEL_AVX2 ? name##_avx2 : name##_scalar)
 
@@ -14,27 +19,36 @@ HS_BOTH(int64_t, hs_inv_norms_rows, (const float *T, int64_t d, int64_t lo, int6
                                      enough that two threads share the rows evenly */
 #define HS_GRAIN (1 << 18)        /* floats read before a second thread pays off */
 
-int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out) {
-    if (m <= 0 || n <= 0) return 0;
-    void (*f)(const float *, const float *, int64_t, int, const float *, int64_t, int64_t, int64_t, int64_t,
-              float *) = HS_PICK(hs_cosine_rows);
-    float qinv_stack[64], *qinv = m <= 64 ? qinv_stack : malloc(sizeof(float) * (size_t)m);
-    if (!qinv) return -1;
-    int exact = HS_PICK(hs_inv_norms_rows)(q, d, 0, m, qinv) > 0;
-    int nt = hs_threads_for(n * d * m, HS_GRAIN);
-    if (nt == 1) {  /* small calls skip the OpenMP runtime */
-        f(q, qinv, m, exact, T, n, d, 0, n, out);
-    } else {
-        int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;
-        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-        for (int64_t b = 0; b < blocks; b++) {
-            int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;
-            f(q, qinv, m, exact, T, n, d, lo, hi, out);
-        }
-    }
-    if (qinv != qinv_stack) free(qinv);
-    return 0;
+/* One public cosine per storage type of T; queries are float32 in all. */
+#define HS_COSINE_DEF(suf, T_t)                                                                            \
+int hs_cosine_##suf(const float *q, int64_t m, const T_t *T, int64_t n, int64_t d, float *out) {          \
+    if (m <= 0 || n <= 0) return 0;                                                                        \
+    void (*f)(const float *, const float *, int64_t, int, const T_t *, int64_t, int64_t, int64_t, int64_t, \
+              float *) = HS_PICK(hs_cosine_rows_##suf);                                                    \
+    float qinv_stack[64], *qinv = m <= 64 ? qinv_stack : malloc(sizeof(float) * (size_t)m);               \
+    if (!qinv) return -1;                                                                                  \
+    int exact = HS_PICK(hs_inv_norms_rows)(q, d, 0, m, qinv) > 0;                                          \
+    /* a half element costs half the bytes of a float32 one: the same bytes per thread, not elements */   \
+    int nt = hs_threads_for(n * d * m * (int64_t)sizeof(T_t) / 4, HS_GRAIN);                              \
+    if (nt == 1) {  /* small calls skip the OpenMP runtime */                                              \
+        f(q, qinv, m, exact, T, n, d, 0, n, out);                                                          \
+    } else {                                                                                               \
+        int64_t blocks = (n + HS_ROW_BLOCK - 1) / HS_ROW_BLOCK;                                            \
+        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)")                     \
+        for (int64_t b = 0; b < blocks; b++) {                                                             \
+            int64_t lo = b * HS_ROW_BLOCK, hi = lo + HS_ROW_BLOCK < n ? lo + HS_ROW_BLOCK : n;             \
+            f(q, qinv, m, exact, T, n, d, lo, hi, out);                                                    \
+        }                                                                                                  \
+    }                                                                                                      \
+    if (qinv != qinv_stack) free(qinv);                                                                    \
+    return 0;                                                                                              \
 }
+HS_COSINE_DEF(f32, float)
+HS_COSINE_DEF(f16, uint16_t)
+HS_COSINE_DEF(bf16, uint16_t)
+
+void hs_widen_f16(const uint16_t *src, int64_t count, float *dst) { HS_PICK(hs_widen_f16)(src, count, dst); }
+void hs_widen_bf16(const uint16_t *src, int64_t count, float *dst) { HS_PICK(hs_widen_bf16)(src, count, dst); }
 
 int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
     if (n <= 0) return 0;

@@ -10,6 +10,15 @@
  * Either vector zero (norm exactly 0) and the other finite -> 0; NaN/inf -> NaN as the formula gives.
  * 0, or -1 when out of memory. */
 int hs_cosine_f32(const float *q, int64_t m, const float *T, int64_t n, int64_t d, float *out);
+/* The same with T stored as float16 / bfloat16 (uint16_t bits; queries float32): T is read as half and
+ * converted in registers, so the pass reads half the bytes; every product and sum is float32, so the
+ * scores equal hs_cosine_f32's on T widened exactly to float32. */
+int hs_cosine_f16(const float *q, int64_t m, const uint16_t *T, int64_t n, int64_t d, float *out);
+int hs_cosine_bf16(const float *q, int64_t m, const uint16_t *T, int64_t n, int64_t d, float *out);
+
+/* dst[0, count) = src widened to float32 (exact): a block of a half corpus for the BLAS path. */
+void hs_widen_f16(const uint16_t *src, int64_t count, float *dst);
+void hs_widen_bf16(const uint16_t *src, int64_t count, float *dst);
 
 /* inv[r] = 1 / ||T_r|| for T (n, d); 0 where the norm is 0 or not finite (so a zero row scores 0,
  * and a NaN/inf row scores NaN through its NaN/inf dot product). Returns how many rows have norms so

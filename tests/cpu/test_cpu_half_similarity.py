@@ -1,0 +1,256 @@
+"""cosine_similarity and top_k with float16/bfloat16 queries and corpora (rerun on the scalar path by
+test_simd_paths.py), against a float64 computation on the same half values, PyTorch CPU in the same
+dtype and FAISS.
+
+Tolerances. Half values widen to float32 exactly and every product and sum is float32, so the only
+error against float64 on the same values is float32 accumulation: each of <q,t>, |q|^2, |t|^2 over d
+terms is within d * 2^-24 of its exact value relative to |q||t| (Cauchy-Schwarz bounds sum |q_j t_j|),
+and the square roots, product and division add a few units more: ACC(d) = (2d + 8) * 2^-24 absolute on
+a cosine. PyTorch's half cosine normalises each vector in the half dtype before the dot (each element
+of x/|x| and y/|y| rounded: relative error u, so each product within 2u, and their sum within
+2u sum|x_j y_j|/(|x||y|) <= 2u by Cauchy-Schwarz, one more u for the norms' own rounding) and rounds
+its result (u |cos| <= u), u = 2^-11 for float16 and 2^-8 for bfloat16: within 4u of the exact value
+plus its float32 accumulation ACC(d); against ours: 4u + 2 ACC(d) absolute."""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import hipsched
+from hipsched.cpu import _similarity as S
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = ml_dtypes.bfloat16
+HALVES = [np.float16, BF16]
+UNIT = {np.float16: 2.0 ** -11, BF16: 2.0 ** -8}  # unit roundoff (half the machine epsilon)
+
+EXAMPLES = 15 if os.environ.get("HIPSCHED_CPU_FEATURES") == "scalar" else 60
+
+
+def acc(d):
+    return (2 * d + 8) * 2.0 ** -24
+
+
+def _cos_ref(q, T):
+    """float64 cosine of the given (half) values, with the documented zero rule."""
+    Q = np.atleast_2d(q).astype(np.float64)
+    T = T.astype(np.float64)
+    qn, tn = np.linalg.norm(Q, axis=1), np.linalg.norm(T, axis=1)
+    with np.errstate(all="ignore"):
+        r = (Q @ T.T) / np.outer(qn, tn)
+    r[np.outer(qn == 0, np.isfinite(tn)) | np.outer(np.isfinite(qn), tn == 0)] = 0.0
+    return r[0] if q.ndim == 1 else r
+
+
+def _rank_ref(scores, k):
+    """Stable order of float32 scores: descending, ties by index, NaN last."""
+    s = np.where(np.isnan(scores), -np.inf, scores).astype(np.float64)
+    return np.lexsort((np.arange(len(s)), -s, np.isnan(scores)))[:k]
+
+
+def _torch(a):
+    torch = pytest.importorskip("torch")
+    if a.dtype == BF16:  # torch.from_numpy does not know ml_dtypes: same bits, reinterpreted
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+@pytest.mark.parametrize("dt", HALVES)
+@pytest.mark.parametrize("n", [0, 1, 7, 9, 33, 300])
+@pytest.mark.parametrize("d", [0, 1, 7, 8, 9, 31, 33, 100])
+def test_cosine_one_query_half(rng, dt, n, d):
+    q = rng.standard_normal(d).astype(dt)
+    T = rng.standard_normal((n, d)).astype(dt)
+    out = S.cosine_similarity(q, T)
+    assert out.shape == (n,) and out.dtype == np.float32
+    np.testing.assert_allclose(out, _cos_ref(q, T), atol=acc(d), rtol=0)
+
+
+@pytest.mark.parametrize("dt", HALVES)
+@pytest.mark.parametrize("m", [2, 5, 12, 13, 40])  # 13 and 40 take the BLAS path on widened blocks
+@pytest.mark.parametrize("n,d", [(1, 1), (33, 9), (300, 64), (1000, 7)])
+def test_cosine_many_queries_half(rng, monkeypatch, dt, m, n, d):
+    # blocks of 16 rows at least: several blocks and a short last one on every shape above
+    monkeypatch.setattr(S, "HALF_BLOCK_BYTES", 4 * 16 * d)
+    q = rng.standard_normal((m, d)).astype(dt)
+    T = rng.standard_normal((n, d)).astype(dt)
+    out = S.cosine_similarity(q, T)
+    assert out.shape == (m, n) and out.dtype == np.float32
+    np.testing.assert_allclose(out, _cos_ref(q, T), atol=acc(d), rtol=0)
+
+
+@pytest.mark.parametrize("qdt", [np.float32, np.float16, BF16])
+@pytest.mark.parametrize("tdt", HALVES)
+@pytest.mark.parametrize("m", [1, 3])
+def test_mixed_dtypes_are_the_float32_computation_on_the_given_values(rng, qdt, tdt, m):
+    """Documented: a mix is not promoted in memory; each input is converted in registers, which gives
+    what promotion to float32 would (the fused kernel runs the same float32 operations in the same
+    order), bit for bit."""
+    q = rng.standard_normal((m, 50)).astype(qdt)
+    T = rng.standard_normal((200, 50)).astype(tdt)
+    out = hipsched.cosine_similarity(q, T)
+    np.testing.assert_array_equal(out, hipsched.cosine_similarity(q.astype(np.float32), T.astype(np.float32)))
+    np.testing.assert_allclose(out, _cos_ref(q, T), atol=acc(50), rtol=0)
+
+
+@pytest.mark.parametrize("dt", HALVES)
+@pytest.mark.parametrize("d", [8, 100, 768])
+def test_cosine_against_torch_same_dtype(rng, dt, d):
+    torch = pytest.importorskip("torch")
+    q = rng.standard_normal((1, d)).astype(dt)
+    T = rng.standard_normal((500, d)).astype(dt)
+    ours = S.cosine_similarity(q, T)[0]
+    theirs = torch.nn.functional.cosine_similarity(_torch(q), _torch(T), dim=1).float().numpy()
+    ref = _cos_ref(q, T)[0]
+    np.testing.assert_allclose(ours, theirs, atol=4 * UNIT[dt] + 2 * acc(d), rtol=0)
+    np.testing.assert_allclose(ours, ref, atol=acc(d), rtol=0)
+
+
+@pytest.mark.parametrize("dt", HALVES)
+def test_zero_nan_inf_rows_half(dt):
+    T = np.array([[1, 2, 3], [0, 0, 0], [np.nan, 1, 1], [np.inf, 0, 0], [-1, -2, -3]], dtype=dt)
+    q = np.array([1, 2, 3], dtype=dt)
+    out = S.cosine_similarity(q, T)
+    np.testing.assert_allclose(out[[0, 1, 4]], _cos_ref(q, T)[[0, 1, 4]], atol=acc(3))
+    assert out[1] == 0 and np.isnan(out[2]) and np.isnan(out[3])
+    assert np.all(S.cosine_similarity(np.zeros(3, dt), T)[[0, 1, 4]] == 0)
+
+
+def test_bfloat16_tiny_and_huge_rows_are_scored_in_double(rng):
+    """bfloat16 has float32's range: rows whose float32 squares would under- or overflow take the
+    double path, as float32 rows do (float16 cannot reach it: its squares stay within float32)."""
+    q = rng.standard_normal(40).astype(BF16)
+    T = rng.standard_normal((6, 40)).astype(np.float32)
+    T[1] *= 1e-25
+    T[2] *= 1e25
+    T[3] *= 1e-38
+    T = T.astype(BF16)
+    for m in (1, 3):
+        Q = np.stack([q] * m)
+        np.testing.assert_allclose(S.cosine_similarity(Q, T), _cos_ref(Q, T), atol=acc(40), rtol=0)
+
+
+def test_float16_extremes_stay_finite(rng):
+    """float16's largest values (65504) square to 4.3e9: no overflow in float32 sums, exact scores."""
+    T = np.full((3, 768), 65504, np.float16)
+    T[1, ::2] = -65504
+    T[2] = np.float16(2.0 ** -24)  # the least subnormal: squares 3.6e-15 are normal in float32
+    q = np.ones(768, np.float16)
+    np.testing.assert_allclose(S.cosine_similarity(q, T), _cos_ref(q, T), atol=acc(768), rtol=0)
+
+
+@pytest.mark.parametrize("dt", HALVES)
+@pytest.mark.parametrize("n", [1, 9, 1000, 140_000])  # the last splits one row over threads
+@pytest.mark.parametrize("k", [1, 10, 200])
+def test_top_k_half_one_query(rng, dt, n, k):
+    d = 4 if n > 10_000 else 16
+    T = rng.standard_normal((n, d)).astype(dt)
+    q = rng.standard_normal(d).astype(dt)
+    idx, val = S.top_k(q, T, k)
+    scores = S.cosine_similarity(q, T)
+    assert idx.dtype == np.int64 and val.dtype == np.float32 and idx.shape == (min(k, n),)
+    np.testing.assert_array_equal(idx, _rank_ref(scores, k))
+    np.testing.assert_array_equal(val, scores[idx])
+    ref = _cos_ref(q, T)
+    np.testing.assert_allclose(val, ref[idx], atol=acc(d))
+    # against float64's own ranking: where a gap over 2 ACC(d) separates the k-th and (k+1)-th exact
+    # scores, the selected set is forced
+    kk = min(k, n)
+    order = np.argsort(-ref, kind="stable")
+    if kk < n and ref[order[kk - 1]] - ref[order[kk]] > 2 * acc(d):
+        assert set(idx.tolist()) == set(order[:kk].tolist())
+
+
+@pytest.mark.parametrize("dt", HALVES)
+def test_top_k_half_ties_and_nan(dt):
+    T = np.array([[1, 0], [0, 1], [1, 0], [np.nan, 0], [2, 0], [0, 0], [-1, 0], [np.nan, 1]], dtype=dt)
+    q = np.array([1, 0], dtype=dt)
+    idx, val = S.top_k(q, T, 3)
+    np.testing.assert_array_equal(idx, _rank_ref(S.cosine_similarity(q, T), 3))
+    np.testing.assert_array_equal(idx, np.flatnonzero(_cos_ref(q, T) == 1.0)[:3])  # equal scores: by index
+    idx, val = S.top_k(q, T, 100)
+    np.testing.assert_array_equal(idx[-2:], np.flatnonzero(np.isnan(T.astype(np.float32)).any(axis=1)))
+    assert np.isnan(val[-2:]).all()
+
+
+@pytest.mark.parametrize("dt", HALVES)
+def test_top_k_half_many_queries_match_torch_topk(rng, monkeypatch, dt):
+    """Many queries (BLAS on widened blocks, several top_k blocks) against torch.topk over float32
+    cosines of the same half values: equal where no two exact scores are within 2 ACC(d)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(S, "TOPK_BLOCK_BYTES", 4 * 3000 * 7)
+    monkeypatch.setattr(S, "HALF_BLOCK_BYTES", 4 * 700 * 32)
+    q = rng.standard_normal((20, 32)).astype(dt)
+    T = rng.standard_normal((3000, 32)).astype(dt)
+    idx, val = S.top_k(q, T, 10)
+    tq = torch.nn.functional.normalize(_torch(q).double(), dim=1)
+    tt = torch.nn.functional.normalize(_torch(T).double(), dim=1)
+    tv, ti = torch.topk(tq @ tt.T, 11, dim=1)
+    for i in range(20):
+        if np.all(np.diff(-tv[i].numpy()) > 2 * acc(32)):
+            np.testing.assert_array_equal(idx[i], ti[i, :10].numpy())
+        np.testing.assert_allclose(val[i], tv[i, :10].numpy(), atol=acc(32))
+
+
+def test_top_k_fp16_matches_faiss_scalar_quantizer(rng):
+    """FAISS's QT_fp16 index stores the same float16 values; on normalised vectors its inner product
+    is the cosine (FAISS accumulates in float32 too): same indices where scores are separated."""
+    faiss = pytest.importorskip("faiss")
+    T = rng.standard_normal((5000, 32)).astype(np.float32)
+    T /= np.linalg.norm(T, axis=1, keepdims=True)
+    q = rng.standard_normal((64, 32)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    Th = T.astype(np.float16)
+    index = faiss.IndexScalarQuantizer(32, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+    index.train(Th.astype(np.float32))
+    index.add(Th.astype(np.float32))
+    fv, fi = index.search(q, 11)
+    idx, val = hipsched.top_k(q, Th, 10)
+    ref = _cos_ref(q, Th)
+    # FAISS's inner product differs from the cosine by the fp16 norms' error, |1 - |t|| <= 2u (each
+    # element rounded relatively by u): a rank is forced where the gaps around it exceed 4u + 2 ACC(d)
+    sep = 4 * UNIT[np.float16] + 2 * acc(32)
+    checked = 0
+    for i in range(len(q)):
+        gaps = -np.diff(np.sort(ref[i])[::-1][:11])
+        if gaps[-1] > sep:
+            assert set(idx[i].tolist()) == set(fi[i, :10].tolist())
+            checked += 1
+        if np.all(gaps > sep):
+            np.testing.assert_array_equal(idx[i], fi[i, :10])
+    assert checked >= 1
+    # FAISS's scores are inner products of the fp16 vectors, whose norms are not exactly 1 any more;
+    # ours are cosines of those same values: compared with float64's cosines
+    np.testing.assert_allclose(val, np.take_along_axis(ref, idx, 1), atol=acc(32))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.sampled_from(HALVES), st.integers(0, 40), st.integers(0, 20), st.integers(1, 50), st.data())
+def test_half_cosine_top_k_properties(dt, n, d, k, data):
+    bits = st.integers(0, 0xFFFF).map(lambda b: np.uint16(b))
+    raw = data.draw(st.lists(bits, min_size=n * d + d, max_size=n * d + d))
+    a = np.array(raw, np.uint16).view(dt)
+    # keep finite values (NaN/inf rules are tested above); any finite pattern, subnormals included
+    a = np.where(np.isfinite(a.astype(np.float32)), a, dt(1.0)).astype(dt)
+    q, T = a[:d], a[d:].reshape(n, d)
+    scores = hipsched.cosine_similarity(q, T)
+    np.testing.assert_allclose(scores, _cos_ref(q, T), atol=acc(d), rtol=0)
+    idx, _ = hipsched.top_k(q, T, k)
+    np.testing.assert_array_equal(idx, _rank_ref(scores, min(k, n)))
+
+
+def test_public_api_half_dtypes_and_errors(rng):
+    from hipsched.ops import OPS
+    T = rng.standard_normal((50, 16)).astype(BF16)
+    q = rng.standard_normal(16).astype(np.float16)
+    call = OPS["top_k"].prepare(q, T, 5)
+    assert call.dtype == "bfloat16" and call.args[1] is T  # the corpus is not copied or widened
+    assert call.nbytes == 2 * 16 + 2 * 50 * 16 + 12 * 5
+    assert "bfloat16" in OPS["cosine_similarity"].cpu_dtypes and OPS["cosine_similarity"].gpu_dtypes == ("float32",)
+    idx, val = hipsched.top_k(q, T, 5, backend="cpu")
+    assert val.dtype == np.float32
+    with pytest.raises(TypeError, match="top_k.*'T'.*float16"):
+        hipsched.top_k(q, T.astype(np.complex64), 5)
+    with pytest.raises(TypeError):
+        S.cosine_similarity(q.astype(np.float32), T.astype(np.float64))  # the extension's own guard
