@@ -150,3 +150,20 @@ def test_extension_refuses_arrays_its_kernels_cannot_read_safely():
         E.add(np.ones(4, np.float32), np.ones(3, np.float32))
     with pytest.raises(ValueError):
         E.softmax(np.ones(4, np.float32), 1)
+
+
+def test_half_calls_carry_their_dtype_and_bytes():
+    """Half inputs stay half (their values and kernels: test_cpu_half.py); the Call the scheduler keys
+    and costs by names the dtype and counts 2-byte elements. The GPU side takes float32 only."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from hipsched.ops import OPS
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        x = np.ones((4, 8), dt)
+        name = np.dtype(dt).name
+        for op, args, nbytes in (("add", (x, x), 2 * 3 * 32), ("add", (x, x[0]), 2 * (2 * 32 + 8)),
+                                 ("scale", (x, 2.0), 2 * 2 * 32), ("softmax", (x,), 2 * 2 * 32)):
+            call = OPS[op].prepare(*args)
+            assert (call.dtype, call.nbytes, call.size) == (name, nbytes, 32)
+            assert call.args[0].dtype == dt
+            assert name in OPS[op].cpu_dtypes and OPS[op].gpu_dtypes == ("float32",)
+    assert OPS["add"].prepare(np.ones(3, np.float16), np.ones(3, np.float32)).dtype == "float32"

@@ -145,3 +145,16 @@ def test_spec_splits_rows_and_its_sweep_prepares(rng):
     assert spec.chunks(spec.prepare(x[0, 0], w)) is None      # a single row cannot be split
     for size, args, kwargs in spec.sweep(np.random.default_rng(0)):
         assert spec.prepare(*args, **kwargs).size == size
+
+
+def test_half_calls_carry_their_dtype_and_bytes():
+    """Half inputs stay half (values: test_cpu_half.py); the Call names the dtype and counts 2-byte
+    elements; a mix of dtypes promotes to float32. The GPU side takes float32 only."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        call = OPS["rms_norm"].prepare(np.ones((4, 8), dt), np.ones(8, dt))
+        assert (call.dtype, call.nbytes, call.size) == (np.dtype(dt).name, 2 * (2 * 32 + 8), 32)
+        assert all(a.dtype == dt for a in call.args)
+    mixed = OPS["rms_norm"].prepare(np.ones((4, 8), np.float16), np.ones(8, ml_dtypes.bfloat16))
+    assert mixed.dtype == "float32" and all(a.dtype == np.float32 for a in mixed.args)
+    assert OPS["rms_norm"].gpu_dtypes == ("float32",) and "bfloat16" in OPS["rms_norm"].cpu_dtypes
