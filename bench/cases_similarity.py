@@ -83,4 +83,16 @@ def cases():
     B = rng.standard_normal((s, s), dtype=np.float32)
     out.append(Case("matmul", f"({s},{s}) @ ({s},{s})", lambda: ex.matmul(A, B, backend="cpu"), lambda: A @ B,
                     "numpy A@B", flops=2.0 * s ** 3, target=0.95, family="similarity"))
+    try:
+        import ml_dtypes
+        import torch
+    except ImportError:
+        print("cases_similarity: torch or ml_dtypes not installed, half matmul rows skipped")
+        return out
+    for name, dt, tdt in (("fp16", np.float16, torch.float16), ("bf16", ml_dtypes.bfloat16, torch.bfloat16)):
+        Ah, Bh = A.astype(dt), B.astype(dt)
+        tA, tB = torch.from_numpy(A).to(tdt), torch.from_numpy(B).to(tdt)
+        out.append(Case("matmul", f"({s},{s}) @ ({s},{s}) {name}", lambda Ah=Ah, Bh=Bh: ex.matmul(Ah, Bh, backend="cpu"),
+                        lambda tA=tA, tB=tB: tA @ tB, f"torch {name} A@B ({torch.get_num_threads()} threads)",
+                        flops=2.0 * s ** 3, target=1.0, family="similarity"))
     return out

@@ -21,6 +21,8 @@ cdef extern from "similarity.h" nogil:
     int hs_cosine_bf16(const float *q, int64_t m, const uint16_t *T, int64_t n, int64_t d, float *out)
     void hs_widen_f16(const uint16_t *src, int64_t count, float *dst)
     void hs_widen_bf16(const uint16_t *src, int64_t count, float *dst)
+    void hs_narrow_f16(const float *src, int64_t count, uint16_t *dst)
+    void hs_narrow_bf16(const float *src, int64_t count, uint16_t *dst)
     int hs_topk_f32(const float *scores, int64_t m, int64_t n, int64_t k, int64_t *idx, float *val)
 
 # Up to this many queries the fused kernel re-reads each target row from L1 per query; beyond it a
@@ -172,7 +174,60 @@ def top_k(q, T, k):
     return idx, val
 
 
-def matmul(a, b):
-    """a @ b through NumPy's BLAS (float32 in, float32 out)."""
-    return np.matmul(a, b)
+# float32 bytes of one row panel of a half matmul's a (and of its result): the panel is widened,
+# multiplied by BLAS and rounded back while it is still in cache.
+MATMUL_PANEL_BYTES = 1 << 20
 
+
+cdef widen(x):
+    """x (float16/bfloat16, C-contiguous) widened to a new float32 array of its shape (exact)."""
+    cdef int code
+    cdef const uint16_t *px = <const uint16_t *>float_ptr(x, "x", &code)
+    out = np.empty(x.shape, np.float32)
+    cdef float *po = <float *>cnp.PyArray_DATA(out)
+    cdef int64_t count = x.size
+    with nogil:
+        if code == HS_BF16:
+            hs_widen_bf16(px, count, po)
+        else:
+            hs_widen_f16(px, count, po)
+    return out
+
+
+cdef narrow_into(src, dst):
+    """dst (half, C-contiguous) = src (float32, same size) rounded to dst's dtype."""
+    cdef int code
+    cdef uint16_t *pd = <uint16_t *>float_ptr(dst, "out", &code)
+    cdef float *ps = f32_ptr(src, "src")
+    cdef int64_t count = src.size
+    if dst.size != count:
+        raise ValueError("narrow: sizes differ")
+    with nogil:
+        if code == HS_BF16:
+            hs_narrow_bf16(ps, count, pd)
+        else:
+            hs_narrow_f16(ps, count, pd)
+
+
+def matmul(a, b):
+    """a @ b through NumPy's BLAS. float32 in, float32 out; float16/bfloat16 (both the same: ops
+    promotes mixes) in, the same dtype out, accumulated in float32: b is widened once, a and the result
+    one row panel at a time, so besides b only a cache-sized float32 panel is ever held."""
+    if a.dtype == np.float32 and b.dtype == np.float32:
+        return np.matmul(a, b)
+    if a.dtype != b.dtype or a.dtype.name not in ("float16", "bfloat16"):
+        raise TypeError(f"matmul: a ({a.dtype}) and b ({b.dtype}) must both be float32, float16 or bfloat16")
+    b32 = widen(b)
+    if a.ndim != 2 or b.ndim > 2:  # batched or vector operands: whole operands (np.matmul's broadcasting rules)
+        r = np.asarray(np.matmul(widen(a), b32), order="C")  # 1-d @ 1-d gives a scalar: as 0-d
+        out = np.empty(r.shape, a.dtype)
+        narrow_into(r, out)
+        return out[()] if out.ndim == 0 else out
+    cdef int64_t m = a.shape[0], k = a.shape[1], rows, lo, hi
+    ncols = b.shape[1] if b.ndim == 2 else 0
+    out = np.empty((m, ncols) if b.ndim == 2 else (m,), a.dtype)
+    rows = max(1, MATMUL_PANEL_BYTES // (4 * max(1, k, ncols)))
+    for lo in range(0, m, rows):
+        hi = min(m, lo + rows)
+        narrow_into(np.matmul(widen(a[lo:hi]), b32), out[lo:hi])
+    return out

@@ -1,13 +1,19 @@
-"""matmul: a @ b in float32 with np.matmul's shape rules for 1-d operands; leading (batch) axes must be
-equal on both sides or present on one side only (what both backends implement). The CPU side is
-NumPy's BLAS. Call.size = batch * m * n * k."""
+"""matmul: a @ b with np.matmul's shape rules for 1-d operands; leading (batch) axes must be equal on
+both sides or present on one side only (what both backends implement). The CPU side is NumPy's BLAS.
+Call.size = batch * m * n * k.
+
+Dtypes: float32, float16, bfloat16 on the CPU; the result has the inputs' dtype and is accumulated in
+float32 (half operands are widened exactly, a row panel at a time, for the float32 BLAS; the result is
+rounded once, to nearest even). A mix promotes to float32, as NumPy and PyTorch do (ops.base.promote).
+On a device: float32 only."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from .base import Call, any_on_device, as_f32, check_result_fits, rand_f32, register, shape_mismatch
+from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, dtype_name, promote, rand_f32, register, \
+    shape_mismatch
 
 
 def _split(call):
@@ -60,16 +66,22 @@ def matmul_shapes(sa: tuple, sb: tuple):
 
 
 @register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.ops_basic", "matmul"),
-          split=_split, sweep=_sweep)
+          cpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare_matmul(a, b) -> Call:
-    a = as_f32(a, "matmul", "a")
-    b = as_f32(b, "matmul", "b")
+    a = as_float(a, "matmul", "a")
+    b = as_float(b, "matmul", "b")
+    on_device = any_on_device(a, b)
+    if on_device:  # the GPU kernels are float32-only
+        for name, x in (("a", a), ("b", b)):
+            if dtype_name(x) != "float32":
+                raise TypeError(f"matmul: device argument {name!r} is {dtype_name(x)}; matmul takes float32 device "
+                                f"arrays (float16/bfloat16 on the host)")
+    dtype, (a, b) = promote("matmul", a=a, b=b)
     sa, sb = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     ba, bb, m, k, n = matmul_shapes(sa, sb)
     batch_shape = ba or bb
     out_shape = batch_shape + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ())
     check_result_fits("matmul", *out_shape)
     batch = math.prod(batch_shape)
-    nbytes = 4 * (math.prod(sa) + math.prod(sb) + math.prod(out_shape))
-    return Call("matmul", (a, b), {}, size=batch * m * n * k, nbytes=nbytes,
-                on_device=any_on_device(a, b))
+    nbytes = a.dtype.itemsize * (math.prod(sa) + math.prod(sb) + math.prod(out_shape))
+    return Call("matmul", (a, b), {}, size=batch * m * n * k, nbytes=nbytes, dtype=dtype, on_device=on_device)

@@ -9,6 +9,8 @@
     HS_BOTH(void, hs_cosine_rows_##suf, (const float *q, const float *qinv, int64_t m, int exact, const T_t *T, \
                                          int64_t n, int64_t d, int64_t lo, int64_t hi, float *out)) \
     HS_BOTH(void, hs_widen_##suf, (const T_t *src, int64_t count, float *dst))
+HS_BOTH(void, hs_narrow_f16, (const float *src, int64_t count, uint16_t *dst))
+HS_BOTH(void, hs_narrow_bf16, (const float *src, int64_t count, uint16_t *dst))
 HS_ROWS_DECL(f32, float)
 HS_ROWS_DECL(f16, uint16_t)
 HS_ROWS_DECL(bf16, uint16_t)
@@ -49,6 +51,8 @@ HS_COSINE_DEF(bf16, uint16_t)
 
 void hs_widen_f16(const uint16_t *src, int64_t count, float *dst) { HS_PICK(hs_widen_f16)(src, count, dst); }
 void hs_widen_bf16(const uint16_t *src, int64_t count, float *dst) { HS_PICK(hs_widen_bf16)(src, count, dst); }
+void hs_narrow_f16(const float *src, int64_t count, uint16_t *dst) { HS_PICK(hs_narrow_f16)(src, count, dst); }
+void hs_narrow_bf16(const float *src, int64_t count, uint16_t *dst) { HS_PICK(hs_narrow_bf16)(src, count, dst); }
 
 int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
     if (n <= 0) return 0;

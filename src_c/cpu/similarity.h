@@ -19,6 +19,9 @@ int hs_cosine_bf16(const float *q, int64_t m, const uint16_t *T, int64_t n, int6
 /* dst[0, count) = src widened to float32 (exact): a block of a half corpus for the BLAS path. */
 void hs_widen_f16(const uint16_t *src, int64_t count, float *dst);
 void hs_widen_bf16(const uint16_t *src, int64_t count, float *dst);
+/* dst[0, count) = src rounded to the half type (round to nearest even; float16 overflows to inf). */
+void hs_narrow_f16(const float *src, int64_t count, uint16_t *dst);
+void hs_narrow_bf16(const float *src, int64_t count, uint16_t *dst);
 
 /* inv[r] = 1 / ||T_r|| for T (n, d); 0 where the norm is 0 or not finite (so a zero row scores 0,
  * and a NaN/inf row scores NaN through its NaN/inf dot product). Returns how many rows have norms so
