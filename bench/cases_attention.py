@@ -1,5 +1,6 @@
 """Attention benchmarks: hipsched's tiled CPU kernel against PyTorch's CPU
-scaled_dot_product_attention (its flash kernel) on the same float32 arrays, both using all cores."""
+scaled_dot_product_attention (its flash kernel) on the same float32 arrays, both using all cores; and
+in bfloat16 and float16 against PyTorch's SDPA in the same dtype (issue 11)."""
 import numpy as np
 
 from harness import Case
@@ -23,5 +24,18 @@ def cases():
                         lambda c=causal: ex.attention(q, k, v, causal=c, backend="cpu"),
                         lambda c=causal: F.scaled_dot_product_attention(tq, tk, tv, is_causal=c),
                         f"torch sdpa ({torch.get_num_threads()} threads)", flops=flops, target=1.0,
+                        family="attention"))
+    try:
+        import ml_dtypes
+    except ImportError:
+        print("cases_attention: ml_dtypes not installed, half rows skipped")
+        return out
+    flops = 4.0 * b * h * s * s * d
+    for name, dt, tdt in (("bf16", ml_dtypes.bfloat16, torch.bfloat16), ("fp16", np.float16, torch.float16)):
+        qh, kh, vh = (x.astype(dt) for x in (q, k, v))
+        th = tuple(torch.from_numpy(x).to(tdt) for x in (q, k, v))
+        out.append(Case("attention", f"({b},{h},{s},{d}) {name}", lambda a=(qh, kh, vh): ex.attention(*a, backend="cpu"),
+                        lambda a=th: F.scaled_dot_product_attention(*a),
+                        f"torch sdpa {name} ({torch.get_num_threads()} threads)", flops=flops, target=1.0,
                         family="attention"))
     return out

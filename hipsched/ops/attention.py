@@ -1,4 +1,4 @@
-"""attention: scaled dot-product attention on (batch, heads, seq, head_dim) float32 arrays.
+"""attention: scaled dot-product attention on (batch, heads, seq, head_dim) arrays.
 
     out[b, h, i] = sum_j softmax_j(scale * q[b, h, i] . k[b, h, j]) v[b, h, j]
 
@@ -12,15 +12,21 @@ holds inf or NaN (the formula's 0 * inf would be NaN there).
 
 The CPU kernel (src_c/cpu/attention.inc) is tiled with an online softmax: its scratch is
 O(64 * (head_dim + 64)) floats per thread, never seq_q x seq_k. Results agree with a float64
-reference to about 1e-5 relative (float32 accumulation, an exp2 accurate to ~1e-7)."""
+reference to about 1e-5 relative (float32 accumulation, an exp2 accurate to ~1e-7).
+
+Dtypes: q, k, v float32, float16 or bfloat16 on the CPU; the output has their dtype. Half inputs are
+read as half (K and V widened one 64-key tile at a time into per-thread scratch, in registers); the
+scores, the running max and sum and the output accumulate in float32, and the output is rounded once
+(float16 overflow to inf). A mix promotes all three to float32, as PyTorch's type promotion does
+(ops.base.promote). On a device: float32 only."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from .base import Call, any_on_device, as_f32, check_ndim, check_result_fits, finite_scalar, rand_f32, register, \
-    shape_mismatch
+from .base import FLOATS, Call, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, finite_scalar, \
+    promote, rand_f32, register, shape_mismatch
 
 OP = "attention"
 
@@ -45,11 +51,18 @@ def _sweep(rng):
 
 
 @register(OP, cpu=("hipsched.cpu._attention", "attention"), gpu=("hipsched.gpu.ops_attention", "attention"),
-          split=_split, sweep=_sweep)
+          cpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare(q, k, v, causal=False, scale=None) -> Call:
-    q = as_f32(q, OP, "q")
-    k = as_f32(k, OP, "k")
-    v = as_f32(v, OP, "v")
+    q = as_float(q, OP, "q")
+    k = as_float(k, OP, "k")
+    v = as_float(v, OP, "v")
+    on_device = any_on_device(q, k, v)
+    if on_device:  # the GPU kernels are float32-only
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if dtype_name(x) != "float32":
+                raise TypeError(f"{OP}: device argument {name!r} is {dtype_name(x)}; {OP} takes float32 device "
+                                f"arrays (float16/bfloat16 on the host)")
+    dtype, (q, k, v) = promote(OP, q=q, k=k, v=v)
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_ndim(x, (4,), OP, name)
     if tuple(k.shape) != tuple(v.shape):
@@ -70,5 +83,5 @@ def prepare(q, k, v, causal=False, scale=None) -> Call:
     check_result_fits(OP, b, h, sq, d)
     return Call(OP, (q, k, v), {"causal": bool(causal), "scale": scale},
                 size=b * h * sq * sk * d,
-                nbytes=4 * (2 * b * h * sq * d + 2 * b * h * sk * d),
-                on_device=any_on_device(q, k, v))
+                nbytes=q.dtype.itemsize * (2 * b * h * sq * d + 2 * b * h * sk * d), dtype=dtype,
+                on_device=on_device)

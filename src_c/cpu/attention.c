@@ -3,9 +3,10 @@
 #include <string.h>
 #include "cpu_features.h"
 #include "attention.h"
+#include "dtypes.h"
 
 #define HS_BOTH(ret, name, args) ret name##_avx2 args; ret name##_scalar args;
-HS_BOTH(int, hs_attention_run, (const float *q, const float *k, const float *v, float *out, int64_t slabs,
+HS_BOTH(int, hs_attention_run, (const void *q, const void *k, const void *v, void *out, int dt, int64_t slabs,
                                 int64_t sq, int64_t sk, int64_t d, float scale, int causal, int nthreads))
 
 /* Least multiply-adds worth a thread (~0.1 ms of work): a parallel region costs microseconds. */
@@ -13,9 +14,14 @@ HS_BOTH(int, hs_attention_run, (const float *q, const float *k, const float *v, 
 
 int hs_attention_f32(const float *q, const float *k, const float *v, float *out, int64_t slabs,
                      int64_t seq_q, int64_t seq_k, int64_t head_dim, float scale, int causal) {
+    return hs_attention(q, k, v, out, HS_F32, slabs, seq_q, seq_k, head_dim, scale, causal);
+}
+
+int hs_attention(const void *q, const void *k, const void *v, void *out, int dtype, int64_t slabs,
+                 int64_t seq_q, int64_t seq_k, int64_t head_dim, float scale, int causal) {
     if (slabs <= 0 || seq_q <= 0 || head_dim <= 0) return 0;
-    if (seq_k <= 0) {  /* softmax over no keys weighs nothing: zeros, as PyTorch gives */
-        memset(out, 0, sizeof(float) * (size_t)(slabs * seq_q * head_dim));
+    if (seq_k <= 0) {  /* softmax over no keys weighs nothing: zeros (all-zero bits in every dtype) */
+        memset(out, 0, (size_t)(dtype == HS_F32 ? 4 : 2) * (size_t)(slabs * seq_q * head_dim));
         return 0;
     }
     long long work = (long long)slabs * seq_q * seq_k * head_dim;
@@ -23,5 +29,5 @@ int hs_attention_f32(const float *q, const float *k, const float *v, float *out,
     long long items = slabs * ((seq_q + HS_ATTENTION_QTILE - 1) / HS_ATTENTION_QTILE);
     if (nt > items) nt = (int)items;
     return (hs_cpu_level() == HS_LEVEL_AVX2 ? hs_attention_run_avx2 : hs_attention_run_scalar)(
-        q, k, v, out, slabs, seq_q, seq_k, head_dim, scale, causal, nt);
+        q, k, v, out, dtype, slabs, seq_q, seq_k, head_dim, scale, causal, nt);
 }

@@ -14,4 +14,11 @@
  * seq_k == 0 gives zeros. Returns 0, or -1 when the per-thread scratch could not be allocated. */
 int hs_attention_f32(const float *q, const float *k, const float *v, float *out, int64_t slabs,
                      int64_t seq_q, int64_t seq_k, int64_t head_dim, float scale, int causal);
+
+/* The same for q, k, v and out all of storage type `dtype` (dtypes.h: HS_F32, HS_F16, HS_BF16; half
+ * as uint16_t bits). Half K and V are widened one key tile at a time into per-thread scratch (never
+ * whole), queries on entry to their tile; scores, running max and sum and the output accumulate in
+ * float32, and the output is rounded once to the dtype. */
+int hs_attention(const void *q, const void *k, const void *v, void *out, int dtype, int64_t slabs,
+                 int64_t seq_q, int64_t seq_k, int64_t head_dim, float scale, int causal);
 #endif
