@@ -259,6 +259,15 @@ def test_rms_norm_overflow_nan_inf(name):
     assert np.isnan(out[2]).all()
 
 
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("shape", [(0,), (0, 8), (3, 0), (2, 0, 5)])
+def test_empty_inputs_give_empty_results_in_their_dtype(name, shape):
+    x = np.ones(shape, npdt(name))
+    for out in (E.add(x, x), E.scale(x, 2.0), E.softmax(x, -1), E.softmax(x, 0),
+                N.rms_norm(x, np.ones(shape[-1], npdt(name)), 1e-6)):
+        assert out.shape == shape and out.dtype == npdt(name)
+
+
 # ---------------------------------------------------------------- through the ops layer
 
 @pytest.mark.parametrize("name", HALVES)
