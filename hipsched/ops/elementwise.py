@@ -67,8 +67,8 @@ def prepare_add(a, b) -> Call:
     if type(b) is float or type(b) is int:
         # a Python scalar is weak, as in NumPy: it takes a's dtype rather than widening a half a
         try:
-            b = np.asarray(b, dtype=np.float32 if type(a) is not np.ndarray else a.dtype)
-        except OverflowError:  # an int past float range: as_float names it as it always has
+            b = np.asarray(b, dtype=a.dtype)  # a device a's too: a host b beside it, as before
+        except (OverflowError, TypeError):  # an int past float range: as_float names it as it always has
             pass
     b = as_float(b, "add", "b")
     dtype, (a, b) = promote("add", a=a, b=b)
