@@ -1,5 +1,7 @@
 # Wiring only: the GGUF Q8_0/Q4_0 kernels live in src_c/cpu/quant*.c; shapes and dtypes are checked
-# in hipsched/ops/quant.py before anything here runs.
+# in hipsched/ops/quant.py before anything here runs. float16/bfloat16 inputs: W is quantized from
+# ~1 MB row chunks widened to float32 (exact), so its bytes are those of the float32 values; x of
+# qmatmul is widened (it is small next to W) and the float32 result rounded once to x's dtype.
 from libc.stdint cimport int64_t, uint8_t
 
 import numpy as np
@@ -42,9 +44,22 @@ cdef inline int _check_blocks(w, int64_t n, int64_t k) except -1:
     return 0
 
 
+HALF = ("float16", "bfloat16")
+# float32 bytes of one widened row chunk of a half W
+QUANTIZE_CHUNK_BYTES = 1 << 20
+
+
 def quantize(cnp.ndarray W, str qtype):
-    """W float32 C-contiguous (n, k), k % 32 == 0 -> uint8 (n, k // 32 * block bytes) GGUF blocks.
-    Raises ValueError (naming the first bad row) on NaN/inf, or when a block scale overflows fp16."""
+    """W float32, float16 or bfloat16 C-contiguous (n, k), k % 32 == 0 -> uint8 (n, k // 32 * block
+    bytes) GGUF blocks. Raises ValueError (naming the first bad row) on NaN/inf, or when a block scale
+    overflows fp16."""
+    if W.dtype.name in HALF and W.ndim == 2 and W.flags.c_contiguous:
+        rows = max(1, QUANTIZE_CHUNK_BYTES // (4 * max(1, W.shape[1])))
+        parts = [quantize(np.ascontiguousarray(W[lo:lo + rows], dtype=np.float32), qtype)
+                 for lo in range(0, W.shape[0], rows)]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts, axis=0) if parts else np.empty((0, (W.shape[1] // 32) * BLOCK_BYTES[qtype]), np.uint8)
     cdef int qt = QTYPES[qtype]
     _check_f32(W, "quantize: W")
     if W.ndim != 2 or W.shape[1] % 32:
@@ -86,7 +101,12 @@ def dequantize(w):
 
 
 def qmatmul(w, cnp.ndarray x):
-    """QuantizedTensor (n, k) @ float32 C-contiguous x (k,) or (k, m) -> (n,) or (n, m) float32."""
+    """QuantizedTensor (n, k) @ C-contiguous x (k,) or (k, m) -> (n,) or (n, m) in x's dtype (float32,
+    float16 or bfloat16; accumulated in float32)."""
+    if x.dtype.name in HALF:
+        y = qmatmul(w, np.ascontiguousarray(x, dtype=np.float32))
+        with np.errstate(over="ignore"):  # float16 overflow to inf is the format's answer, not a fault
+            return y.astype(x.dtype)
     cdef cnp.ndarray data = w.data
     cdef int qt = QTYPES[w.qtype]
     cdef int64_t n = w.shape[0], k = w.shape[1], m

@@ -9,7 +9,7 @@ import numpy as np
 # hipsched.dask.linalg imports the layout names from here, underscored ones included.
 from ..gguf_blocks import BLOCK_BYTES, QK, QTYPES, QuantizedTensor, check_shape, qtype_name  # noqa: F401
 from ..gguf_blocks import check_shape as _check_shape, qtype_name as _qtype_name  # noqa: F401
-from .base import Call, _resolve, any_on_device, as_f32, check_ndim, check_result_fits, rand_f32, register, \
+from .base import Call, _resolve, any_on_device, as_float, check_ndim, dtype_name, check_result_fits, rand_f32, register, \
     shape_mismatch
 
 __all__ = ["QuantizedTensor", "quantize"]
@@ -26,10 +26,12 @@ def quantize(W, qtype) -> QuantizedTensor:
 
     Rounding is ggml's reference quantizer's (quantize_row_q8_0_ref / q4_0_ref), so the bytes equal the
     `gguf` package's `gguf.quants.quantize(W, GGMLQuantizationType.Q8_0 / Q4_0)`. W is converted to
-    float32 as NumPy's astype would. ValueError for NaN/inf in W, and for magnitudes whose fp16 block
-    scale would overflow (|W| >= about 8.3e6 for q8_0, 5.2e5 for q4_0), where ggml would write inf."""
+    float32 as NumPy's astype would; a float16 or bfloat16 W is read as it is and widened (exactly) a row
+    chunk at a time, so its bytes are gguf's quantization of the same values widened to float32.
+    ValueError for NaN/inf in W, and for magnitudes whose fp16 block scale would overflow (|W| >= about
+    8.3e6 for q8_0, 5.2e5 for q4_0), where ggml would write inf."""
     qtype = qtype_name(qtype, "quantize")
-    W = as_f32(W, "quantize", "W", allow_device=False)
+    W = as_float(W, "quantize", "W", allow_device=False)
     check_ndim(W, (2,), "quantize", "W")
     check_shape(W.shape, "quantize")
     return QuantizedTensor(_resolve(_QUANTIZE)(W, qtype), W.shape, qtype)
@@ -73,11 +75,13 @@ def prepare_dequantize(w) -> Call:
 @register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QTYPES, gpu_dtypes=QTYPES,
           split=_split_qmatmul, sweep=_sweep(True))
 def prepare_qmatmul(w, x) -> Call:
-    """w (n, k) quantized times float32 x (k,) or (k, m). The CPU kernel keeps x in float32 and
+    """w (n, k) quantized times x (k,) or (k, m). The CPU kernel keeps x in float32 and
     dequantizes each weight in registers (bit-exact to `dequantize`), so the result is the float32
-    product of the dequantized matrix and x up to summation order: no 8-bit quantization of x."""
+    product of the dequantized matrix and x up to summation order: no 8-bit quantization of x.
+    x float16 or bfloat16 (CPU): widened exactly, and the result rounded once to x's dtype; on a
+    device x must be float32."""
     _check_qt(w, "qmatmul")
-    x = as_f32(x, "qmatmul", "x")
+    x = as_float(x, "qmatmul", "x")
     check_ndim(x, (1, 2), "qmatmul", "x")
     n, k = w.shape
     if x.shape[0] != k:
@@ -85,5 +89,9 @@ def prepare_qmatmul(w, x) -> Call:
     m = 1 if x.ndim == 1 else int(x.shape[1])
     check_result_fits("qmatmul", n, m)
     on_device = any_on_device(x)
-    return Call("qmatmul", (w, x), {}, size=n * k * m, nbytes=w.nbytes + 4 * (k * m + n * m), dtype=w.qtype,
+    if on_device and dtype_name(x) != "float32":
+        raise TypeError(f"qmatmul: device argument 'x' is {dtype_name(x)}; qmatmul takes float32 device arrays "
+                        f"(float16/bfloat16 on the host)")
+    nbytes = w.nbytes + x.dtype.itemsize * (k * m + n * m)
+    return Call("qmatmul", (w, x), {}, size=n * k * m, nbytes=nbytes, dtype=w.qtype,
                 on_device=on_device)
