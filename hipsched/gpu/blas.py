@@ -8,7 +8,12 @@ C = A @ B is computed as the column-major C^T = B^T @ A^T, which reads the same 
 `load_blas(platform, driver_version)` returns None when no library can be opened (the tiled kernel in
 matmul.hip then runs, and `last_reasons()` says why). HIPSCHED_BLAS=none forces that fallback;
 HIPSCHED_BLAS_LIBRARY names a library file to use. A cuBLAS of a newer CUDA major than the driver
-(cuBLAS 13 on a CUDA 12 driver) cannot create a handle there, so it is skipped for an older one."""
+(cuBLAS 13 on a CUDA 12 driver) cannot create a handle there, so it is skipped for an older one.
+
+float16 and bfloat16 go through the mixed-precision strided-batched GEMM (cublasGemmStridedBatchedEx,
+rocblas_gemm_strided_batched_ex): A, B and C of the half type, float32 compute and float32 alpha/beta.
+hipBLAS's Ex call changed its type enums between hipBLAS 1.x (hipblasDatatype_t) and 2.x (hipDataType,
+hipblasComputeType_t), so it is not called blind: with hipBLAS, half matmul runs the tiled kernel."""
 from __future__ import annotations
 
 import ctypes
@@ -33,6 +38,15 @@ FLAVOURS = {
                 "rocblas_sgemm_strided_batched", 111),
     "cublas": ("nvidia", ["libcublas.so", "libcublas.so.13", "libcublas.so.12", "libcublas.so.11"],
                "cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSgemmStridedBatched", 0),
+}
+
+
+# flavour -> (Ex symbol, {dtype: library's type enum}, float32 compute type, default algorithm)
+GEMM_EX = {
+    # cudaDataType CUDA_R_16F = 2, CUDA_R_16BF = 14; CUBLAS_COMPUTE_32F = 68; CUBLAS_GEMM_DEFAULT = -1
+    "cublas": ("cublasGemmStridedBatchedEx", {"float16": 2, "bfloat16": 14}, 68, -1),
+    # rocblas_datatype f16_r = 150, bf16_r = 168, f32_r = 151; rocblas_gemm_algo_standard = 0
+    "rocblas": ("rocblas_gemm_strided_batched_ex", {"float16": 150, "bfloat16": 168}, 151, 0),
 }
 
 
@@ -89,6 +103,25 @@ class Blas:
         self._check(getattr(lib, create)(ctypes.byref(self._handle)), create)
         self._lock = threading.Lock()  # a handle's stream is shared state
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self._gemm_ex, self._ex_types = None, {}
+        if flavour in GEMM_EX:
+            symbol, self._ex_types, self._ex_compute, self._ex_algo = GEMM_EX[flavour]
+            self._gemm_ex = getattr(lib, symbol, None)
+            if self._gemm_ex is not None:
+                self._gemm_ex.argtypes = self._ex_argtypes(flavour)
+
+    @staticmethod
+    def _ex_argtypes(flavour):
+        i, i64, p = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+        head = [p, i, i, i, i, i, p]                  # handle, opA, opB, m, n, k, alpha
+        operand = [p, i, i, i64]                      # pointer, type, leading dimension, stride
+        if flavour == "rocblas":                      # ..., beta, C, D, batch, compute, algo, solution, flags
+            return head + operand + operand + [p] + operand + operand + [i, i, i, ctypes.c_int32, ctypes.c_uint32]
+        return head + operand + operand + [p] + operand + [i, i, i]   # ..., beta, C, batch, compute, algo
+
+    def supports_dtype(self, dtype: str) -> bool:
+        """Whether matmul in this dtype (a Call.dtype name) runs in this library."""
+        return dtype == "float32" or (self._gemm_ex is not None and dtype in self._ex_types)
 
     def _check(self, status: int, what: str):
         if status != 0:
@@ -107,6 +140,26 @@ class Blas:
             self._check(self._gemm(self._handle, self._op_n, self._op_n, N, M, K, ctypes.byref(self._alpha),
                                    pb, N, stride_b, pa, K, stride_a, ctypes.byref(self._beta), pc, N,
                                    stride_c or M * N, batch), "sgemm_strided_batched")
+
+    def gemm_ex_rowmajor(self, a, b, c, M, N, K, batch, stride_a, stride_b, stride_c, stream, dtype: str):
+        """sgemm_rowmajor for float16/bfloat16 A, B and C, float32 accumulation (supports_dtype first)."""
+        if not self.supports_dtype(dtype) or dtype == "float32":
+            raise GpuError("unsupported", f"{self.flavour}: no mixed-precision GEMM for {dtype}")
+        if max(M, N, K, batch) >= 2**31:
+            raise GpuError("unsupported", f"{self.flavour}: {batch}x{M}x{N}x{K} exceeds 32-bit BLAS dimensions")
+        t = self._ex_types[dtype]
+        pa, pb, pc = (ctypes.c_void_p(int(getattr(x, "ptr", x))) for x in (a, b, c))
+        sc = stride_c or M * N
+        args = [self._handle, self._op_n, self._op_n, N, M, K, ctypes.byref(self._alpha),
+                pb, t, N, stride_b, pa, t, K, stride_a, ctypes.byref(self._beta), pc, t, N, sc]
+        if self.flavour == "rocblas":   # D = C in place
+            args += [pc, t, N, sc, batch, self._ex_compute, self._ex_algo, 0, 0]
+        else:
+            args += [batch, self._ex_compute, self._ex_algo]
+        with self._lock:
+            self._check(self._set_stream(self._handle, ctypes.c_void_p(int(stream or 0))), "set_stream")
+            # column-major C^T (N x M) = B^T (N x K) @ A^T (K x M), as sgemm_rowmajor
+            self._check(self._gemm_ex(*args), "gemm_strided_batched_ex")
 
     def close(self):
         if self._handle:

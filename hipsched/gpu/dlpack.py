@@ -78,14 +78,31 @@ def _capsule_destructor_impl(capsule_ptr):
 _capsule_destructor = _CapsuleDestructor(_capsule_destructor_impl)
 
 
+kDLBfloat = 4
+
+
+def bfloat16_dtype() -> np.dtype:
+    """ml_dtypes' bfloat16, the NumPy dtype for DLPack's kDLBfloat 16 (imported only when one comes)."""
+    try:
+        import ml_dtypes
+    except ImportError as e:
+        raise GpuError("unsupported", "a bfloat16 device array needs the ml_dtypes package for its NumPy dtype "
+                                      "(pip install ml_dtypes)") from e
+    return np.dtype(ml_dtypes.bfloat16)
+
+
 def dl_dtype(dtype: np.dtype) -> DLDataType:
     dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16" and dtype.itemsize == 2:   # ml_dtypes' bfloat16 is NumPy kind 'V'
+        return DLDataType(kDLBfloat, 16, 1)
     if dtype.kind not in _CODE:
         raise GpuError("unsupported", f"dtype {dtype} has no DLPack type code")
     return DLDataType(_CODE[dtype.kind], dtype.itemsize * 8, 1)
 
 
 def np_dtype(t: DLDataType) -> np.dtype:
+    if t.code == kDLBfloat and t.bits == 16 and t.lanes == 1:
+        return bfloat16_dtype()
     kinds = {v: k for k, v in _CODE.items()}
     if t.lanes != 1 or t.code not in kinds:
         raise GpuError("unsupported", f"DLPack dtype (code={t.code}, bits={t.bits}, lanes={t.lanes}) not supported")

@@ -47,9 +47,19 @@ def kernel_sources() -> dict[str, str]:
             for name in sorted(entries) if name.endswith(".hip")}
 
 
+# A kernel stamped once per element type by prelude.h's HS_FOR_EACH_FLOAT: `HS_KERNEL void hs_add_##S(`
+# or `hs_softmax_rows_##S##_v4(`, inside a macro whose suffix parameter is S.
+_STAMPED_RE = re.compile(r"HS_KERNEL\s+" + _LAUNCH_BOUNDS + r"void\s+" + _LAUNCH_BOUNDS + r"(\w*)##\s*S\b(?:\s*##\s*(\w+))?\s*\(")
+FLOAT_SUFFIXES = ("f32", "f16", "bf16")   # HS_FOR_EACH_FLOAT's, in its order
+
+
 def kernel_names(source: str) -> list[str]:
-    """The __global__ function names a source defines (they are extern "C", so these are the symbols)."""
-    return sorted(set(_KERNEL_RE.findall(source)))
+    """The __global__ function names a source defines (they are extern "C", so these are the symbols),
+    stamped ones once per HS_FOR_EACH_FLOAT suffix."""
+    names = set(_KERNEL_RE.findall(source))
+    for head, tail in _STAMPED_RE.findall(source):
+        names.update(head + s + tail for s in FLOAT_SUFFIXES)
+    return sorted(names)
 
 
 def default_cache_dir() -> Path:

@@ -204,6 +204,11 @@ class DeviceArray:
         if cai.get("mask") is not None:
             raise GpuError("unsupported", "masked __cuda_array_interface__ arrays are not supported")
         dtype = np.dtype(cai["typestr"])
+        if dtype.kind == "V":
+            # bfloat16 has no typestr of its own (a producer could only say '<V2', which is any 2 bytes):
+            # the element type cannot be known, so it is not guessed
+            raise GpuError("unsupported", f"__cuda_array_interface__ typestr {cai['typestr']!r} names no element "
+                                          f"type; pass bfloat16 device arrays through DLPack")
         ptr = cai["data"][0] or 0
         # CAI's stream 1 is CUDA's legacy default stream, which is the null stream (0) of the driver
         # API; on HIP 1 is no stream handle at all (2, the per-thread stream, is valid on both).
@@ -290,6 +295,11 @@ class DeviceArray:
     # ------------------------------------------------------------------ interop
     @property
     def __cuda_array_interface__(self) -> dict:
+        if self.dtype.kind == "V":
+            # no CAI typestr means bfloat16 (ml_dtypes' dtype.str is '<V2', opaque bytes): such an array
+            # has no CAI at all, so hasattr() is False and consumers (PyTorch, CuPy) take DLPack instead
+            raise AttributeError(f"a {self.dtype} DeviceArray has no __cuda_array_interface__ (the interface has "
+                                 f"no bfloat16 typestr); use DLPack (__dlpack__)")
         # CAI v3: "stream" is the stream consumers must wait on before reading; None means the data
         # is already complete. The null stream (0) is not allowed by the spec, so it maps to 1
         # (the legacy default stream).

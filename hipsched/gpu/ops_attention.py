@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import GpuError
 from .context import Launch
+from .ops_basic import require_float32
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
@@ -34,6 +35,7 @@ def attention_launches(b: int, h: int, sq: int, hd: int) -> list[Launch]:
 
 
 def attention_plan(ctx, call) -> list[Launch]:
+    require_float32(call)
     b, h, sq, hd = (int(s) for s in call.args[0].shape)
     head_dim_class(hd)  # an empty call with too large a head_dim is refused as well: the kernels never take it
     return attention_launches(b, h, sq, hd) if b * h * sq * hd else []

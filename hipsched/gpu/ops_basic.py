@@ -1,7 +1,9 @@
 """Launch glue for add, scale, softmax, cosine_similarity, top_k and matmul (src_c/hip/{elementwise,
 softmax,similarity,matmul}.hip). Each function is `op(ctx, call, stream)` on a validated Call (see
 hipsched/ops): inputs are float32 C-contiguous host arrays or DeviceArrays, and the result comes back
-where the inputs live through ctx.finish. Each op's launches (kernel, grid, block, shared memory) come
+where the inputs live through ctx.finish. add, scale, softmax, cosine_similarity and top_k also take
+float16 and bfloat16 (Call.dtype): the kernels of that element type are launched; results have the
+inputs' dtype, except scores (cosine_similarity, top_k), which are float32. Each op's launches (kernel, grid, block, shared memory) come
 from a pure `<op>_launches(...)` of shapes and device geometry, checked before any upload."""
 from __future__ import annotations
 
@@ -22,6 +24,40 @@ TOPK_THREADS = 256
 TOPK_MAX_K = TOPK_SEG // 2
 # Queries scored per pass over T by the multi-query cosine kernel.
 COSINE_MQ = 8
+
+
+# Kernel name suffix per element type (prelude.h's HS_FOR_EACH_FLOAT).
+KERNEL_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+# The ops of this module with float16/bfloat16 kernels; the others take float32 only.
+HALF_OPS = ("add", "scale", "softmax", "cosine_similarity", "top_k", "matmul")
+
+
+def kernel_suffix(call, op=None) -> str:
+    """The kernel suffix of call.dtype; GpuError("unsupported") for a dtype without kernels."""
+    suffix = KERNEL_SUFFIX.get(getattr(call, "dtype", "float32") or "float32")
+    if suffix is None:
+        raise GpuError("unsupported", f"{op or call.op}: no GPU kernels for dtype {call.dtype}")
+    return suffix
+
+
+def require_float32(call) -> None:
+    """For the glue whose kernels are float32 only: a half call must not reach them (it would read
+    2-byte elements as 4-byte ones)."""
+    if (getattr(call, "dtype", "float32") or "float32") != "float32":
+        raise GpuError("unsupported", f"{call.op}: the GPU kernels take float32 only, not {call.dtype}")
+
+
+def np_dtype(name: str) -> np.dtype:
+    """NumPy dtype of a Call.dtype name. bfloat16 is ml_dtypes' (imported only when a bfloat16 call
+    comes, and only the holder of a bfloat16 array needs it)."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError as e:
+            raise GpuError("unsupported", "bfloat16 on the GPU needs the ml_dtypes package for its NumPy "
+                                          "dtype (pip install ml_dtypes)") from e
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def _param(call, index, name):
@@ -55,13 +91,10 @@ def _empty_result(ctx, call, shape, dtype, stream):
 
 # ---------------------------------------------------------------------------------------- elementwise
 
-def add_launches(n: int, nb: int, vec: bool, multiprocessors: int) -> list[Launch]:
-    """a (n elements) + b (nb elements, repeating): float4 work items when `vec`."""
+def add_launches(n: int, nb: int, vec: bool, multiprocessors: int, suffix: str = "f32") -> list[Launch]:
+    """a (n elements) + b (nb elements, repeating): 4-element work items when `vec`."""
     work = n // 4 if vec else n
-    if nb == n:
-        name = "hs_add_f32_v4" if vec else "hs_add_f32"
-    else:
-        name = "hs_add_bias_f32_v4" if vec else "hs_add_bias_f32"
+    name = ("hs_add_" if nb == n else "hs_add_bias_") + suffix + ("_v4" if vec else "")
     return [Launch.of("elementwise", name, grid_stride_blocks(work, BLOCK, multiprocessors), BLOCK)]
 
 
@@ -69,27 +102,29 @@ def add_plan(ctx, call) -> list[Launch]:
     """The launches add makes for this call ([] for an empty one); GpuError("unsupported") for a call
     the kernels do not take."""
     a_in, b_in = call.args[0], call.args[1]
+    suffix = kernel_suffix(call)
     n, nb = _size(a_in.shape), _size(b_in.shape)
     if n == 0:
         return []
     if nb == 0 or n % nb:
         raise GpuError("unsupported", f"add: b {tuple(b_in.shape)} does not tile a {tuple(a_in.shape)}")
-    return add_launches(n, nb, n % 4 == 0 and nb % 4 == 0 and _will_align(a_in, b_in), ctx.multiprocessors)
+    return add_launches(n, nb, n % 4 == 0 and nb % 4 == 0 and _will_align(a_in, b_in), ctx.multiprocessors, suffix)
 
 
 def add(ctx, call, stream):
     a_in, b_in = call.args[0], call.args[1]
     plan = ctx.check_launches(add_plan(ctx, call))
+    dtype, suffix = np_dtype(call.dtype), kernel_suffix(call)
     if not plan:
-        return _empty_result(ctx, call, a_in.shape, np.float32, stream)
+        return _empty_result(ctx, call, a_in.shape, dtype, stream)
     (launch,) = plan
     n, nb = _size(a_in.shape), _size(b_in.shape)
     vec = launch.kernel.endswith("_v4")
     a, b = ctx.upload(a_in, stream), ctx.upload(b_in, stream)
-    y = ctx.empty(a_in.shape, np.float32, stream)
+    y = ctx.empty(a_in.shape, dtype, stream)
     if vec and not _aligned(a, b, y):  # not for hipsched's own allocations; stay safe for any runtime
         vec = False
-        (launch,) = add_launches(n, nb, vec, ctx.multiprocessors)
+        (launch,) = add_launches(n, nb, vec, ctx.multiprocessors, suffix)
     work = n // 4 if vec else n
     if nb == n:
         args = (a, b, y, c_int64(work))
@@ -99,34 +134,38 @@ def add(ctx, call, stream):
     return ctx.finish(y, call, stream)
 
 
-def scale_launches(n: int, vec: bool, multiprocessors: int) -> list[Launch]:
+def scale_launches(n: int, vec: bool, multiprocessors: int, suffix: str = "f32") -> list[Launch]:
     work = n // 4 if vec else n
-    return [Launch.of("elementwise", "hs_scale_f32_v4" if vec else "hs_scale_f32",
+    return [Launch.of("elementwise", f"hs_scale_{suffix}" + ("_v4" if vec else ""),
                       grid_stride_blocks(work, BLOCK, multiprocessors), BLOCK)]
 
 
 def scale_plan(ctx, call) -> list[Launch]:
     x_in = call.args[0]
+    suffix = kernel_suffix(call)
     n = _size(x_in.shape)
-    return scale_launches(n, n % 4 == 0 and _will_align(x_in), ctx.multiprocessors) if n else []
+    return scale_launches(n, n % 4 == 0 and _will_align(x_in), ctx.multiprocessors, suffix) if n else []
 
 
 def scale(ctx, call, stream):
     x_in = call.args[0]
     alpha = float(_param(call, 1, "alpha"))
     plan = ctx.check_launches(scale_plan(ctx, call))
+    dtype, suffix = np_dtype(call.dtype), kernel_suffix(call)
     if not plan:
-        return _empty_result(ctx, call, x_in.shape, np.float32, stream)
+        return _empty_result(ctx, call, x_in.shape, dtype, stream)
     (launch,) = plan
     n = _size(x_in.shape)
     vec = launch.kernel.endswith("_v4")
     x = ctx.upload(x_in, stream)
-    y = ctx.empty(x_in.shape, np.float32, stream)
+    y = ctx.empty(x_in.shape, dtype, stream)
     if vec and not _aligned(x, y):
         vec = False
-        (launch,) = scale_launches(n, vec, ctx.multiprocessors)
+        (launch,) = scale_launches(n, vec, ctx.multiprocessors, suffix)
     work = n // 4 if vec else n
-    # c_float rounds alpha to float32 exactly as NumPy does for `float32_array * python_float`
+    # c_float rounds alpha to float32 exactly as NumPy does for `float32_array * python_float`; for the
+    # half types the product of the widened x and that float32 alpha is rounded once, as PyTorch does
+    # (NumPy would round alpha to float16 first)
     ctx.run(launch, (x, y, c_float(alpha), c_int64(work)), stream)
     return ctx.finish(y, call, stream)
 
@@ -148,22 +187,23 @@ def softmax_plan(ctx, call) -> list[Launch]:
     if outer * length * inner == 0:
         return []
     vec = inner == 1 and length % 4 == 0 and _will_align(call.args[0])
-    return softmax_launches(outer, length, inner, vec, ctx.multiprocessors)
+    return softmax_launches(outer, length, inner, vec, ctx.multiprocessors, kernel_suffix(call))
 
 
 def softmax(ctx, call, stream):
     x_in = call.args[0]
     shape = tuple(x_in.shape)
     plan = ctx.check_launches(softmax_plan(ctx, call))
+    dtype, suffix = np_dtype(call.dtype), kernel_suffix(call)
     if not plan:
-        return _empty_result(ctx, call, shape, np.float32, stream)
+        return _empty_result(ctx, call, shape, dtype, stream)
     (launch,) = plan
     outer, length, inner = _softmax_layout(call)
     vec = launch.kernel.endswith("_v4")
     x = ctx.upload(x_in, stream)
-    y = ctx.empty(shape, np.float32, stream)
+    y = ctx.empty(shape, dtype, stream)
     if vec and not _aligned(x, y):
-        (launch,) = softmax_launches(outer, length, inner, False, ctx.multiprocessors)
+        (launch,) = softmax_launches(outer, length, inner, False, ctx.multiprocessors, suffix)
     if inner == 1:
         cached = launch.shared > 0
         ctx.run(launch, (x, y, c_int64(outer), c_int64(length), c_int32(int(cached))), stream)
@@ -172,17 +212,19 @@ def softmax(ctx, call, stream):
     return ctx.finish(y, call, stream)
 
 
-def softmax_launches(outer: int, length: int, inner: int, vec: bool, multiprocessors: int) -> list[Launch]:
+def softmax_launches(outer: int, length: int, inner: int, vec: bool, multiprocessors: int,
+                     suffix: str = "f32") -> list[Launch]:
     """Softmax over the middle axis of an (outer, length, inner) layout. inner == 1: one block per row,
-    the row kept in dynamic shared memory when it fits (`vec`: float4 rows)."""
+    the row kept in dynamic shared memory when it fits (`vec`: 4-element loads), as float32 whatever
+    the element type (4 bytes per element)."""
     if inner == 1:
         cached = length <= SOFTMAX_CACHED_LEN
         items = length // 4 if vec else length  # per row, what the block's threads stride over
         block = 512 if items >= 4096 else (256 if items >= 512 else 64)
         grid = min(outer, 1 << 20)  # the kernel strides over further rows
-        return [Launch.of("softmax", "hs_softmax_rows_f32_v4" if vec else "hs_softmax_rows_f32", grid, block,
+        return [Launch.of("softmax", f"hs_softmax_rows_{suffix}" + ("_v4" if vec else ""), grid, block,
                           length * 4 if cached else 0)]
-    return [Launch.of("softmax", "hs_softmax_strided_f32",
+    return [Launch.of("softmax", f"hs_softmax_strided_{suffix}",
                       grid_stride_blocks(outer * inner, BLOCK, multiprocessors), BLOCK)]
 
 
@@ -193,20 +235,22 @@ def _as_queries(q_in):
     return (1, q_in.shape[0]) if len(q_in.shape) == 1 else tuple(q_in.shape)
 
 
-def cosine_launches(m: int, n: int, d: int, vec: bool, warp: int, multiprocessors: int) -> list[Launch]:
+def cosine_launches(m: int, n: int, d: int, vec: bool, warp: int, multiprocessors: int,
+                    suffix: str = "f32") -> list[Launch]:
     """Query norms (one warp per row), then the scoring kernel, launched once per COSINE_MQ queries
     (the second launch repeats with the next q0)."""
     warps_per_block = BLOCK // warp
-    name = ("hs_cosine_f32_q8" if m > 1 else "hs_cosine_f32_q1") + ("_v4" if vec else "")
-    return [Launch.of("similarity", "hs_row_inv_norm_f32", max(1, min(-(-m // warps_per_block), 65535)), BLOCK),
+    name = f"hs_cosine_{suffix}" + ("_q8" if m > 1 else "_q1") + ("_v4" if vec else "")
+    return [Launch.of("similarity", f"hs_row_inv_norm_{suffix}", max(1, min(-(-m // warps_per_block), 65535)),
+                      BLOCK),
             Launch.of("similarity", name, grid_stride_blocks(n * warp, BLOCK, multiprocessors), BLOCK)]
 
 
-def _cosine_scores(ctx, q, T, m, n, d, stream, scores):
-    """(m, n) cosine scores into the device array `scores`; q and T already on the device."""
+def _cosine_scores(ctx, q, T, m, n, d, stream, scores, suffix="f32"):
+    """(m, n) float32 cosine scores into the device array `scores`; q and T already on the device."""
     qinv = ctx.scratch("qinv", (m,), np.float32, stream)
     vec = d % 4 == 0 and _aligned(q, T)
-    norms, score = cosine_launches(m, n, d, vec, ctx.warp_size, ctx.multiprocessors)
+    norms, score = cosine_launches(m, n, d, vec, ctx.warp_size, ctx.multiprocessors, suffix)
     ctx.run(norms, (q, qinv, c_int64(m), c_int64(d)), stream)
     step = COSINE_MQ if m > 1 else 1
     for q0 in range(0, m, step):
@@ -215,12 +259,14 @@ def _cosine_scores(ctx, q, T, m, n, d, stream, scores):
 
 
 def cosine_similarity_plan(ctx, call) -> list[Launch]:
+    suffix = kernel_suffix(call)
     q_in, T_in = call.args[0], call.args[1]
     m, d = _as_queries(q_in)
     n = T_in.shape[0]
     if m == 0 or n == 0 or d == 0:
         return []
-    return cosine_launches(m, n, d, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors)
+    return cosine_launches(m, n, d, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors,
+                           suffix)
 
 
 def cosine_similarity(ctx, call, stream):
@@ -236,7 +282,7 @@ def cosine_similarity(ctx, call, stream):
         ctx.rt.memset(out.ptr, 0, out.nbytes, int(stream or 0))
         return ctx.finish(out, call, stream)
     q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
-    scores = _cosine_scores(ctx, q, T, m, n, d, stream, ctx.empty(out_shape, np.float32, stream))
+    scores = _cosine_scores(ctx, q, T, m, n, d, stream, ctx.empty(out_shape, np.float32, stream), kernel_suffix(call))
     return ctx.finish(scores, call, stream)
 
 
@@ -259,13 +305,16 @@ def top_k_select_launches(m: int, n: int, kout: int) -> list[Launch]:
     raise GpuError("runtime", "top_k: the selection passes did not converge")
 
 
-def top_k_launches(m: int, n: int, d: int, kout: int, vec: bool, warp: int, multiprocessors: int) -> list[Launch]:
-    """Everything top_k launches: the cosine scores (unless d == 0: all zero), then the selection."""
-    scores = cosine_launches(m, n, d, vec, warp, multiprocessors) if d else []
+def top_k_launches(m: int, n: int, d: int, kout: int, vec: bool, warp: int, multiprocessors: int,
+                   suffix: str = "f32") -> list[Launch]:
+    """Everything top_k launches: the cosine scores (unless d == 0: all zero), then the selection (of
+    float32 scores whatever the inputs' type)."""
+    scores = cosine_launches(m, n, d, vec, warp, multiprocessors, suffix) if d else []
     return scores + top_k_select_launches(m, n, kout)
 
 
 def top_k_plan(ctx, call) -> list[Launch]:
+    suffix = kernel_suffix(call)
     q_in, T_in = call.args[0], call.args[1]
     k = int(_param(call, 2, "k"))
     m, d = _as_queries(q_in)
@@ -275,7 +324,8 @@ def top_k_plan(ctx, call) -> list[Launch]:
         raise GpuError("unsupported", f"top_k: k={k} is above the GPU limit {TOPK_MAX_K}")
     if m == 0 or kout == 0:
         return []
-    return top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors)
+    return top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors,
+                          suffix)
 
 
 def top_k(ctx, call, stream):
@@ -294,7 +344,7 @@ def top_k(ctx, call, stream):
     if d == 0:
         ctx.rt.memset(scores.ptr, 0, scores.nbytes, int(stream or 0))
     else:
-        _cosine_scores(ctx, q, T, m, n, d, stream, scores)
+        _cosine_scores(ctx, q, T, m, n, d, stream, scores, kernel_suffix(call))
     vals, idx, length = scores, None, n
     passes = top_k_select_launches(m, n, kout)
     for p, launch in enumerate(passes):
@@ -331,26 +381,40 @@ def _matmul_shapes(a_shape, b_shape):
 
 def matmul_plan(ctx, call) -> list[Launch]:
     """The tiled kernel's launch, or [] when nothing is launched (an empty result or sum) or the vendor
-    BLAS does the work (it takes any shape the kernel would)."""
+    BLAS does the work (it takes any shape the kernel would; for the half types, where it has a
+    mixed-precision GEMM)."""
+    suffix = kernel_suffix(call)
     batch, M, N, K, _, _, _ = _matmul_shapes(tuple(call.args[0].shape), tuple(call.args[1].shape))
-    if batch * M * N * K == 0 or ctx.blas() is not None:
+    if batch * M * N * K == 0 or _blas_for(ctx, call) is not None:
         return []
-    return matmul_launches(batch, M, N, K)
+    return matmul_launches(batch, M, N, K, suffix)
+
+
+def _blas_for(ctx, call):
+    """The vendor BLAS if it multiplies call.dtype, else None."""
+    blas = ctx.blas()
+    if blas is None:
+        return None
+    supports = getattr(blas, "supports_dtype", None)
+    dtype = getattr(call, "dtype", "float32") or "float32"
+    return blas if dtype == "float32" or (supports is not None and supports(dtype)) else None
 
 
 def matmul(ctx, call, stream):
     a_in, b_in = call.args[0], call.args[1]
     batch, M, N, K, sa, sb, out_shape = _matmul_shapes(tuple(a_in.shape), tuple(b_in.shape))
     plan = ctx.check_launches(matmul_plan(ctx, call))
-    c = ctx.empty(out_shape, np.float32, stream)
+    c = ctx.empty(out_shape, np_dtype(call.dtype), stream)
     if c.size == 0:
         return ctx.finish(c, call, stream)
     if K == 0:  # an empty sum: zeros, as NumPy gives
         ctx.rt.memset(c.ptr, 0, c.nbytes, int(stream or 0))
         return ctx.finish(c, call, stream)
-    blas = None if plan else ctx.blas()
+    blas = None if plan else _blas_for(ctx, call)
     a, b = ctx.upload(a_in, stream), ctx.upload(b_in, stream)
-    if blas is not None:
+    if blas is not None and call.dtype not in (None, "float32"):
+        blas.gemm_ex_rowmajor(a, b, c, M, N, K, batch, sa, sb, M * N, stream, call.dtype)
+    elif blas is not None:
         blas.sgemm_rowmajor(a, b, c, M, N, K, batch, sa, sb, M * N, stream)
     else:
         ctx.run(plan[0], (a, b, c, c_int32(M), c_int32(N), c_int32(K), c_int64(sa), c_int64(sb), c_int64(M * N)),
@@ -358,11 +422,11 @@ def matmul(ctx, call, stream):
     return ctx.finish(c, call, stream)
 
 
-def matmul_launches(batch: int, M: int, N: int, K: int) -> list[Launch]:
+def matmul_launches(batch: int, M: int, N: int, K: int, suffix: str = "f32") -> list[Launch]:
     """The tiled fallback kernel (no vendor BLAS): a 64x64 tile of C per block, batch on grid z."""
     if max(M, N, K) >= 2**31:  # the kernel takes int dimensions
         raise GpuError("unsupported", f"matmul: {batch}x{M}x{N}x{K} exceeds the fallback kernel's 32-bit sizes")
-    return [Launch.of("matmul", "hs_matmul_f32", (-(-N // 64), -(-M // 64), batch), 256)]
+    return [Launch.of("matmul", f"hs_matmul_{suffix}", (-(-N // 64), -(-M // 64), batch), 256)]
 
 
 def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
@@ -370,14 +434,18 @@ def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
     compile report's occupancy rows)."""
     plans = []
     for vec in (False, True):
-        plans += add_launches(1024, 1024, vec, multiprocessors)
-        plans += add_launches(1024, 64, vec, multiprocessors)
-        plans += scale_launches(1024, vec, multiprocessors)
-        for length in (1, 4, 511, 512, 2044, 2048, 4095, 4096, SOFTMAX_CACHED_LEN, SOFTMAX_CACHED_LEN + 4, 16384,
-                       1 << 20):
-            plans += softmax_launches(8, length, 1, vec, multiprocessors)
+        for sfx in KERNEL_SUFFIX.values():
+            plans += add_launches(1024, 1024, vec, multiprocessors, sfx)
+            plans += add_launches(1024, 64, vec, multiprocessors, sfx)
+            plans += scale_launches(1024, vec, multiprocessors, sfx)
+            for length in (1, 4, 511, 512, 2044, 2048, 4095, 4096, SOFTMAX_CACHED_LEN, SOFTMAX_CACHED_LEN + 4,
+                           16384, 1 << 20):
+                plans += softmax_launches(8, length, 1, vec, multiprocessors, sfx)
         for m in (1, 9):
-            plans += top_k_launches(m, 5000, 64, 10, vec, warp, multiprocessors)
-    plans += softmax_launches(8, 100, 8, False, multiprocessors)
-    plans += matmul_launches(2, 100, 100, 100)
+            for sfx in KERNEL_SUFFIX.values():
+                plans += top_k_launches(m, 5000, 64, 10, vec, warp, multiprocessors, sfx)
+    for sfx in KERNEL_SUFFIX.values():
+        plans += softmax_launches(8, 100, 8, False, multiprocessors, sfx)
+    for sfx in KERNEL_SUFFIX.values():
+        plans += matmul_launches(2, 100, 100, 100, sfx)
     return plans

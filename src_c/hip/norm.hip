@@ -29,21 +29,33 @@ HS_DEV double hs_block_sum_f64(double v, double* scratch) {
     return scratch[0];
 }
 
-// One block per row; the grid strides over further rows.
-HS_KERNEL void hs_rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-                               double eps, hs_i64 rows, hs_i64 len) {
-    __shared__ double scratch[HS_MAX_WARPS];
+// One block per row; the grid strides over further rows. float32, float16 and bfloat16 (suffix
+// f32/f16/bf16; x, w and y of one type): halves are widened exactly, the arithmetic is the float32
+// kernel's, and the result is rounded to float and then to the element type (double rounding through
+// float can move a half result by one unit in its last place only on an exact float tie, which the
+// tests' one-unit bound covers).
+template <class T>
+HS_DEV void hs_rms_norm_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, double eps,
+                             hs_i64 rows, hs_i64 len, double* scratch) {
     for (hs_i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * len;
-        float* yr = y + r * len;
+        const T* xr = x + r * len;
+        T* yr = y + r * len;
         double s = 0.0;
         for (hs_i64 j = threadIdx.x; j < len; j += blockDim.x) {
-            const double v = xr[j];
+            const double v = hs_ld(xr[j]);
             s += v * v;
         }
         s = hs_block_sum_f64(s, scratch);
         const double inv = 1.0 / sqrt(s / (double)len + eps);
         for (hs_i64 j = threadIdx.x; j < len; j += blockDim.x)
-            yr[j] = (float)(((double)xr[j] * inv) * (double)w[j]);
+            yr[j] = hs_st<T>((float)(((double)hs_ld(xr[j]) * inv) * (double)hs_ld(w[j])));
     }
 }
+
+#define HS_RMS_NORM(S, T)                                                                                     \
+    HS_KERNEL void hs_rms_norm_##S(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,        \
+                                   double eps, hs_i64 rows, hs_i64 len) {                                     \
+        __shared__ double scratch[HS_MAX_WARPS];                                                              \
+        hs_rms_norm_body<T>(x, w, y, eps, rows, len, scratch);                                                \
+    }
+HS_FOR_EACH_FLOAT(HS_RMS_NORM)

@@ -78,3 +78,98 @@ template <class R> HS_DEV float hs_block_reduce(float v, float* scratch) {
 }
 HS_DEV float hs_block_sum(float v, float* scratch) { return hs_block_reduce<HsSum>(v, scratch); }
 HS_DEV float hs_block_max(float v, float* scratch) { return hs_block_reduce<HsMax>(v, scratch); }
+
+// ---------------------------------------------------------------------------------------- half precision
+// float16 and bfloat16 live in memory as 16-bit patterns and are float32 in registers: every kernel
+// loads with hs_ld, computes and accumulates in float, and rounds once with hs_st<T> on the store.
+// Our own 2-byte types rather than __half / __hip_bfloat16 / __nv_bfloat16, because under runtime
+// compilation without include paths (what we do) NVRTC has neither cuda_fp16.h nor cuda_bf16.h, and
+// ROCm 5.2's hiprtc predefines __half (including hip_fp16.h is a redefinition error) but has no bf16
+// type at all. The bit layouts are the same, so device arrays from PyTorch or CuPy are read as they are.
+struct hs_half { hs_u16 bits; };
+struct hs_bf16 { hs_u16 bits; };
+// Four elements in one load: 16 bytes of float, 8 of a half type (the glue's alignment check covers both).
+struct alignas(8) hs_half4 { hs_half v[4]; };
+struct alignas(8) hs_bf16x4 { hs_bf16 v[4]; };
+
+// Conversions, bit-exact with NumPy/ml_dtypes/PyTorch on every finite and infinite value: round to
+// nearest even, float16 overflow to inf (as the format says, and as PyTorch's .half() gives). NaN stays
+// NaN (quiet; the payload may differ). The hardware instructions round the same way (IEEE RNE); the
+// software forms are what a target without them (the CPU emulator) runs.
+#if defined(HS_SOFT_HALF)
+HS_DEV float hs_half_to_float(hs_u16 h) {
+    const hs_u32 sign = (hs_u32)(h & 0x8000u) << 16, em = h & 0x7fffu;
+    if (em >= 0x7c00u) return __uint_as_float(sign | 0x7f800000u | ((em & 0x3ffu) << 13));   // inf, NaN
+    if (em >= 0x0400u) return __uint_as_float(sign | ((em << 13) + 0x38000000u));            // normal
+    return __uint_as_float(sign | __float_as_uint((float)em * 5.9604644775390625e-08f));      // em * 2^-24, exact
+}
+HS_DEV hs_u16 hs_float_to_half(float f) {
+    hs_u32 u = __float_as_uint(f);
+    const hs_u32 sign = (u >> 16) & 0x8000u;
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return (hs_u16)(sign | 0x7e00u | ((u >> 13) & 0x3ffu));   // NaN, made quiet
+    if (u >= 0x477ff000u) return (hs_u16)(sign | 0x7c00u);   // >= 65520 rounds past the largest half
+    if (u < 0x38800000u) {
+        // below 2^-14: a float add aligns the value to half's subnormal step (2^-24) and rounds to
+        // nearest even in hardware; the low mantissa bits of 0.5f + |f| are then the half's bits.
+        return (hs_u16)(sign | (__float_as_uint(__uint_as_float(u) + 0.5f) - 0x3f000000u));
+    }
+    // rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest, ties to the even result
+    u += 0xc8000fffu + ((u >> 13) & 1u);
+    return (hs_u16)(sign | (u >> 13));
+}
+#elif defined(HS_AMD)
+// clang's _Float16 is a native type on every AMD GPU target: v_cvt_f32_f16 / v_cvt_f16_f32 (RNE).
+HS_DEV float hs_half_to_float(hs_u16 h) { return (float)__builtin_bit_cast(_Float16, h); }
+HS_DEV hs_u16 hs_float_to_half(float f) { return __builtin_bit_cast(hs_u16, (_Float16)f); }
+#else
+HS_DEV float hs_half_to_float(hs_u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+HS_DEV hs_u16 hs_float_to_half(float f) { hs_u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#endif
+
+HS_DEV float hs_bf16_to_float(hs_u16 b) { return __uint_as_float((hs_u32)b << 16); }
+// Integer rounding everywhere (sm_80's cvt.rn.bf16.f32 would do, but gfx9 has no such instruction and
+// this is a handful of integer operations on a bandwidth-bound path).
+HS_DEV hs_u16 hs_float_to_bf16(float f) {
+    const hs_u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (hs_u16)((u >> 16) | 0x40u);   // NaN, made quiet
+    return (hs_u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);   // ties to even; overflow carries into inf
+}
+
+HS_DEV float hs_ld(float v) { return v; }
+HS_DEV float hs_ld(hs_half v) { return hs_half_to_float(v.bits); }
+HS_DEV float hs_ld(hs_bf16 v) { return hs_bf16_to_float(v.bits); }
+template <class T> struct HsRound;
+template <> struct HsRound<float> { static HS_DEV float st(float v) { return v; } };
+template <> struct HsRound<hs_half> { static HS_DEV hs_half st(float v) { hs_half h; h.bits = hs_float_to_half(v); return h; } };
+template <> struct HsRound<hs_bf16> { static HS_DEV hs_bf16 st(float v) { hs_bf16 h; h.bits = hs_float_to_bf16(v); return h; } };
+// The element type T nearest to v (float: v itself).
+template <class T> HS_DEV T hs_st(float v) { return HsRound<T>::st(v); }
+
+// Four consecutive elements as one aligned load/store, widened to / rounded from a float4.
+template <class T> struct HsPack4;
+template <> struct HsPack4<float> {
+    typedef float4 P;
+    static HS_DEV float4 ld(const P& p) { return p; }
+    static HS_DEV P st(float4 v) { return v; }
+};
+template <class T, class P4> struct HsPack4Half {
+    typedef P4 P;
+    static HS_DEV float4 ld(const P& p) { return make_float4(hs_ld(p.v[0]), hs_ld(p.v[1]), hs_ld(p.v[2]), hs_ld(p.v[3])); }
+    static HS_DEV P st(float4 v) {
+        P p;
+        p.v[0] = hs_st<T>(v.x); p.v[1] = hs_st<T>(v.y); p.v[2] = hs_st<T>(v.z); p.v[3] = hs_st<T>(v.w);
+        return p;
+    }
+};
+template <> struct HsPack4<hs_half> : HsPack4Half<hs_half, hs_half4> {};
+template <> struct HsPack4<hs_bf16> : HsPack4Half<hs_bf16, hs_bf16x4> {};
+// Element i of the float4 view of x (x 16-byte aligned for float, 8 for the half types).
+template <class T> HS_DEV float4 hs_ld4(const T* x, hs_i64 i) {
+    return HsPack4<T>::ld(((const typename HsPack4<T>::P*)x)[i]);
+}
+template <class T> HS_DEV void hs_st4(T* y, hs_i64 i, float4 v) { ((typename HsPack4<T>::P*)y)[i] = HsPack4<T>::st(v); }
+
+// Stamps a kernel family once per element type: M(S, T) with the name suffix S (kernels are named
+// hs_<op>_##S[##_<variant>], which hipsched.gpu.kernels.kernel_names expands) and the element type T.
+#define HS_FOR_EACH_FLOAT(M) M(f32, float) M(f16, hs_half) M(bf16, hs_bf16)

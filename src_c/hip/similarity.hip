@@ -5,6 +5,8 @@
 // pair with such a vector (a zero vector included) is scored in double from the inputs instead:
 // zero vector -> 0 (NaN if the other holds NaN/inf), as the CPU does.
 // Top-k ranks by score descending, ties to the lower index, NaN below every number.
+// q and T are float32, float16 or bfloat16 (suffix f32/f16/bf16, both of one type): halves are widened
+// on load and everything after is the float32 arithmetic; scores are float32 whatever the inputs.
 
 #define HS_NN_TINY 1e-30f
 #define HS_NN_HUGE 1e30f
@@ -18,10 +20,11 @@ HS_DEV double hs_warp_sum_d(double v) {
 }
 
 // cos(a, b) accumulated in double by a whole warp (every lane gets it): the rare extreme-norm pairs.
-__device__ __noinline__ float hs_cos_exact_warp(const float* a, const float* b, hs_i64 d, int lane) {
+template <class E>
+__device__ __noinline__ float hs_cos_exact_warp(const E* a, const E* b, hs_i64 d, int lane) {
     double ab = 0.0, aa = 0.0, bb = 0.0;
     for (hs_i64 j = lane; j < d; j += HS_WARP) {
-        const double x = a[j], y = b[j];
+        const double x = hs_ld(a[j]), y = hs_ld(b[j]);
         ab += x * y; aa += x * x; bb += y * y;
     }
     ab = hs_warp_sum_d(ab); aa = hs_warp_sum_d(aa); bb = hs_warp_sum_d(bb);
@@ -31,12 +34,13 @@ __device__ __noinline__ float hs_cos_exact_warp(const float* a, const float* b, 
 
 // Inverse norms (float, as the CPU keeps them) of the rows of x (rows, d), one warp per row;
 // -1 marks an extreme norm, whose pairs the cosine kernel scores in double.
-HS_KERNEL void hs_row_inv_norm_f32(const float* __restrict__ x, float* __restrict__ out, hs_i64 rows, hs_i64 d) {
+template <class E>
+HS_DEV void hs_row_inv_norm_body(const E* __restrict__ x, float* __restrict__ out, hs_i64 rows, hs_i64 d) {
     const int lane = threadIdx.x % HS_WARP;
     const hs_i64 warps = hs_gstride() / HS_WARP;
     for (hs_i64 r = hs_gid() / HS_WARP; r < rows; r += warps) {
         float s = 0.0f;
-        for (hs_i64 j = lane; j < d; j += HS_WARP) { const float v = x[r * d + j]; s += v * v; }
+        for (hs_i64 j = lane; j < d; j += HS_WARP) { const float v = hs_ld(x[r * d + j]); s += v * v; }
         s = hs_warp_reduce<HsSum>(s);
         if (lane == 0) out[r] = hs_nn_extreme(s) ? -1.0f : (float)hs_inv_sqrt_norm(s);
     }
@@ -44,37 +48,36 @@ HS_KERNEL void hs_row_inv_norm_f32(const float* __restrict__ x, float* __restric
 
 HS_DEV float hs_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-// One warp per row of T: the row is streamed once (VEC floats per lane per step) while MQ queries are
+// One warp per row of T: the row is streamed once (VEC elements per lane per step) while MQ queries are
 // scored against it, and its norm comes from the same loads. Queries beyond MQ take further passes
 // over T (mostly from L2). out is (m, n); qinv holds the queries' inverse norms (-1: extreme).
-template <int MQ, int VEC>
-HS_DEV void hs_cosine_body(const float* __restrict__ q, const float* __restrict__ qinv, const float* __restrict__ T,
+template <int MQ, int VEC, class E>
+HS_DEV void hs_cosine_body(const E* __restrict__ q, const float* __restrict__ qinv, const E* __restrict__ T,
                            float* __restrict__ out, hs_i64 m, hs_i64 n, hs_i64 d, hs_i64 q0) {
     const int lane = threadIdx.x % HS_WARP;
     const hs_i64 warps = hs_gstride() / HS_WARP;
     const int nq = (int)((m - q0) < MQ ? (m - q0) : MQ);
     for (hs_i64 r = hs_gid() / HS_WARP; r < n; r += warps) {
-        const float* t = T + r * d;
+        const E* t = T + r * d;
         float acc[MQ];
 #pragma unroll
         for (int k = 0; k < MQ; ++k) acc[k] = 0.0f;
         float tt = 0.0f;
         if (VEC == 4) {
-            const float4* t4 = (const float4*)t;
             for (hs_i64 j = lane; j < d / 4; j += HS_WARP) {
-                const float4 tv = t4[j];
+                const float4 tv = hs_ld4(t, j);
                 tt += hs_dot4(tv, tv);
 #pragma unroll
                 for (int k = 0; k < MQ; ++k)
-                    if (k < nq) acc[k] += hs_dot4(tv, ((const float4*)(q + (q0 + k) * d))[j]);
+                    if (k < nq) acc[k] += hs_dot4(tv, hs_ld4(q + (q0 + k) * d, j));
             }
         } else {
             for (hs_i64 j = lane; j < d; j += HS_WARP) {
-                const float tv = t[j];
+                const float tv = hs_ld(t[j]);
                 tt += tv * tv;
 #pragma unroll
                 for (int k = 0; k < MQ; ++k)
-                    if (k < nq) acc[k] += tv * q[(q0 + k) * d + j];
+                    if (k < nq) acc[k] += tv * hs_ld(q[(q0 + k) * d + j]);
             }
         }
         tt = hs_warp_reduce<HsSum>(tt);  // the xor butterfly leaves the same sum in every lane
@@ -93,14 +96,23 @@ HS_DEV void hs_cosine_body(const float* __restrict__ q, const float* __restrict_
 }
 
 // q0: first query of this pass. *_v4 need d % 4 == 0 and 16-byte aligned q and T.
-HS_KERNEL void hs_cosine_f32_q1(const float* q, const float* qinv, const float* T, float* out, hs_i64 m, hs_i64 n,
-                                hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 1>(q, qinv, T, out, m, n, d, q0); }
-HS_KERNEL void hs_cosine_f32_q1_v4(const float* q, const float* qinv, const float* T, float* out, hs_i64 m, hs_i64 n,
-                                   hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 4>(q, qinv, T, out, m, n, d, q0); }
-HS_KERNEL void hs_cosine_f32_q8(const float* q, const float* qinv, const float* T, float* out, hs_i64 m, hs_i64 n,
-                                hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 1>(q, qinv, T, out, m, n, d, q0); }
-HS_KERNEL void hs_cosine_f32_q8_v4(const float* q, const float* qinv, const float* T, float* out, hs_i64 m, hs_i64 n,
-                                   hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 4>(q, qinv, T, out, m, n, d, q0); }
+#define HS_COSINE(S, E)                                                                                        \
+    HS_KERNEL void hs_row_inv_norm_##S(const E* __restrict__ x, float* __restrict__ out, hs_i64 rows, hs_i64 d) { \
+        hs_row_inv_norm_body<E>(x, out, rows, d);                                                              \
+    }                                                                                                          \
+    HS_KERNEL void hs_cosine_##S##_q1(const E* q, const float* qinv, const E* T, float* out, hs_i64 m, hs_i64 n, \
+                                      hs_i64 d, hs_i64 q0) { hs_cosine_body<1, 1, E>(q, qinv, T, out, m, n, d, q0); } \
+    HS_KERNEL void hs_cosine_##S##_q1_v4(const E* q, const float* qinv, const E* T, float* out, hs_i64 m,       \
+                                         hs_i64 n, hs_i64 d, hs_i64 q0) {                                      \
+        hs_cosine_body<1, 4, E>(q, qinv, T, out, m, n, d, q0);                                                 \
+    }                                                                                                          \
+    HS_KERNEL void hs_cosine_##S##_q8(const E* q, const float* qinv, const E* T, float* out, hs_i64 m, hs_i64 n, \
+                                      hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 1, E>(q, qinv, T, out, m, n, d, q0); } \
+    HS_KERNEL void hs_cosine_##S##_q8_v4(const E* q, const float* qinv, const E* T, float* out, hs_i64 m,       \
+                                         hs_i64 n, hs_i64 d, hs_i64 q0) {                                      \
+        hs_cosine_body<8, 4, E>(q, qinv, T, out, m, n, d, q0);                                                 \
+    }
+HS_FOR_EACH_FLOAT(HS_COSINE)
 
 // ---------------------------------------------------------------------------------------------- top-k
 

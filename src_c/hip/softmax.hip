@@ -2,10 +2,16 @@
 // and the CPU engine: m = max (NaN propagates), e = exp(x - m), y = e / sum(e). So a row holding NaN
 // or +inf, or a row of all -inf, becomes all NaN exactly as that formula gives.
 
-// Scalar and float4 element access for the row kernel, so its algorithm is written once.
+// float32, float16 and bfloat16 (suffix f32/f16/bf16): halves are widened on load, max, exponentials and
+// sum stay float32, and each result is rounded once to the element type on the store.
+
+// Scalar and float4 element access for the row kernel, so its algorithm is written once; ld/st move
+// elements of type T in and out as float (VEC 4: four at a time).
 template <int VEC> struct HsVec;
 template <> struct HsVec<1> {
     typedef float T;
+    template <class E> static HS_DEV float ld(const E* x, hs_i64 j) { return hs_ld(x[j]); }
+    template <class E> static HS_DEV void st(E* y, hs_i64 j, float v) { y[j] = hs_st<E>(v); }
     static HS_DEV float max(float m, float v) { return HsMax::op(m, v); }
     static HS_DEV float exp_shift(float v, float m) { return hs_exp(v - m); }
     static HS_DEV float sum(float v) { return v; }
@@ -13,6 +19,8 @@ template <> struct HsVec<1> {
 };
 template <> struct HsVec<4> {
     typedef float4 T;
+    template <class E> static HS_DEV float4 ld(const E* x, hs_i64 j) { return hs_ld4(x, j); }
+    template <class E> static HS_DEV void st(E* y, hs_i64 j, float4 v) { hs_st4(y, j, v); }
     static HS_DEV float max(float m, float4 v) {
         return HsMax::op(HsMax::op(HsMax::op(HsMax::op(m, v.x), v.y), v.z), v.w);
     }
@@ -24,65 +32,73 @@ template <> struct HsVec<4> {
 };
 
 // inner == 1 (softmax over the last axis): one block per row. When the row fits in shared memory
-// (`cached`, dynamic shared size len * 4 bytes) it is read from global memory once, else three times.
-// VEC = 4 moves float4 (needs len % 4 == 0 and 16-byte aligned x and y).
-template <int VEC>
-HS_DEV void hs_softmax_rows_body(const float* __restrict__ x, float* __restrict__ y, hs_i64 rows, hs_i64 len,
+// (`cached`, dynamic shared size len * 4 bytes: the row is kept as float whatever E is) it is read
+// from global memory once, else three times. VEC = 4 moves four elements (needs len % 4 == 0 and
+// 16-byte aligned x and y).
+template <int VEC, class E>
+HS_DEV void hs_softmax_rows_body(const E* __restrict__ x, E* __restrict__ y, hs_i64 rows, hs_i64 len,
                                  int cached, float* row, float* scratch) {
-    typedef typename HsVec<VEC>::T V;
+    typedef HsVec<VEC> A;
+    typedef typename A::T V;
     const hs_i64 nv = len / VEC;
     V* rowv = (V*)row;
     for (hs_i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const V* xr = (const V*)(x + r * len);
-        V* yr = (V*)(y + r * len);
+        const E* xr = x + r * len;
+        E* yr = y + r * len;
         float m = -HS_INF;
         for (hs_i64 j = threadIdx.x; j < nv; j += blockDim.x) {
-            const V v = xr[j];
+            const V v = A::ld(xr, j);
             if (cached) rowv[j] = v;
-            m = HsVec<VEC>::max(m, v);
+            m = A::max(m, v);
         }
         m = hs_block_max(m, scratch);
         float s = 0.0f;
         // each thread revisits only the j it wrote, so the cached row needs no barrier here
         for (hs_i64 j = threadIdx.x; j < nv; j += blockDim.x) {
-            const V e = HsVec<VEC>::exp_shift(cached ? rowv[j] : xr[j], m);
+            const V e = A::exp_shift(cached ? rowv[j] : A::ld(xr, j), m);
             if (cached) rowv[j] = e;
-            s += HsVec<VEC>::sum(e);
+            s += A::sum(e);
         }
         s = hs_block_sum(s, scratch);
         for (hs_i64 j = threadIdx.x; j < nv; j += blockDim.x)
-            yr[j] = HsVec<VEC>::div(cached ? rowv[j] : HsVec<VEC>::exp_shift(xr[j], m), s);
+            A::st(yr, j, A::div(cached ? rowv[j] : A::exp_shift(A::ld(xr, j), m), s));
         __syncthreads();  // the next row overwrites `row`
     }
 }
 
-HS_KERNEL void hs_softmax_rows_f32(const float* __restrict__ x, float* __restrict__ y, hs_i64 rows, hs_i64 len,
-                                   int cached) {
-    extern __shared__ float row[];
-    __shared__ float scratch[HS_MAX_WARPS];
-    hs_softmax_rows_body<1>(x, y, rows, len, cached, row, scratch);
-}
-
-HS_KERNEL void hs_softmax_rows_f32_v4(const float* __restrict__ x, float* __restrict__ y, hs_i64 rows,
-                                      hs_i64 len, int cached) {
-    extern __shared__ float row[];
-    __shared__ float scratch[HS_MAX_WARPS];
-    hs_softmax_rows_body<4>(x, y, rows, len, cached, row, scratch);
-}
-
 // inner > 1 (softmax over a middle or leading axis): one thread per (outer, inner) column, walking the
 // axis with stride `inner`, so neighbouring threads read neighbouring addresses.
-HS_KERNEL void hs_softmax_strided_f32(const float* __restrict__ x, float* __restrict__ y, hs_i64 outer,
-                                      hs_i64 len, hs_i64 inner) {
+template <class E>
+HS_DEV void hs_softmax_strided_body(const E* __restrict__ x, E* __restrict__ y, hs_i64 outer, hs_i64 len,
+                                    hs_i64 inner) {
     const hs_i64 cols = outer * inner;
     for (hs_i64 c = hs_gid(); c < cols; c += hs_gstride()) {
         const hs_i64 o = c / inner, i = c - o * inner;
-        const float* xc = x + o * len * inner + i;
-        float* yc = y + o * len * inner + i;
+        const E* xc = x + o * len * inner + i;
+        E* yc = y + o * len * inner + i;
         float m = -HS_INF;
-        for (hs_i64 j = 0; j < len; ++j) m = HsMax::op(m, xc[j * inner]);
+        for (hs_i64 j = 0; j < len; ++j) m = HsMax::op(m, hs_ld(xc[j * inner]));
         float s = 0.0f;
-        for (hs_i64 j = 0; j < len; ++j) s += hs_exp(xc[j * inner] - m);
-        for (hs_i64 j = 0; j < len; ++j) yc[j * inner] = hs_exp(xc[j * inner] - m) / s;
+        for (hs_i64 j = 0; j < len; ++j) s += hs_exp(hs_ld(xc[j * inner]) - m);
+        for (hs_i64 j = 0; j < len; ++j) yc[j * inner] = hs_st<E>(hs_exp(hs_ld(xc[j * inner]) - m) / s);
     }
 }
+
+#define HS_SOFTMAX(S, T)                                                                                        \
+    HS_KERNEL void hs_softmax_rows_##S(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len,      \
+                                       int cached) {                                                            \
+        extern __shared__ float row[];                                                                          \
+        __shared__ float scratch[HS_MAX_WARPS];                                                                 \
+        hs_softmax_rows_body<1, T>(x, y, rows, len, cached, row, scratch);                                      \
+    }                                                                                                           \
+    HS_KERNEL void hs_softmax_rows_##S##_v4(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len, \
+                                            int cached) {                                                       \
+        extern __shared__ float row[];                                                                          \
+        __shared__ float scratch[HS_MAX_WARPS];                                                                 \
+        hs_softmax_rows_body<4, T>(x, y, rows, len, cached, row, scratch);                                      \
+    }                                                                                                           \
+    HS_KERNEL void hs_softmax_strided_##S(const T* __restrict__ x, T* __restrict__ y, hs_i64 outer, hs_i64 len,  \
+                                          hs_i64 inner) {                                                       \
+        hs_softmax_strided_body<T>(x, y, outer, len, inner);                                                    \
+    }
+HS_FOR_EACH_FLOAT(HS_SOFTMAX)

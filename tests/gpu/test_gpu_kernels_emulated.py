@@ -178,3 +178,203 @@ def test_spread_activation(emu, rng, index):
     seeds[:4] = 1
     g, c = both(emu, "spread_activation", graph, seeds, 0.5, 3, 0.01)
     np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- half precision
+# The float16/bfloat16 kernels, through the glue with half Calls built here (the op specs' prepare is
+# not involved, so these do not depend on which dtypes the specs declare). Every half kernel is launched
+# below: scalar and 4-wide add, add_bias, scale; softmax rows (cached, uncached, 4-wide) and strided;
+# rms_norm. Outside references: the float32 computation NumPy/ml_dtypes round to the half type (bit
+# for bit where the kernel's arithmetic is that float32 computation), a float64 computation otherwise.
+import ml_dtypes  # noqa: E402
+
+from hipsched.ops.base import Call  # noqa: E402
+
+HALF = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+# unit roundoff of the result's rounding: half the spacing at 1.0 (fp16 has 11 significant bits, bf16 8)
+UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+# half of the smallest subnormal step: the absolute rounding error where the result underflows
+TINY = {"float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
+
+
+def half_call(op, args, params, dtype, on_device=False):
+    nbytes = sum(int(a.nbytes) for a in args) + int(args[0].nbytes)
+    return Call(op, tuple(args), dict(params), int(args[0].size), nbytes, dtype=dtype, on_device=on_device)
+
+
+def rounded(x32, dtype):
+    """A float32 array rounded to the half type, as NumPy (float16) and ml_dtypes (bfloat16) round."""
+    return np.asarray(x32, np.float32).astype(HALF[dtype])
+
+
+def assert_same_bits(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    nan = np.isnan(want.astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_add_scale(emu, rng, dtype):
+    t = HALF[dtype]
+    # n 64: the 4-wide kernels; 9 and 4099: the scalar ones (and their tails)
+    for n in (1, 9, 64, 4099):
+        a = (rng.standard_normal(n) * 100).astype(t)
+        b = (rng.standard_normal(n) * 100).astype(t)
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        # the kernel adds the widened halves in float32 and rounds once, as NumPy's float16 add does
+        assert_same_bits(emu.run(half_call("add", (a, b), {}, dtype)), rounded(a32 + b32, dtype))
+        assert_same_bits(emu.run(half_call("scale", (a,), {"alpha": -1.7}, dtype)),
+                         rounded(a32 * np.float32(-1.7), dtype))
+    for sa, sb in (((5, 8), (8,)), ((7, 9), (9,)), ((2, 3), (1,))):   # bias: 4-wide (8) and scalar
+        a = rng.standard_normal(sa).astype(t)
+        b = rng.standard_normal(sb).astype(t)
+        assert_same_bits(emu.run(half_call("add", (a, b), {}, dtype)),
+                         rounded(a.astype(np.float32) + b.astype(np.float32), dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_half_overflow_nan_inf(emu, dtype):
+    t = HALF[dtype]
+    big = float(ml_dtypes.finfo(t).max)
+    a = np.array([big, -big, np.inf, np.nan, 1.0, -0.0, 2.0 ** -20, -np.inf], np.float32).astype(t)
+    b = np.array([big, -big, -np.inf, 1.0, np.nan, -0.0, 2.0 ** -20, 1.0], np.float32).astype(t)
+    for x, y in ((a, b), (a[:7], b[:7])):   # 8 elements: 4-wide kernel; 7: scalar
+        g = emu.run(half_call("add", (x, y), {}, dtype))
+        assert_same_bits(g, rounded(x.astype(np.float32) + y.astype(np.float32), dtype))
+        # past the format's range a sum becomes inf (float16: 65504 + 65504), as PyTorch's .half() gives
+        assert np.isposinf(g[0].astype(np.float32)) and np.isneginf(g[1].astype(np.float32))
+        assert np.isnan(g[2].astype(np.float32)) and np.isnan(g[3].astype(np.float32))
+        assert_same_bits(emu.run(half_call("scale", (x,), {"alpha": 3.0}, dtype)),
+                         rounded(x.astype(np.float32) * np.float32(3.0), dtype))
+
+
+def _emu_f32(emu, op, x, params, *more):
+    """The float32 kernel's result on the widened inputs: the half kernels must equal it rounded."""
+    args = (x.astype(np.float32),) + tuple(m.astype(np.float32) for m in more)
+    return emu.run(half_call(op, args, params, "float32"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape,axis", [((9, 33), -1), ((3, 1000), -1), ((2, 12300), -1), ((4, 5, 6), 1),
+                                        ((6, 4), 0), ((3, 64), -1)])
+def test_half_softmax(emu, rng, dtype, shape, axis):
+    from scipy.special import softmax
+    x = (rng.standard_normal(shape) * 5).astype(HALF[dtype])
+    g = emu.run(half_call("softmax", (x,), {"axis": axis}, dtype))
+    assert g.dtype == HALF[dtype] and g.shape == x.shape
+    # max, exponentials and sum in float32, one rounding to the half type on the store: exactly the
+    # float32 kernel's result (same launch geometry, same order of operations) rounded
+    assert_same_bits(g, rounded(_emu_f32(emu, "softmax", x, {"axis": axis}), dtype))
+    # against float64: the half rounding (UNIT relative, TINY absolute) on top of float32's error, which
+    # test_softmax bounds by 2e-6 relative
+    ref = softmax(x.astype(np.float64), axis=axis)
+    err = np.abs(g.astype(np.float64) - ref)
+    np.testing.assert_array_less(err, (UNIT[dtype] * (1 + 2e-6) + 2e-6) * ref + TINY[dtype] + 1e-300)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_softmax_nan_inf(emu, dtype):
+    x = np.array([[1, np.nan, 2, 0], [np.inf, 1, 2, 0], [-np.inf] * 4, [-np.inf, 0, 1, 2]], np.float32)
+    for xs in (x, x[:, :3].copy()):   # rows of 4: 4-wide kernel; rows of 3: scalar
+        xh = xs.astype(HALF[dtype])
+        g = emu.run(half_call("softmax", (xh,), {"axis": -1}, dtype))
+        assert_same_bits(g, rounded(_emu_f32(emu, "softmax", xh, {"axis": -1}), dtype))
+        np.testing.assert_array_equal(np.isnan(g.astype(np.float32))[:3], True)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 100), (2, 1500), (2, 3, 40)])
+def test_half_rms_norm(emu, rng, dtype, shape):
+    t = HALF[dtype]
+    x = (rng.standard_normal(shape) * 4).astype(t)
+    w = rng.standard_normal(shape[-1]).astype(t)
+    g = emu.run(half_call("rms_norm", (x, w), {"eps": 1e-5}, dtype))
+    assert g.dtype == t
+    # the float32 kernel's arithmetic on the widened inputs, rounded once more to the half type
+    assert_same_bits(g, rounded(_emu_f32(emu, "rms_norm", x, {"eps": 1e-5}, w), dtype))
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * w.astype(np.float64)
+    # float32 result within one float32 ulp of ref (test_rms_norm), then the half rounding
+    bound = (UNIT[dtype] + 2.0 ** -23) * np.abs(ref) + TINY[dtype]
+    np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound + 1e-300)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_device_in_device_out(emu, rng, dtype):
+    from hipsched.gpu.memory import DeviceArray, to_device
+    rt = emu._ctx.rt
+    x = rng.standard_normal((5, 40)).astype(HALF[dtype])
+    out = emu.run(half_call("softmax", (to_device(x, runtime=rt),), {"axis": -1}, dtype, on_device=True))
+    assert isinstance(out, DeviceArray) and out.dtype == HALF[dtype]
+    assert_same_bits(out.get(), emu.run(half_call("softmax", (x,), {"axis": -1}, dtype)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,d", [(None, 8), (None, 33), (9, 12), (2, 7)])   # d 8, 12: the 4-wide kernels
+def test_half_cosine(emu, rng, dtype, m, d):
+    t = HALF[dtype]
+    q = rng.standard_normal(d if m is None else (m, d)).astype(t)
+    T = rng.standard_normal((70, d)).astype(t)
+    T[5] = 0   # a zero row: scored in double (0)
+    g = emu.run(half_call("cosine_similarity", (q, T), {}, dtype))
+    # scores stay float32; the inputs are widened exactly, so the scores are the float32 kernel's
+    assert g.dtype == np.float32
+    np.testing.assert_array_equal(g, _emu_f32(emu, "cosine_similarity", q, {}, T))
+    q64, T64 = np.atleast_2d(q.astype(np.float64)), T.astype(np.float64)
+    norms = np.linalg.norm(q64, axis=1)[:, None] * np.linalg.norm(T64, axis=1)[None, :]
+    ref = np.divide(q64 @ T64.T, norms, out=np.zeros_like(norms), where=norms > 0).reshape(g.shape)
+    # float32 sums of d products (test_cosine's bound), no half rounding: the inputs are exact
+    np.testing.assert_allclose(g, ref, rtol=0, atol=3e-6 + 2e-7 * np.sqrt(d))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_top_k(emu, rng, dtype):
+    t = HALF[dtype]
+    T = rng.standard_normal((5000, 8)).astype(t)   # 3 segments: two selection passes
+    Q = rng.standard_normal((3, 8)).astype(t)
+    gi, gs = emu.run(half_call("top_k", (Q, T), {"k": 10}, dtype))
+    fi, fs = emu.run(half_call("top_k", (Q.astype(np.float32), T.astype(np.float32)), {"k": 10}, "float32"))
+    assert gs.dtype == np.float32
+    np.testing.assert_array_equal(gi, fi)
+    np.testing.assert_array_equal(gs, fs)
+    # against float64 scores: ranks may swap only between scores closer than the float32 error bound
+    q64, T64 = Q.astype(np.float64), T.astype(np.float64)
+    ref = (q64 @ T64.T) / (np.linalg.norm(q64, axis=1)[:, None] * np.linalg.norm(T64, axis=1)[None, :])
+    kth = -np.sort(-ref, axis=1)[:, 9]
+    assert (np.take_along_axis(ref, gi, axis=1) > kth[:, None] - 1e-5).all()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("sa,sb", [((33, 8), (8, 65)), ((2, 5, 7), (7, 3)), ((9,), (9, 33))])
+def test_half_matmul_tiled_kernel(emu, rng, dtype, sa, sb):
+    t = HALF[dtype]
+    a, b = rng.standard_normal(sa).astype(t), rng.standard_normal(sb).astype(t)
+    g = emu.run(half_call("matmul", (a, b), {}, dtype))   # HIPSCHED_BLAS=none: the tiled kernel
+    assert g.dtype == t
+    # products accumulate in float32 as in the float32 kernel, then C is rounded once
+    assert_same_bits(g, rounded(_emu_f32(emu, "matmul", a, {}, b), dtype))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref, mag = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    K = sa[-1]
+    # float32 sum of K products: K * 2^-24 * sum|a||b|; then the half rounding
+    bound = UNIT[dtype] * np.abs(ref) + (1 + UNIT[dtype]) * K * 2.0 ** -24 * mag + TINY[dtype]
+    np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound + 1e-300)
+
+
+def test_half_supports_table(emu):
+    for op in ("add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "matmul"):
+        assert emu.supports(op, "float16") and emu.supports(op, "bfloat16") and emu.supports(op, "float32")
+    assert not emu.supports("attention", "float16") and not emu.supports("attention", "bfloat16")
+
+
+def test_half_call_refused_by_float32_only_glue(emu, rng):
+    from hipsched.errors import GpuError
+    q = rng.standard_normal((1, 1, 4, 32)).astype(np.float16)
+    call = half_call("attention", (q, q, q), {"scale": None, "causal": False}, "float16")
+    assert emu.unsupported(call) is not None
+    with pytest.raises(GpuError) as info:
+        emu.run(call)
+    assert info.value.kind == "unsupported"

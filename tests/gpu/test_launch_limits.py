@@ -258,30 +258,37 @@ def sweep(warp, cus, amd):
         assert expect != "glue", (op, shape, "the glue did not refuse")
         return (op, shape, launches, expect)
 
-    for n in (1, 3, 4, 255, 256, 257, 2**20 + 4, 2**31 + 4, BIG):
-        for nb in sorted({n, 1, 4, 12}):
-            if n % nb:
-                continue
-            for vec in {False, n % 4 == 0 and nb % 4 == 0}:
-                yield plan("add", (n, nb, vec), ops_basic.add_launches, n, nb, vec, cus)
-        for vec in {False, n % 4 == 0}:
-            yield plan("scale", (n, vec), ops_basic.scale_launches, n, vec, cus)
-    cached = ops_basic.SOFTMAX_CACHED_LEN
-    for length in (1, 3, 4, 63, 64, 511, 512, 2047, 2048, 4095, 4096, cached - 1, cached, cached + 1,
-                   16383, 16384, 2**20, 2**31):
-        for outer in (1, 7, 2**20, 2**20 + 1, 2**31 - 1):
-            for vec in {False, length % 4 == 0}:
-                yield plan("softmax", (outer, length, 1, vec), ops_basic.softmax_launches, outer, length, 1, vec, cus)
-    for outer, length, inner in ((1, 1, 2), (2**20, 3, 2**10), (1, 2**20, 2**40), (2**31, 2, 2**31)):
-        yield plan("softmax", (outer, length, inner), ops_basic.softmax_launches, outer, length, inner, False, cus)
-    for rows in (1, 7, 2**20, 2**20 + 1, 2**40):
-        for length in (1, 63, 64, 1023, 1024, 16383, 16384, 2**31):
-            yield plan("rms_norm", (rows, length), ops_norm.rms_norm_launches, rows, length)
+    # the element types only rename the kernel (same grid and block; softmax keeps rows as float32 in
+    # shared memory whatever the type), so each shape is planned for each
+    for sfx in ops_basic.KERNEL_SUFFIX.values():
+        for n in (1, 3, 4, 255, 256, 257, 2**20 + 4, 2**31 + 4, BIG):
+            for nb in sorted({n, 1, 4, 12}):
+                if n % nb:
+                    continue
+                for vec in {False, n % 4 == 0 and nb % 4 == 0}:
+                    yield plan("add", (n, nb, vec, sfx), ops_basic.add_launches, n, nb, vec, cus, sfx)
+            for vec in {False, n % 4 == 0}:
+                yield plan("scale", (n, vec, sfx), ops_basic.scale_launches, n, vec, cus, sfx)
+        cached = ops_basic.SOFTMAX_CACHED_LEN
+        for length in (1, 3, 4, 63, 64, 511, 512, 2047, 2048, 4095, 4096, cached - 1, cached, cached + 1,
+                       16383, 16384, 2**20, 2**31):
+            for outer in (1, 7, 2**20, 2**20 + 1, 2**31 - 1):
+                for vec in {False, length % 4 == 0}:
+                    yield plan("softmax", (outer, length, 1, vec, sfx), ops_basic.softmax_launches, outer, length, 1,
+                               vec, cus, sfx)
+        for outer, length, inner in ((1, 1, 2), (2**20, 3, 2**10), (1, 2**20, 2**40), (2**31, 2, 2**31)):
+            yield plan("softmax", (outer, length, inner, sfx), ops_basic.softmax_launches, outer, length, inner,
+                       False, cus, sfx)
+        for rows in (1, 7, 2**20, 2**20 + 1, 2**40):
+            for length in (1, 63, 64, 1023, 1024, 16383, 16384, 2**31):
+                yield plan("rms_norm", (rows, length, sfx), ops_norm.rms_norm_launches, rows, length, sfx)
     for m in (1, 2, 8, 9, 65535, 65536, 8 * 65535 + 1, 2**31):
         for n in (1, 2**20, 2**31):
             for d in (1, 4, 4096):
                 for vec in {False, d % 4 == 0}:
-                    yield plan("cosine_similarity", (m, n, d, vec), ops_basic.cosine_launches, m, n, d, vec, warp, cus)
+                    for sfx in ops_basic.KERNEL_SUFFIX.values():
+                        yield plan("cosine_similarity", (m, n, d, vec, sfx), ops_basic.cosine_launches, m, n, d, vec,
+                                   warp, cus, sfx)
     for m in (1, 2, 9, 65535, 65536):
         for n in (1, 2, SEG - 1, SEG, SEG + 1, 2**20, 65535 * SEG, 65535 * SEG + 1):
             for k in (1, 2, 511, 512, ops_basic.TOPK_MAX_K, ops_basic.TOPK_MAX_K + 1):
@@ -289,14 +296,17 @@ def sweep(warp, cus, amd):
                 for d in (0, 3, 4):
                     expect = ("glue" if kout > ops_basic.TOPK_MAX_K or n > 65535 * SEG
                               else {"grid-y"} if m > 65535 else None)
-                    yield plan("top_k", (m, n, d, kout), ops_basic.top_k_launches, m, n, d, kout, d % 4 == 0, warp,
-                               cus, expect=expect)
+                    # the element type renames only the scoring kernels, which cosine_similarity sweeps
+                    sfx = ("f32", "f16", "bf16")[(m + d) % 3]
+                    yield plan("top_k", (m, n, d, kout, sfx), ops_basic.top_k_launches, m, n, d, kout, d % 4 == 0,
+                               warp, cus, sfx, expect=expect)
     for batch, M, N, K, expect in ((1, 1, 1, 1, None), (1, 65535 * 64, 1, 7, None), (65535, 64, 64, 64, None),
                                    (1, 1, 2**30 - 64, 1, None), (1, 1, 2**30, 1, work_items(2**24, 256)),
                                    (1, 1, 2**31 - 1, 1, work_items(2**25, 256)), (3, 1000, 1000, 2**31 - 1, None),
                                    (65536, 1, 1, 1, {"grid-z"}), (1, 65535 * 64 + 1, 1, 1, {"grid-y"}),
                                    (1, 2**31, 1, 1, "glue")):
-        yield plan("matmul", (batch, M, N, K), ops_basic.matmul_launches, batch, M, N, K, expect=expect)
+        for sfx in ops_basic.KERNEL_SUFFIX.values():
+            yield plan("matmul", (batch, M, N, K, sfx), ops_basic.matmul_launches, batch, M, N, K, sfx, expect=expect)
     for hd in (1, 16, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257):
         for b, h, sq in ((1, 1, 1), (1, 1, 2**20), (8, 64, 32768), (2**16, 2**10, 2**20)):
             expect = "glue" if hd > ops_attention.MAX_HEAD_DIM else (

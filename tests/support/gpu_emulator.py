@@ -81,6 +81,7 @@ extern dim3 blockDim, gridDim;
 #define __restrict__
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     unsigned long long pool = ((unsigned long long)y << 32) | x; unsigned r = 0;
     for (int i = 0; i < 4; ++i) r |= (unsigned)((pool >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
@@ -256,6 +257,9 @@ class EmuCompiler(Compiler):
 
     def _compile(self, source, name):
         vendor = "#define __HIP__ 1\n#define __AMDGCN_WAVEFRONT_SIZE 64\n" if self.warp == 64 else ""
+        # the CPU has neither PTX's cvt nor (portably) _Float16: prelude.h's integer conversions, which
+        # round as the hardware instructions do
+        vendor += "#define HS_SOFT_HALF 1\n"
         with tempfile.TemporaryDirectory(prefix="hs_emu_") as d:
             # kernels.py sources are the prelude, then `#line 1 "<file>"` and the file
             first = "prelude.h" if '\n#line 1 "' in source else name

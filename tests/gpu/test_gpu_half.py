@@ -1,0 +1,158 @@
+"""Half precision below the kernels: prelude.h's float16/bfloat16 conversions, run on the kernel emulator,
+bit for bit against NumPy (float16) and ml_dtypes (bfloat16) on every half pattern and on the float32
+values where rounding decides (every midpoint between neighbouring halves and its float32 neighbours,
+the overflow and underflow edges, random bit patterns); DLPack's kDLFloat/kDLBfloat type codes; the
+__cuda_array_interface__ rules for bfloat16 (no typestr of its own: not exported, not guessed)."""
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import gpu_emulator
+from hipsched.errors import GpuError
+from hipsched.gpu import dlpack
+from hipsched.gpu.context import GpuContext, Launch
+from hipsched.gpu.kernels import PRELUDE, KernelCache, _source_dir
+from hipsched.gpu.memory import DeviceArray, to_device
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+CONVERSIONS = r"""
+HS_KERNEL void t_half_to_float(const hs_u16* h, float* f, hs_i64 n) {
+    for (hs_i64 i = hs_gid(); i < n; i += hs_gstride()) f[i] = hs_half_to_float(h[i]);
+}
+HS_KERNEL void t_bf16_to_float(const hs_u16* h, float* f, hs_i64 n) {
+    for (hs_i64 i = hs_gid(); i < n; i += hs_gstride()) f[i] = hs_bf16_to_float(h[i]);
+}
+HS_KERNEL void t_float_to_half(const float* f, hs_u16* h, hs_i64 n) {
+    for (hs_i64 i = hs_gid(); i < n; i += hs_gstride()) h[i] = hs_float_to_half(f[i]);
+}
+HS_KERNEL void t_float_to_bf16(const float* f, hs_u16* h, hs_i64 n) {
+    for (hs_i64 i = hs_gid(); i < n; i += hs_gstride()) h[i] = hs_float_to_bf16(f[i]);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory):
+    if not gpu_emulator.available():
+        pytest.skip("needs g++ (C++20) for the kernel emulator")
+    rt = gpu_emulator.EmuRuntime(32)
+    ctx = GpuContext(rt, cache_dir=str(tmp_path_factory.mktemp("kernels")))
+    prelude = (_source_dir() / PRELUDE).read_text()
+    ctx.cache = KernelCache(rt.compiler, ctx.cache.cache_dir,
+                            sources={"conv.hip": prelude + '\n#line 1 "conv.hip"\n' + CONVERSIONS})
+
+    def run(kernel, x, out_dtype):
+        d_in = to_device(x, runtime=rt)
+        d_out = DeviceArray.empty(x.shape, out_dtype, runtime=rt)
+        ctx.run(Launch.of("conv.hip", kernel, 16, 256), (d_in, d_out, ctypes.c_int64(x.size)), 0)
+        return d_out.get()
+    yield run
+    ctx.close()
+    rt.close()
+
+
+def _nan_aware_equal(got_bits, want_bits, is_nan):
+    """Equal bit patterns; NaN stays NaN (its payload is not promised)."""
+    np.testing.assert_array_equal(is_nan(got_bits), is_nan(want_bits))
+    keep = ~is_nan(want_bits)
+    np.testing.assert_array_equal(got_bits[keep], want_bits[keep])
+
+
+def test_every_half_pattern_widens_exactly(conv):
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    for kernel, t in (("t_half_to_float", np.float16), ("t_bf16_to_float", BF16)):
+        want = bits.view(t).astype(np.float32).view(np.uint32)
+        got = conv(kernel, bits, np.float32).view(np.uint32)
+        _nan_aware_equal(got, want, lambda u: (u & 0x7fffffff) > 0x7f800000)
+
+
+def _rounding_cases(t):
+    """float32 values where rounding to t decides: every half value, every midpoint between neighbours
+    (a float32, since both formats fit in float32 with bits to spare) and the float32 values either side
+    of it, both signs; the overflow edge; specials; and random float32 bit patterns."""
+    finite = np.arange(1 << 15, dtype=np.uint32).astype(np.uint16).view(t).astype(np.float64)
+    finite = finite[np.isfinite(finite)]
+    mids = (finite[:-1] + finite[1:]) / 2
+    big = float(ml_dtypes.finfo(t).max)
+    top = big + (big - float(finite[-2])) / 2            # the midpoint above max: rounds to inf (even)
+    vals = np.concatenate([finite, mids, [top, 2 * big, 1e-45, 3e38]]).astype(np.float32)
+    vals = np.concatenate([vals, np.nextafter(vals, np.float32(np.inf)), np.nextafter(vals, np.float32(-np.inf))])
+    vals = np.concatenate([vals, -vals, np.array([np.inf, -np.inf, np.nan, 0.0], np.float32)])
+    rand = np.random.default_rng(7).integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([vals, rand])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("kernel,t", [("t_float_to_half", np.float16), ("t_float_to_bf16", BF16)],
+                         ids=["float16", "bfloat16"])
+def test_float_rounds_to_nearest_even_like_numpy_and_ml_dtypes(conv, kernel, t):
+    x = _rounding_cases(np.dtype(t))
+    want = x.astype(t).view(np.uint16)
+    got = conv(kernel, x, np.uint16)
+    _nan_aware_equal(got, want, lambda u: (u & 0x7fff) > (0x7c00 if t is np.float16 else 0x7f80))
+    if t is np.float16:   # the format's overflow: 65520 and above round to inf, below to 65504
+        edge = conv(kernel, np.array([65519.996, 65520.0, -65520.0], np.float32), np.uint16)
+        assert list(edge) == [0x7bff, 0x7c00, 0xfc00]
+
+
+def test_dlpack_type_codes():
+    assert (dlpack.dl_dtype(np.float16).code, dlpack.dl_dtype(np.float16).bits) == (2, 16)
+    t = dlpack.dl_dtype(BF16)
+    assert (t.code, t.bits, t.lanes) == (dlpack.kDLBfloat, 16, 1)
+    assert dlpack.np_dtype(t) == BF16
+    assert dlpack.np_dtype(dlpack.DLDataType(2, 16, 1)) == np.float16
+
+
+def test_dlpack_bfloat16_without_ml_dtypes_is_a_clear_error(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)   # import fails as if not installed
+    with pytest.raises(GpuError, match="ml_dtypes"):
+        dlpack.np_dtype(dlpack.DLDataType(dlpack.kDLBfloat, 16, 1))
+
+
+@pytest.fixture
+def emu_rt():
+    if not gpu_emulator.available():
+        pytest.skip("needs g++ (C++20) for the kernel emulator")
+    rt = gpu_emulator.EmuRuntime(32)
+    yield rt
+    rt.close()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_dlpack_round_trip_keeps_half_dtype(emu_rt, dtype):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4).astype(dtype)
+    dev = to_device(x, runtime=emu_rt)
+    back = DeviceArray.from_external(_DlpackOnly(dev), runtime=emu_rt)
+    assert back.dtype == np.dtype(dtype) and back.shape == (3, 4)
+    np.testing.assert_array_equal(back.get().view(np.uint16), x.view(np.uint16))
+
+
+class _DlpackOnly:
+    """A foreign producer offering only DLPack (as a PyTorch bfloat16 tensor does: torch gives bf16 no
+    __cuda_array_interface__)."""
+
+    def __init__(self, dev):
+        self._dev = dev
+
+    def __dlpack__(self, stream=None):
+        return self._dev.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._dev.__dlpack_device__()
+
+
+def test_cuda_array_interface_half_rules(emu_rt):
+    f16 = to_device(np.ones(4, np.float16), runtime=emu_rt)
+    assert f16.__cuda_array_interface__["typestr"] == "<f2"
+    bf = to_device(np.ones(4, BF16), runtime=emu_rt)
+    assert not hasattr(bf, "__cuda_array_interface__")   # consumers take DLPack instead
+
+    class _Opaque:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<V2", "data": (bf.ptr, False), "version": 3,
+                                    "strides": None, "stream": None}
+    with pytest.raises(GpuError, match="DLPack"):
+        DeviceArray.from_external(_Opaque(), runtime=emu_rt)
