@@ -103,6 +103,51 @@ cdef inline cnp.ndarray empty_like_f32(cnp.ndarray a):
     return cnp.PyArray_EMPTY(cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a), cnp.NPY_FLOAT32, 0)
 
 
+ctypedef struct Operands:   # one call's pointers and sizes, whichever kernel it is for
+    const float *x
+    const float *y
+    float *out
+    int64_t n
+    int64_t m               # add: b's size; softmax: the row length
+    float alpha
+
+ctypedef void (*kernel_fn)(Operands *o) noexcept nogil
+
+cdef void k_add(Operands *o) noexcept nogil:
+    hs_add_f32(o.x, o.y, o.out, o.n, o.m)
+
+cdef void k_scale(Operands *o) noexcept nogil:
+    hs_scale_f32(o.x, o.alpha, o.out, o.n)
+
+cdef void k_softmax(Operands *o) noexcept nogil:
+    if o.m:
+        hs_softmax_f32(o.x, o.out, o.n // o.m, o.m, 1)
+
+
+cdef object launch(kernel_fn k, Operands *o, cnp.ndarray like):
+    """The result (like's shape, float32) of kernel `k`, with the GIL kept for small calls."""
+    cdef cnp.ndarray out = empty_like_f32(like)
+    o.out = <float *>cnp.PyArray_DATA(out)
+    if o.n <= GIL_KEPT_MAX:
+        k(o)
+    else:
+        with nogil:
+            k(o)
+    return out
+
+
+cdef inline bint sized(object x, double bytes_per_element, double *size, double *nbytes) noexcept:
+    """x plain float32 and within the hot path's size; sets the call's work measure and bytes."""
+    if not plain_f32(x):
+        return False
+    cdef cnp.npy_intp n = cnp.PyArray_SIZE(<cnp.ndarray>x)
+    if n > HOT_MAX:
+        return False
+    size[0] = n
+    nbytes[0] = bytes_per_element * n
+    return True
+
+
 cdef class AddHot(HotOp):
     """add(a, b): b of a's shape or a trailing part of it, both plain float32."""
     cdef object check(self, tuple args, dict kwargs, double *size, double *nbytes):
@@ -110,7 +155,7 @@ cdef class AddHot(HotOp):
             return None
         a = args[0]
         b = args[1]
-        if not (plain_f32(a) and plain_f32(b)):
+        if not plain_f32(b) or not sized(a, 8.0, size, nbytes):
             return None
         cdef int na = cnp.PyArray_NDIM(<cnp.ndarray>a), nb = cnp.PyArray_NDIM(<cnp.ndarray>b), i
         cdef cnp.npy_intp *da = cnp.PyArray_DIMS(<cnp.ndarray>a)
@@ -120,59 +165,35 @@ cdef class AddHot(HotOp):
         for i in range(nb):
             if da[na - nb + i] != db[i]:
                 return None
-        cdef cnp.npy_intp n = cnp.PyArray_SIZE(<cnp.ndarray>a)
-        if n > HOT_MAX:
-            return None
-        size[0] = n
-        nbytes[0] = 4.0 * (2 * n + cnp.PyArray_SIZE(<cnp.ndarray>b))
+        nbytes[0] += 4.0 * cnp.PyArray_SIZE(<cnp.ndarray>b)
         return args
 
     cdef object run(self, object ready):
         cdef cnp.ndarray a = <cnp.ndarray>(<tuple>ready)[0]
         cdef cnp.ndarray b = <cnp.ndarray>(<tuple>ready)[1]
-        cdef cnp.ndarray out = empty_like_f32(a)
-        cdef const float *pa = <float *>cnp.PyArray_DATA(a)
-        cdef const float *pb = <float *>cnp.PyArray_DATA(b)
-        cdef float *po = <float *>cnp.PyArray_DATA(out)
-        cdef int64_t n = cnp.PyArray_SIZE(a), m = cnp.PyArray_SIZE(b)
-        if n <= GIL_KEPT_MAX:
-            hs_add_f32(pa, pb, po, n, m)
-        else:
-            with nogil:
-                hs_add_f32(pa, pb, po, n, m)
-        return out
+        cdef Operands o
+        o.x = <float *>cnp.PyArray_DATA(a)
+        o.y = <float *>cnp.PyArray_DATA(b)
+        o.n = cnp.PyArray_SIZE(a)
+        o.m = cnp.PyArray_SIZE(b)
+        return launch(k_add, &o, a)
 
 
 cdef class ScaleHot(HotOp):
     """scale(x, alpha): x plain float32, alpha a Python float (ints, NumPy scalars and 0-d arrays take
     the general path, which owns their conversion and its errors)."""
     cdef object check(self, tuple args, dict kwargs, double *size, double *nbytes):
-        if len(args) != 2 or kwargs:
+        if len(args) != 2 or kwargs or not PyFloat_CheckExact(args[1]) or not sized(args[0], 8.0, size, nbytes):
             return None
-        x = args[0]
-        alpha = args[1]
-        if not plain_f32(x) or not PyFloat_CheckExact(alpha):
-            return None
-        cdef cnp.npy_intp n = cnp.PyArray_SIZE(<cnp.ndarray>x)
-        if n > HOT_MAX:
-            return None
-        size[0] = n
-        nbytes[0] = 8.0 * n
         return args
 
     cdef object run(self, object ready):
         cdef cnp.ndarray x = <cnp.ndarray>(<tuple>ready)[0]
-        cdef float a = <float>PyFloat_AS_DOUBLE((<tuple>ready)[1])  # rounded as the general path rounds it
-        cdef cnp.ndarray out = empty_like_f32(x)
-        cdef const float *px = <float *>cnp.PyArray_DATA(x)
-        cdef float *po = <float *>cnp.PyArray_DATA(out)
-        cdef int64_t n = cnp.PyArray_SIZE(x)
-        if n <= GIL_KEPT_MAX:
-            hs_scale_f32(px, a, po, n)
-        else:
-            with nogil:
-                hs_scale_f32(px, a, po, n)
-        return out
+        cdef Operands o
+        o.x = <float *>cnp.PyArray_DATA(x)
+        o.n = cnp.PyArray_SIZE(x)
+        o.alpha = <float>PyFloat_AS_DOUBLE((<tuple>ready)[1])  # rounded as the general path rounds it
+        return launch(k_scale, &o, x)
 
 
 cdef class SoftmaxHot(HotOp):
@@ -187,30 +208,17 @@ cdef class SoftmaxHot(HotOp):
             if not PyLong_CheckExact(axis) or axis != -1:
                 return None
         x = args[0]
-        if not plain_f32(x) or cnp.PyArray_NDIM(<cnp.ndarray>x) == 0:
+        if not sized(x, 8.0, size, nbytes) or cnp.PyArray_NDIM(<cnp.ndarray>x) == 0:
             return None
-        cdef cnp.npy_intp n = cnp.PyArray_SIZE(<cnp.ndarray>x)
-        if n > HOT_MAX:
-            return None
-        size[0] = n
-        nbytes[0] = 8.0 * n
         return x
 
     cdef object run(self, object ready):
         cdef cnp.ndarray x = <cnp.ndarray>ready
-        cdef int nd = cnp.PyArray_NDIM(x)
-        cdef int64_t n = cnp.PyArray_SIZE(x), length = cnp.PyArray_DIM(x, nd - 1)
-        cdef cnp.ndarray out = empty_like_f32(x)
-        cdef const float *px = <float *>cnp.PyArray_DATA(x)
-        cdef float *po = <float *>cnp.PyArray_DATA(out)
-        if length == 0:
-            return out
-        if n <= GIL_KEPT_MAX:
-            hs_softmax_f32(px, po, n // length, length, 1)
-        else:
-            with nogil:
-                hs_softmax_f32(px, po, n // length, length, 1)
-        return out
+        cdef Operands o
+        o.x = <float *>cnp.PyArray_DATA(x)
+        o.n = cnp.PyArray_SIZE(x)
+        o.m = cnp.PyArray_DIM(x, cnp.PyArray_NDIM(x) - 1)
+        return launch(k_softmax, &o, x)
 
 
 add_hot = AddHot()
