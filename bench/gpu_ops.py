@@ -66,6 +66,24 @@ class GpuBench:
             sync()
         return run
 
+    def device_as(self, x, dtype: str):
+        """A device copy of x in a half dtype ("float16", or "bfloat16" through ml_dtypes)."""
+        from hipsched.gpu.memory import to_device
+        from hipsched.gpu.ops_basic import np_dtype
+        return to_device(np.ascontiguousarray(np.asarray(x, np.float32).astype(np_dtype(dtype))), runtime=self.rt)
+
+    def half_call(self, op, dtype, args, params, size=0):
+        """A callable running `op` on device half arrays through the backend with a Call built here,
+        so the rows measure the kernels whatever dtypes the op specs accept yet."""
+        from hipsched.ops.base import Call
+        c = Call(op, tuple(args), dict(params), size, sum(a.nbytes for a in args), dtype=dtype, on_device=True)
+        backend, sync = self.backend, self.sync
+
+        def run():
+            backend.run(c)
+            sync()
+        return run
+
     def copy_peer(self, nbytes):
         """A device-to-device copy moving `nbytes` in total (nbytes/2 read, nbytes/2 written)."""
         half = max(4, int(nbytes) // 2 // 4 * 4)
@@ -196,6 +214,68 @@ def basic_cases(env) -> list[Case]:
     return cases
 
 
+def half_cases(env) -> list[Case]:
+    """float16 and bfloat16 rows against torch in the same dtype (CuPy for float16: it has no bfloat16).
+    Bandwidth rows count the half bytes moved, so GB/s compares with the float32 rows directly."""
+    rng = np.random.default_rng(1)
+    torch, cp = env.torch, env.cupy
+    cases = []
+    big = (1 << 24) if env.quick else (1 << 26)
+    for dtype, tag in (("float16", "fp16"), ("bfloat16", "bf16")):
+        tdt = getattr(torch, dtype) if torch is not None else None
+
+        def peer(op, shape, ours, name, fn, nbytes=0.0, flops=0.0):
+            cases.append(Case(f"{op} {tag}", shape, ours, fn, name, bytes=nbytes, flops=flops, family="gpu"))
+
+        a, b = rng.standard_normal(big, dtype=np.float32), rng.standard_normal(big, dtype=np.float32)
+        da, db = env.device_as(a, dtype), env.device_as(b, dtype)
+        add = env.half_call("add", dtype, (da, db), {}, big)
+        scale = env.half_call("scale", dtype, (da,), {"alpha": 1.5}, big)
+        shape = f"{big // (1 << 20)}M"
+        x = rng.standard_normal((2048 if env.quick else 8192, 4096), dtype=np.float32)
+        dx = env.device_as(x, dtype)
+        softmax = env.half_call("softmax", dtype, (dx,), {"axis": -1}, x.size)
+        n = (1 << 16) if env.quick else (1 << 18)
+        T, q = rng.standard_normal((n, 768), dtype=np.float32), rng.standard_normal(768, dtype=np.float32)
+        dT, dq = env.device_as(T, dtype), env.device_as(q, dtype)
+        cos = env.half_call("cosine_similarity", dtype, (dq, dT), {}, n * 768)
+        topk = env.half_call("top_k", dtype, (dq, dT), {"k": 10}, n * 768)
+        size = 2048 if env.quick else 4096
+        A, B = rng.standard_normal((size, size), dtype=np.float32), rng.standard_normal((size, size), dtype=np.float32)
+        dA, dB = env.device_as(A, dtype), env.device_as(B, dtype)
+        mm = env.half_call("matmul", dtype, (dA, dB), {}, size ** 3)
+        qkv = [rng.standard_normal((1, 8, 2048, 64), dtype=np.float32) for _ in range(3)]
+        dqkv = [env.device_as(t, dtype) for t in qkv]
+        attn = env.half_call("attention", dtype, dqkv, {"causal": False, "scale": None}, 8 * 2048 * 2048 * 64)
+        if torch is not None:
+            ta, tb = (torch.from_numpy(t).cuda().to(tdt) for t in (a, b))
+            peer("add", shape, add, f"torch a+b ({tag})", env.torch_peer(lambda: ta + tb), 6 * big)
+            peer("scale", shape, scale, f"torch 1.5*x ({tag})", env.torch_peer(lambda: ta * 1.5), 4 * big)
+            tx = torch.from_numpy(x).cuda().to(tdt)
+            peer("softmax", f"{x.shape[0]}x4096", softmax, f"torch.softmax ({tag})",
+                 env.torch_peer(lambda: torch.softmax(tx, -1)), 4 * x.size)
+            tT, tq = torch.from_numpy(T).cuda().to(tdt), torch.from_numpy(q).cuda().to(tdt)
+            tcos = lambda: torch.nn.functional.cosine_similarity(tT, tq[None, :], dim=1)  # noqa: E731
+            peer("cosine_similarity", f"{n}x768", cos, f"torch cosine_similarity ({tag})", env.torch_peer(tcos),
+                 2 * T.size)
+            peer("top_k", f"{n}x768 k=10", topk, f"torch cosine+topk ({tag})",
+                 env.torch_peer(lambda: torch.topk(tcos(), 10)), 2 * T.size)
+            tA, tB = torch.from_numpy(A).cuda().to(tdt), torch.from_numpy(B).cuda().to(tdt)
+            peer("matmul", f"{size}^3", mm, f"torch.matmul ({tag})", env.torch_peer(lambda: tA @ tB),
+                 flops=2.0 * size ** 3)
+            tq3 = [torch.from_numpy(t).cuda().to(tdt) for t in qkv]
+            sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(*tq3)  # noqa: E731
+            peer("attention", "(1,8,2048,64)", attn, f"torch SDPA ({tag})", env.torch_peer(sdpa),
+                 flops=4.0 * 8 * 2048 * 2048 * 64)
+        elif cp is not None and dtype == "float16":
+            ca, cb = cp.asarray(a, dtype=cp.float16), cp.asarray(b, dtype=cp.float16)
+            peer("add", shape, add, "cupy a+b (fp16)", env.cupy_peer(lambda: ca + cb), 6 * big)
+            cA, cB = cp.asarray(A, dtype=cp.float16), cp.asarray(B, dtype=cp.float16)
+            peer("matmul", f"{size}^3", mm, "cupy matmul (fp16)", env.cupy_peer(lambda: cA @ cB),
+                 flops=2.0 * size ** 3)
+    return cases
+
+
 def main(argv):
     from hipsched.backends.gpu import create_gpu_backend
     backend = create_gpu_backend()
@@ -209,6 +289,11 @@ def main(argv):
              f"blas={blas.flavour if blas else 'none (tiled kernel)'}; device-to-device copy {bw:.0f} GB/s; "
              f"peers: torch={'yes' if env.torch else 'no'}, cupy={'yes' if env.cupy else 'no'})")
     cases = basic_cases(env)
+    from hipsched.errors import GpuError
+    try:
+        cases += half_cases(env)
+    except GpuError as e:   # bfloat16 needs ml_dtypes (np_dtype says so): keep the float32 rows
+        print(f"bench/gpu_ops.py: half-precision rows skipped: {e}")
     try:
         import gpu_cases_extra
     except ImportError:

@@ -1,6 +1,7 @@
 """GPU launch glue for attention (kernel: src_c/hip/attention.hip, fp32 flash attention).
 
-q (B, H, Sq, hd), k and v (B, H, Sk, hd) float32 contiguous; the kernel for the smallest head-dim
+q (B, H, Sq, hd), k and v (B, H, Sk, hd) contiguous, all float32, float16 or bfloat16 (Call.dtype; the
+output has that dtype, the kernel keeps float32 running max, sum and output); the kernel for the smallest head-dim
 class >= hd runs with the rest of the dims zero-padded in registers (hd up to 256)."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from ..errors import GpuError
 from .context import Launch
-from .ops_basic import require_float32
+from .ops_basic import KERNEL_SUFFIX, kernel_suffix, np_dtype
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
@@ -27,18 +28,19 @@ def head_dim_class(hd: int) -> int:
     raise GpuError("unsupported", f"attention: head_dim {hd} exceeds the GPU kernel's maximum {MAX_HEAD_DIM}")
 
 
-def attention_launches(b: int, h: int, sq: int, hd: int) -> list[Launch]:
+def attention_launches(b: int, h: int, sq: int, hd: int, suffix: str = "f32") -> list[Launch]:
     """One block per ROWS query rows of one (batch, head), all on grid x."""
     d = head_dim_class(hd)
     rows = _ROWS_PER_THREAD * _THREADS // (d // _DIMS_PER_THREAD)
-    return [Launch.of("attention", f"hs_attention_d{d}", -(-sq // rows) * b * h, _THREADS)]
+    name = f"hs_attention_d{d}" if suffix == "f32" else f"hs_attention_{suffix}_d{d}"
+    return [Launch.of("attention", name, -(-sq // rows) * b * h, _THREADS)]
 
 
 def attention_plan(ctx, call) -> list[Launch]:
-    require_float32(call)
+    suffix = kernel_suffix(call)
     b, h, sq, hd = (int(s) for s in call.args[0].shape)
     head_dim_class(hd)  # an empty call with too large a head_dim is refused as well: the kernels never take it
-    return attention_launches(b, h, sq, hd) if b * h * sq * hd else []
+    return attention_launches(b, h, sq, hd, suffix) if b * h * sq * hd else []
 
 
 def attention(ctx, call, stream):
@@ -47,7 +49,7 @@ def attention(ctx, call, stream):
     sk = int(call.args[1].shape[2])
     causal = bool(call.params.get("causal", False))
     scale = call.params.get("scale")
-    out = ctx.empty((b, h, sq, hd), np.float32, stream)
+    out = ctx.empty((b, h, sq, hd), np_dtype(call.dtype), stream)
     if not plan:
         return ctx.finish(out, call, stream)
     (launch,) = plan
@@ -60,4 +62,5 @@ def attention(ctx, call, stream):
 
 def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
     """Every head-dim class's kernel (the compile report's occupancy rows)."""
-    return [launch for hd in HEAD_DIM_CLASSES for launch in attention_launches(1, 2, 100, hd)]
+    return [launch for sfx in KERNEL_SUFFIX.values() for hd in HEAD_DIM_CLASSES
+            for launch in attention_launches(1, 2, 100, hd, sfx)]

@@ -12,7 +12,10 @@
 // Causal is top-left aligned like torch SDPA(is_causal=True): row i sees keys j <= i, and key tiles
 // entirely above a block's last row are skipped. A row that sees no key (Sk == 0) gets zeros.
 //
-// Entry points per head-dim class (hd <= D, the rest zero-padded): hs_attention_d32/_d64/_d128/_d256.
+// Entry points per head-dim class (hd <= D, the rest zero-padded): hs_attention_d32/_d64/_d128/_d256 for
+// float32, hs_attention_f16_d* and hs_attention_bf16_d* for float16 and bfloat16 q, k, v and out: those
+// are widened on load (K and V tiles are float in shared memory), the running max, sum and output
+// accumulate in float32, and each output is rounded once to the element type.
 // Launch: block 128, grid (ceil(Sq / ROWS) * B * H), ROWS = HSA_R * 128 / (D / 16).
 
 // Launch bounds matter on AMD: without them hipcc budgets registers for 1024-thread blocks (64 VGPRs)
@@ -24,9 +27,9 @@
 
 HS_DEV float hsa_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-template <int D>
-HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                          float* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+template <int D, class E>
+HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
     constexpr int G = D / 16;                        // threads per query row
     constexpr int STRIDE = HSA_THREADS / G;          // distance between a thread's rows
     constexpr int ROWS = STRIDE * HSA_R;             // query rows per block
@@ -41,8 +44,8 @@ HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__
     const hs_i64 bh = (hs_i64)blockIdx.x / tiles;
     const hs_i64 q0 = ((hs_i64)blockIdx.x % tiles) * ROWS;
     const hs_i64 row0 = q0 + tid / G;                // rows row0 + i * STRIDE
-    const float* kb = k + bh * sk * hd;
-    const float* vb = v + bh * sk * hd;
+    const E* kb = k + bh * sk * hd;
+    const E* vb = v + bh * sk * hd;
 
     const float qs = scale * HSA_LOG2E;
     float4 qr[HSA_R][4], o[HSA_R][4];
@@ -56,7 +59,7 @@ HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int d = 4 * (t * G + g) + c;
-                e[c] = (row < sq && d < hd) ? q[(bh * sq + row) * hd + d] * qs : 0.0f;
+                e[c] = (row < sq && d < hd) ? hs_ld(q[(bh * sq + row) * hd + d]) * qs : 0.0f;
             }
             qr[i][t] = make_float4(e[0], e[1], e[2], e[3]);
             o[i][t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -76,8 +79,8 @@ HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__
             const int j = idx / D, d = idx % D;
             const hs_i64 key = kt + j;
             const bool in = key < kend && d < hd;
-            ksf[idx] = in ? kb[key * hd + d] : 0.0f;
-            vsf[idx] = in ? vb[key * hd + d] : 0.0f;
+            ksf[idx] = in ? hs_ld(kb[key * hd + d]) : 0.0f;
+            vsf[idx] = in ? hs_ld(vb[key * hd + d]) : 0.0f;
         }
         __syncthreads();
 #pragma unroll 1
@@ -149,24 +152,26 @@ HS_DEV void hsa_attention(const float* __restrict__ q, const float* __restrict__
         const hs_i64 row = row0 + i * STRIDE;
         if (row >= sq) continue;
         const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        float* orow = out + (bh * sq + row) * hd;
+        E* orow = out + (bh * sq + row) * hd;
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
             const int d = 4 * (t * G + g);
-            if (d + 0 < hd) orow[d + 0] = o[i][t].x * inv;
-            if (d + 1 < hd) orow[d + 1] = o[i][t].y * inv;
-            if (d + 2 < hd) orow[d + 2] = o[i][t].z * inv;
-            if (d + 3 < hd) orow[d + 3] = o[i][t].w * inv;
+            if (d + 0 < hd) orow[d + 0] = hs_st<E>(o[i][t].x * inv);
+            if (d + 1 < hd) orow[d + 1] = hs_st<E>(o[i][t].y * inv);
+            if (d + 2 < hd) orow[d + 2] = hs_st<E>(o[i][t].z * inv);
+            if (d + 3 < hd) orow[d + 3] = hs_st<E>(o[i][t].w * inv);
         }
     }
 }
 
-#define HSA_ENTRY(D)                                                                                      \
-    HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_d##D(const float* __restrict__ q, const float* __restrict__ k,            \
-                                     const float* __restrict__ v, float* __restrict__ out, hs_i64 sq,     \
-                                     hs_i64 sk, int hd, float scale, int causal) {                        \
-        hsa_attention<D>(q, k, v, out, sq, sk, hd, scale, causal);                                        \
+// P is the name's type part: empty for float32 (the names predate the half kernels), f16_ or bf16_.
+#define HSA_ENTRY_T(P, E, D)                                                                              \
+    HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_##P##d##D(                                 \
+        const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
+        hsa_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
     }
+#define HSA_ENTRY(D) HSA_ENTRY_T(, float, D) HSA_ENTRY_T(f16_, hs_half, D) HSA_ENTRY_T(bf16_, hs_bf16, D)
 
 HSA_ENTRY(32)
 HSA_ENTRY(64)

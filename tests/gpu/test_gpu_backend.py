@@ -15,6 +15,7 @@ import pytest
 from hipsched.backends import gpu as gpu_backend
 from hipsched.backends.gpu import GPU_IMPLS, create_gpu_backend
 from hipsched.errors import GpuError
+from hipsched.gpu.kernels import kernel_names
 from hipsched.ops import OpType
 from hipsched.ops.base import Call
 
@@ -216,17 +217,20 @@ def test_every_kernel_named_by_the_glue_exists():
     glue = (ROOT / "hipsched" / "gpu" / "ops_basic.py").read_text()
     named = re.findall(r'(?:ctx\.function|Launch\.of)\("(\w+)",\s*(?:"(\w+)"|name)', glue)
     sources = {p.stem: p.read_text() for p in (ROOT / "src_c" / "hip").glob("*.hip")}
-    kernels = {stem: set(re.findall(r"HS_KERNEL\s+(?:__launch_bounds__\(\d+\)\s+)?void\s+(hs_\w+)", text))
-               for stem, text in sources.items()}
+    # kernel_names: spelled out, or stamped per element type by HS_FOR_EACH_FLOAT (hs_add_##S...)
+    kernels = {stem: set(kernel_names(text)) for stem, text in sources.items()}
     literal = [(src, k) for src, k in named if k]
     assert literal, "no kernel names found in the glue"
     for src, k in literal:
         assert k in kernels.get(src, ()), f"{k} not in {src}.hip"
-    # names built at run time: every variant the glue can form
-    for k in re.findall(r'"(hs_\w+)"', glue):
-        assert any(k in ks for ks in kernels.values()), k
-    for base in ("hs_cosine_f32_q1", "hs_cosine_f32_q8"):
-        assert {base, base + "_v4"} <= kernels["similarity"]
+    # names built at run time (element type suffix, _v4, query count): every variant the glue forms
+    from hipsched.gpu import ops_basic, ops_norm
+    for warp in (32, 64):
+        for launch in ops_basic.report_launches(warp, 2) + ops_norm.report_launches(warp, 2):
+            assert launch.kernel in kernels[launch.source], f"{launch.kernel} not in {launch.source}.hip"
+    for sfx in ("f32", "f16", "bf16"):
+        for base in (f"hs_cosine_{sfx}_q1", f"hs_cosine_{sfx}_q8"):
+            assert {base, base + "_v4"} <= kernels["similarity"]
 
 
 def test_glue_matmul_shapes_follow_numpy():

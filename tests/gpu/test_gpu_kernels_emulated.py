@@ -364,16 +364,41 @@ def test_half_matmul_tiled_kernel(emu, rng, dtype, sa, sb):
     np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound + 1e-300)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hd", [20, 40, 100, 200], ids=["d32", "d64", "d128", "d256"])
+def test_half_attention_head_classes(emu, rng, dtype, hd):
+    t = HALF[dtype]
+    q = rng.standard_normal((1, 2, 7, hd)).astype(t)
+    k, v = (rng.standard_normal((1, 2, 20, hd)).astype(t) for _ in range(2))   # d256: 2 key tiles
+    for causal in (False, True):
+        params = {"causal": causal, "scale": None}
+        g = emu.run(half_call("attention", (q, k, v), params, dtype))
+        assert g.dtype == t and g.shape == q.shape
+        # float32 running max, sum and output as in the float32 kernel, one rounding on the store
+        assert_same_bits(g, rounded(_emu_f32(emu, "attention", q, params, k, v), dtype))
+        q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+        s = q64 @ k64.transpose(0, 1, 3, 2) / np.sqrt(hd)
+        if causal:
+            s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        ref = (p / p.sum(-1, keepdims=True)) @ v64
+        # float32 error (test_attention_head_classes: 2e-5 relative, 2e-6 absolute against the CPU
+        # engine) plus the half rounding of each output
+        bound = UNIT[dtype] * np.abs(ref) + 2e-5 * np.abs(ref) + 2e-6 + TINY[dtype]
+        np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+
+
 def test_half_supports_table(emu):
-    for op in ("add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "matmul"):
+    for op in ("add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "matmul", "attention"):
         assert emu.supports(op, "float16") and emu.supports(op, "bfloat16") and emu.supports(op, "float32")
-    assert not emu.supports("attention", "float16") and not emu.supports("attention", "bfloat16")
+    for op in ("spread_activation", "dequantize"):
+        assert not emu.supports(op, "float16") and not emu.supports(op, "bfloat16")
 
 
-def test_half_call_refused_by_float32_only_glue(emu, rng):
+def test_half_dtype_without_kernels_is_refused(emu, rng):
     from hipsched.errors import GpuError
-    q = rng.standard_normal((1, 1, 4, 32)).astype(np.float16)
-    call = half_call("attention", (q, q, q), {"scale": None, "causal": False}, "float16")
+    a = rng.standard_normal(8).astype(np.float64)
+    call = half_call("add", (a, a), {}, "float64")
     assert emu.unsupported(call) is not None
     with pytest.raises(GpuError) as info:
         emu.run(call)

@@ -311,7 +311,9 @@ def sweep(warp, cus, amd):
         for b, h, sq in ((1, 1, 1), (1, 1, 2**20), (8, 64, 32768), (2**16, 2**10, 2**20)):
             expect = "glue" if hd > ops_attention.MAX_HEAD_DIM else (
                 {"grid-x", "work-items"} if b * h * sq >= 2**34 else None)
-            yield plan("attention", (b, h, sq, hd), ops_attention.attention_launches, b, h, sq, hd, expect=expect)
+            for sfx in ops_basic.KERNEL_SUFFIX.values():
+                yield plan("attention", (b, h, sq, hd, sfx), ops_attention.attention_launches, b, h, sq, hd, sfx,
+                           expect=expect)
     for n in (1, 255, 2**20, 2**31, BIG):
         for dtype in (np.int32, np.int64):
             yield plan("spread_activation", (n, dtype.__name__), ops_graph.spread_launches, n, dtype, cus)
