@@ -156,3 +156,38 @@ def test_cuda_array_interface_half_rules(emu_rt):
                                     "strides": None, "stream": None}
     with pytest.raises(GpuError, match="DLPack"):
         DeviceArray.from_external(_Opaque(), runtime=emu_rt)
+
+
+@pytest.mark.parametrize("flavour", ["cublas", "rocblas"])
+def test_gemm_ex_arguments_follow_the_library_signature(flavour):
+    """The mixed-precision GEMM's argument list, against the declared argtypes and the vendors'
+    documented order (no library needed: the call is captured). Row-major C = A @ B is the column-major
+    C^T = B^T A^T, as for sgemm: B first, then A, with m = N and n = M."""
+    import threading
+
+    from hipsched.gpu.blas import FLAVOURS, GEMM_EX, Blas
+    blas = Blas.__new__(Blas)
+    blas.flavour, blas._op_n = flavour, FLAVOURS[flavour][6]
+    blas._handle, blas._lock = ctypes.c_void_p(7), threading.Lock()
+    blas._alpha, blas._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    _, blas._ex_types, blas._ex_compute, blas._ex_algo = GEMM_EX[flavour]
+    calls = []
+    blas._gemm_ex = lambda *args: calls.append(args) or 0
+    blas._set_stream = lambda handle, stream: 0
+    assert blas.supports_dtype("float16") and blas.supports_dtype("bfloat16") and not blas.supports_dtype("int8")
+    M, N, K = 3, 5, 4
+    blas.gemm_ex_rowmajor(1000, 2000, 3000, M, N, K, 2, M * K, 0, M * N, 0, "bfloat16")
+    (args,) = calls
+    assert len(args) == len(Blas._ex_argtypes(flavour))
+    t = GEMM_EX[flavour][1]["bfloat16"]
+    assert args[3:6] == (N, M, K)
+    assert (args[7].value, args[8], args[9], args[10]) == (2000, t, N, 0)        # B^T: ld N, broadcast
+    assert (args[11].value, args[12], args[13], args[14]) == (1000, t, K, M * K)  # A^T: ld K
+    assert (args[16].value, args[17], args[18], args[19]) == (3000, t, N, M * N)  # C^T: ld N
+    if flavour == "rocblas":   # D = C, then batch, f32_r compute, standard algorithm, solution 0, flags 0
+        assert (args[20].value, args[21], args[22], args[23]) == (3000, t, N, M * N)
+        assert args[24:] == (2, 151, 0, 0, 0)
+    else:                      # batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT
+        assert args[20:] == (2, 68, -1)
+    with pytest.raises(GpuError):
+        blas.gemm_ex_rowmajor(1000, 2000, 3000, M, N, K, 1, 0, 0, 0, 0, "float32")
