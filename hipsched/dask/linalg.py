@@ -10,13 +10,13 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..ops.base import as_f32, check_ndim, finite_scalar, shape_mismatch
+from ..gguf_blocks import BLOCK_BYTES, QK, QuantizedTensor, check_shape, qtype_name, row_bytes
+from ..ops.attention import check_attention
+from ..ops.base import as_f32, check_ndim, shape_mismatch
 from ..ops.linalg import matmul_shapes
-from ..ops.quant import BLOCK_BYTES, QK, QuantizedTensor, _check_shape, _qtype_name
 from .ops import _dask, _dtype_ok
 from .workers import executor
 
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _known_chunks(x, op, arg):
@@ -105,18 +105,7 @@ def attention(q, k, v, causal=False, scale=None):
     q, k, v = _dask(q, op, "q"), _dask(k, op, "k"), _dask(v, op, "v")
     for name, x in (("q", q), ("k", k), ("v", v)):
         _dtype_ok(x, op, name)
-        check_ndim(x, (4,), op, name)
-    if tuple(k.shape) != tuple(v.shape):
-        raise shape_mismatch(op, "k", k.shape, "v", v.shape, "k and v must both be (batch, heads, seq_k, head_dim)")
-    if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
-        raise shape_mismatch(op, "q", q.shape, "k", k.shape,
-                             "batch, heads and head_dim must agree; only the sequence lengths may differ")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"{op}: causal must be a bool, got {causal!r}")
-    if scale is not None:
-        scale = finite_scalar(scale, op, "scale")
-        if abs(scale) * math.log2(math.e) > _F32_MAX:
-            raise ValueError(f"{op}: scale must be within float32's range (|scale| <= about 2.4e38), got {scale!r}")
+    scale = check_attention(q, k, v, causal, scale)  # the single-machine op's rule and messages
     for name, x in (("q", q), ("k", k), ("v", v)):
         _known_chunks(x, op, name)
         if len(x.chunks[2]) > 1 or len(x.chunks[3]) > 1:
@@ -143,17 +132,17 @@ class QuantizedRows:
     __slots__ = ("_blocks", "_shape", "_qtype")
 
     def __init__(self, blocks, shape, qtype):
-        qtype = _qtype_name(qtype, "QuantizedRows")
-        n, k = _check_shape(shape, "QuantizedRows")
+        qtype = qtype_name(qtype, "QuantizedRows")
+        n, k = check_shape(shape, "QuantizedRows")
         if not isinstance(blocks, da.Array):
             raise TypeError(f"QuantizedRows: blocks must be a dask array of uint8 GGUF block bytes, got "
                             f"{type(blocks).__name__} (hipsched.dask.shard_rows(qt, rows_per_chunk) makes one "
                             f"from a QuantizedTensor)")
         if blocks.dtype != np.uint8:
             raise TypeError(f"QuantizedRows: blocks must hold raw GGUF block bytes as uint8, got dtype {blocks.dtype}")
-        row_bytes = (k // QK) * BLOCK_BYTES[qtype]
-        if tuple(blocks.shape) != (n, row_bytes):
-            raise ValueError(f"QuantizedRows: {qtype} blocks for shape ({n}, {k}) must be ({n}, {row_bytes}) bytes "
+        nbytes = row_bytes(k, qtype)
+        if tuple(blocks.shape) != (n, nbytes):
+            raise ValueError(f"QuantizedRows: {qtype} blocks for shape ({n}, {k}) must be ({n}, {nbytes}) bytes "
                              f"({k // QK} blocks x {BLOCK_BYTES[qtype]} bytes per row), got {tuple(blocks.shape)}")
         _known_chunks(blocks, "QuantizedRows", "blocks")
         if len(blocks.chunks[1]) > 1:

@@ -50,6 +50,27 @@ def _sweep(rng):
         yield 4 * s * s * 64, (q, k, v), {}
 
 
+def check_attention(q, k, v, causal, scale, op=OP):
+    """The shape and parameter rule, on anything with shape: q, k, v 4-d, k of v's shape, batch, heads
+    and head_dim agreeing, causal a bool, scale None or finite within float32's range. Returns the
+    checked scale (None stays None). hipsched.dask.attention applies it to Dask arrays before any task."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_ndim(x, (4,), op, name)
+    if tuple(k.shape) != tuple(v.shape):
+        raise shape_mismatch(op, "k", k.shape, "v", v.shape, "k and v must both be (batch, heads, seq_k, head_dim)")
+    if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
+        raise shape_mismatch(op, "q", q.shape, "k", k.shape,
+                             "batch, heads and head_dim must agree; only the sequence lengths may differ")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{op}: causal must be a bool, got {causal!r}")
+    if scale is not None:
+        scale = finite_scalar(scale, op, "scale")
+        # the kernels take scale as float32 and fold log2(e) into it: beyond that range 0 * inf gives NaN
+        if abs(scale) * math.log2(math.e) > float(np.finfo(np.float32).max):
+            raise ValueError(f"{op}: scale must be within float32's range (|scale| <= about 2.4e38), got {scale!r}")
+    return scale
+
+
 @register(OP, cpu=("hipsched.cpu._attention", "attention"), gpu=("hipsched.gpu.ops_attention", "attention"),
           cpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare(q, k, v, causal=False, scale=None) -> Call:
@@ -63,23 +84,11 @@ def prepare(q, k, v, causal=False, scale=None) -> Call:
                 raise TypeError(f"{OP}: device argument {name!r} is {dtype_name(x)}; {OP} takes float32 device "
                                 f"arrays (float16/bfloat16 on the host)")
     dtype, (q, k, v) = promote(OP, q=q, k=k, v=v)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_ndim(x, (4,), OP, name)
-    if tuple(k.shape) != tuple(v.shape):
-        raise shape_mismatch(OP, "k", k.shape, "v", v.shape, "k and v must both be (batch, heads, seq_k, head_dim)")
-    if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
-        raise shape_mismatch(OP, "q", q.shape, "k", k.shape,
-                             "batch, heads and head_dim must agree; only the sequence lengths may differ")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"{OP}: causal must be a bool, got {causal!r}")
+    scale = check_attention(q, k, v, causal, scale)
     b, h, sq, d = (int(s) for s in q.shape)
     sk = int(k.shape[2])
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
-    scale = finite_scalar(scale, OP, "scale")
-    # the kernels take scale as float32 and fold log2(e) into it: beyond that range 0 * inf gives NaN
-    if abs(scale) * math.log2(math.e) > float(np.finfo(np.float32).max):
-        raise ValueError(f"{OP}: scale must be within float32's range (|scale| <= about 2.4e38), got {scale!r}")
     check_result_fits(OP, b, h, sq, d)
     return Call(OP, (q, k, v), {"causal": bool(causal), "scale": scale},
                 size=b * h * sq * sk * d,

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# QuantizedTensor is public here (hipsched.QuantizedTensor resolves through this module), and
-# hipsched.dask.linalg imports the layout names from here, underscored ones included.
-from ..gguf_blocks import BLOCK_BYTES, QK, QTYPES, QuantizedTensor, check_shape, qtype_name  # noqa: F401
-from ..gguf_blocks import check_shape as _check_shape, qtype_name as _qtype_name  # noqa: F401
+# QuantizedTensor is public here too (hipsched.QuantizedTensor resolves through this module)
+from ..gguf_blocks import QTYPES, QuantizedTensor, check_shape, qtype_name
 from .base import Call, _resolve, any_on_device, as_float, check_ndim, dtype_name, check_result_fits, rand_f32, register, \
     shape_mismatch
 

@@ -262,7 +262,7 @@ def test_one_block_format_for_every_layer():
     from hipsched.gpu import ops_quant
     from hipsched.ops import quant
     assert QuantizedTensor is quant.QuantizedTensor is gguf_blocks.QuantizedTensor
-    assert ops_quant.BLOCK_BYTES is quant.BLOCK_BYTES is gguf_blocks.BLOCK_BYTES
+    assert ops_quant.BLOCK_BYTES is gguf_blocks.BLOCK_BYTES  # ops.quant uses the leaf; it keeps no copy
     assert ops_quant.QK == gguf_blocks.QK == 32
     assert _quant.BLOCK_BYTES == gguf_blocks.BLOCK_BYTES == BLOCK_BYTES
     assert {qt: gguf.constants.GGML_QUANT_SIZES[QTYPES[qt]] for qt in QTYPES} == \
