@@ -21,14 +21,7 @@ from ..ops import OPS
 # Views of the op specs (hipsched/ops), which are the one place these are declared:
 # op -> (module, function) of the launch glue, and op -> dtypes (Call.dtype) with a GPU path
 GPU_IMPLS = {name: spec.gpu for name, spec in OPS.items() if spec.gpu is not None}
-# The ops whose glue has float16 and bfloat16 kernels (hipsched/gpu/ops_basic.py, ops_norm.py,
-# ops_attention.py). Until
-# their specs list those dtypes in gpu_dtypes, this table is what makes the GPU answer for them.
-HALF_KERNEL_OPS = ("add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "matmul", "attention")
-HALF_DTYPES = ("float16", "bfloat16")
-SUPPORTED_DTYPES = {name: tuple(dict.fromkeys(OPS[name].gpu_dtypes
-                                              + (HALF_DTYPES if name in HALF_KERNEL_OPS else ())))
-                    for name in GPU_IMPLS}
+SUPPORTED_DTYPES = {name: OPS[name].gpu_dtypes for name in GPU_IMPLS}
 
 # Largest Call.size per op. Every kernel indexes with 64 bits, so the practical limit is device memory,
 # which the scheduler checks separately through device_bytes_needed() and free_memory().

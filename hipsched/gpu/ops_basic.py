@@ -73,6 +73,16 @@ def _aligned(*arrays, multiple=16) -> bool:
     return all(int(a.ptr) % multiple == 0 for a in arrays)
 
 
+def _queries_of_corpus_dtype(call) -> None:
+    """The similarity kernels read q and T in one element type (the call's, T's). The CPU scores a
+    float32 q against a half T exactly; rounding q to T's type here would give other scores, so a
+    mix is refused before anything runs, and the call stays on the CPU."""
+    q_in = call.args[0]
+    if np.dtype(q_in.dtype) != np_dtype(call.dtype):
+        raise GpuError("unsupported", f"{call.op}: q is {np.dtype(q_in.dtype).name} and T {call.dtype}; the GPU "
+                                      f"kernels read both in one dtype")
+
+
 def _will_align(*inputs, multiple=16) -> bool:
     """Whether the device copies of these inputs will be `multiple`-aligned, known before uploading:
     hipsched's own device allocations always are (the runtimes align them to 256 bytes or more); a
@@ -260,6 +270,7 @@ def _cosine_scores(ctx, q, T, m, n, d, stream, scores, suffix="f32"):
 
 def cosine_similarity_plan(ctx, call) -> list[Launch]:
     suffix = kernel_suffix(call)
+    _queries_of_corpus_dtype(call)
     q_in, T_in = call.args[0], call.args[1]
     m, d = _as_queries(q_in)
     n = T_in.shape[0]
@@ -315,6 +326,7 @@ def top_k_launches(m: int, n: int, d: int, kout: int, vec: bool, warp: int, mult
 
 def top_k_plan(ctx, call) -> list[Launch]:
     suffix = kernel_suffix(call)
+    _queries_of_corpus_dtype(call)
     q_in, T_in = call.args[0], call.args[1]
     k = int(_param(call, 2, "k"))
     m, d = _as_queries(q_in)

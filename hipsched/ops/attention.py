@@ -18,14 +18,15 @@ Dtypes: q, k, v float32, float16 or bfloat16 on the CPU; the output has their dt
 read as half (K and V widened one 64-key tile at a time into per-thread scratch, in registers); the
 scores, the running max and sum and the output accumulate in float32, and the output is rounded once
 (float16 overflow to inf). A mix promotes all three to float32, as PyTorch's type promotion does
-(ops.base.promote). On a device: float32 only."""
+(ops.base.promote; device arrays are not converted, so a mix on a device is a TypeError). The GPU
+kernels take the same three types."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from .base import FLOATS, Call, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, finite_scalar, \
+from .base import FLOATS, Call, any_on_device, as_float, check_ndim, check_result_fits, finite_scalar, \
     promote, rand_f32, register, shape_mismatch
 
 OP = "attention"
@@ -72,17 +73,12 @@ def check_attention(q, k, v, causal, scale, op=OP):
 
 
 @register(OP, cpu=("hipsched.cpu._attention", "attention"), gpu=("hipsched.gpu.ops_attention", "attention"),
-          cpu_dtypes=FLOATS, split=_split, sweep=_sweep)
+          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare(q, k, v, causal=False, scale=None) -> Call:
     q = as_float(q, OP, "q")
     k = as_float(k, OP, "k")
     v = as_float(v, OP, "v")
     on_device = any_on_device(q, k, v)
-    if on_device:  # the GPU kernels are float32-only
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            if dtype_name(x) != "float32":
-                raise TypeError(f"{OP}: device argument {name!r} is {dtype_name(x)}; {OP} takes float32 device "
-                                f"arrays (float16/bfloat16 on the host)")
     dtype, (q, k, v) = promote(OP, q=q, k=k, v=v)
     scale = check_attention(q, k, v, causal, scale)
     b, h, sq, d = (int(s) for s in q.shape)

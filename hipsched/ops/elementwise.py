@@ -59,7 +59,7 @@ def _split_softmax(call):
     return split_rows(call)
 
 
-@register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), hot=(_CPU, "add_hot"), cpu_dtypes=FLOATS,
+@register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), hot=(_CPU, "add_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=lambda call: split_rows(call, same_shape_only=True),
           sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
 def prepare_add(a, b) -> Call:
@@ -91,7 +91,7 @@ def _real_scalar(value, op: str, name: str) -> float:
     raise TypeError(f"{op}: {name} must be a real scalar, got {value!r}")
 
 
-@register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), hot=(_CPU, "scale_hot"), cpu_dtypes=FLOATS,
+@register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), hot=(_CPU, "scale_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=split_rows,
           sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})))
 def prepare_scale(x, alpha) -> Call:
@@ -103,7 +103,7 @@ def prepare_scale(x, alpha) -> Call:
     return Call("scale", (x,), {"alpha": alpha}, size=n, nbytes=2 * es * n, dtype=dtype, on_device=any_on_device(x))
 
 
-@register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), hot=(_CPU, "softmax_hot"), cpu_dtypes=FLOATS,
+@register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), hot=(_CPU, "softmax_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=_split_softmax,
           sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})))
 def prepare_softmax(x, axis=-1) -> Call:

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, dtype_name, promote, rand_f32, register, \
+from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, promote, rand_f32, register, \
     shape_mismatch
 
 
@@ -66,16 +66,11 @@ def matmul_shapes(sa: tuple, sb: tuple):
 
 
 @register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.ops_basic", "matmul"),
-          cpu_dtypes=FLOATS, split=_split, sweep=_sweep)
+          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare_matmul(a, b) -> Call:
     a = as_float(a, "matmul", "a")
     b = as_float(b, "matmul", "b")
     on_device = any_on_device(a, b)
-    if on_device:  # the GPU kernels are float32-only
-        for name, x in (("a", a), ("b", b)):
-            if dtype_name(x) != "float32":
-                raise TypeError(f"matmul: device argument {name!r} is {dtype_name(x)}; matmul takes float32 device "
-                                f"arrays (float16/bfloat16 on the host)")
     dtype, (a, b) = promote("matmul", a=a, b=b)
     sa, sb = tuple(int(s) for s in a.shape), tuple(int(s) for s in b.shape)
     ba, bb, m, k, n = matmul_shapes(sa, sb)

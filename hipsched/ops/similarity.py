@@ -37,11 +37,6 @@ def _queries_targets(op, q, T):
     m = 1 if len(q.shape) == 1 else int(q.shape[0])
     n, d = int(T.shape[0]), int(T.shape[1])
     on_device = any_on_device(q, T)
-    if on_device:  # the GPU kernels are float32-only (and mixed device dtypes are not converted)
-        for name, a in (("q", q), ("T", T)):
-            if dtype_name(a) != "float32":
-                raise TypeError(f"{op}: device argument {name!r} is {dtype_name(a)}; {op} takes float32 device "
-                                f"arrays (float16/bfloat16 on the host)")
     return q, T, m, n, d, on_device
 
 
@@ -89,7 +84,7 @@ def _sweep(*extra):
     return sweep
 
 
-@register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"), cpu_dtypes=FLOATS,
+@register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           scratch=_scratch_cosine, split=_split_cosine, sweep=_sweep())
 def prepare_cosine(q, T) -> Call:
     q, T, m, n, d, on_device = _queries_targets("cosine_similarity", q, T)
@@ -98,7 +93,7 @@ def prepare_cosine(q, T) -> Call:
                 dtype=dtype_name(T), on_device=on_device)
 
 
-@register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), cpu_dtypes=FLOATS, scratch=_scratch_top_k, split=_split_top_k,
+@register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, scratch=_scratch_top_k, split=_split_top_k,
           sweep=_sweep(10))
 def prepare_top_k(q, T, k) -> Call:
     q, T, m, n, d, on_device = _queries_targets("top_k", q, T)

@@ -199,3 +199,20 @@ def test_the_rules_around_an_unsupported_call(rng, tmp_path):
     for d in lines:
         jsonschema.validate(d, schema)
     assert [d.get("detail") for d in lines] == ["fake: too wide"] * 6 + [None] * 3
+
+
+@emulated
+@pytest.mark.parametrize("op", ["cosine_similarity", "top_k"])
+def test_similarity_with_queries_and_corpus_in_different_dtypes(emu, tmp_path, op):
+    """The similarity kernels read q and T in one element type; the CPU scores a float32 q against a
+    half corpus exactly (rounding q to half on the GPU would change the scores), so the mix stays on
+    the CPU as gpu_unsupported, and q in the corpus's dtype goes to the GPU."""
+    rt, gpu, counts = emu
+    rng = np.random.default_rng(6)
+    T = rng.standard_normal((300, 16)).astype(np.float16)
+    q = rng.standard_normal(16, dtype=np.float32)
+    args = (q, T, 5) if op == "top_k" else (q, T)
+    with executor(gpu, tmp_path) as ex:
+        assert_refused_before_the_device(ex, counts, op, args, {}, "q is float32 and T float16")
+        same = (q.astype(np.float16),) + args[1:]
+        assert ex.select_backend(op, args=same).backend_id == "gpu"
