@@ -14,6 +14,7 @@ plus its float32 accumulation ACC(d); against ours: 4u + 2 ACC(d) absolute."""
 import os
 
 import numpy as np
+from cosine_reference import cos_ref
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -32,15 +33,7 @@ def acc(d):
     return (2 * d + 8) * 2.0 ** -24
 
 
-def _cos_ref(q, T):
-    """float64 cosine of the given (half) values, with the documented zero rule."""
-    Q = np.atleast_2d(q).astype(np.float64)
-    T = T.astype(np.float64)
-    qn, tn = np.linalg.norm(Q, axis=1), np.linalg.norm(T, axis=1)
-    with np.errstate(all="ignore"):
-        r = (Q @ T.T) / np.outer(qn, tn)
-    r[np.outer(qn == 0, np.isfinite(tn)) | np.outer(np.isfinite(qn), tn == 0)] = 0.0
-    return r[0] if q.ndim == 1 else r
+_cos_ref = cos_ref
 
 
 def _rank_ref(scores, k):
