@@ -13,6 +13,7 @@ Every launch is checked against the limits of the target the kernel was compiled
 refuse raises GpuError("unsupported", name="launch-limit-<limit>") before it is made."""
 from __future__ import annotations
 
+import math
 import collections
 import ctypes
 import threading
@@ -41,6 +42,8 @@ def _foreign_inputs(args) -> list:
 
 
 def _as_dim3(v) -> tuple[int, int, int]:
+    if type(v) is tuple and len(v) == 3:   # a Launch's, already normalised: every launch passes here
+        return v
     if isinstance(v, (int, np.integer)):
         return (int(v), 1, 1)
     t = tuple(int(x) for x in v)
@@ -90,6 +93,7 @@ class GpuContext:
         from .targets import target_for
         self.target = target_for(self.arch, self.warp_size)
         self._kernels: dict[int, tuple] = {}    # function handle -> (kernel name, KernelResources | None)
+        self._launches_fit: set = set()         # (function, grid, block, shared) that check() passed
         self._resources: dict[str, dict] = {}   # source -> {kernel: KernelResources} for this device
         # resident_bytes None: HIPSCHED_RESIDENT_BYTES or the memory module's default
         self.resident = ResidentCache(rt, resident_bytes)
@@ -260,7 +264,7 @@ class GpuContext:
         from .memory import DeviceArray
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > SCRATCH_KEEP_BYTES:
             return self.empty(shape, dtype, stream)
         buffers = self._scratch.__dict__.setdefault("buffers", {})
@@ -276,10 +280,14 @@ class GpuContext:
         """Raise GpuError("unsupported", name="launch-limit-...") if the device would refuse this launch
         of `fn` (a handle from `function`): threads per block and the kernel's launch bounds, grid
         dimensions, shared memory, registers per block, and the warp size the glue planned with."""
+        key = (fn, _as_dim3(grid), _as_dim3(block), shared)
+        if key in self._launches_fit:   # plans repeat call after call: each is judged once
+            return
         from .targets import check_launch
         kernel, res = self._kernels.get(fn, (None, None))
-        check_launch(self.target, kernel or f"kernel {fn:#x}", res, _as_dim3(grid), _as_dim3(block), shared,
-                     self.warp_size)
+        check_launch(self.target, kernel or f"kernel {fn:#x}", res, key[1], key[2], shared, self.warp_size)
+        if len(self._launches_fit) < 4096:
+            self._launches_fit.add(key)
 
     def check_launches(self, launches):
         """Check a plan before anything is uploaded (a call the device cannot run then costs no copies);
@@ -342,3 +350,6 @@ class GpuContext:
             self._blas.close()
             self._blas = None
         self.cache.unload(self.rt)
+        # handles of unloaded modules may come back for other kernels: what was learnt of them goes
+        self._kernels.clear()
+        self._launches_fit.clear()

@@ -84,9 +84,18 @@ CUDA_SYMBOLS = {
 }
 
 # Optional: a driver without them (CUDA before 11.2, old ROCm) gets Runtime's event-based fallbacks.
-OPTIONAL_SIGNATURES = {"free_async": [c_void_p, c_void_p], "event_query": [c_void_p]}
-HIP_OPTIONAL = {"free_async": "hipFreeAsync", "event_query": "hipEventQuery"}
-CUDA_OPTIONAL = {"free_async": "cuMemFreeAsync", "event_query": "cuEventQuery"}
+OPTIONAL_SIGNATURES = {"free_async": [c_void_p, c_void_p], "event_query": [c_void_p],
+                       "malloc_async": [P(c_void_p), c_size_t, c_void_p],
+                       "default_pool": [P(c_void_p), c_int], "pool_set_attribute": [c_void_p, c_int, c_void_p],
+                       "pool_trim": [c_void_p, c_size_t]}
+HIP_OPTIONAL = {"free_async": "hipFreeAsync", "event_query": "hipEventQuery", "malloc_async": "hipMallocAsync",
+                "default_pool": "hipDeviceGetDefaultMemPool", "pool_set_attribute": "hipMemPoolSetAttribute",
+                "pool_trim": "hipMemPoolTrimTo"}
+CUDA_OPTIONAL = {"free_async": "cuMemFreeAsync", "event_query": "cuEventQuery", "malloc_async": "cuMemAllocAsync",
+                 "default_pool": "cuDeviceGetDefaultMemPool", "pool_set_attribute": "cuMemPoolSetAttribute",
+                 "pool_trim": "cuMemPoolTrimTo"}
+_POOL_FNS = ("malloc_async", "default_pool", "pool_set_attribute", "pool_trim")
+_POOL_ATTR_RELEASE_THRESHOLD = 4   # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD == hipMemPoolAttrReleaseThreshold
 _NOT_READY = 600             # hipErrorNotReady == CUDA_ERROR_NOT_READY: the event's work is still queued
 
 # Device attributes (hipDeviceAttribute_t from ROCm's hip_runtime_api.h; CUdevice_attribute).
@@ -173,6 +182,7 @@ class CtypesRuntime(Runtime):
     def _bind_optional(self):
         self._optional = HIP_OPTIONAL if self.vendor == "hip" else CUDA_OPTIONAL
         self._no_free_async = False
+        self._pools = {}   # device index -> its default memory pool, once its release threshold is set
         for canon, symbol in self._optional.items():
             fn = getattr(self._lib, symbol, None)
             if fn is not None:
@@ -383,6 +393,64 @@ class CtypesRuntime(Runtime):
             raise err
         self._no_free_async = True
         super().free_async(ptr, stream)
+
+    def malloc_async(self, nbytes: int, stream: int = 0) -> int:
+        if any(f not in self._fns for f in _POOL_FNS) or self._no_free_async or "free_async" not in self._fns:
+            return self.malloc(nbytes)
+        self._ctx()
+        pool = self._pools.get(self._device)
+        if pool is None:
+            try:
+                pool = self._pool_of(self._device)
+            except GpuError:
+                # NOT_SUPPORTED (a device without memory pools), or a pool whose release threshold
+                # cannot be set, which would hand its memory back at every synchronisation and be
+                # no faster than malloc
+                self._fns.pop("malloc_async", None)
+                return self.malloc(nbytes)
+        fn = self._fns["malloc_async"]
+        ptr = c_void_p()
+        for attempt in (0, 1):
+            status = fn(ctypes.byref(ptr), max(int(nbytes), 1), c_void_p(stream))
+            if status == 0:
+                return ptr.value or 0
+            err = gpu_error(self._error_name(status), self._optional["malloc_async"], status)
+            if err.kind != "oom" or attempt:
+                raise err
+            # What the pool holds for reuse counts against the device like memory in use: give it
+            # back (after the frees queued so far have run) and try once more, as CuPy and PyTorch do.
+            self.trim_pool(synchronize=True)
+        raise AssertionError("unreachable")
+
+    def _pool_of(self, index: int) -> int:
+        """Device `index`'s default memory pool, told to keep freed memory (up to pool_keep_bytes)
+        across synchronisations instead of releasing it to the driver at each one."""
+        dev, pool = c_int(), c_void_p()
+        if self.vendor == "cuda":
+            self._raw("cuDeviceGet", [P(c_int), c_int], ctypes.byref(dev), index)
+        else:
+            dev.value = index
+        self._call_optional("default_pool", ctypes.byref(pool), dev.value)
+        keep = ctypes.c_uint64(_rt.pool_keep_bytes(self.device_info(index).total_memory))
+        self._call_optional("pool_set_attribute", pool, _POOL_ATTR_RELEASE_THRESHOLD, ctypes.byref(keep))
+        self._pools[index] = pool.value
+        return pool.value
+
+    def trim_pool(self, synchronize: bool = False) -> None:
+        """Hand the memory the current device's pool holds for reuse back to the driver (for other
+        libraries of the process, or before a large allocation). With synchronize, after the device's
+        queued work (and with it the queued frees) has run."""
+        pool = self._pools.get(self._device)
+        if pool is None:
+            return
+        if synchronize:
+            self.synchronize()
+        self._call_optional("pool_trim", c_void_p(pool), 0)
+
+    def _call_optional(self, canon: str, *args):
+        status = self._fns[canon](*args)
+        if status != 0:
+            raise gpu_error(self._error_name(status), self._optional[canon], status)
 
     def memcpy_htod(self, dst, src_host_ptr, nbytes, stream=0):
         self._ctx()

@@ -15,6 +15,7 @@ from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params
 from .status import gpu_error
 
 _STREAM_NON_BLOCKING = 1
+_POOL_ATTR_RELEASE_THRESHOLD = 4   # hipMemPoolAttrReleaseThreshold
 # Calls that do not act on the current device (so need no hipSetDevice on a new thread first).
 _DEVICELESS = frozenset({"hipGetDeviceCount", "hipSetDevice", "hipGetDevice", "hipGetDeviceProperties",
                          "hipDriverGetVersion", "hipRuntimeGetVersion", "hipPointerGetAttributes"})
@@ -182,6 +183,38 @@ class HipPythonRuntime(Runtime):
 
     def free(self, ptr):
         self._do("hipFree", ptr)
+
+    def malloc_async(self, nbytes, stream=0):
+        if getattr(self, "_no_pool", False) or getattr(self, "_no_free_async", False):
+            return self.malloc(nbytes)
+        pools = self.__dict__.setdefault("_pools", {})
+        if self._device not in pools:
+            try:
+                pool = self._do("hipDeviceGetDefaultMemPool", self._device)
+                keep = _rt.pool_keep_bytes(self.device_info(self._device).total_memory)
+                attrs = getattr(self._hip, "hipMemPoolAttr", None)
+                attr = getattr(attrs, "hipMemPoolAttrReleaseThreshold", _POOL_ATTR_RELEASE_THRESHOLD)
+                self._do("hipMemPoolSetAttribute", pool, attr, ctypes.c_uint64(keep))
+            except GpuError:
+                # A pool that would hand its memory back at every synchronisation is no faster than
+                # hipMalloc: without the threshold, do not use it.
+                self._no_pool = True
+                return self.malloc(nbytes)
+            pools[self._device] = pool
+        try:
+            try:
+                return _as_int(self._do("hipMallocAsync", max(int(nbytes), 1), stream))
+            except GpuError as e:
+                if e.kind != "oom":
+                    raise
+                self.synchronize()   # the frees queued so far, then what the pool holds, go back
+                self._do("hipMemPoolTrimTo", pools[self._device], 0)
+                return _as_int(self._do("hipMallocAsync", max(int(nbytes), 1), stream))
+        except GpuError as e:
+            if e.kind != "unavailable":   # hip-python or the driver without pools, or NotSupported
+                raise
+            self._no_pool = True
+            return self.malloc(nbytes)
 
     def free_async(self, ptr, stream=0):
         if not getattr(self, "_no_free_async", False):

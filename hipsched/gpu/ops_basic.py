@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ctypes import c_float, c_int32, c_int64
 
+import math
 import numpy as np
 
 from ..errors import GpuError
@@ -91,7 +92,7 @@ def _will_align(*inputs, multiple=16) -> bool:
 
 
 def _size(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    return math.prod(shape)
 
 
 def _empty_result(ctx, call, shape, dtype, stream):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ctypes import c_double, c_int64
 
+import math
 import numpy as np
 
 from .context import Launch
@@ -23,7 +24,7 @@ def rms_norm_launches(rows: int, length: int, suffix: str = "f32") -> list[Launc
 def _layout(call):
     shape = tuple(call.args[0].shape)
     length = int(shape[-1])
-    return (int(np.prod(shape, dtype=np.int64)) // length if length else 0), length
+    return (math.prod(shape) // length if length else 0), length
 
 
 def rms_norm_plan(ctx, call) -> list[Launch]:

@@ -9,7 +9,10 @@ would:
   answers every call with it (sticky, as on a real GPU);
 - cuModuleLoadData refuses a CUBIN whose ELF ABI version is newer than the driver's CUDA major knows
   (NVRTC 13 writes 8, NVRTC 12 writes 7) and PTX whose `.version` is newer than the driver;
-- after fork() every call answers CUDA_ERROR_NOT_INITIALIZED.
+- after fork() every call answers CUDA_ERROR_NOT_INITIALIZED;
+- with `pools=True`, stream-ordered allocation (cuMemAllocAsync, cuMemFreeAsync, the default pool's
+  release threshold and trim): freed memory stays cached in the pool and is reused; `device_bytes`
+  bounds what memory in use plus the pool's cache may hold (CUDA_ERROR_OUT_OF_MEMORY beyond).
 
 Device memory is host memory, so copies work; kernels do not run. Install it with `install(monkeypatch)`,
 which makes libs.open_library("cuda") return it."""
@@ -20,9 +23,9 @@ import os
 import re
 import threading
 
-SUCCESS, INVALID_VALUE, NOT_INITIALIZED, INVALID_IMAGE, INVALID_CONTEXT = 0, 1, 3, 200, 201
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, INVALID_IMAGE, INVALID_CONTEXT = 0, 1, 2, 3, 200, 201
 UNSUPPORTED_PTX_VERSION, INVALID_HANDLE, ILLEGAL_ADDRESS = 222, 400, 700
-NAMES = {SUCCESS: b"CUDA_SUCCESS", INVALID_VALUE: b"CUDA_ERROR_INVALID_VALUE",
+NAMES = {SUCCESS: b"CUDA_SUCCESS", INVALID_VALUE: b"CUDA_ERROR_INVALID_VALUE", OUT_OF_MEMORY: b"CUDA_ERROR_OUT_OF_MEMORY",
          NOT_INITIALIZED: b"CUDA_ERROR_NOT_INITIALIZED", INVALID_IMAGE: b"CUDA_ERROR_INVALID_IMAGE",
          INVALID_CONTEXT: b"CUDA_ERROR_INVALID_CONTEXT", UNSUPPORTED_PTX_VERSION: b"CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
          INVALID_HANDLE: b"CUDA_ERROR_INVALID_HANDLE", ILLEGAL_ADDRESS: b"CUDA_ERROR_ILLEGAL_ADDRESS"}
@@ -59,8 +62,12 @@ class _Fn:
 
 
 class FakeCudaDriver:
-    def __init__(self, version=13000, devices=2, cc=(9, 0)):
+    def __init__(self, version=13000, devices=2, cc=(9, 0), pools=False, device_bytes=1 << 40):
         self.version, self.devices, self.cc = version, devices, cc
+        self.device_bytes = device_bytes
+        self.pool_threshold: dict[int, int] = {}            # device -> release threshold set
+        self.pool_cache: dict[int, list] = {}               # device -> freed (size, buffer) kept for reuse
+        self.trims = 0
         self.lock = threading.RLock()
         self.calls: list[str] = []
         self.forked = False
@@ -76,6 +83,10 @@ class FakeCudaDriver:
         for name in dir(self):
             if name.startswith("cu") and callable(getattr(self, name)):
                 setattr(self, name, _Fn(name, getattr(self, name), self))
+        if pools:
+            for name in dir(self):
+                if name.startswith("_pool_cu"):
+                    setattr(self, name[6:], _Fn(name[6:], getattr(self, name), self))
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self):
@@ -185,6 +196,51 @@ class FakeCudaDriver:
 
     def cuMemFree_v2(self, ptr):
         return SUCCESS if self.memory.pop(_v(ptr), None) is not None else INVALID_VALUE
+
+    # stream-ordered allocation (pools=True): frees are complete at once (kernels do not run here)
+    def _held_bytes(self, device):
+        return sum(ctypes.sizeof(b) for d, b in self.memory.values() if d == device) + \
+            sum(n for n, _ in self.pool_cache.get(device, []))
+
+    def _pool_cuMemAllocAsync(self, out, nbytes, stream):
+        status = self._needs_ctx()
+        if status:
+            return status
+        n, dev = max(int(_v(nbytes)), 1), self.current_device()
+        cache = self.pool_cache.setdefault(dev, [])
+        hit = next((i for i, (size, _) in enumerate(cache) if size >= n), None)
+        if hit is not None:
+            buf = cache.pop(hit)[1]
+        elif self._held_bytes(dev) + n > self.device_bytes:
+            return OUT_OF_MEMORY
+        else:
+            buf = ctypes.create_string_buffer(n)
+        self.memory[ctypes.addressof(buf)] = (dev, buf)
+        _out(out, ctypes.addressof(buf))
+        return SUCCESS
+
+    def _pool_cuMemFreeAsync(self, ptr, stream):
+        entry = self.memory.pop(_v(ptr), None)
+        if entry is None:
+            return INVALID_VALUE
+        dev, buf = entry
+        self.pool_cache.setdefault(dev, []).append((ctypes.sizeof(buf), buf))
+        return SUCCESS
+
+    def _pool_cuDeviceGetDefaultMemPool(self, out, dev):
+        _out(out, 0x9000 + _v(dev))
+        return SUCCESS
+
+    def _pool_cuMemPoolSetAttribute(self, pool, attr, value):
+        if _v(attr) != 4:   # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, the only one the binding sets
+            return INVALID_VALUE
+        self.pool_threshold[_v(pool) - 0x9000] = _v(value).value
+        return SUCCESS
+
+    def _pool_cuMemPoolTrimTo(self, pool, keep):
+        self.trims += 1
+        self.pool_cache[_v(pool) - 0x9000] = []
+        return SUCCESS
 
     def _copy(self, dst, src, n):
         status = self._needs_ctx()
