@@ -8,8 +8,6 @@ from __future__ import annotations
 import ctypes
 import math
 
-import numpy as np
-
 from ..errors import GpuError
 from .context import Launch
 from .ops_basic import KERNEL_SUFFIX, kernel_suffix, np_dtype

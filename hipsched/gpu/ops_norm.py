@@ -7,7 +7,6 @@ from __future__ import annotations
 from ctypes import c_double, c_int64
 
 import math
-import numpy as np
 
 from .context import Launch
 from .ops_basic import KERNEL_SUFFIX, _empty_result, kernel_suffix, np_dtype
