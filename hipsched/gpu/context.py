@@ -13,9 +13,9 @@ Every launch is checked against the limits of the target the kernel was compiled
 refuse raises GpuError("unsupported", name="launch-limit-<limit>") before it is made."""
 from __future__ import annotations
 
-import math
 import collections
 import ctypes
+import math
 import threading
 from typing import NamedTuple
 

@@ -2,10 +2,10 @@
 and the resident cache that keeps device copies of host arrays reused across calls."""
 from __future__ import annotations
 
-import math
 import collections
 import contextlib
 import contextvars
+import math
 import os
 import threading
 import weakref

@@ -7,9 +7,9 @@ inputs' dtype, except scores (cosine_similarity, top_k), which are float32. Each
 from a pure `<op>_launches(...)` of shapes and device geometry, checked before any upload."""
 from __future__ import annotations
 
+import math
 from ctypes import c_float, c_int32, c_int64
 
-import math
 import numpy as np
 
 from ..errors import GpuError

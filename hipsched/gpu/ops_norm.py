@@ -4,9 +4,8 @@ x, the grid striding over rows past its cap. Same `op(ctx, call, stream)` / `op_
 type, y too)."""
 from __future__ import annotations
 
-from ctypes import c_double, c_int64
-
 import math
+from ctypes import c_double, c_int64
 
 from .context import Launch
 from .ops_basic import KERNEL_SUFFIX, _empty_result, kernel_suffix, np_dtype
