@@ -23,7 +23,9 @@ SUMMARY="$OUT/summary.md"
 FAILED=0
 t_start=$SECONDS
 
-{ echo "# hipsched GPU proof"; echo; echo "$(date -u +%FT%TZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"; echo
+{ echo "# hipsched GPU proof"; echo; # a lent machine gets a copy of the working tree, whose HEAD may be older than its files: say so
+  dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+  echo "$(date -u +%FT%TZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$([ "$dirty" -gt 0 ] && echo " with $dirty tracked files changed since")"; echo
   echo "| step | status | seconds | result |"; echo "|---|---|---|---|"; } >"$SUMMARY"
 
 # step NAME LIMIT_S LOG COMMAND...: run with a time limit, log everything, add a row to the summary
