@@ -103,7 +103,8 @@ def __dir__():
 
 
 def cpu_features() -> dict:
-    """The SIMD level the CPU kernels use ("avx2" or "scalar"), the one detected, and the thread count."""
+    """The SIMD level the CPU kernels use ("avx512", "avx2" or "scalar"), the one detected, the one
+    HIPSCHED_CPU_FEATURES requested, the thread count, and whether the CPU has AVX512_BF16 / AVX512_FP16."""
     return _import_compiled(".cpu._features").cpu_features()
 
 

@@ -2,14 +2,24 @@
 cdef extern from "cpu_features.h":
     int hs_cpu_level()
     int hs_cpu_level_detected()
+    int hs_cpu_level_requested()
     const char *hs_cpu_level_name(int level)
+    int hs_cpu_has_avx512_bf16()
+    int hs_cpu_has_avx512_fp16()
     int hs_num_threads()
 
 
 def cpu_features():
-    """What the CPU kernels run with: the SIMD level chosen, the one detected, and the thread count."""
+    """What the CPU kernels run with: the SIMD level chosen ("simd"), the highest the CPU has
+    ("detected"), the one HIPSCHED_CPU_FEATURES asked for ("requested": "auto" when unset or not a level
+    name; a level the CPU lacks gives "detected"), and the thread count. avx512_bf16 / avx512_fp16 say
+    whether the CPU has those extensions; no kernel uses them, the AVX-512 level needs neither."""
+    requested = hs_cpu_level_requested()
     return {
         "simd": hs_cpu_level_name(hs_cpu_level()).decode(),
         "detected": hs_cpu_level_name(hs_cpu_level_detected()).decode(),
+        "requested": hs_cpu_level_name(requested).decode() if requested >= 0 else "auto",
         "threads": hs_num_threads(),
+        "avx512_bf16": bool(hs_cpu_has_avx512_bf16()),
+        "avx512_fp16": bool(hs_cpu_has_avx512_fp16()),
     }

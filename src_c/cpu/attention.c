@@ -28,6 +28,7 @@ int hs_attention(const void *q, const void *k, const void *v, void *out, int dty
     int nt = hs_threads_for(work, HS_ATTENTION_GRAIN);
     long long items = slabs * ((seq_q + HS_ATTENTION_QTILE - 1) / HS_ATTENTION_QTILE);
     if (nt > items) nt = (int)items;
-    return (hs_cpu_level() == HS_LEVEL_AVX2 ? hs_attention_run_avx2 : hs_attention_run_scalar)(
+    /* no AVX-512 variant: that level runs the AVX2 one */
+    return (hs_cpu_level() >= HS_LEVEL_AVX2 ? hs_attention_run_avx2 : hs_attention_run_scalar)(
         q, k, v, out, dtype, slabs, seq_q, seq_k, head_dim, scale, causal, nt);
 }

@@ -1,6 +1,7 @@
 /* CPU feature probe and thread count, header-only: every extension module gets its own copy of the
  * cached answers, and all copies read the same CPUID and environment, so they always agree.
- * HIPSCHED_CPU_FEATURES=scalar forces the portable path (so CI covers it on AVX2 machines).
+ * HIPSCHED_CPU_FEATURES=scalar forces the portable path (so CI covers it on AVX2 machines); =avx2 or
+ * =avx512 caps the level there (a CPU without it runs the highest level it has).
  * HIPSCHED_NUM_THREADS caps the OpenMP team size. Both are read once, at first use. */
 #ifndef HS_CPU_FEATURES_H
 #define HS_CPU_FEATURES_H
@@ -15,7 +16,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-enum { HS_LEVEL_SCALAR = 0, HS_LEVEL_AVX2 = 1 };
+enum { HS_LEVEL_SCALAR = 0, HS_LEVEL_AVX2 = 1, HS_LEVEL_AVX512 = 2 };
 
 static int hs__probe_avx2_fma(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -37,21 +38,81 @@ static int hs__probe_avx2_fma(void) {
 #endif
 }
 
+/* The AVX-512 level: everything the AVX2 level needs, AVX512F/DQ/BW/VL (CPUID.7.0:EBX bits 16, 17, 30,
+ * 31: what *_avx512.c is compiled for), and an OS that saves the opmask and all 32 ZMM registers
+ * (XCR0 bits 5, 6, 7, besides SSE and AVX state: 0xE6). */
+static int hs__probe_avx512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!hs__probe_avx2_fma()) return 0;
+    unsigned a, b, c, d, xlo, xhi;
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+    if ((b & need) != need) return 0;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    return (xlo & 0xe6u) == 0xe6u;
+#else
+    return 0;
+#endif
+}
+
+/* Reported only (cpu_features()): no kernel uses AVX512_BF16 (CPUID.7.1:EAX bit 5) or AVX512_FP16
+ * (CPUID.7.0:EDX bit 23). The bfloat16 store keeps its shift-and-round rule because vcvtneps2bf16
+ * quiets NaNs differently from ml_dtypes. */
+static inline int hs_cpu_has_avx512_bf16(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!hs__probe_avx512() || __get_cpuid_max(0, 0) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (a < 1) return 0;  /* leaf 7 has no sub-leaf 1 */
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 5) & 1;
+#else
+    return 0;
+#endif
+}
+
+static inline int hs_cpu_has_avx512_fp16(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!hs__probe_avx512()) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (d >> 23) & 1;
+#else
+    return 0;
+#endif
+}
+
+static inline int hs_cpu_level_detected(void) {
+    return hs__probe_avx512() ? HS_LEVEL_AVX512 : hs__probe_avx2_fma() ? HS_LEVEL_AVX2 : HS_LEVEL_SCALAR;
+}
+
+/* The level HIPSCHED_CPU_FEATURES asks for: "scalar" (or "none"), "avx2" or "avx512"; -1 when unset or
+ * anything else (then the detected level runs). */
+static inline int hs_cpu_level_requested(void) {
+    const char *m = getenv("HIPSCHED_CPU_FEATURES");
+    if (!m) return -1;
+    if (strcmp(m, "scalar") == 0 || strcmp(m, "none") == 0) return HS_LEVEL_SCALAR;
+    if (strcmp(m, "avx2") == 0) return HS_LEVEL_AVX2;
+    if (strcmp(m, "avx512") == 0) return HS_LEVEL_AVX512;
+    return -1;
+}
+
 static int hs__level = -1;
 
+/* A requested level the CPU lacks gives the highest one it has, never an illegal instruction:
+ * cpu_features() shows both, so the fallback is visible. */
 static inline int hs_cpu_level(void) {
     if (hs__level < 0) {  /* benign race: every thread computes the same value */
-        int lvl = hs__probe_avx2_fma() ? HS_LEVEL_AVX2 : HS_LEVEL_SCALAR;
-        const char *m = getenv("HIPSCHED_CPU_FEATURES");
-        if (m && (strcmp(m, "scalar") == 0 || strcmp(m, "none") == 0)) lvl = HS_LEVEL_SCALAR;
+        int lvl = hs_cpu_level_detected(), req = hs_cpu_level_requested();
+        if (req >= 0 && req < lvl) lvl = req;
         hs__level = lvl;
     }
     return hs__level;
 }
 
-static inline int hs_cpu_level_detected(void) { return hs__probe_avx2_fma() ? HS_LEVEL_AVX2 : HS_LEVEL_SCALAR; }
-
-static inline const char *hs_cpu_level_name(int level) { return level == HS_LEVEL_AVX2 ? "avx2" : "scalar"; }
+static inline const char *hs_cpu_level_name(int level) {
+    return level == HS_LEVEL_AVX512 ? "avx512" : level == HS_LEVEL_AVX2 ? "avx2" : level == HS_LEVEL_SCALAR ? "scalar" : "auto";
+}
 
 static int hs__threads = 0;
 static int hs__forked = 0;

@@ -1,5 +1,5 @@
 /* Public quant kernels: each picks its SIMD variant (quant_avx2.c / quant_scalar.c) from the CPU level
- * probed once (cpu_features.h). */
+ * probed once (cpu_features.h). There is no AVX-512 variant: that level runs the AVX2 one. */
 #include "cpu_features.h"
 #include "quant.h"
 
@@ -19,7 +19,7 @@ static int hs_quant_level(void) {
         int lvl = hs_cpu_level();
 #if defined(__x86_64__) || defined(__i386__)
         unsigned a, b, c, d;
-        if (lvl == HS_LEVEL_AVX2 && !(__get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1))) lvl = HS_LEVEL_SCALAR;
+        if (lvl >= HS_LEVEL_AVX2 && !(__get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1))) lvl = HS_LEVEL_SCALAR;
 #endif
         hs__quant_level = lvl;
     }
@@ -32,18 +32,18 @@ int hs_quant_block_bytes(int qtype) {
 
 int hs_quantize(int qtype, const float *x, int64_t nblocks, uint8_t *out) {
     if (nblocks <= 0) return HS_QUANT_OK;
-    return hs_quant_level() == HS_LEVEL_AVX2 ? hs_quantize_avx2(qtype, x, nblocks, out)
+    return hs_quant_level() >= HS_LEVEL_AVX2 ? hs_quantize_avx2(qtype, x, nblocks, out)
                                            : hs_quantize_scalar(qtype, x, nblocks, out);
 }
 
 void hs_dequantize(int qtype, const uint8_t *data, int64_t nblocks, float *out) {
     if (nblocks <= 0) return;
-    if (hs_quant_level() == HS_LEVEL_AVX2) hs_dequantize_avx2(qtype, data, nblocks, out);
+    if (hs_quant_level() >= HS_LEVEL_AVX2) hs_dequantize_avx2(qtype, data, nblocks, out);
     else hs_dequantize_scalar(qtype, data, nblocks, out);
 }
 
 void hs_qmatmul(int qtype, const uint8_t *data, int64_t n, int64_t k, const float *xt, int64_t m, float *out) {
     if (n <= 0 || m <= 0) return;
-    if (hs_quant_level() == HS_LEVEL_AVX2) hs_qmatmul_avx2(qtype, data, n, k, xt, m, out);
+    if (hs_quant_level() >= HS_LEVEL_AVX2) hs_qmatmul_avx2(qtype, data, n, k, xt, m, out);
     else hs_qmatmul_scalar(qtype, data, n, k, xt, m, out);
 }

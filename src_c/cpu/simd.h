@@ -1,7 +1,13 @@
-/* An 8-lane float vector written once for both variants: a translation unit that defines HS_AVX2
- * (the *_avx2.c files, compiled under `#pragma GCC target("avx2,fma")`) gets AVX2/FMA intrinsics; any
- * other gets plain C arrays that the compiler maps to SSE2. Kernel bodies use only these names, and
- * HS_FN(name) gives each variant its own symbol (name_avx2 / name_scalar). */
+/* A float vector written once for every variant. A translation unit that defines HS_AVX2 (the *_avx2.c
+ * files, compiled under `#pragma GCC target("avx2,fma,f16c")`) gets AVX2/FMA intrinsics on 8 lanes; one
+ * that defines HS_AVX512 (the *_avx512.c files, `#pragma GCC target("avx512f,...")`) gets AVX-512 on 16
+ * lanes; any other gets plain C arrays of 8 that the compiler maps to SSE2. HS_FN(name) gives each variant
+ * its own symbol (name_avx2 / name_avx512 / name_scalar).
+ * Two sets of names: hs_v8f / hs_v8_* are 8 lanes (AVX2 and scalar only; the attention, quant and graph
+ * bodies use them), and the width-generic hs_vf / hs_v_* have HS_W lanes (8, or 16 under HS_AVX512). The
+ * families with an AVX-512 variant (elementwise, similarity, norm) use only the generic names, with
+ * strides and tail buffers in HS_W; at HS_W == 8 those names are the hs_v8 ones, so the AVX2 and scalar
+ * variants do the same operations in the same order as when they were written with hs_v8 names. */
 #ifndef HS_SIMD_H
 #define HS_SIMD_H
 #include <stdint.h>
@@ -94,7 +100,101 @@ static inline void hs_v8_store_bf16(uint16_t *p, hs_v8f v) {
     __m256i p16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(p16));
 }
+#define HS_W 8
+#define HS_SIMD 1
+/* The pieces of elementwise.inc's vector exp beyond plain arithmetic, named for both SIMD levels so that
+ * its body is written once. A comparison is folded into the select that uses it, since AVX2 compares to
+ * a lane mask and AVX-512 to a mask register. */
+typedef __m256i hs_vi;
+static inline hs_v8f hs_v8_min(hs_v8f a, hs_v8f b) { return _mm256_min_ps(a, b); }
+static inline hs_v8f hs_v8_fnma(hs_v8f a, hs_v8f b, hs_v8f c) { return _mm256_fnmadd_ps(a, b, c); }
+static inline hs_v8f hs_v8_round(hs_v8f a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* y, with 0 in the lanes where x < c (ordered: a NaN x keeps its lane) */
+static inline hs_v8f hs_v8_zero_if_lt(hs_v8f y, hs_v8f x, hs_v8f c) { return _mm256_andnot_ps(_mm256_cmp_ps(x, c, _CMP_LT_OQ), y); }
+/* y, with v in the lanes where x > c (ordered) */
+static inline hs_v8f hs_v8_set_if_gt(hs_v8f y, hs_v8f x, hs_v8f c, hs_v8f v) {
+    return _mm256_blendv_ps(y, v, _mm256_cmp_ps(x, c, _CMP_GT_OQ));
+}
+static inline hs_vi hs_v8_to_i32(hs_v8f a) { return _mm256_cvtps_epi32(a); }
+static inline hs_vi hs_vi_half(hs_vi n) { return _mm256_srai_epi32(n, 1); }
+static inline hs_vi hs_vi_sub(hs_vi a, hs_vi b) { return _mm256_sub_epi32(a, b); }
+/* 2^n for n in [-126, 127]: the exponent bits alone */
+static inline hs_v8f hs_v8_pow2i(hs_vi n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+}
+#elif defined(HS_AVX512)
+/* 16 lanes, same operations and the same results lane for lane as the AVX2 section (vmaxps/vminps keep
+ * their rule that the second operand wins when either is NaN; vcvtps2ph rounds as F16C does); only the
+ * horizontal reductions add in a different order, having twice the lanes. */
+#include <immintrin.h>
+#define HS_FN(name) name##_avx512
+#define HS_W 16
+#define HS_SIMD 1
+typedef __m512 hs_vf;
+typedef __m512i hs_vi;
+static inline hs_vf hs_v_zero(void) { return _mm512_setzero_ps(); }
+static inline hs_vf hs_v_set1(float x) { return _mm512_set1_ps(x); }
+static inline hs_vf hs_v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void hs_v_store(float *p, hs_vf v) { _mm512_storeu_ps(p, v); }
+static inline hs_vf hs_v_add(hs_vf a, hs_vf b) { return _mm512_add_ps(a, b); }
+static inline hs_vf hs_v_sub(hs_vf a, hs_vf b) { return _mm512_sub_ps(a, b); }
+static inline hs_vf hs_v_mul(hs_vf a, hs_vf b) { return _mm512_mul_ps(a, b); }
+static inline hs_vf hs_v_fma(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline hs_vf hs_v_fnma(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fnmadd_ps(a, b, c); }
+static inline hs_vf hs_v_max(hs_vf a, hs_vf b) { return _mm512_max_ps(a, b); }
+static inline hs_vf hs_v_min(hs_vf a, hs_vf b) { return _mm512_min_ps(a, b); }
+/* The two 8-lane halves added lane by lane, then the AVX2 variant's 8-lane order. */
+static inline float hs_v_hsum(hs_vf v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline float hs_v_hmax(hs_vf v) {
+    __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* vcvtph2ps / vcvtps2ph: the EVEX forms of the F16C instructions, same conversion rule and the same
+ * rounding immediate, so bit for bit the AVX2 variant's (and simd.h's scalar reference). */
+static inline hs_vf hs_v_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline void hs_v_store_f16(uint16_t *p, hs_vf v) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline hs_vf hs_v_load_bf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+/* The AVX2 store's rule, not vcvtneps2bf16 (AVX512_BF16), whose NaN results differ from ml_dtypes'
+ * 0x7fc0 | sign: shift with round to nearest even, NaN to the quiet NaN with its sign. */
+static inline void hs_v_store_bf16(uint16_t *p, hs_vf v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                  _mm512_and_si512(hi, _mm512_set1_epi32(1)))), 16);
+    __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+    /* every lane is < 2^16, so vpmovdw's truncation to 16 bits is exact */
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+static inline hs_vf hs_v_round(hs_vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline hs_vf hs_v_zero_if_lt(hs_vf y, hs_vf x, hs_vf c) {
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, c, _CMP_LT_OQ), _mm512_setzero_ps());
+}
+static inline hs_vf hs_v_set_if_gt(hs_vf y, hs_vf x, hs_vf c, hs_vf v) {
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, c, _CMP_GT_OQ), v);
+}
+static inline hs_vi hs_v_to_i32(hs_vf a) { return _mm512_cvtps_epi32(a); }
+static inline hs_vi hs_vi_half(hs_vi n) { return _mm512_srai_epi32(n, 1); }
+static inline hs_vi hs_vi_sub(hs_vi a, hs_vi b) { return _mm512_sub_epi32(a, b); }
+static inline hs_vf hs_v_pow2i(hs_vi n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
+}
 #else
+#define HS_W 8
 #define HS_FN(name) name##_scalar
 typedef struct { float v[8]; } hs_v8f;
 static inline hs_v8f hs_v8_zero(void) { hs_v8f r; for (int i = 0; i < 8; i++) r.v[i] = 0.f; return r; }
@@ -105,8 +205,8 @@ static inline hs_v8f hs_v8_add(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++)
 static inline hs_v8f hs_v8_sub(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] -= b.v[i]; return a; }
 static inline hs_v8f hs_v8_mul(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] *= b.v[i]; return a; }
 static inline hs_v8f hs_v8_fma(hs_v8f a, hs_v8f b, hs_v8f c) { for (int i = 0; i < 8; i++) c.v[i] += a.v[i] * b.v[i]; return c; }
-/* Same NaN rule as _mm256_max_ps: when either lane is NaN the second operand wins. Kernels that need
- * NumPy's NaN propagation must check NaN explicitly, on both variants. */
+/* Same NaN rule as _mm256_max_ps (and _mm512_max_ps): when either lane is NaN the second operand
+ * wins. Kernels that need NumPy's NaN propagation must check NaN explicitly, at every level. */
 static inline hs_v8f hs_v8_max(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
 static inline float hs_v8_hsum(hs_v8f a) {
     return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
@@ -116,5 +216,34 @@ static inline hs_v8f hs_v8_load_f16(const uint16_t *p) { hs_v8f r; for (int i = 
 static inline void hs_v8_store_f16(uint16_t *p, hs_v8f a) { for (int i = 0; i < 8; i++) p[i] = hs_f32_to_f16(a.v[i]); }
 static inline hs_v8f hs_v8_load_bf16(const uint16_t *p) { hs_v8f r; for (int i = 0; i < 8; i++) r.v[i] = hs_bf16_to_f32(p[i]); return r; }
 static inline void hs_v8_store_bf16(uint16_t *p, hs_v8f a) { for (int i = 0; i < 8; i++) p[i] = hs_f32_to_bf16(a.v[i]); }
+#endif
+
+#if HS_W == 8
+/* The generic names at 8 lanes are the hs_v8 ones (the pieces of the exp exist under HS_AVX2 only). */
+typedef hs_v8f hs_vf;
+#define hs_v_zero hs_v8_zero
+#define hs_v_set1 hs_v8_set1
+#define hs_v_load hs_v8_load
+#define hs_v_store hs_v8_store
+#define hs_v_add hs_v8_add
+#define hs_v_sub hs_v8_sub
+#define hs_v_mul hs_v8_mul
+#define hs_v_fma hs_v8_fma
+#define hs_v_max hs_v8_max
+#define hs_v_hsum hs_v8_hsum
+#define hs_v_hmax hs_v8_hmax
+#define hs_v_load_f16 hs_v8_load_f16
+#define hs_v_store_f16 hs_v8_store_f16
+#define hs_v_load_bf16 hs_v8_load_bf16
+#define hs_v_store_bf16 hs_v8_store_bf16
+#ifdef HS_AVX2
+#define hs_v_min hs_v8_min
+#define hs_v_fnma hs_v8_fnma
+#define hs_v_round hs_v8_round
+#define hs_v_zero_if_lt hs_v8_zero_if_lt
+#define hs_v_set_if_gt hs_v8_set_if_gt
+#define hs_v_to_i32 hs_v8_to_i32
+#define hs_v_pow2i hs_v8_pow2i
+#endif
 #endif
 #endif

@@ -1,0 +1,238 @@
+"""Every SIMD level this CPU has against the scalar level, on the same inputs: add, scale, exp, softmax,
+rms_norm, cosine_similarity and top_k in float32, float16 and bfloat16, at sizes around both lane widths
+(8 and 16) and their tails, and large enough to split over threads.
+
+The level is fixed once per process (HIPSCHED_CPU_FEATURES), so each level computes every case in its
+own interpreter (this file run as a script) and the test compares what comes back:
+- add, scale and the half conversions are one float32 operation between exact widenings and one
+  rounding: bit for bit equal at every level, NaN payloads included (NaNs only in one operand, so
+  which operand's payload wins does not arise).
+- the vector exp is the same sequence of roundings at AVX2 and AVX-512, so E.exp and softmax along a
+  non-last axis (its sums run down each column, in the same order at any width) are bit for bit equal
+  between those two. The scalar level uses libm's expf and is only within the bounds below.
+- reductions (softmax's row sum, dot products, rms_norm's sum of squares) add in an order that depends
+  on the lane width: within the bounds the per-family tests state against float64 (test_cpu_elementwise:
+  softmax rtol 1e-5; test_cpu_similarity: cosine atol 2e-6, test_cpu_half_similarity: (2d + 8) 2^-24;
+  test_cpu_norm / test_cpu_half: the result is float64's rounded, so two levels differ by at most one
+  unit in the last place of the output type), hence within twice those of each other.
+A level this CPU lacks is skipped, saying which level it detected. Under the scalar rerun of
+test_simd_paths.py (HIPSCHED_CPU_FEATURES=scalar) the file is skipped: its subprocesses choose their
+own level, so the rerun would only repeat it.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
+
+import hipsched  # noqa: E402
+
+LEVELS = ["scalar", "avx2", "avx512"]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BF16}
+# (bits of precision with the implicit one, least normal exponent) per type
+FORMAT = {"float32": (24, -126), "float16": (11, -14), "bfloat16": (8, -126)}
+SIZES = [0, 1, 7, 8, 15, 16, 17, 31, 33, 1000, 300_001]  # lanes and tails of 8 and 16; the last crosses the thread grain
+
+pytestmark = pytest.mark.skipif(os.environ.get("HIPSCHED_CPU_FEATURES") == "scalar",
+                                reason="scalar rerun (test_simd_paths): the subprocesses pick their own levels")
+
+
+# ------------------------------------------------------------------ the cases, computed in a subprocess
+
+def _special(n, rng):
+    """n float32 values with zeros, subnormals (of float32 and float16), values that round to inf in
+    float16, infinities and NaNs with payloads and both signs, among normal ones."""
+    x = rng.standard_normal(n).astype(np.float32) * np.float32(3)
+    if n >= 16:
+        bits = np.array([0x7fc00001, 0xffa00003, 0x7f800001, 0x7f800000, 0xff800000, 0x00000001, 0x80400000,
+                         0x33800000, 0x387fc000, 0x477ff000, 0x477fefff, 0xc7800000, 0x80000000, 0x3f808000,
+                         0x3f818000, 0x7f7fffff], np.uint32)
+        idx = rng.choice(n, bits.size, replace=False)
+        x[idx] = bits.view(np.float32)
+    return x
+
+
+def _cases():
+    """Deterministic inputs: (key, op, args) for every comparison."""
+    rng = np.random.default_rng(20261122)
+    out = []
+    for name, dt in DTYPES.items():
+        for n in SIZES:
+            with np.errstate(over="ignore", invalid="ignore"):  # the specials include NaN and values past 65504
+                a = _special(n, rng).astype(dt)  # the half casts: NumPy's / ml_dtypes' rounding
+            b = (rng.standard_normal(n) * 3).astype(np.float32).astype(dt)
+            out.append((f"add|{name}|{n}", "add", (a, b)))
+            if n:  # b one element (0-d), and a bias repeated over rows
+                out.append((f"add1|{name}|{n}", "add", (a, np.array(b[0]))))
+                out.append((f"addrow|{name}|{n}", "add", (np.stack([a, b, a]), b)))
+            out.append((f"scale|{name}|{n}", "scale", (a, 0.7071)))
+            rows = 3 if n < 300_000 else 1
+            x = (rng.standard_normal((rows, n)) * 4).astype(np.float32).astype(dt)
+            out.append((f"softmax_rows|{name}|{n}", "softmax", (x, -1)))
+        for shape in [(7, 37), (5, 300), (33, 17), (2, 16), (1000, 300)]:
+            x = (rng.standard_normal(shape) * 4).astype(np.float32).astype(dt)
+            out.append((f"softmax_cols|{name}|{shape}", "softmax", (x, 0)))
+        for shape in [(1, 1), (3, 7), (3, 8), (3, 15), (2, 16), (2, 17), (2, 31), (2, 33), (4, 1000), (300, 1000)]:
+            x = (rng.standard_normal(shape) * 2).astype(np.float32).astype(dt)
+            w = (rng.standard_normal(shape[1]) + 1).astype(np.float32).astype(dt)
+            out.append((f"rms_norm|{name}|{shape}", "rms_norm", (x, w)))
+        for m, n, d in [(1, 50, 1), (1, 50, 7), (1, 50, 8), (1, 50, 15), (1, 50, 16), (1, 50, 17), (1, 50, 31),
+                        (1, 50, 33), (1, 50, 64), (1, 50, 100), (3, 50, 33), (6, 40, 768), (5, 50, 17),
+                        (1, 5000, 64), (2, 3000, 128)]:
+            q = rng.standard_normal((m, d)).astype(np.float32)
+            T = rng.standard_normal((n, d)).astype(np.float32).astype(dt)
+            out.append((f"cosine|{name}|{(m, n, d)}", "cosine", (q, T)))
+            out.append((f"top_k|{name}|{(m, n, d)}", "top_k", (q, T, 11)))
+    x = np.concatenate([np.linspace(-100, 100, 100_003, dtype=np.float32), _special(1000, rng)])
+    out.append(("exp|float32|100003", "exp", (x,)))
+    return out
+
+
+def _run(op, args):
+    from hipsched.cpu import _elementwise as E, _norm as N, _similarity as S
+    if op == "add":
+        return [E.add(*args)]
+    if op == "scale":
+        return [E.scale(*args)]
+    if op == "softmax":
+        return [E.softmax(*args)]
+    if op == "exp":
+        return [E.exp(*args)]
+    if op == "rms_norm":
+        return [N.rms_norm(*args, 1e-6)]
+    if op == "cosine":
+        return [S.cosine_similarity(*args)]
+    idx, val = S.top_k(*args)
+    return [idx, val]
+
+
+def _as_saved(a):
+    a = np.asarray(a)
+    return a.view(np.uint16) if a.dtype in (np.float16, BF16) else a
+
+
+def _compute(path):
+    """This interpreter's level on every case, saved to path (halves as their bits)."""
+    res = {"__simd__": np.array(hipsched.cpu_features()["simd"])}
+    for key, op, args in _cases():
+        for i, r in enumerate(_run(op, args)):
+            res[f"{key}#{i}"] = _as_saved(r)
+    np.savez(path, **res)
+
+
+if __name__ == "__main__":
+    _compute(sys.argv[1])
+    sys.exit(0)
+
+
+# ------------------------------------------------------------------ the comparisons
+
+_results = {}
+
+
+def _level_results(level, tmp_path_factory):
+    if level not in _results:
+        path = tmp_path_factory.mktemp("levels") / f"{level}.npz"
+        # run as a script its sys.path starts at tests/cpu: the checkout's root finds an in-place build
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, HIPSCHED_CPU_FEATURES=level,
+                   PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        r = subprocess.run([sys.executable, __file__, str(path)], env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, f"level {level} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        with np.load(path) as f:
+            _results[level] = dict(f)
+        assert str(_results[level]["__simd__"]) == level
+    return _results[level]
+
+
+def _available(level):
+    detected = hipsched.cpu_features()["detected"]
+    if LEVELS.index(level) > LEVELS.index(detected):
+        pytest.skip(f"this CPU has no {level} level (detected: {detected})")
+
+
+def _ulp(v, name):
+    """One unit in the last place of the type `name` at |v| (float64 array)."""
+    p, emin = FORMAT[name]
+    a = np.abs(v)
+    e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
+    return np.exp2(np.maximum(e, emin) - (p - 1))
+
+
+def _f64(a, name):
+    return (a.view(DTYPES[name]) if name != "float32" else a).astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return {key: (op, args) for key, op, args in _cases()}
+
+
+@pytest.mark.parametrize("level", ["avx2", "avx512"])
+def test_level_against_scalar(level, cases, tmp_path_factory):
+    _available(level)
+    got, base = _level_results(level, tmp_path_factory), _level_results("scalar", tmp_path_factory)
+    checked = 0
+    for key, (op, args) in cases.items():
+        name = key.split("|")[1]
+        g, s = got[f"{key}#0"], base[f"{key}#0"]
+        assert g.shape == s.shape, key
+        if op in ("add", "scale"):
+            np.testing.assert_array_equal(g.view(np.uint8), s.view(np.uint8), err_msg=key)
+        elif op == "exp":
+            # libm's expf (scalar) gives denormals where the vector exp gives 0: atol FLT_MIN
+            np.testing.assert_allclose(g, s, rtol=4 * 2.0 ** -23, atol=2.0 ** -126, equal_nan=True, err_msg=key)
+        elif op == "softmax":
+            gf, sf = _f64(g, name), _f64(s, name)
+            if name == "float32":
+                np.testing.assert_allclose(gf, sf, rtol=2e-5, atol=1e-30, err_msg=key)
+            else:  # each is float64's softmax rounded once, off by float32 terms: at most one half ulp apart
+                assert np.all(np.abs(gf - sf) <= _ulp(np.maximum(np.abs(gf), np.abs(sf)), name)), key
+        elif op == "rms_norm":
+            gf, sf = _f64(g, name), _f64(s, name)
+            assert np.all(np.abs(gf - sf) <= _ulp(np.maximum(np.abs(gf), np.abs(sf)), name)), key
+        elif op == "cosine":
+            d = args[0].shape[1]
+            bound = 2e-6 if name == "float32" else (2 * d + 8) * 2.0 ** -24
+            np.testing.assert_allclose(g, s, atol=2 * bound, rtol=0, err_msg=key)
+        else:  # top_k: the same scores within the cosine bound; the same rows where no near-tie could swap them
+            d = args[0].shape[1]
+            bound = 2e-6 if name == "float32" else (2 * d + 8) * 2.0 ** -24
+            gv, sv = got[f"{key}#1"], base[f"{key}#1"]
+            np.testing.assert_allclose(gv, sv, atol=2 * bound, rtol=0, err_msg=key)
+            all_scores = base[key.replace("top_k", "cosine") + "#0"]
+            for r in range(g.shape[0]):
+                top = np.sort(all_scores[r])[::-1][: g.shape[1] + 1]
+                if np.all(-np.diff(top) > 4 * bound):
+                    np.testing.assert_array_equal(g[r], s[r], err_msg=f"{key} row {r}")
+        checked += 1
+    assert checked == len(cases)
+
+
+def test_avx512_exp_and_column_softmax_equal_avx2(cases, tmp_path_factory):
+    _available("avx512")
+    a, b = _level_results("avx512", tmp_path_factory), _level_results("avx2", tmp_path_factory)
+    keys = [k for k in cases if k.startswith(("exp|", "softmax_cols|"))]
+    assert keys
+    for key in keys:
+        np.testing.assert_array_equal(a[f"{key}#0"].view(np.uint8), b[f"{key}#0"].view(np.uint8), err_msg=key)
+
+
+def test_requested_level_and_fallback():
+    """Each level name runs that level where the CPU has it, else the highest it has, and says so."""
+    detected = hipsched.cpu_features()["detected"]
+    code = "import hipsched, json; print(json.dumps(hipsched.cpu_features()))"
+    import json
+    for level in LEVELS + ["none"]:
+        env = dict(os.environ, HIPSCHED_CPU_FEATURES=level)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        f = json.loads(r.stdout)
+        want = "scalar" if level == "none" else level
+        assert f["requested"] == want and f["detected"] == detected
+        assert f["simd"] == LEVELS[min(LEVELS.index(want), LEVELS.index(detected))]
