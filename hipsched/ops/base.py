@@ -194,6 +194,10 @@ def as_float(x, op: str, arg: str, dtypes=FLOATS, allow_device: bool = True):
     except Exception as e:
         raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
     name = dtype_name(a)
+    if not (a.flags.c_contiguous and a.flags.aligned and a.dtype in (np.float32, np.float16)):
+        # A copy comes next. A broadcast view can stand for more memory than the machine has, and where
+        # Linux overcommits (as on some VMs) the copy would not fail but get the process killed.
+        _check_copy_fits(a, op, arg, 2 if (name in HALF and name in dtypes) else 4)
     if name in HALF and name in dtypes:
         if not a.dtype.isnative:  # float16 may come byte-swapped ('>f2'); the kernels read native halves
             a = a.astype(a.dtype.newbyteorder("="))
@@ -293,6 +297,16 @@ def _physical_memory() -> int:
 
 
 PHYSICAL_MEMORY = _physical_memory()
+
+
+def _check_copy_fits(a, op: str, arg: str, itemsize: int) -> None:
+    """MemoryError when the copy of input `a` the kernels read (`itemsize` bytes an element) could not be
+    held (see check_result_fits)."""
+    total = int(a.size) * itemsize
+    if total > PHYSICAL_MEMORY:
+        raise MemoryError(f"{op}: argument {arg!r} of shape {tuple(a.shape)} needs a contiguous copy of "
+                          f"{total / 2**30:.1f} GiB, more than this machine's {PHYSICAL_MEMORY / 2**30:.1f} GiB "
+                          f"of memory")
 
 
 def check_result_fits(op: str, *shape, itemsize: int = 4):

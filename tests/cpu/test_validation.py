@@ -218,3 +218,21 @@ def test_quantize_range_error_names_the_overflowing_row(qtype, fine, bad):
     W[2, 0] = bad
     with pytest.raises(ValueError, match=r"\(row 2\)"):
         quantize(W, qtype)
+
+
+@pytest.mark.parametrize("op", ["attention", "softmax", "add"])
+def test_an_input_whose_copy_cannot_fit_is_memory_error_before_any_copy(op, monkeypatch):
+    """A broadcast view of 2^41 elements costs nothing until copied. The check comes before the copy:
+    where Linux overcommits (seen on a lent GPU VM), the copy itself would get the process killed."""
+    from hipsched.ops import base
+    big = np.broadcast_to(np.float32(1), (1 << 16, 1 << 16, 8, 64))[..., ::2]   # not contiguous
+    monkeypatch.setattr(np, "ascontiguousarray", lambda *a, **k: pytest.fail("copied before the check"))
+    with pytest.raises(MemoryError, match=r"argument 'q'|argument 'x'|argument 'a'"):
+        if op == "attention":
+            k = np.zeros((1 << 16, 1 << 16, 0, 32), np.float32)
+            hipsched.attention(big, k, k)
+        elif op == "softmax":
+            hipsched.softmax(big)
+        else:
+            hipsched.add(big, big)
+    assert base.PHYSICAL_MEMORY < big.size * 4
