@@ -98,7 +98,7 @@ def test_top_k_buffers_too_large_to_keep(rt, kernel_dir, rng, monkeypatch):
     # what happens above 64 MiB, at a size the emulator runs: nothing is kept, every buffer goes at return
     monkeypatch.setattr(context, "SCRATCH_KEEP_BYTES", 0)
     be = backend(rt, kernel_dir)
-    T = rng.standard_normal((5000, 6)).astype(np.float32)   # three segments: two selection passes
+    T = rng.standard_normal((2500, 6)).astype(np.float32)   # two segments: two selection passes
     q = rng.standard_normal((2, 6)).astype(np.float32)
     gi, gs = be.run(OPS["top_k"].prepare(to_device(q, runtime=rt), to_device(T, runtime=rt), 5))
     ci, cs = cpu("top_k", q, T, 5)
