@@ -94,7 +94,7 @@ def test_nvrtc_rejects_o3_and_we_do_not_pass_it():
 
 
 def test_compile_command(cache_dir):
-    # Reuses the module's cache: every entry is already on disk from test_every_kernel_compiles.
+    # Reuses the session's cache: every entry is already on disk from test_every_kernel_compiles.
     env = dict(os.environ)
     r = subprocess.run([sys.executable, "-m", "hipsched", "compile", "--arch", "gfx90a", "--arch", "sm_90",
                         "--cache-dir", str(cache_dir), "--json"], env=env, capture_output=True, text=True,

@@ -24,7 +24,8 @@ _CODE = {}
 
 
 def code_objects(arch, cache_dir):
-    """{source: code object} for every kernel source compiled for `arch` (once per module)."""
+    """{source: code object} for every kernel source compiled for `arch` (once per module; the
+    code objects come from the session's cache when test_kernels_compile.py made them)."""
     if arch not in _CODE:
         cache = KernelCache(compiler_or_skip(arch), cache_dir)
         _CODE[arch] = {src: cache.code_object(src, arch) for src in cache.sources}
