@@ -107,15 +107,18 @@ def test_cosine_zero_nan_extreme(emu):
         np.testing.assert_allclose(g[~np.isnan(c)], c[~np.isnan(c)], atol=1e-6)
 
 
-def test_top_k_multi_pass_ties_nan(emu, rng):
-    # The time goes into selection rounds (k per block, each hundreds of emulated barriers, and this file
-    # also runs under ASan and TSan in .ci/run), so k stays small: 5 of 5000 still takes two passes over
-    # 3 segments, and 6 pairs of exact ties plus a NaN are all ranked (k = n) for two queries.
+# The time goes into selection rounds (k per block, each hundreds of emulated barriers, and this file also
+# runs under ASan and TSan in .ci/run), so k stays small.
+def test_top_k_multi_pass(emu, rng):
     T = rng.standard_normal((5000, 6)).astype(np.float32)   # 3 segments: two selection passes
     q = rng.standard_normal(6).astype(np.float32)
     (gi, gs), (ci, cs) = both(emu, "top_k", q, T, 5)
     np.testing.assert_array_equal(gi, ci)
     np.testing.assert_allclose(gs, cs, atol=5e-6)
+
+
+def test_top_k_ties_nan(emu, rng):
+    # 6 pairs of exact ties plus a NaN, all ranked (k = n), for two queries
     base = rng.standard_normal((6, 5)).astype(np.float32)
     T = np.concatenate([base, base])
     T[3] = np.nan
@@ -338,7 +341,7 @@ def test_half_top_k(emu, rng, dtype):
     # Only the scoring differs from float32: the glue scores half inputs with the half cosine kernel into
     # float32 scratch, then launches the same hs_topk_select_f32 passes whatever the dtype. So one segment
     # (600 rows < TOPK_SEG) and a small k: each selection round costs every block hundreds of emulated
-    # barriers, and the multi-pass selection is test_top_k_multi_pass_ties_nan's.
+    # barriers, and the multi-pass selection is test_top_k_multi_pass's.
     t = HALF[dtype]
     T = rng.standard_normal((600, 8)).astype(t)
     Q = rng.standard_normal((2, 8)).astype(t)   # 2 queries: the multi-query scoring kernel
