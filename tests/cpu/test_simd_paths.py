@@ -1,9 +1,10 @@
-"""The portable (scalar) kernels: rerun every tests/cpu/test_cpu_*.py in a fresh interpreter with
-HIPSCHED_CPU_FEATURES=scalar (the SIMD level is fixed once per process). One interpreter runs every
-family, because starting one (pytest, NumPy, PyTorch, the extensions) cost more than most families'
-tests; each family still passes or fails as its own test here, from that run's JUnit report. The
-property tests read HIPSCHED_CPU_FEATURES to run fewer examples there: they already ran on the default
-path, and this rerun must stay cheap."""
+"""Every SIMD level the CPU has below the one a plain run uses: rerun every tests/cpu/test_cpu_*.py in a
+fresh interpreter with HIPSCHED_CPU_FEATURES=<level> (the level is fixed once per process). On an
+AVX2 machine that is the scalar level; on an AVX-512 one, AVX2 and scalar. One interpreter runs every
+family per level, because starting one (pytest, NumPy, PyTorch, the extensions) cost more than most
+families' tests; each family still passes or fails as its own test here, from that run's JUnit
+report. The property tests read HIPSCHED_CPU_FEATURES to run fewer examples on the scalar level: they
+already ran on the default path, and that rerun must stay cheap."""
 import glob
 import os
 import subprocess
@@ -12,22 +13,38 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+import hipsched
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CPU_TESTS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(HERE, "test_cpu_*.py")))
+LEVELS = ("scalar", "avx2", "avx512")   # lowest first
+DETECTED = hipsched.cpu_features()["detected"]
+BELOW = LEVELS[:LEVELS.index(DETECTED)] if DETECTED in LEVELS else ("scalar",)
 
 
 def test_scalar_path_is_selectable():
     from simd_features import run_with_features
     out = run_with_features("import hipsched; f = hipsched.cpu_features(); print(f['simd'], f['detected'])")
     simd, detected = out.split()
-    assert simd == "scalar" and detected in ("avx2", "scalar")
+    assert simd == "scalar" and detected in LEVELS
+
+
+_runs: dict = {}
 
 
 @pytest.fixture(scope="module")
-def scalar_run(tmp_path_factory):
-    """(returncode, output, {file: [(test, outcome, message)]}) of every family run on the scalar path."""
-    report = tmp_path_factory.mktemp("scalar") / "report.xml"
-    env = dict(os.environ, HIPSCHED_CPU_FEATURES="scalar")
+def level_run(tmp_path_factory):
+    """level -> (returncode, output, {file: [(test, outcome, message)]}) of every family run at it."""
+    def run(level):
+        if level not in _runs:
+            _runs[level] = _run_families(tmp_path_factory, level)
+        return _runs[level]
+    return run
+
+
+def _run_families(tmp_path_factory, level):
+    report = tmp_path_factory.mktemp(level) / "report.xml"
+    env = dict(os.environ, HIPSCHED_CPU_FEATURES=level)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
                         f"--junitxml={report}",
                         *(os.path.join(HERE, f) for f in CPU_TESTS)],
@@ -49,16 +66,17 @@ def scalar_run(tmp_path_factory):
     return r.returncode, r.stdout + r.stderr, cases
 
 
+@pytest.mark.parametrize("level", BELOW)
 @pytest.mark.parametrize("test_file", CPU_TESTS)
-def test_cpu_family_on_scalar_path(scalar_run, test_file):
-    returncode, output, cases = scalar_run
+def test_cpu_family_at_lower_level(level_run, level, test_file):
+    returncode, output, cases = level_run(level)
     mine = cases.get(test_file, [])
     # no report at all (the interpreter died), or none of this family's tests in it: the run's output says why
-    assert mine, f"{test_file}: no results on the scalar path (pytest exit {returncode}):\n{output[-6000:]}"
+    assert mine, f"{test_file}: no results at the {level} level (pytest exit {returncode}):\n{output[-6000:]}"
     bad = [(name, outcome, message) for name, outcome, message in mine if outcome in ("failure", "error")]
-    assert not bad, f"{test_file} failed on the scalar path:\n" + "\n".join(
+    assert not bad, f"{test_file} failed at the {level} level:\n" + "\n".join(
         f"{name} ({outcome}): {message[-3000:]}" for name, outcome, message in bad)
     # the run as a whole must have ended normally (1: failures, reported per family above)
-    assert returncode in (0, 1), f"pytest exit {returncode} on the scalar path:\n{output[-6000:]}"
+    assert returncode in (0, 1), f"pytest exit {returncode} at the {level} level:\n{output[-6000:]}"
     if all(outcome == "skipped" for _, outcome, _ in mine):  # as the family itself decided (test_cpu_levels)
-        pytest.skip(f"{test_file}: every test skipped on the scalar path: {mine[0][2].strip()[:200]}")
+        pytest.skip(f"{test_file}: every test skipped at the {level} level: {mine[0][2].strip()[:200]}")
