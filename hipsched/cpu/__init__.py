@@ -13,3 +13,12 @@ def _mark_forked_child():
 # here was left by an earlier image of this pid (os.fork then exec), whose OpenMP pool is gone with it.
 os.environ.pop("HIPSCHED_FORKED_CHILD", None)
 os.register_at_fork(after_in_child=_mark_forked_child)
+
+# src_c/cpu/cpu_features.h runs the detected level for a value it does not know; a misspelt level
+# ("avx-512") would otherwise pass unnoticed.
+_LEVELS = ("scalar", "none", "avx2", "avx512")
+if os.environ.get("HIPSCHED_CPU_FEATURES", "") not in ("",) + _LEVELS:
+    import warnings
+    warnings.warn(f"HIPSCHED_CPU_FEATURES={os.environ['HIPSCHED_CPU_FEATURES']!r} is not one of "
+                  f"{', '.join(_LEVELS)}: the CPU kernels use the highest level this CPU has", RuntimeWarning,
+                  stacklevel=2)

@@ -236,3 +236,15 @@ def test_requested_level_and_fallback():
         want = "scalar" if level == "none" else level
         assert f["requested"] == want and f["detected"] == detected
         assert f["simd"] == LEVELS[min(LEVELS.index(want), LEVELS.index(detected))]
+
+
+def test_an_unknown_level_name_warns_and_runs_the_detected_level():
+    detected = hipsched.cpu_features()["detected"]
+    code = "import hipsched, json; print(json.dumps(hipsched.cpu_features()))"
+    import json
+    env = dict(os.environ, HIPSCHED_CPU_FEATURES="avx-512")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "HIPSCHED_CPU_FEATURES='avx-512' is not one of scalar, none, avx2, avx512" in r.stderr
+    f = json.loads(r.stdout)
+    assert f["requested"] == "auto" and f["simd"] == detected
