@@ -33,7 +33,6 @@ def acc(d):
     return (2 * d + 8) * 2.0 ** -24
 
 
-_cos_ref = cos_ref
 
 
 def _rank_ref(scores, k):
@@ -57,7 +56,7 @@ def test_cosine_one_query_half(rng, dt, n, d):
     T = rng.standard_normal((n, d)).astype(dt)
     out = S.cosine_similarity(q, T)
     assert out.shape == (n,) and out.dtype == np.float32
-    np.testing.assert_allclose(out, _cos_ref(q, T), atol=acc(d), rtol=0)
+    np.testing.assert_allclose(out, cos_ref(q, T), atol=acc(d), rtol=0)
 
 
 @pytest.mark.parametrize("dt", HALVES)
@@ -70,7 +69,7 @@ def test_cosine_many_queries_half(rng, monkeypatch, dt, m, n, d):
     T = rng.standard_normal((n, d)).astype(dt)
     out = S.cosine_similarity(q, T)
     assert out.shape == (m, n) and out.dtype == np.float32
-    np.testing.assert_allclose(out, _cos_ref(q, T), atol=acc(d), rtol=0)
+    np.testing.assert_allclose(out, cos_ref(q, T), atol=acc(d), rtol=0)
 
 
 @pytest.mark.parametrize("qdt", [np.float32, np.float16, BF16])
@@ -84,7 +83,7 @@ def test_mixed_dtypes_are_the_float32_computation_on_the_given_values(rng, qdt, 
     T = rng.standard_normal((200, 50)).astype(tdt)
     out = hipsched.cosine_similarity(q, T)
     np.testing.assert_array_equal(out, hipsched.cosine_similarity(q.astype(np.float32), T.astype(np.float32)))
-    np.testing.assert_allclose(out, _cos_ref(q, T), atol=acc(50), rtol=0)
+    np.testing.assert_allclose(out, cos_ref(q, T), atol=acc(50), rtol=0)
 
 
 @pytest.mark.parametrize("dt", HALVES)
@@ -95,7 +94,7 @@ def test_cosine_against_torch_same_dtype(rng, dt, d):
     T = rng.standard_normal((500, d)).astype(dt)
     ours = S.cosine_similarity(q, T)[0]
     theirs = torch.nn.functional.cosine_similarity(_torch(q), _torch(T), dim=1).float().numpy()
-    ref = _cos_ref(q, T)[0]
+    ref = cos_ref(q, T)[0]
     np.testing.assert_allclose(ours, theirs, atol=4 * UNIT[dt] + 2 * acc(d), rtol=0)
     np.testing.assert_allclose(ours, ref, atol=acc(d), rtol=0)
 
@@ -105,7 +104,7 @@ def test_zero_nan_inf_rows_half(dt):
     T = np.array([[1, 2, 3], [0, 0, 0], [np.nan, 1, 1], [np.inf, 0, 0], [-1, -2, -3]], dtype=dt)
     q = np.array([1, 2, 3], dtype=dt)
     out = S.cosine_similarity(q, T)
-    np.testing.assert_allclose(out[[0, 1, 4]], _cos_ref(q, T)[[0, 1, 4]], atol=acc(3))
+    np.testing.assert_allclose(out[[0, 1, 4]], cos_ref(q, T)[[0, 1, 4]], atol=acc(3))
     assert out[1] == 0 and np.isnan(out[2]) and np.isnan(out[3])
     assert np.all(S.cosine_similarity(np.zeros(3, dt), T)[[0, 1, 4]] == 0)
 
@@ -121,7 +120,7 @@ def test_bfloat16_tiny_and_huge_rows_are_scored_in_double(rng):
     T = T.astype(BF16)
     for m in (1, 3):
         Q = np.stack([q] * m)
-        np.testing.assert_allclose(S.cosine_similarity(Q, T), _cos_ref(Q, T), atol=acc(40), rtol=0)
+        np.testing.assert_allclose(S.cosine_similarity(Q, T), cos_ref(Q, T), atol=acc(40), rtol=0)
 
 
 def test_float16_extremes_stay_finite(rng):
@@ -130,7 +129,7 @@ def test_float16_extremes_stay_finite(rng):
     T[1, ::2] = -65504
     T[2] = np.float16(2.0 ** -24)  # the least subnormal: squares 3.6e-15 are normal in float32
     q = np.ones(768, np.float16)
-    np.testing.assert_allclose(S.cosine_similarity(q, T), _cos_ref(q, T), atol=acc(768), rtol=0)
+    np.testing.assert_allclose(S.cosine_similarity(q, T), cos_ref(q, T), atol=acc(768), rtol=0)
 
 
 @pytest.mark.parametrize("dt", HALVES)
@@ -145,7 +144,7 @@ def test_top_k_half_one_query(rng, dt, n, k):
     assert idx.dtype == np.int64 and val.dtype == np.float32 and idx.shape == (min(k, n),)
     np.testing.assert_array_equal(idx, _rank_ref(scores, k))
     np.testing.assert_array_equal(val, scores[idx])
-    ref = _cos_ref(q, T)
+    ref = cos_ref(q, T)
     np.testing.assert_allclose(val, ref[idx], atol=acc(d))
     # against float64's own ranking: where a gap over 2 ACC(d) separates the k-th and (k+1)-th exact
     # scores, the selected set is forced
@@ -161,7 +160,7 @@ def test_top_k_half_ties_and_nan(dt):
     q = np.array([1, 0], dtype=dt)
     idx, val = S.top_k(q, T, 3)
     np.testing.assert_array_equal(idx, _rank_ref(S.cosine_similarity(q, T), 3))
-    np.testing.assert_array_equal(idx, np.flatnonzero(_cos_ref(q, T) == 1.0)[:3])  # equal scores: by index
+    np.testing.assert_array_equal(idx, np.flatnonzero(cos_ref(q, T) == 1.0)[:3])  # equal scores: by index
     idx, val = S.top_k(q, T, 100)
     np.testing.assert_array_equal(idx[-2:], np.flatnonzero(np.isnan(T.astype(np.float32)).any(axis=1)))
     assert np.isnan(val[-2:]).all()
@@ -200,7 +199,7 @@ def test_top_k_fp16_matches_faiss_scalar_quantizer(rng):
     index.add(Th.astype(np.float32))
     fv, fi = index.search(q, 11)
     idx, val = hipsched.top_k(q, Th, 10)
-    ref = _cos_ref(q, Th)
+    ref = cos_ref(q, Th)
     # FAISS's inner product differs from the cosine by the fp16 norms' error, |1 - |t|| <= 2u (each
     # element rounded relatively by u): a rank is forced where the gaps around it exceed 4u + 2 ACC(d)
     sep = 4 * UNIT[np.float16] + 2 * acc(32)
@@ -228,7 +227,7 @@ def test_half_cosine_top_k_properties(dt, n, d, k, data):
     a = np.where(np.isfinite(a.astype(np.float32)), a, dt(1.0)).astype(dt)
     q, T = a[:d], a[d:].reshape(n, d)
     scores = hipsched.cosine_similarity(q, T)
-    np.testing.assert_allclose(scores, _cos_ref(q, T), atol=acc(d), rtol=0)
+    np.testing.assert_allclose(scores, cos_ref(q, T), atol=acc(d), rtol=0)
     idx, _ = hipsched.top_k(q, T, k)
     np.testing.assert_array_equal(idx, _rank_ref(scores, min(k, n)))
 

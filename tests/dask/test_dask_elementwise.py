@@ -8,15 +8,10 @@ pytest.importorskip("distributed", reason="distributed is not installed (pip ins
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
-from dask_support import FakeGpuFactory  # noqa: E402
+from dask_support import FakeGpuFactory, job_fixture  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def job(dask_client):
-    job = hd.setup(dask_client, executor_factory=FakeGpuFactory(gpu_workers=("0",)), persist_model=False,
-                   job="elementwise")
-    yield job
-    hd.teardown(dask_client)
+job = job_fixture("elementwise", executor_factory=FakeGpuFactory(gpu_workers=("0",)))
 
 
 @pytest.fixture(scope="module")

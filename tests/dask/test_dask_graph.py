@@ -22,7 +22,7 @@ sp = pytest.importorskip("scipy.sparse")
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
-from dask_support import no_task_runs  # noqa: E402
+from dask_support import job_fixture, no_task_runs  # noqa: E402
 
 U = 2.0 ** -24
 N = 3000
@@ -32,11 +32,7 @@ def gamma(m):
     return m * U / (1 - m * U)
 
 
-@pytest.fixture(scope="module")
-def job(dask_client):
-    job = hd.setup(dask_client, persist_model=False, job="graph")
-    yield job
-    hd.teardown(dask_client)
+job = job_fixture("graph")
 
 
 @pytest.fixture(scope="module")

@@ -13,16 +13,13 @@ import dask  # noqa: E402
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
+from dask_support import job_fixture  # noqa: E402
 from hipsched.dask.ops import GROUPS_PER_THREAD, _runs, chunk_groups  # noqa: E402
 
 D = 24
 
 
-@pytest.fixture(scope="module")
-def job(dask_client):
-    job = hd.setup(dask_client, persist_model=False, job="grouping")
-    yield job
-    hd.teardown(dask_client)
+job = job_fixture("grouping")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ pytest.importorskip("distributed", reason="distributed is not installed (pip ins
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
 import dask_support  # noqa: E402
-from dask_support import FakeGpuFactory  # noqa: E402
+from dask_support import FakeGpuFactory, job_fixture  # noqa: E402
 from hipsched.ops.quant import QuantizedTensor  # noqa: E402
 
 U = 2.0 ** -24
@@ -30,12 +30,7 @@ def gamma(m):
     return m * U / (1 - m * U)
 
 
-@pytest.fixture(scope="module")
-def job(dask_client):
-    job = hd.setup(dask_client, executor_factory=FakeGpuFactory(gpu_workers=("0",)), persist_model=False,
-                   job="linalg")
-    yield job
-    hd.teardown(dask_client)
+job = job_fixture("linalg", executor_factory=FakeGpuFactory(gpu_workers=("0",)))
 
 
 @pytest.fixture

@@ -19,6 +19,19 @@ def start_cluster(distributed, n_workers=2, **kwargs):
     return cluster, distributed.Client(cluster)
 
 
+def job_fixture(name, **setup_options):
+    """A module-scoped `job` fixture: hipsched.dask set up on the session's cluster as job `name` (with
+    `setup_options`; the model is not persisted), torn down after the module."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def job(dask_client):
+        import hipsched.dask as hd
+        yield hd.setup(dask_client, persist_model=False, job=name, **setup_options)
+        hd.teardown(dask_client)
+    return job
+
+
 class FakeGpuFactory:
     """executor_factory for hipsched.dask.setup: workers named in `gpu_workers` get a fake GPU whose
     every call costs `gpu_cost_us` (busy-waited), the others none at all."""
