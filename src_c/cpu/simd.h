@@ -56,8 +56,25 @@ static inline uint16_t hs_f32_to_f16(float f) {
     return (uint16_t)(sign | q);
 }
 
-#ifdef HS_AVX2
+#if defined(HS_AVX2) || defined(HS_AVX512)
 #include <immintrin.h>
+/* The 8-lane horizontal sum and max, in the one order both SIMD levels reduce in (AVX-512 first adds
+ * or maxes its two 8-lane halves lane by lane). */
+static inline float hs__hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline float hs__hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+#ifdef HS_AVX2
 #define HS_FN(name) name##_avx2
 typedef __m256 hs_v8f;
 static inline hs_v8f hs_v8_zero(void) { return _mm256_setzero_ps(); }
@@ -69,18 +86,8 @@ static inline hs_v8f hs_v8_sub(hs_v8f a, hs_v8f b) { return _mm256_sub_ps(a, b);
 static inline hs_v8f hs_v8_mul(hs_v8f a, hs_v8f b) { return _mm256_mul_ps(a, b); }
 static inline hs_v8f hs_v8_fma(hs_v8f a, hs_v8f b, hs_v8f c) { return _mm256_fmadd_ps(a, b, c); }
 static inline hs_v8f hs_v8_max(hs_v8f a, hs_v8f b) { return _mm256_max_ps(a, b); }
-static inline float hs_v8_hsum(hs_v8f v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-static inline float hs_v8_hmax(hs_v8f v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+static inline float hs_v8_hsum(hs_v8f v) { return hs__hsum8(v); }
+static inline float hs_v8_hmax(hs_v8f v) { return hs__hmax8(v); }
 static inline hs_v8f hs_v8_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline void hs_v8_store_f16(uint16_t *p, hs_v8f v) {
     _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -126,7 +133,6 @@ static inline hs_v8f hs_v8_pow2i(hs_vi n) {
 /* 16 lanes, same operations and the same results lane for lane as the AVX2 section (vmaxps/vminps keep
  * their rule that the second operand wins when either is NaN; vcvtps2ph rounds as F16C does); only the
  * horizontal reductions add in a different order, having twice the lanes. */
-#include <immintrin.h>
 #define HS_FN(name) name##_avx512
 #define HS_W 16
 #define HS_SIMD 1
@@ -145,18 +151,10 @@ static inline hs_vf hs_v_max(hs_vf a, hs_vf b) { return _mm512_max_ps(a, b); }
 static inline hs_vf hs_v_min(hs_vf a, hs_vf b) { return _mm512_min_ps(a, b); }
 /* The two 8-lane halves added lane by lane, then the AVX2 variant's 8-lane order. */
 static inline float hs_v_hsum(hs_vf v) {
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    return hs__hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 static inline float hs_v_hmax(hs_vf v) {
-    __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    return hs__hmax8(_mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 /* vcvtph2ps / vcvtps2ph: the EVEX forms of the F16C instructions, same conversion rule and the same
  * rounding immediate, so bit for bit the AVX2 variant's (and simd.h's scalar reference). */
