@@ -394,33 +394,22 @@ class CtypesRuntime(Runtime):
         self._no_free_async = True
         super().free_async(ptr, stream)
 
-    def malloc_async(self, nbytes: int, stream: int = 0) -> int:
+    def _pool_malloc(self, nbytes: int, stream: int):
         if any(f not in self._fns for f in _POOL_FNS) or self._no_free_async or "free_async" not in self._fns:
-            return self.malloc(nbytes)
+            return None
         self._ctx()
-        pool = self._pools.get(self._device)
-        if pool is None:
+        if self._pools.get(self._device) is None:
             try:
-                pool = self._pool_of(self._device)
+                self._pool_of(self._device)
             except GpuError:
                 # NOT_SUPPORTED (a device without memory pools), or a pool whose release threshold
                 # cannot be set, which would hand its memory back at every synchronisation and be
                 # no faster than malloc
                 self._fns.pop("malloc_async", None)
-                return self.malloc(nbytes)
-        fn = self._fns["malloc_async"]
+                return None
         ptr = c_void_p()
-        for attempt in (0, 1):
-            status = fn(ctypes.byref(ptr), max(int(nbytes), 1), c_void_p(stream))
-            if status == 0:
-                return ptr.value or 0
-            err = gpu_error(self._error_name(status), self._optional["malloc_async"], status)
-            if err.kind != "oom" or attempt:
-                raise err
-            # What the pool holds for reuse counts against the device like memory in use: give it
-            # back (after the frees queued so far have run) and try once more, as CuPy and PyTorch do.
-            self.trim_pool(synchronize=True)
-        raise AssertionError("unreachable")
+        self._call_optional("malloc_async", ctypes.byref(ptr), max(int(nbytes), 1), c_void_p(stream))
+        return ptr.value or 0
 
     def _pool_of(self, index: int) -> int:
         """Device `index`'s default memory pool, told to keep freed memory (up to pool_keep_bytes)
@@ -437,9 +426,6 @@ class CtypesRuntime(Runtime):
         return pool.value
 
     def trim_pool(self, synchronize: bool = False) -> None:
-        """Hand the memory the current device's pool holds for reuse back to the driver (for other
-        libraries of the process, or before a large allocation). With synchronize, after the device's
-        queued work (and with it the queued frees) has run."""
         pool = self._pools.get(self._device)
         if pool is None:
             return

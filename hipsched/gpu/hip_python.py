@@ -184,9 +184,9 @@ class HipPythonRuntime(Runtime):
     def free(self, ptr):
         self._do("hipFree", ptr)
 
-    def malloc_async(self, nbytes, stream=0):
+    def _pool_malloc(self, nbytes, stream):
         if getattr(self, "_no_pool", False) or getattr(self, "_no_free_async", False):
-            return self.malloc(nbytes)
+            return None
         pools = self.__dict__.setdefault("_pools", {})
         if self._device not in pools:
             try:
@@ -199,22 +199,23 @@ class HipPythonRuntime(Runtime):
                 # A pool that would hand its memory back at every synchronisation is no faster than
                 # hipMalloc: without the threshold, do not use it.
                 self._no_pool = True
-                return self.malloc(nbytes)
+                return None
             pools[self._device] = pool
         try:
-            try:
-                return _as_int(self._do("hipMallocAsync", max(int(nbytes), 1), stream))
-            except GpuError as e:
-                if e.kind != "oom":
-                    raise
-                self.synchronize()   # the frees queued so far, then what the pool holds, go back
-                self._do("hipMemPoolTrimTo", pools[self._device], 0)
-                return _as_int(self._do("hipMallocAsync", max(int(nbytes), 1), stream))
+            return _as_int(self._do("hipMallocAsync", max(int(nbytes), 1), stream))
         except GpuError as e:
-            if e.kind != "unavailable":   # hip-python or the driver without pools, or NotSupported
+            if e.kind != "unavailable":   # hip-python or the driver without it, or NotSupported
                 raise
             self._no_pool = True
-            return self.malloc(nbytes)
+            return None
+
+    def trim_pool(self, synchronize=False):
+        pool = self.__dict__.get("_pools", {}).get(self._device)
+        if pool is None:
+            return
+        if synchronize:
+            self.synchronize()
+        self._do("hipMemPoolTrimTo", pool, 0)
 
     def free_async(self, ptr, stream=0):
         if not getattr(self, "_no_free_async", False):

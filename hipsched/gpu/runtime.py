@@ -16,6 +16,8 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from ..errors import GpuError
+
 # Bumped in a forked child. CUDA and HIP state does not survive fork(): a child that touches the
 # parent's driver gets CUDA_ERROR_NOT_INITIALIZED (or, on ROCm, may hang), so every binding compares
 # the generation it was created in with this one before each driver call.
@@ -141,8 +143,27 @@ class Runtime(ABC):
         to the driver, so a call's result costs microseconds where malloc costs 100 us or more and
         free_async of malloc'd memory as much again (measured on an H100: docs/gpu.md).
 
-        This fallback, for drivers or devices without memory pools, is malloc."""
-        return self.malloc(nbytes)
+        Without a pool (the driver or device has none: `_pool_malloc` gives None) it is malloc."""
+        try:
+            ptr = self._pool_malloc(nbytes, stream)
+        except GpuError as e:
+            if e.kind != "oom":
+                raise
+            # What the pool holds for reuse counts against the device like memory in use: give it back
+            # (after the frees queued so far have run) and try once more, as CuPy and PyTorch do.
+            self.trim_pool(synchronize=True)
+            ptr = self._pool_malloc(nbytes, stream)
+        return self.malloc(nbytes) if ptr is None else ptr
+
+    def _pool_malloc(self, nbytes: int, stream: int):
+        """One stream-ordered allocation from the current device's pool (a binding's part of
+        malloc_async), or None where there is no usable pool."""
+        return None
+
+    def trim_pool(self, synchronize: bool = False) -> None:
+        """Hand the memory the current device's pool holds for reuse back to the driver (for other
+        libraries of the process, or before a large allocation). With synchronize, after the device's
+        queued work (and with it the queued frees) has run. Nothing to do without a pool."""
 
     def free_async(self, ptr: int, stream: int = 0) -> None:
         """Free `ptr` once the work queued on `stream` so far has run, without blocking the host or any
