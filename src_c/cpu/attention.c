@@ -1,13 +1,14 @@
-/* Public attention entry point: degenerate shapes, the SIMD variant (once, hs_cpu_level), the thread
- * count. The kernel itself is attention.inc. */
+/* Public attention entry point: degenerate shapes, the SIMD variant (AVX-512, AVX2 or scalar: once,
+ * hs_cpu_level), the thread count. The kernel itself is attention.inc. */
 #include <string.h>
 #include "cpu_features.h"
 #include "attention.h"
 #include "dtypes.h"
 
-#define HS_BOTH(ret, name, args) ret name##_avx2 args; ret name##_scalar args;
-HS_BOTH(int, hs_attention_run, (const void *q, const void *k, const void *v, void *out, int dt, int64_t slabs,
-                                int64_t sq, int64_t sk, int64_t d, float scale, int causal, int nthreads))
+#define HS_VARIANTS(ret, name, args) ret name##_avx512 args; ret name##_avx2 args; ret name##_scalar args;
+HS_VARIANTS(int, hs_attention_run, (const void *q, const void *k, const void *v, void *out, int dt,
+                                    int64_t slabs, int64_t sq, int64_t sk, int64_t d, float scale, int causal,
+                                    int nthreads))
 
 /* Least multiply-adds worth a thread (~0.1 ms of work): a parallel region costs microseconds. */
 #define HS_ATTENTION_GRAIN (1LL << 20)
@@ -28,7 +29,8 @@ int hs_attention(const void *q, const void *k, const void *v, void *out, int dty
     int nt = hs_threads_for(work, HS_ATTENTION_GRAIN);
     long long items = slabs * ((seq_q + HS_ATTENTION_QTILE - 1) / HS_ATTENTION_QTILE);
     if (nt > items) nt = (int)items;
-    /* no AVX-512 variant: that level runs the AVX2 one */
-    return (hs_cpu_level() >= HS_LEVEL_AVX2 ? hs_attention_run_avx2 : hs_attention_run_scalar)(
+    int level = hs_cpu_level();
+    return (level >= HS_LEVEL_AVX512 ? hs_attention_run_avx512
+            : level >= HS_LEVEL_AVX2 ? hs_attention_run_avx2 : hs_attention_run_scalar)(
         q, k, v, out, dtype, slabs, seq_q, seq_k, head_dim, scale, causal, nt);
 }

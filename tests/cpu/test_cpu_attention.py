@@ -59,7 +59,8 @@ def test_matches_torch_sdpa(rng, sq, sk, d, causal):
 @pytest.mark.parametrize("b,h,sq,sk,d", [(1, 2, 130, 200, 64), (2, 2, 200, 130, 17), (1, 1, 257, 257, 128),
                                          (3, 1, 65, 64, 16)])
 def test_several_tiles_and_threads_match_torch(rng, b, h, sq, sk, d, causal):
-    """Crosses the 64-query and 64-key tiles, the 16-query strips and the two-thread grain."""
+    """Crosses the 64-query and 64-key tiles, the strips (16 queries at 8 lanes, 32 at AVX-512's 16) and
+    the two-thread grain."""
     q, k, v = _qkv(rng, b, h, sq, sk, d)
     np.testing.assert_allclose(A.attention(q, k, v, causal=causal), _torch_ref(q, k, v, causal),
                                rtol=RTOL, atol=ATOL)
@@ -190,9 +191,11 @@ def test_random_shapes_match_torch(b, h, sq, sk, d, causal, seed):
 # ----------------------------------------------------------------------------------------------------
 # Regressions (folded from test_review_cpu_attention.py): Causal attention: a key hidden from a query never reaches its output, even when that key's value row
 # holds inf or NaN (its weight is 0, and 0 * inf must not turn the output NaN). Before, it depended on
-# whether the key fell in the 16-query strip's last key tile.
+# whether the key fell in the query strip's last key tile. Keys 33 and 47 fall inside AVX-512's 32-query
+# strip [32, 64); at 8 lanes, in the strip [32, 48), one lane after its start and at its last lane.
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("sq,bad_key,bad", [(40, 5, np.inf), (40, 17, np.nan), (200, 100, -np.inf), (70, 63, np.nan)])
+@pytest.mark.parametrize("sq,bad_key,bad", [(40, 5, np.inf), (40, 17, np.nan), (200, 100, -np.inf), (70, 63, np.nan),
+                                             (70, 33, np.inf), (100, 47, np.nan)])
 def test_hidden_nonfinite_value_does_not_reach_earlier_queries(sq, bad_key, bad):
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 2, sq, 9)).astype(np.float32) for _ in range(3))

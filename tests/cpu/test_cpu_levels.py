@@ -1,6 +1,6 @@
 """Every SIMD level this CPU has against the scalar level, on the same inputs: add, scale, exp, softmax,
-rms_norm, cosine_similarity and top_k in float32, float16 and bfloat16, at sizes around both lane widths
-(8 and 16) and their tails, and large enough to split over threads.
+rms_norm, cosine_similarity, top_k and attention in float32, float16 and bfloat16, at sizes around both
+lane widths (8 and 16) and their tails, and large enough to split over threads.
 
 The level is fixed once per process (HIPSCHED_CPU_FEATURES), so each level computes every case in its
 own interpreter (this file run as a script) and the test compares what comes back:
@@ -15,6 +15,11 @@ own interpreter (this file run as a script) and the test compares what comes bac
   softmax rtol 1e-5; test_cpu_similarity: cosine atol 2e-6, test_cpu_half_similarity: (2d + 8) 2^-24;
   test_cpu_norm / test_cpu_half: the result is float64's rounded, so two levels differ by at most one
   unit in the last place of the output type), hence within twice those of each other.
+- attention: each level is within the bound _attention_bound derives from float32's unit roundoff and
+  the two reduction lengths (head_dim for a score, seq_k for the softmax sum and the P V product), hence
+  within twice it of another; a half output adds one unit in its last place. Its lanes are queries and
+  every sum and max runs within a lane in the same order at every width, and the 16-lane exp2 rounds as
+  the 8-lane one: AVX-512 and AVX2 give the same bits.
 A level this CPU lacks is skipped, saying which level it detected. Under the scalar rerun of
 test_simd_paths.py (HIPSCHED_CPU_FEATURES=scalar) the file is skipped: its subprocesses choose their
 own level, so the rerun would only repeat it.
@@ -89,11 +94,47 @@ def _cases():
             out.append((f"top_k|{name}|{(m, n, d)}", "top_k", (q, T, 11)))
     x = np.concatenate([np.linspace(-100, 100, 100_003, dtype=np.float32), _special(1000, rng)])
     out.append(("exp|float32|100003", "exp", (x,)))
+    out += _attention_cases()
+    return out
+
+
+# (batch, heads, seq_q, seq_k, head_dim): query counts around the strips (16 queries at 8 lanes, 32 at
+# 16) and the 64-query tile, key counts around the 64-key tile, head_dims that are not multiples of 4 or
+# 16 (the kernel's 4-column blocks and AVX-512's lanes), and one call over the thread grain.
+ATTENTION_SHAPES = [(1, 1, 1, 1, 1), (1, 2, 7, 9, 3), (2, 1, 17, 33, 5), (1, 2, 33, 31, 17), (1, 1, 63, 65, 7),
+                    (1, 1, 65, 130, 33), (1, 2, 100, 70, 100), (1, 1, 31, 200, 20), (1, 1, 96, 96, 48),
+                    (1, 1, 130, 129, 128), (4, 1, 257, 257, 64)]
+
+
+def _attention_cases():
+    """Attention, its own generator (the other cases' inputs stay as they were): every shape in each
+    dtype, causal and not; and per dtype, non-finite values: a NaN in a query (its row only), inf in a
+    key's V row that some queries see, NaN in one hidden from some (causal: it reaches only the queries
+    that see it)."""
+    rng = np.random.default_rng(20261123)
+    out = []
+    for name, dt in DTYPES.items():
+        for shape in ATTENTION_SHAPES:
+            b, h, sq, sk, d = shape
+            q, k, v = (rng.standard_normal((b, h, n, d)).astype(np.float32).astype(dt) for n in (sq, sk, sk))
+            for causal in (False, True):
+                out.append((f"attention|{name}|{shape}|{'causal' if causal else 'full'}", "attention",
+                            (q, k, v, causal)))
+        q, k, v = (rng.standard_normal((1, 2, 70, 19)).astype(np.float32) for _ in range(3))
+        q[0, 0, 5, 3] = np.nan
+        v[0, 1, 3, 7] = np.inf
+        v[0, 1, 40, 2] = np.nan
+        for causal in (False, True):
+            out.append((f"attention|{name}|nonfinite|{'causal' if causal else 'full'}", "attention",
+                        tuple(x.astype(dt) for x in (q, k, v)) + (causal,)))
     return out
 
 
 def _run(op, args):
-    from hipsched.cpu import _elementwise as E, _norm as N, _similarity as S
+    from hipsched.cpu import _attention as A, _elementwise as E, _norm as N, _similarity as S
+    if op == "attention":
+        q, k, v, causal = args
+        return [A.attention(q, k, v, causal=causal)]
     if op == "add":
         return [E.add(*args)]
     if op == "scale":
@@ -168,6 +209,59 @@ def _f64(a, name):
     return (a.view(DTYPES[name]) if name != "float32" else a).astype(np.float64)
 
 
+def _attention_bound(q, k, v, causal, name):
+    """Per output element, a bound on |level - exact| for a level's attention (float64 arrays in, each
+    (slabs, ..)), from float32's unit roundoff u = 2^-24 and the reduction lengths. With q~ = q scale
+    log2(e) (rounded the same at every level) and S_j = sum_c |q~_c k_jc|: a score (d products summed,
+    fused or not) is off by at most (d + 2) u S_j, and so is the running max, one of the scores; the
+    difference s_j - m rounds once more (u 2 max S). Each weight p_j = 2^(s_j - m) is then off by a
+    relative ln2 (2 (d + 2) + 2) u max S plus the exp2's own error (the polynomial's 1.2e-7, libm's half
+    an ulp, the product's rounding: 4u). A rescaling factor alpha multiplies the output and the sum of
+    weights alike and cancels in their quotient, up to two roundings per key tile (T = ceil(sk / 64)).
+    The sums over seq_k keys add (sk + 1) u of their sum of magnitudes, and the final division one u.
+    With A = sum_j p_j |v_j| / sum_j p_j >= |out|, everything together is at most
+    (eta + (sk + 2T + 2) u) (A + |out|), eta the weights' relative error. Returns (out, bound) in
+    float64; a half output adds one unit in its last place, left to the caller. Non-finite values of v
+    count as 0: an output they reach is not finite (and not compared against a bound), and one they do
+    not reach they do not change."""
+    u = 2.0 ** -24
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    v = np.where(np.isfinite(v), v, 0.0)
+    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    qmul = float(np.float32(1.0 / np.sqrt(d))) * np.log2(np.e)
+    s = np.einsum("...ic,...jc->...ij", q * qmul, k)
+    smag = np.einsum("...ic,...jc->...ij", np.abs(q * qmul), np.abs(k))
+    if causal:
+        hidden = ~np.tril(np.ones((sq, sk), bool))
+        s = np.where(hidden, -np.inf, s)
+        smag = np.where(hidden, 0.0, smag)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp2(s - s.max(axis=-1, keepdims=True))
+        p = p / p.sum(axis=-1, keepdims=True)
+        out, mag = p @ v, p @ np.abs(v)
+    tiles = -(-sk // 64)
+    eta = np.log(2.0) * (2 * (d + 2) + 2) * u * smag.max(axis=-1, keepdims=True) + 4 * u
+    return out, (eta + (sk + 2 * tiles + 2) * u) * (mag + np.abs(out))
+
+
+def _check_attention(g, s, args, name, key):
+    """g and s (two levels' outputs, halves as bits) within twice _attention_bound of each other, with
+    the same non-finite elements."""
+    q, k, v, causal = args
+    gf, sf = _f64(g, name), _f64(s, name)
+    np.testing.assert_array_equal(np.isnan(gf), np.isnan(sf), err_msg=f"{key}: NaN positions")
+    fin = np.isfinite(sf)
+    np.testing.assert_array_equal(gf[~fin], sf[~fin], err_msg=f"{key}: infinities")  # NaN == NaN here
+    _, bound = _attention_bound(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), causal, name)
+    tol = 2 * bound
+    if name != "float32":
+        tol = tol + _ulp(np.maximum(np.abs(gf), np.abs(sf)), name)
+    diff = np.abs(np.where(fin, gf, 0.0) - np.where(fin, sf, 0.0))
+    ok = ~fin | (diff <= tol)
+    assert ok.all(), (f"{key}: {np.sum(~ok)} of {ok.size} beyond the bound; worst excess "
+                      f"{np.max(np.where(ok, 0, diff - tol)):.3g} (diff {diff[~ok].max():.3g})")
+
+
 @pytest.fixture(scope="module")
 def cases():
     return {key: (op, args) for key, op, args in _cases()}
@@ -196,6 +290,8 @@ def test_level_against_scalar(level, cases, tmp_path_factory):
         elif op == "rms_norm":
             gf, sf = _f64(g, name), _f64(s, name)
             assert np.all(np.abs(gf - sf) <= _ulp(np.maximum(np.abs(gf), np.abs(sf)), name)), key
+        elif op == "attention":
+            _check_attention(g, s, args, name, key)
         elif op == "cosine":
             d = args[0].shape[1]
             bound = 2e-6 if name == "float32" else (2 * d + 8) * 2.0 ** -24
@@ -218,6 +314,19 @@ def test_avx512_exp_and_column_softmax_equal_avx2(cases, tmp_path_factory):
     _available("avx512")
     a, b = _level_results("avx512", tmp_path_factory), _level_results("avx2", tmp_path_factory)
     keys = [k for k in cases if k.startswith(("exp|", "softmax_cols|"))]
+    assert keys
+    for key in keys:
+        np.testing.assert_array_equal(a[f"{key}#0"].view(np.uint8), b[f"{key}#0"].view(np.uint8), err_msg=key)
+
+
+def test_avx512_attention_equals_avx2(cases, tmp_path_factory):
+    """Attention's lanes are queries: every score, max, sum and output column runs within one lane, in
+    key (or head_dim) order, at every width, and att_exp2 on 16 lanes is the 8-lane one instruction for
+    instruction. What a 32-query strip does beyond two 16-query ones (causal: the keys hidden from its
+    first half, masked to -inf) adds exact zeros. So AVX-512 and AVX2 give the same bits."""
+    _available("avx512")
+    a, b = _level_results("avx512", tmp_path_factory), _level_results("avx2", tmp_path_factory)
+    keys = [k for k in cases if k.startswith("attention|")]
     assert keys
     for key in keys:
         np.testing.assert_array_equal(a[f"{key}#0"].view(np.uint8), b[f"{key}#0"].view(np.uint8), err_msg=key)
