@@ -28,7 +28,7 @@ def cases():
                         flops=2.0 * n * k, target=target, family="quant"))
         out.append(Case("qmatmul", f"{qt} W({n},{k}) @ X({k},8)", lambda w=w: ex.qmatmul(w, X8, backend="cpu"),
                         lambda Wf=Wf: Wf @ X8, "numpy Wf@X (float32)", bytes=w.nbytes + 4 * 8 * (k + n),
-                        flops=2.0 * n * k * 8, family="quant"))
+                        flops=2.0 * n * k * 8, target=1.0, family="quant"))
         del Wf
     del W
 

@@ -1,6 +1,7 @@
 """Every SIMD level this CPU has against the scalar level, on the same inputs: add, scale, exp, softmax,
 rms_norm, cosine_similarity, top_k and attention in float32, float16 and bfloat16, at sizes around both
-lane widths (8 and 16) and their tails, and large enough to split over threads.
+lane widths (8 and 16) and their tails, and large enough to split over threads; quantize, dequantize and
+qmatmul (Q8_0, Q4_0) over one block and many, rows and columns around every tile of the kernels.
 
 The level is fixed once per process (HIPSCHED_CPU_FEATURES), so each level computes every case in its
 own interpreter (this file run as a script) and the test compares what comes back:
@@ -20,6 +21,10 @@ own interpreter (this file run as a script) and the test compares what comes bac
   within twice it of another; a half output adds one unit in its last place. Its lanes are queries and
   every sum and max runs within a lane in the same order at every width, and the 16-lane exp2 rounds as
   the 8-lane one: AVX-512 and AVX2 give the same bits.
+- quantize's bytes are ggml's reference rounding at every level, and dequantize is one exact product
+  q * d per element: bit for bit equal (dequantize over arbitrary bytes: every fp16 scale, inf and NaN
+  included). qmatmul sums exact weights times x in float32: each level within test_cpu_quant's bound
+  k 2^-23 (|Wd| @ |x|) of the exact product, hence within twice it of another.
 A level this CPU lacks is skipped, saying which level it detected. Under the scalar rerun of
 test_simd_paths.py (HIPSCHED_CPU_FEATURES=scalar) the file is skipped: its subprocesses choose their
 own level, so the rerun would only repeat it.
@@ -95,6 +100,49 @@ def _cases():
     x = np.concatenate([np.linspace(-100, 100, 100_003, dtype=np.float32), _special(1000, rng)])
     out.append(("exp|float32|100003", "exp", (x,)))
     out += _attention_cases()
+    out += _quant_cases()
+    return out
+
+
+# (n, k): k of one block, a few, and more than qmatmul's chunks of 16 blocks with a tail (17, 33 blocks);
+# n not a multiple of the mat-vec's 4-row groups, of the 2-row tiles or of the 32-row pieces; the last
+# two over the thread grain. Columns: 1 (the mat-vec), 2..9 around the 4- and 8-column tiles (AVX2,
+# AVX-512) and 17 (three panels of up to 8).
+QUANT_SHAPES = [(1, 32), (3, 64), (5, 96), (7, 544), (33, 1056), (67, 4096), (300, 2048)]
+QUANT_COLS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]
+
+
+def _quant_blocks(rng, qt, n, k):
+    """(n, k) of random blocks with finite fp16 scales of many magnitudes (subnormal and zero included),
+    not made by our quantizer (whose bytes are what the quantize cases compare)."""
+    bb, nb = (34 if qt == "q8_0" else 18), n * (k // 32)
+    raw = rng.integers(0, 256, size=(nb, bb), dtype=np.uint8)
+    d = (rng.standard_normal(nb) * np.exp2(rng.integers(-20, 12, nb))).astype(np.float16)
+    d[::7] = np.float16(6e-8)   # subnormal
+    d[3::11] = 0
+    raw[:, :2] = d.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(n, k // 32 * bb)
+
+
+def _quant_cases():
+    """Quant cases, their own generator (the other cases' inputs stay as they were)."""
+    rng = np.random.default_rng(20261123)
+    out = []
+    for qt in ("q8_0", "q4_0"):
+        for n, k in QUANT_SHAPES:
+            W = (rng.standard_normal((n, k)) * rng.uniform(1e-3, 1e2, size=(n, 1))).astype(np.float32)
+            W[0, :32] = 0.5 * rng.integers(-20, 20, 32)  # exact ties of the rounding
+            if n > 2:
+                W[1, :32] = 0.0
+                W[2, :32] = rng.standard_normal(32) * 1e-41  # float32 subnormals: a zero fp16 scale
+            out.append((f"quantize|{qt}|{(n, k)}", "quantize", (W, qt)))
+            bb = 34 if qt == "q8_0" else 18
+            raw = rng.integers(0, 256, size=(n, k // 32 * bb), dtype=np.uint8)  # any scale: inf, NaN too
+            out.append((f"dequantize|{qt}|{(n, k)}", "dequantize", (raw, (n, k), qt)))
+            blocks = _quant_blocks(rng, qt, n, k)
+            for m in (QUANT_COLS if n * k <= 100_000 else (1, 3, 8)):
+                x = rng.standard_normal(k if m == 1 else (k, m)).astype(np.float32)
+                out.append((f"qmatmul|{qt}|{(n, k, m)}", "qmatmul", (blocks, (n, k), qt, x)))
     return out
 
 
@@ -131,7 +179,15 @@ def _attention_cases():
 
 
 def _run(op, args):
-    from hipsched.cpu import _attention as A, _elementwise as E, _norm as N, _similarity as S
+    from hipsched.cpu import _attention as A, _elementwise as E, _norm as N, _quant as Q, _similarity as S
+    if op == "quantize":
+        return [Q.quantize(*args)]
+    if op == "dequantize":
+        raw, shape, qt = args
+        return [Q.dequantize(hipsched.QuantizedTensor(raw, shape, qt))]
+    if op == "qmatmul":
+        raw, shape, qt, x = args
+        return [Q.qmatmul(hipsched.QuantizedTensor(raw, shape, qt), x)]
     if op == "attention":
         q, k, v, causal = args
         return [A.attention(q, k, v, causal=causal)]
@@ -262,6 +318,17 @@ def _check_attention(g, s, args, name, key):
                       f"{np.max(np.where(ok, 0, diff - tol)):.3g} (diff {diff[~ok].max():.3g})")
 
 
+def _check_qmatmul(g, s, args, key):
+    """Two levels' qmatmul within twice test_cpu_quant's bound of each other (the exact weights from
+    dequantize, bit for bit the same at every level)."""
+    raw, (n, k), qt, x = args
+    wd = np.abs(hipsched.dequantize(hipsched.QuantizedTensor(raw, (n, k), qt))).astype(np.float64)
+    bound = k * 2.0 ** -23 * (wd @ np.abs(x).astype(np.float64)) + (k + 1) * 2.0 ** -149
+    assert g.dtype == np.float32 and g.shape == s.shape, key
+    err = np.abs(g.astype(np.float64) - s)
+    assert np.all(err <= 2 * bound), f"{key}: max excess {np.max(err - 2 * bound):.3g}"
+
+
 @pytest.fixture(scope="module")
 def cases():
     return {key: (op, args) for key, op, args in _cases()}
@@ -276,8 +343,10 @@ def test_level_against_scalar(level, cases, tmp_path_factory):
         name = key.split("|")[1]
         g, s = got[f"{key}#0"], base[f"{key}#0"]
         assert g.shape == s.shape, key
-        if op in ("add", "scale"):
+        if op in ("add", "scale", "quantize", "dequantize"):
             np.testing.assert_array_equal(g.view(np.uint8), s.view(np.uint8), err_msg=key)
+        elif op == "qmatmul":
+            _check_qmatmul(g, s, args, key)
         elif op == "exp":
             # libm's expf (scalar) gives denormals where the vector exp gives 0: atol FLT_MIN
             np.testing.assert_allclose(g, s, rtol=4 * 2.0 ** -23, atol=2.0 ** -126, equal_nan=True, err_msg=key)
@@ -317,6 +386,16 @@ def test_avx512_exp_and_column_softmax_equal_avx2(cases, tmp_path_factory):
     assert keys
     for key in keys:
         np.testing.assert_array_equal(a[f"{key}#0"].view(np.uint8), b[f"{key}#0"].view(np.uint8), err_msg=key)
+
+
+def test_level_cases_cover_quant(cases):
+    """The quant cases reach every path the kernels have: m == 1 and tiles of 1..8 columns, one block and
+    several chunks of k, and sizes over the thread grain."""
+    ms = {int(key.rsplit(",", 1)[1].strip(" )")) for key in cases if key.startswith("qmatmul|")}
+    assert set(QUANT_COLS) <= ms
+    for op in ("quantize", "dequantize", "qmatmul"):
+        for qt in ("q8_0", "q4_0"):
+            assert any(key.startswith(f"{op}|{qt}|") for key in cases), (op, qt)
 
 
 def test_avx512_attention_equals_avx2(cases, tmp_path_factory):
