@@ -3,9 +3,9 @@
  * that defines HS_AVX512 (the *_avx512.c files, `#pragma GCC target("avx512f,...")`) gets AVX-512 on 16
  * lanes; any other gets plain C arrays of 8 that the compiler maps to SSE2. HS_FN(name) gives each variant
  * its own symbol (name_avx2 / name_avx512 / name_scalar).
- * Two sets of names: hs_v8f / hs_v8_* are 8 lanes (AVX2 and scalar only; the quant body uses them), and
- * the width-generic hs_vf / hs_v_* have HS_W lanes (8, or 16 under HS_AVX512). The families with an
- * AVX-512 variant (elementwise, similarity, norm, attention) use only the generic names, with
+ * Two sets of names: hs_v8f / hs_v8_* are 8 lanes (AVX2 and scalar only), and the width-generic
+ * hs_vf / hs_v_* have HS_W lanes (8, or 16 under HS_AVX512). The families with an AVX-512 variant
+ * (elementwise, similarity, norm, attention, quant) use only the generic names, with
  * strides and tail buffers in HS_W; at HS_W == 8 those names are the hs_v8 ones, so the AVX2 and scalar
  * variants do the same operations in the same order as when they were written with hs_v8 names. */
 #ifndef HS_SIMD_H
