@@ -4,6 +4,9 @@ is built. See docs/distributed.md for what each op moves and what equality to ex
 from __future__ import annotations
 
 import numbers
+import threading
+import time
+from collections import OrderedDict
 
 import dask
 import dask.array as da
@@ -104,12 +107,16 @@ class ChunkGroup:
     ("arg", j), its j-th chunk argument (a chunk Dask computed or holds already: a persisted chunk is
     read in place on the worker that holds it), or ("graph", key), computed inside the task from
     `graph[key]`, the chunk's own subgraph (a lazy chunk whose tasks no other chunk shares: it is made,
-    scanned and dropped there, so it never crosses the network and one at a time is in memory)."""
+    scanned and dropped there, so it never crosses the network and one at a time is in memory).
+    `worker` is the worker a persisted corpus's group was planned for and `corpus` the corpus's name:
+    a group that runs anywhere else reports it (PLACEMENT_TOPIC), so the client reads the placement
+    again."""
 
-    __slots__ = ("offsets", "sources", "graph", "worker")
+    __slots__ = ("offsets", "sources", "graph", "worker", "corpus")
 
-    def __init__(self, offsets, sources, graph=None, worker=None):
+    def __init__(self, offsets, sources, graph=None, worker=None, corpus=None):
         self.offsets, self.sources, self.graph, self.worker = tuple(offsets), tuple(sources), graph, worker
+        self.corpus = corpus
 
     def __len__(self):
         return len(self.offsets)
@@ -127,9 +134,25 @@ class ChunkGroup:
                 yield off, get_sync(self.graph[ref], ref)
 
 
+def _check_placement(group):
+    """Inside a persisted corpus's group task: a task that Dask ran away from its planned worker (that
+    worker left, or the chunks moved, so Dask fetched them here) tells the clients to read the placement
+    again; the result is the same either way."""
+    if group.worker is None:
+        return
+    try:
+        from distributed import get_worker
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return
+    if worker.address != group.worker:
+        worker.log_event(PLACEMENT_TOPIC, {"corpus": group.corpus, "planned": group.worker, "ran": worker.address})
+
+
 def _topk_group(q, k, group, split_every, *args):
     """One task's share of a top_k: each of its chunks through this worker's executor (the chunk read in
     place, no copy), indices offset to the whole corpus, merged into one candidate list."""
+    _check_placement(group)
     ex = executor()
     parts = []
     for off, block in group.chunks(args):
@@ -207,18 +230,77 @@ def _lazy_sources(T, live):
     return out
 
 
-def _persisted_groups(T, live):
-    """Groups of a persisted corpus by where its chunks live: each worker's chunks (client.who_has), cut
-    into one consecutive run per worker thread, so every chunk is read where it is. None when T's
-    chunks are not all persisted futures."""
+PLACEMENT_TTL_S = 5.0            # a cached placement is read again (who_has) once it is this old
+PLACEMENT_TOPIC = "hipsched-placement"   # a group task that ran away from its planned worker says so here
+PLACEMENT_CACHE_SIZE = 32        # corpora remembered per process (keys and addresses only, no data)
+
+
+class _Placement:
+    """Where a persisted corpus's chunks were (client.who_has) and the group tasks made from it: what
+    top_k reuses between queries instead of asking the scheduler again. Holds keys and addresses only,
+    never a Future, so it keeps nothing alive on the cluster."""
+
+    __slots__ = ("groups", "made", "plans")
+
+    def __init__(self, groups, made):
+        self.groups, self.made = groups, made
+        self.plans = None   # (ChunkGroup, chunk keys) per group, built on first use
+
+
+_placements: OrderedDict = OrderedDict()   # (client id, corpus name, row chunks) -> _Placement
+_placement_lock = threading.Lock()
+_subscribed: set = set()                   # ids of the clients whose PLACEMENT_TOPIC events we follow
+placement_stats = {"lookups": 0, "refreshes": 0, "invalidations": 0}   # read by the tests and the bench
+
+
+def forget_placements(corpus=None) -> int:
+    """Drops the cached placement of the persisted corpus named `corpus` (a Dask array or its name), or
+    of every corpus; the next top_k over it reads who_has again. Returns how many entries went. top_k
+    calls this itself when a group task reports that it ran on a worker other than the planned one (the
+    worker left, or the chunks moved), and re-reads a placement older than PLACEMENT_TTL_S."""
+    name = getattr(corpus, "name", corpus)
+    with _placement_lock:
+        gone = [key for key in _placements if name is None or key[1] == name]
+        for key in gone:
+            del _placements[key]
+        placement_stats["invalidations"] += len(gone)
+    return len(gone)
+
+
+def _on_placement_event(event):
+    """PLACEMENT_TOPIC handler (the client's event loop): a group task ran away from its worker."""
+    msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
+    forget_placements(msg.get("corpus") if isinstance(msg, dict) else None)
+
+
+def _follow_placement_events(client):
+    if client.id in _subscribed:
+        return
+    _subscribed.add(client.id)
+    try:
+        client.subscribe_topic(PLACEMENT_TOPIC, _on_placement_event)
+    except Exception:   # a client that cannot subscribe still gets the TTL's refresh
+        pass
+
+
+def _persisted_client(T, live):
+    """The synchronous client holding every live chunk of T as a future, else None (a lazy corpus, or an
+    asynchronous client, whose calls would return coroutines: it is grouped as a lazy corpus)."""
     from distributed import futures_of
     keys = T.__dask_keys__()
     futs = {f.key: f for f in futures_of(T)}
     if not futs or any(keys[i][0] not in futs for i in live):
-        return None
+        return None, None
     client = next(iter(futs.values())).client
-    if getattr(client, "asynchronous", False):   # its calls would return coroutines: group as a lazy corpus
-        return None
+    if client is None or getattr(client, "asynchronous", False):
+        return None, None
+    return client, futs
+
+
+def _read_placement(client, futs, T, live):
+    """Groups of a persisted corpus by where its chunks live: each worker's chunks (client.who_has), cut
+    into one consecutive run per worker thread, so every chunk is read where it is."""
+    keys = T.__dask_keys__()
     nthreads = client.nthreads()
     if not nthreads:
         return None
@@ -238,19 +320,51 @@ def _persisted_groups(T, live):
     return groups
 
 
+def _placement(T, live):
+    """The cached _Placement of a persisted corpus (read again when missing, older than PLACEMENT_TTL_S
+    or dropped by forget_placements), or None when T is not a persisted corpus."""
+    client, futs = _persisted_client(T, live)
+    if client is None:
+        return None
+    _follow_placement_events(client)
+    key = (client.id, T.name, tuple(T.chunks[0]))
+    now = time.monotonic()
+    with _placement_lock:
+        placement_stats["lookups"] += 1
+        p = _placements.get(key)
+        if p is not None and now - p.made < PLACEMENT_TTL_S:
+            _placements.move_to_end(key)
+            return p
+    groups = _read_placement(client, futs, T, live)
+    if groups is None:
+        return None
+    p = _Placement(groups, now)
+    with _placement_lock:
+        placement_stats["refreshes"] += 1
+        _placements[key] = p
+        while len(_placements) > PLACEMENT_CACHE_SIZE:
+            _placements.popitem(last=False)
+    return p
+
+
 def chunk_groups(T, groups_per_thread=None):
     """How top_k groups T's row chunks into tasks: a list of (worker address or None, [chunk indices]).
-    Persisted (every chunk a future): one group per worker thread, of the chunks that worker holds.
-    Lazy: consecutive runs of about equal rows, `groups_per_thread` (GROUPS_PER_THREAD) per thread of
-    the default client's workers (or per CPU without one). Chunks with no rows are left out."""
+    Persisted (every chunk a future): one group per worker thread, of the chunks that worker holds (the
+    placement is cached between calls: see forget_placements). Lazy: consecutive runs of about equal
+    rows, `groups_per_thread` (GROUPS_PER_THREAD) per thread of the default client's workers (or per
+    CPU without one). Chunks with no rows are left out."""
     live = [i for i, r in enumerate(T.chunks[0]) if r]
     if not live:
         return []
-    groups = _persisted_groups(T, live)
-    if groups is None:
-        per = GROUPS_PER_THREAD if groups_per_thread is None else groups_per_thread
-        groups = [(None, run) for run in _runs(live, [T.chunks[0][i] for i in live], per * _default_threads())]
-    return groups
+    p = _placement(T, live)
+    if p is not None:
+        return list(p.groups)
+    return _lazy_groups(T, live, groups_per_thread)
+
+
+def _lazy_groups(T, live, groups_per_thread=None):
+    per = GROUPS_PER_THREAD if groups_per_thread is None else groups_per_thread
+    return [(None, run) for run in _runs(live, [T.chunks[0][i] for i in live], per * _default_threads())]
 
 
 def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
@@ -276,13 +390,16 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     # A NumPy query goes into every grouped task as data (a few KB), not as a key: a task whose only
     # input is the query would otherwise follow the query's bytes, and every lazy group would run on the
     # one worker holding it. A Dask query stays a dependency.
+    live = [i for i, r in enumerate(T.chunks[0]) if r]
+    token = dask.base.tokenize(qd, T, k, split_every)
+    p = _placement(T, live)
+    if p is not None:
+        return _top_k_held(q, qd, T, k, split_every, out_shape, token, p)
     q_arg = qd.to_delayed().ravel()[0] if isinstance(q, da.Array) else as_f32(q, "top_k", "q", allow_device=False)
-    token = dask.base.tokenize(qd, T, k)
-    groups = chunk_groups(T)
+    groups = _lazy_groups(T, live)
     offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
     handles = T.to_delayed(optimize_graph=False).ravel()
-    persisted = any(w is not None for w, _ in groups)
-    inline = {} if persisted else _lazy_sources(T, [i for _, run in groups for i in run])
+    inline = _lazy_sources(T, [i for _, run in groups for i in run])
     keys = T.__dask_keys__()
     task = dask.delayed(_topk_group, pure=True)
     level = []
@@ -310,6 +427,53 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
                                 shape=out_shape, dtype=dtype, name=f"hipsched-top_k-{what}-{token}")
                 for part, what, dtype in ((0, "indices", np.int64), (1, "scores", np.float32)))
     return idx, val
+
+
+def _top_k_held(q, qd, T, k, split_every, out_shape, token, p):
+    """top_k over a persisted corpus from its cached placement: the graph written directly (one task per
+    group over the chunk keys its worker holds, the merge tree, one root per output whose key is the
+    output array's chunk), without who_has, delayed objects or per-chunk handles; a few hundred
+    microseconds on the client whatever the chunking."""
+    from dask._task_spec import Task, TaskRef
+    from dask.highlevelgraph import HighLevelGraph
+    if p.plans is None:   # built once per placement: the group objects and the chunk keys they read
+        keys = T.__dask_keys__()
+        offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
+        p.plans = [(ChunkGroup([offsets[i] for i in run], [("arg", j) for j in range(len(run))], None, worker,
+                               T.name), tuple(TaskRef(keys[i][0]) for i in run)) for worker, run in p.groups]
+    deps = [T]
+    if isinstance(q, da.Array):
+        q_arg = TaskRef(qd.__dask_keys__()[0] if qd.ndim == 1 else qd.__dask_keys__()[0][0])
+        deps.append(qd)
+    else:
+        # A NumPy query travels inside each group task as data (a few KB)
+        q_arg = as_f32(q, "top_k", "q", allow_device=False)
+    gname = f"hipsched-top_k-group-{token}"
+    layer, level = {}, []
+    for g, (group, refs) in enumerate(p.plans):
+        key = (gname, g)
+        layer[key] = Task(key, _topk_group, q_arg, k, group, split_every, *refs)
+        level.append(key)
+    depth = 0
+    while len(level) > split_every:
+        depth += 1
+        nxt = []
+        for j in range(0, len(level), split_every):
+            key = (f"hipsched-top_k-merge{depth}-{token}", j)
+            layer[key] = Task(key, _merge, k, *[TaskRef(x) for x in level[j:j + split_every]])
+            nxt.append(key)
+        level = nxt
+    hg = HighLevelGraph.from_collections(gname, layer, dependencies=deps)
+    out = []
+    for part, what, dtype in ((0, "indices", np.int64), (1, "scores", np.float32)):
+        name = f"hipsched-top_k-{what}-{token}"
+        key = (name,) + (0,) * len(out_shape)
+        layers = dict(hg.layers)
+        layers[name] = {key: Task(key, _merge_part, k, part, *[TaskRef(x) for x in level])}
+        dependencies = dict(hg.dependencies)
+        dependencies[name] = {gname}
+        out.append(da.Array(HighLevelGraph(layers, dependencies), name, tuple((s,) for s in out_shape), dtype=dtype))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------- elementwise

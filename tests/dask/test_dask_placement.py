@@ -1,0 +1,151 @@
+"""hipsched.dask.top_k over a persisted corpus reuses the corpus's placement (which worker holds which
+chunk: hipsched/dask/ops.py, _placement) between queries instead of asking the scheduler (who_has,
+nthreads) on every call, and writes the graph directly from it. These tests check that the cache is
+used, that it is dropped when the chunks move or a worker leaves (a group task that Dask ran on
+another worker reports it on PLACEMENT_TOPIC; a placement older than PLACEMENT_TTL_S is read again),
+and that the results stay the single-machine op's, bit for bit, before and after."""
+import time
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+import dask  # noqa: E402
+
+import hipsched as hs  # noqa: E402
+import hipsched.dask as hd  # noqa: E402
+from dask_support import job_fixture  # noqa: E402
+from hipsched.dask import ops  # noqa: E402
+
+D = 16
+WAIT_S = 60.0
+
+job = job_fixture("placement")
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rng = np.random.default_rng(23)
+    T = rng.standard_normal((3000, D)).astype(np.float32)
+    T[2900] = T[7]        # a tie far from its twin: the lower index first
+    T[1500, 3] = np.nan   # NaN after every number
+    return T
+
+
+def _exact(q, Td, T, k):
+    idx, val = dask.compute(*hd.top_k(q, Td, k))
+    ref_idx, ref_val = hs.top_k(q, T, k)
+    np.testing.assert_array_equal(idx, ref_idx)
+    np.testing.assert_array_equal(val, ref_val)
+
+
+def _until(cond, what):
+    end = time.monotonic() + WAIT_S
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {WAIT_S:.0f} s waiting for {what}")
+
+
+def _holders(client, Td):
+    futs = distributed.futures_of(Td)
+    return {k: set(v) for k, v in client.who_has(futs).items()}
+
+
+def test_placement_is_cached_between_queries(dask_client, job, corpus, monkeypatch):
+    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    Td = da.from_array(corpus, chunks=(100, D)).persist()   # 30 chunks over 2 workers
+    distributed.wait(Td)
+    q = corpus[7].copy()
+    qm = np.random.default_rng(1).standard_normal((4, D)).astype(np.float32)
+    _exact(q, Td, corpus, 10)
+    refreshes = ops.placement_stats["refreshes"]
+    # later queries over the same corpus never ask the scheduler where its chunks are
+    calls = []
+    for name in ("who_has", "nthreads"):
+        real = getattr(dask_client, name)
+        monkeypatch.setattr(dask_client, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    for qq, k in ((q, 10), (qm, 7), (q, 3000), (da.from_array(qm, chunks=(2, D)), 5)):
+        _exact(qq, Td, corpus, k)
+    assert calls == [] and ops.placement_stats["refreshes"] == refreshes
+    # the cached groups are the who_has ones: each worker reads only chunks it holds
+    before = _holders(dask_client, Td)
+    keys = [k[0] for k in Td.__dask_keys__()]
+    groups = ops.chunk_groups(Td)
+    assert sorted(i for _, run in groups for i in run) == list(range(30))
+    assert all(w in before[keys[i]] for w, run in groups for i in run)
+    assert _holders(dask_client, Td) == before   # no chunk was copied by the queries
+    # a placement older than the TTL is read again
+    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 0.0)
+    _exact(q, Td, corpus, 10)
+    assert ops.placement_stats["refreshes"] == refreshes + 1
+    assert ops.forget_placements(Td) == 1 and ops.forget_placements(Td) == 0
+
+
+def test_moved_chunks_invalidate_the_placement_and_results_stay_exact(dask_client, job, corpus, monkeypatch):
+    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    a, b = sorted(dask_client.nthreads())
+    Td = dask_client.persist(da.from_array(corpus[:2000], chunks=(250, D)), workers=[a])   # 8 chunks, all on a
+    distributed.wait(Td)
+    T = corpus[:2000]
+    q = corpus[7].copy()
+    _exact(q, Td, T, 10)
+    assert {w for w, _ in ops.chunk_groups(Td)} == {a}
+    refreshes, invalidations = ops.placement_stats["refreshes"], ops.placement_stats["invalidations"]
+    # every chunk moves from a to b (copied there, then deleted on a): the cached plan is stale
+    keys = [k[0] for k in Td.__dask_keys__()]
+
+    async def move(dask_scheduler, keys=keys, a=a, b=b):
+        await dask_scheduler.gather_on_worker(b, {k: [a] for k in keys})
+        await dask_scheduler.delete_worker_data(a, keys, stimulus_id="hipsched-test-move")
+    dask_client.run_on_scheduler(move)
+    assert all(v == {b} for v in _holders(dask_client, Td).values())
+    # the stale plan still gives the exact answer: Dask runs the group where its chunks are, and that
+    # task reports that it ran away from its planned worker
+    _exact(q, Td, T, 10)
+    _until(lambda: ops.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
+    # the next query reads the placement again and plans every group on b; no chunk moves back
+    _exact(q, Td, T, 10)
+    assert ops.placement_stats["refreshes"] == refreshes + 1
+    assert {w for w, _ in ops.chunk_groups(Td)} == {b}
+    assert all(v == {b} for v in _holders(dask_client, Td).values())
+
+
+def test_a_worker_leaving_invalidates_the_placement(tmp_path, monkeypatch):
+    """Its own cluster: one worker is retired (its chunks move to the other) between queries."""
+    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    client = distributed.Client(cluster, set_as_default=False)   # the session cluster stays the default
+    try:
+        hd.setup(client, persist_model=False, job="placement-leave")
+        rng = np.random.default_rng(5)
+        T = rng.standard_normal((2400, D)).astype(np.float32)
+        q = rng.standard_normal((3, D)).astype(np.float32)
+        Td = client.persist(da.from_array(T, chunks=(200, D)))
+        client.gather(distributed.futures_of(Td))   # persisted: every chunk in a worker's memory
+        idx, val = client.gather(client.compute(list(hd.top_k(q, Td, 9))))
+        ref = hs.top_k(q, T, 9)
+        np.testing.assert_array_equal(idx, ref[0])
+        np.testing.assert_array_equal(val, ref[1])
+        workers = {w for w, _ in ops.chunk_groups(Td)}
+        holders = {w for v in _holders(client, Td).values() for w in v}
+        assert workers == holders and len(workers) == 2   # the cached plan uses both workers
+        invalidations = ops.placement_stats["invalidations"]
+        gone = sorted(workers)[0]
+        client.retire_workers([gone], close_workers=True)
+        _until(lambda: gone not in client.nthreads(), "the worker to leave")
+        left = set(client.nthreads())
+        assert all(v <= left for v in _holders(client, Td).values())
+        idx, val = client.gather(client.compute(list(hd.top_k(q, Td, 9))))   # the stale plan: still exact
+        np.testing.assert_array_equal(idx, ref[0])
+        np.testing.assert_array_equal(val, ref[1])
+        _until(lambda: ops.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
+        assert {w for w, _ in ops.chunk_groups(Td)} <= left
+        idx, val = client.gather(client.compute(list(hd.top_k(q, Td, 9))))
+        np.testing.assert_array_equal(idx, ref[0])
+        np.testing.assert_array_equal(val, ref[1])
+    finally:
+        client.close()
+        cluster.close()
