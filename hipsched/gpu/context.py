@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import math
 import threading
 from typing import NamedTuple
@@ -64,6 +65,20 @@ class Launch(NamedTuple):
         return cls(source, kernel, _as_dim3(grid), _as_dim3(block), int(shared))
 
 
+def pure_plan(fn):
+    """For a glue's `<op>_launches(...)`, a pure function of shapes and device geometry: its plans are
+    kept (a few hundred), since a program makes the same call again and again and building the Launch
+    tuples cost more than some kernels take. Each caller gets its own list; refusals (GpuError) are
+    raised anew every time."""
+    cached = functools.lru_cache(maxsize=256)(fn)
+
+    @functools.wraps(fn)
+    def plan(*args, **kwargs):
+        return list(cached(*args, **kwargs))
+    plan.cache_clear = cached.cache_clear
+    return plan
+
+
 def grid_stride_blocks(n: int, block: int, multiprocessors: int) -> int:
     """Blocks for a grid-stride loop over n items: enough to fill every compute unit, no more."""
     need = max(1, -(-int(n) // block))
@@ -94,6 +109,9 @@ class GpuContext:
         self.target = target_for(self.arch, self.warp_size)
         self._kernels: dict[int, tuple] = {}    # function handle -> (kernel name, KernelResources | None)
         self._launches_fit: set = set()         # (function, grid, block, shared) that check() passed
+        # Launch -> its function handle, for plans check_launches passed: a call's plan repeats call after
+        # call, so its kernel lookup and limits check are paid once, not on every launch
+        self._planned: dict = {}
         self._resources: dict[str, dict] = {}   # source -> {kernel: KernelResources} for this device
         # resident_bytes None: HIPSCHED_RESIDENT_BYTES or the memory module's default
         self.resident = ResidentCache(rt, resident_bytes)
@@ -292,19 +310,37 @@ class GpuContext:
     def check_launches(self, launches):
         """Check a plan before anything is uploaded (a call the device cannot run then costs no copies);
         compiles or loads the kernels it names. Returns the plan."""
+        planned = self._planned
         for l in launches:
-            self.check(self.function(l.source, l.kernel), l.grid, l.block, l.shared)
+            if l not in planned:
+                fn = self.function(l.source, l.kernel)
+                self.check(fn, l.grid, l.block, l.shared)
+                if len(planned) < 4096:
+                    planned[l] = fn
         return launches
 
     def run(self, launch: Launch, args, stream: int = 0) -> None:
         """Launch one planned launch with `args` (see `launch`)."""
-        self.launch(self.function(launch.source, launch.kernel), launch.grid, launch.block, args,
-                    shared=launch.shared, stream=stream)
+        fn = self._planned.get(launch)
+        if fn is None:
+            self.launch(self.function(launch.source, launch.kernel), launch.grid, launch.block, args,
+                        shared=launch.shared, stream=stream)
+            return
+        self.rt.launch(fn, _as_dim3(launch.grid), _as_dim3(launch.block), self._kernel_params(args, stream),
+                       int(launch.shared), int(stream or 0))
 
     def launch(self, fn: int, grid, block, args, shared: int = 0, stream: int = 0) -> None:
         """Launch `fn` with kernelParams, after checking it against the target's limits (`check`).
         DeviceArray arguments become their pointers; ctypes scalars (c_int32, c_int64, c_float,
         c_void_p) go as they are, so the glue states each parameter's type."""
+        params = self._kernel_params(args, stream)
+        self.check(fn, grid, block, shared)
+        self.rt.launch(fn, _as_dim3(grid), _as_dim3(block), params, int(shared), int(stream or 0))
+
+    @staticmethod
+    def _kernel_params(args, stream) -> tuple:
+        """kernelParams of `args` (see `launch`); every device array among them is recorded as used on
+        `stream`."""
         params = []
         for a in args:
             if isinstance(a, ctypes._SimpleCData):
@@ -318,8 +354,7 @@ class GpuContext:
                     record(stream)
             else:
                 raise TypeError(f"kernel argument {a!r} is neither a device array nor a ctypes scalar")
-        self.check(fn, grid, block, shared)
-        self.rt.launch(fn, _as_dim3(grid), _as_dim3(block), tuple(params), int(shared), int(stream or 0))
+        return tuple(params)
 
     def finish(self, out, call, stream):
         """Results where the inputs live: device arrays for device inputs (the work stays queued on
@@ -353,3 +388,4 @@ class GpuContext:
         # handles of unloaded modules may come back for other kernels: what was learnt of them goes
         self._kernels.clear()
         self._launches_fit.clear()
+        self._planned.clear()

@@ -9,7 +9,7 @@ import ctypes
 import math
 
 from ..errors import GpuError
-from .context import Launch
+from .context import Launch, pure_plan
 from .ops_basic import KERNEL_SUFFIX, kernel_suffix, np_dtype
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
@@ -26,6 +26,7 @@ def head_dim_class(hd: int) -> int:
     raise GpuError("unsupported", f"attention: head_dim {hd} exceeds the GPU kernel's maximum {MAX_HEAD_DIM}")
 
 
+@pure_plan
 def attention_launches(b: int, h: int, sq: int, hd: int, suffix: str = "f32") -> list[Launch]:
     """One block per ROWS query rows of one (batch, head), all on grid x."""
     d = head_dim_class(hd)

@@ -13,7 +13,7 @@ from ctypes import c_float, c_int32, c_int64
 import numpy as np
 
 from ..errors import GpuError
-from .context import Launch, grid_stride_blocks
+from .context import Launch, grid_stride_blocks, pure_plan
 
 BLOCK = 256
 # Rows up to this length are kept in shared memory by the softmax kernel (48 KiB, less its scratch).
@@ -102,6 +102,7 @@ def _empty_result(ctx, call, shape, dtype, stream):
 
 # ---------------------------------------------------------------------------------------- elementwise
 
+@pure_plan
 def add_launches(n: int, nb: int, vec: bool, multiprocessors: int, suffix: str = "f32") -> list[Launch]:
     """a (n elements) + b (nb elements, repeating): 4-element work items when `vec`."""
     work = n // 4 if vec else n
@@ -145,6 +146,7 @@ def add(ctx, call, stream):
     return ctx.finish(y, call, stream)
 
 
+@pure_plan
 def scale_launches(n: int, vec: bool, multiprocessors: int, suffix: str = "f32") -> list[Launch]:
     work = n // 4 if vec else n
     return [Launch.of("elementwise", f"hs_scale_{suffix}" + ("_v4" if vec else ""),
@@ -223,6 +225,7 @@ def softmax(ctx, call, stream):
     return ctx.finish(y, call, stream)
 
 
+@pure_plan
 def softmax_launches(outer: int, length: int, inner: int, vec: bool, multiprocessors: int,
                      suffix: str = "f32") -> list[Launch]:
     """Softmax over the middle axis of an (outer, length, inner) layout. inner == 1: one block per row,
@@ -246,6 +249,7 @@ def _as_queries(q_in):
     return (1, q_in.shape[0]) if len(q_in.shape) == 1 else tuple(q_in.shape)
 
 
+@pure_plan
 def cosine_launches(m: int, n: int, d: int, vec: bool, warp: int, multiprocessors: int,
                     suffix: str = "f32") -> list[Launch]:
     """Query norms (one warp per row), then the scoring kernel, launched once per COSINE_MQ queries
@@ -298,6 +302,7 @@ def cosine_similarity(ctx, call, stream):
     return ctx.finish(scores, call, stream)
 
 
+@pure_plan
 def top_k_select_launches(m: int, n: int, kout: int) -> list[Launch]:
     """The selection passes: each keeps the best kout of every TOPK_SEG-candidate segment of each of
     the m rows (grid (segments, rows)), until one segment per row is left."""
@@ -317,6 +322,7 @@ def top_k_select_launches(m: int, n: int, kout: int) -> list[Launch]:
     raise GpuError("runtime", "top_k: the selection passes did not converge")
 
 
+@pure_plan
 def top_k_launches(m: int, n: int, d: int, kout: int, vec: bool, warp: int, multiprocessors: int,
                    suffix: str = "f32") -> list[Launch]:
     """Everything top_k launches: the cosine scores (unless d == 0: all zero), then the selection (of
@@ -435,6 +441,7 @@ def matmul(ctx, call, stream):
     return ctx.finish(c, call, stream)
 
 
+@pure_plan
 def matmul_launches(batch: int, M: int, N: int, K: int, suffix: str = "f32") -> list[Launch]:
     """The tiled fallback kernel (no vendor BLAS): a 64x64 tile of C per block, batch on grid z."""
     if max(M, N, K) >= 2**31:  # the kernel takes int dimensions

@@ -10,7 +10,7 @@ import ctypes
 
 import numpy as np
 
-from .context import Launch, grid_stride_blocks
+from .context import Launch, grid_stride_blocks, pure_plan
 
 _BLOCK = 256
 _GROUP = 8  # HSG_GROUP: lanes per row in the push kernel
@@ -24,6 +24,7 @@ def _index_pair(indptr, indices):
     return (np.ascontiguousarray(indptr, dtype=np.int64), np.ascontiguousarray(indices, dtype=np.int64))
 
 
+@pure_plan
 def spread_launches(n: int, index_dtype, multiprocessors: int) -> list[Launch]:
     """One step: push along the edges (_GROUP lanes per row), then the finishing rule per node."""
     push = "hs_spread_push_i32" if np.dtype(index_dtype) == np.int32 else "hs_spread_push_i64"

@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 from ctypes import c_double, c_int64
 
-from .context import Launch
+from .context import Launch, pure_plan
 from .ops_basic import KERNEL_SUFFIX, _empty_result, kernel_suffix, np_dtype
 
 MAX_GRID = 1 << 20   # rows per launch before the kernel's row loop takes over
 
 
+@pure_plan
 def rms_norm_launches(rows: int, length: int, suffix: str = "f32") -> list[Launch]:
     """Threads per block grow with the row so short rows do not leave most of a block idle."""
     block = 1024 if length >= 16384 else (256 if length >= 1024 else 64)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import GpuError
 from ..gguf_blocks import BLOCK_BYTES, QK
-from .context import Launch, grid_stride_blocks
+from .context import Launch, grid_stride_blocks, pure_plan
 
 _DEQ_BLOCK = 256
 _MATVEC_BLOCK = 128      # threads; each warp/wavefront owns _MATVEC_ROWS rows
@@ -42,12 +42,14 @@ def _aligned(ctx, x, stream):
     return copy
 
 
+@pure_plan
 def dequantize_launches(nblocks: int, qtype: str, multiprocessors: int) -> list[Launch]:
     """One thread per 4 outputs: 8 per quant block."""
     return [Launch.of("quant", f"hs_dequantize_{qtype}", grid_stride_blocks(nblocks * 8, _DEQ_BLOCK, multiprocessors),
                       _DEQ_BLOCK)]
 
 
+@pure_plan
 def qmatmul_launches(n: int, m: int, qtype: str, warp: int) -> list[Launch]:
     """W (n, k) x X (k, m): the mat-vec kernels (a warp per _MATVEC_ROWS rows) for m <= _MATVEC_COLS,
     else 64x64 output tiles on grid (n / 64, m / 64)."""

@@ -76,19 +76,19 @@ def test_spreading_buffers_outlive_a_call_that_fails_half_way(rt, kernel_dir, rn
     seeds = np.zeros(n, np.float32)
     seeds[:4] = 1
     launches = []
-    real = be._ctx.launch
+    real = rt.launch   # the runtime's: planned launches reach it without passing GpuContext.launch
 
     def launch_then_fail(*args, **kwargs):
         launches.append(1)
         if len(launches) == 5:   # step 3's push: steps 1 and 2 are queued
             raise gpu_emulator.GpuError("launch", "injected", name="hipErrorLaunchFailure")
         return real(*args, **kwargs)
-    monkeypatch.setattr(be._ctx, "launch", launch_then_fail)
+    monkeypatch.setattr(rt, "launch", launch_then_fail)
     with pytest.raises(gpu_emulator.GpuError, match="injected"):
         be.run(OPS["spread_activation"].prepare(graph, seeds, 0.5, 4, 0.01))
     gc.collect()
     no_memcheck(rt)
-    monkeypatch.setattr(be._ctx, "launch", real)
+    monkeypatch.setattr(rt, "launch", real)
     np.testing.assert_allclose(be.run(OPS["spread_activation"].prepare(graph, seeds, 0.5, 3, 0.01)),
                                cpu("spread_activation", graph, seeds, 0.5, 3, 0.01), rtol=1e-5, atol=1e-6)
     be.close()
