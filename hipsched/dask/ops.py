@@ -108,15 +108,16 @@ class ChunkGroup:
     read in place on the worker that holds it), or ("graph", key), computed inside the task from
     `graph[key]`, the chunk's own subgraph (a lazy chunk whose tasks no other chunk shares: it is made,
     scanned and dropped there, so it never crosses the network and one at a time is in memory).
-    `worker` is the worker a persisted corpus's group was planned for and `corpus` the corpus's name:
-    a group that runs anywhere else reports it (PLACEMENT_TOPIC), so the client reads the placement
-    again."""
+    A persisted corpus's group (_topk_held) has `keys` instead, the chunks' keys, which it reads from
+    its worker's memory; `worker` is the worker it was planned for and `corpus` the corpus's name: a
+    group that runs anywhere else, or misses a chunk there, reports it (PLACEMENT_TOPIC), so the client
+    reads the placement again."""
 
-    __slots__ = ("offsets", "sources", "graph", "worker", "corpus")
+    __slots__ = ("offsets", "sources", "graph", "worker", "corpus", "keys")
 
-    def __init__(self, offsets, sources, graph=None, worker=None, corpus=None):
+    def __init__(self, offsets, sources=(), graph=None, worker=None, corpus=None, keys=None):
         self.offsets, self.sources, self.graph, self.worker = tuple(offsets), tuple(sources), graph, worker
-        self.corpus = corpus
+        self.corpus, self.keys = corpus, (tuple(keys) if keys is not None else None)
 
     def __len__(self):
         return len(self.offsets)
@@ -134,10 +135,15 @@ class ChunkGroup:
                 yield off, get_sync(self.graph[ref], ref)
 
 
+def _report(worker, group, why):
+    worker.log_event(PLACEMENT_TOPIC, {"corpus": group.corpus, "planned": group.worker, "ran": worker.address,
+                                       "why": why})
+
+
 def _check_placement(group):
     """Inside a persisted corpus's group task: a task that Dask ran away from its planned worker (that
-    worker left, or the chunks moved, so Dask fetched them here) tells the clients to read the placement
-    again; the result is the same either way."""
+    worker left, or the chunks moved) tells the clients to read the placement again; the result is the
+    same either way."""
     if group.worker is None:
         return
     try:
@@ -146,7 +152,75 @@ def _check_placement(group):
     except (ImportError, ValueError):
         return
     if worker.address != group.worker:
-        worker.log_event(PLACEMENT_TOPIC, {"corpus": group.corpus, "planned": group.worker, "ran": worker.address})
+        _report(worker, group, "elsewhere")
+
+
+class _ClientOnly:
+    """Keeps the corpus's futures alive with the graph on the client (so its chunks outlive a `del T`
+    before the compute, as dependencies would); pickled, as when the graph goes to the scheduler, it is
+    None: the tasks never see it and Dask never takes the futures for dependencies."""
+
+    __slots__ = ("refs",)
+
+    def __init__(self, refs):
+        self.refs = refs
+
+    def __reduce__(self):
+        return (type(None), ())
+
+
+def _topk_held(q, k, group, split_every, first, _keep=None):
+    """A persisted corpus's group task: `first`, its first chunk, is its one dependency (so Dask runs it
+    where that chunk lives, the planned worker); the others are read from this worker's memory in
+    place (worker.data: no copy, and no dependency for the scheduler and the worker to track per chunk).
+    A chunk that is not here (moved, or lost with a worker and not yet recomputed) is scanned where it
+    is by a task of its own (_rescue) and only its k candidates come back; the placement is then
+    reported stale. Same result as _topk_group over the same chunks."""
+    from distributed import get_worker
+    try:
+        worker = get_worker()
+    except ValueError:
+        raise RuntimeError("hipsched.dask.top_k: a persisted corpus's group task ran outside a distributed worker; "
+                           "compute it with the distributed client that holds the corpus") from None
+    if worker.address != group.worker:
+        _report(worker, group, "elsewhere")
+    ex = executor()
+    data = worker.data
+    parts, missing = [], []
+    for j, (off, key) in enumerate(zip(group.offsets, group.keys)):
+        if j == 0:
+            block = first
+        else:
+            try:
+                block = data[key]
+            except KeyError:
+                missing.append(j)
+                continue
+        idx, val = ex.top_k(q, block, k)
+        parts.append((idx + np.int64(off), val))
+        if len(parts) >= split_every:
+            parts = [merge_top_k(parts, k)]
+    if missing:
+        _report(worker, group, "missing")
+        parts.extend(_rescue(q, k, group, missing, split_every))
+    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+
+
+def _rescue(q, k, group, missing, split_every):
+    """The top k of the chunks `missing` (indices into the group) where they are: one task per chunk,
+    each depending on its chunk's key, so Dask runs it on a holder (or recomputes a lost chunk first);
+    submitted from this task through worker_client, which frees this worker's thread while it waits."""
+    import uuid
+    from dask._task_spec import Task, TaskRef
+    from distributed import worker_client
+    tag = uuid.uuid4().hex
+    dsk = {}
+    for j in missing:
+        key = (f"hipsched-top_k-rescue-{tag}", j)
+        sub = ChunkGroup([group.offsets[j]], [("arg", 0)])
+        dsk[key] = Task(key, _topk_group, q, k, sub, split_every, TaskRef(group.keys[j]))
+    with worker_client() as client:
+        return client.get(dsk, list(dsk))
 
 
 def _topk_group(q, k, group, split_every, *args):
@@ -240,11 +314,12 @@ class _Placement:
     top_k reuses between queries instead of asking the scheduler again. Holds keys and addresses only,
     never a Future, so it keeps nothing alive on the cluster."""
 
-    __slots__ = ("groups", "made", "plans")
+    __slots__ = ("groups", "made", "plans", "token")
 
     def __init__(self, groups, made):
         self.groups, self.made = groups, made
-        self.plans = None   # (ChunkGroup, chunk keys) per group, built on first use
+        self.token = dask.base.tokenize(groups)   # goes into the graph's keys: other groups, other keys
+        self.plans = None   # (ChunkGroup, first chunk's TaskRef) per group, built on first use
 
 
 _placements: OrderedDict = OrderedDict()   # (client id, corpus name, row chunks) -> _Placement
@@ -321,11 +396,11 @@ def _read_placement(client, futs, T, live):
 
 
 def _placement(T, live):
-    """The cached _Placement of a persisted corpus (read again when missing, older than PLACEMENT_TTL_S
-    or dropped by forget_placements), or None when T is not a persisted corpus."""
+    """(the cached _Placement of a persisted corpus, read again when missing, older than PLACEMENT_TTL_S
+    or dropped by forget_placements; T's futures) or (None, None) when T is not a persisted corpus."""
     client, futs = _persisted_client(T, live)
     if client is None:
-        return None
+        return None, None
     _follow_placement_events(client)
     key = (client.id, T.name, tuple(T.chunks[0]))
     now = time.monotonic()
@@ -334,17 +409,17 @@ def _placement(T, live):
         p = _placements.get(key)
         if p is not None and now - p.made < PLACEMENT_TTL_S:
             _placements.move_to_end(key)
-            return p
+            return p, futs
     groups = _read_placement(client, futs, T, live)
     if groups is None:
-        return None
+        return None, None
     p = _Placement(groups, now)
     with _placement_lock:
         placement_stats["refreshes"] += 1
         _placements[key] = p
         while len(_placements) > PLACEMENT_CACHE_SIZE:
             _placements.popitem(last=False)
-    return p
+    return p, futs
 
 
 def chunk_groups(T, groups_per_thread=None):
@@ -356,7 +431,7 @@ def chunk_groups(T, groups_per_thread=None):
     live = [i for i, r in enumerate(T.chunks[0]) if r]
     if not live:
         return []
-    p = _placement(T, live)
+    p, _ = _placement(T, live)
     if p is not None:
         return list(p.groups)
     return _lazy_groups(T, live, groups_per_thread)
@@ -390,13 +465,16 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     # A NumPy query goes into every grouped task as data (a few KB), not as a key: a task whose only
     # input is the query would otherwise follow the query's bytes, and every lazy group would run on the
     # one worker holding it. A Dask query stays a dependency.
+    # The keys name the grouping too: a placement read afresh (or another thread count) makes other
+    # groups, which must not take the keys of a previous query's groups still held on the cluster.
     live = [i for i, r in enumerate(T.chunks[0]) if r]
-    token = dask.base.tokenize(qd, T, k, split_every)
-    p = _placement(T, live)
+    p, futs = _placement(T, live)
     if p is not None:
-        return _top_k_held(q, qd, T, k, split_every, out_shape, token, p)
+        return _top_k_held(q, qd, T, k, split_every, out_shape, dask.base.tokenize(qd, T, k, split_every, p.token),
+                           p, futs)
     q_arg = qd.to_delayed().ravel()[0] if isinstance(q, da.Array) else as_f32(q, "top_k", "q", allow_device=False)
     groups = _lazy_groups(T, live)
+    token = dask.base.tokenize(qd, T, k, split_every, groups)
     offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
     handles = T.to_delayed(optimize_graph=False).ravel()
     inline = _lazy_sources(T, [i for _, run in groups for i in run])
@@ -429,7 +507,7 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     return idx, val
 
 
-def _top_k_held(q, qd, T, k, split_every, out_shape, token, p):
+def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
     """top_k over a persisted corpus from its cached placement: the graph written directly (one task per
     group over the chunk keys its worker holds, the merge tree, one root per output whose key is the
     output array's chunk), without who_has, delayed objects or per-chunk handles; a few hundred
@@ -439,20 +517,21 @@ def _top_k_held(q, qd, T, k, split_every, out_shape, token, p):
     if p.plans is None:   # built once per placement: the group objects and the chunk keys they read
         keys = T.__dask_keys__()
         offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
-        p.plans = [(ChunkGroup([offsets[i] for i in run], [("arg", j) for j in range(len(run))], None, worker,
-                               T.name), tuple(TaskRef(keys[i][0]) for i in run)) for worker, run in p.groups]
-    deps = [T]
+        p.plans = [(ChunkGroup([offsets[i] for i in run], (), None, worker, T.name, [keys[i][0] for i in run]),
+                    TaskRef(keys[run[0]][0])) for worker, run in p.groups]
+    deps = []
     if isinstance(q, da.Array):
         q_arg = TaskRef(qd.__dask_keys__()[0] if qd.ndim == 1 else qd.__dask_keys__()[0][0])
         deps.append(qd)
     else:
         # A NumPy query travels inside each group task as data (a few KB)
         q_arg = as_f32(q, "top_k", "q", allow_device=False)
+    keep = _ClientOnly(list(futs.values()))
     gname = f"hipsched-top_k-group-{token}"
     layer, level = {}, []
-    for g, (group, refs) in enumerate(p.plans):
+    for g, (group, first) in enumerate(p.plans):
         key = (gname, g)
-        layer[key] = Task(key, _topk_group, q_arg, k, group, split_every, *refs)
+        layer[key] = Task(key, _topk_held, q_arg, k, group, split_every, first, keep)
         level.append(key)
     depth = 0
     while len(level) > split_every:
@@ -463,7 +542,16 @@ def _top_k_held(q, qd, T, k, split_every, out_shape, token, p):
             layer[key] = Task(key, _merge, k, *[TaskRef(x) for x in level[j:j + split_every]])
             nxt.append(key)
         level = nxt
+    # Of T's graph only the groups' first chunks go in (the futures, as a persisted array's own layer
+    # holds them): the other chunks are not dependencies, so neither the client nor the scheduler nor
+    # the workers handle a key per chunk per query.
+    held = f"hipsched-top_k-held-{token}"
     hg = HighLevelGraph.from_collections(gname, layer, dependencies=deps)
+    layers, dependencies = dict(hg.layers), dict(hg.dependencies)
+    layers[held] = {first.key: futs[first.key] for _, first in p.plans}
+    dependencies[held] = set()
+    dependencies[gname] = set(dependencies[gname]) | {held}
+    hg = HighLevelGraph(layers, dependencies)
     out = []
     for part, what, dtype in ((0, "indices", np.int64), (1, "scores", np.float32)):
         name = f"hipsched-top_k-{what}-{token}"

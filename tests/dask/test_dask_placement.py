@@ -149,3 +149,55 @@ def test_a_worker_leaving_invalidates_the_placement(tmp_path, monkeypatch):
     finally:
         client.close()
         cluster.close()
+
+
+def test_chunks_missing_from_the_planned_worker_are_scanned_where_they_are(dask_client, job, corpus, monkeypatch):
+    """A group reads its chunks from its worker's memory; the ones that moved away since the placement
+    was read are scanned where they now are (a task each, only k candidates come back), not copied."""
+    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    a, b = sorted(dask_client.nthreads())
+    T = corpus[:2000]
+    Td = dask_client.persist(da.from_array(T, chunks=(250, D)), workers=[a])   # 8 chunks, all on a
+    distributed.wait(Td)
+    qm = np.random.default_rng(3).standard_normal((3, D)).astype(np.float32)
+    qm[0] = T[1700]   # its best row is in a chunk that moves
+    _exact(qm, Td, T, 6)
+    assert ops.chunk_groups(Td) == [(a, list(range(8)))]
+    invalidations = ops.placement_stats["invalidations"]
+    keys = [k[0] for k in Td.__dask_keys__()]
+    moved = keys[3:]   # the group's first chunk stays: Dask still runs the group on a
+
+    async def move(dask_scheduler, moved=moved, a=a, b=b):
+        await dask_scheduler.gather_on_worker(b, {k: [a] for k in moved})
+        await dask_scheduler.delete_worker_data(a, moved, stimulus_id="hipsched-test-move")
+    dask_client.run_on_scheduler(move)
+    after_move = _holders(dask_client, Td)
+    _exact(qm, Td, T, 6)
+    _exact(qm[0], Td, T, 2000)
+    assert _holders(dask_client, Td) == after_move   # nothing was copied back to a
+    _until(lambda: ops.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
+    _exact(qm, Td, T, 6)
+    assert sorted(ops.chunk_groups(Td)) == [(a, [0, 1, 2]), (b, [3, 4, 5, 6, 7])]
+
+
+def test_the_corpus_outlives_a_del_before_the_compute(dask_client, job, corpus):
+    """The graph keeps the corpus's futures alive on the client as dependencies would (the group tasks
+    depend on one chunk each and read the others by key)."""
+    import gc
+    T = corpus[:1200]
+    Td = da.from_array(T, chunks=(100, D)).persist()
+    distributed.wait(Td)
+    keys = [k[0] for k in Td.__dask_keys__()]
+    q = corpus[7].copy()
+    arrays = hd.top_k(q, Td, 10)
+    del Td
+    gc.collect()
+    time.sleep(0.5)   # had the futures gone, the scheduler would be releasing the chunks by now
+
+    def held(dask_scheduler, keys=keys):
+        return sum(1 for k in keys if k in dask_scheduler.tasks and dask_scheduler.tasks[k].state == "memory")
+    assert dask_client.run_on_scheduler(held) == len(keys)
+    idx, val = dask.compute(*arrays)
+    ref_idx, ref_val = hs.top_k(q, T, 10)
+    np.testing.assert_array_equal(idx, ref_idx)
+    np.testing.assert_array_equal(val, ref_val)
