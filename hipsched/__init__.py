@@ -105,8 +105,8 @@ def __dir__():
 def cpu_features() -> dict:
     """The SIMD level the CPU kernels use ("avx512", "avx2" or "scalar"), the one detected, the one
     HIPSCHED_CPU_FEATURES requested, the thread count, and whether the CPU has AVX512_BF16 / AVX512_FP16.
-    The avx512 level has its own kernels for elementwise, similarity, norm and attention; quant and graph
-    run their AVX2 ones there (docs/architecture.md, "CPU SIMD levels")."""
+    The avx512 level has its own kernels for elementwise, similarity, norm, attention and quant; graph runs
+    its AVX2 ones there (docs/architecture.md, "CPU SIMD levels")."""
     return _import_compiled(".cpu._features").cpu_features()
 
 
