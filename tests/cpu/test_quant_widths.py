@@ -68,6 +68,11 @@ static inline float hs_v_hsum(emu_vf a) {
     for (int i = 0; i < 8; i++) s[i] = EMU_W == 16 ? a.v[i] + a.v[(i + 8) % EMU_W] : a.v[i];
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
+/* qmatmul's packing buffer can be refused, to run its fallback (x read in place) */
+#include <stdlib.h>
+int emu_refuse_malloc = 0;
+static void *emu_malloc(size_t n) { return emu_refuse_malloc ? NULL : malloc(n); }
+#define malloc emu_malloc
 #include "quant.inc"
 """
 
@@ -103,6 +108,26 @@ def emulated(tmp_path_factory):
                                        ctypes.c_int64, ctypes.c_void_p]
         libs[w] = lib
     return libs
+
+
+def test_qmatmul_without_its_packing_buffer_gives_the_same_bits(emulated):
+    """When the copy of x cannot be allocated, x is read in place: the same sums in the same order."""
+    rng = np.random.default_rng(8)
+    for width, lib in emulated.items():
+        flag = ctypes.c_int.in_dll(lib, "emu_refuse_malloc")
+        for qt in sorted(QT):
+            for n, k, m in [(5, 96, 3), (34, 1056, 8), (31, 2048, 17)]:
+                raw = _blocks(rng, qt, n, k)
+                x = rng.standard_normal((k, m)).astype(np.float32)
+                flag.value = 0
+                packed = _emu_qmatmul(lib, qt, raw, n, k, x)
+                flag.value = 1
+                try:
+                    in_place = _emu_qmatmul(lib, qt, raw, n, k, x)
+                finally:
+                    flag.value = 0
+                np.testing.assert_array_equal(in_place.view(np.uint32), packed.view(np.uint32),
+                                              err_msg=f"width {width}: {qt} {(n, k, m)}")
 
 
 def _blocks(rng, qt, n, k):
