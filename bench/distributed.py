@@ -9,14 +9,18 @@ bits, which the script checks (a sample of rows, and top_k results equal bit for
 are rechunks of that persisted corpus, so every row of the table scans identical data.
 
 hipsched.dask.top_k groups the chunks: one task per worker thread over the chunks that worker holds
-(the corpus is persisted), then one merge; so the tasks per query do not grow with the chunks.
+(the corpus is persisted; where they are is read once and cached), then one merge per output; so the
+tasks per query do not grow with the chunks, and each group task depends on one chunk and reads the
+others from its worker's memory, so no key per chunk goes through Dask per query either.
 
 Overhead: for each chunk size one more run with the workers' telemetry cleared first; overhead per query
 = workers x wall - the sum of the chunk kernels' own durations (each top_k event's duration_us): the
 worker time not spent in a kernel (the client building and sending the graph, the scheduler, the query
 and the candidates moving, the executor's own per-call work, a worker idle while the other finishes);
-per chunk = that / chunks. The table also gives the client's graph-building time (hd.top_k's call,
-including its who_has round trip) and the tasks per query (keys of the optimized graph that run).
+per chunk = that / chunks. The table also gives the client's graph-building time (hd.top_k's call; the
+placement is cached, so no who_has round trip) and the tasks per query (keys of the optimized graph
+that run), and the run prints the cluster's round trip for one no-op task (client.submit(...).result(),
+median of 21, at the start and at the end): the floor of any Dask call on this machine at that load.
 
 Usage: python bench/distributed.py [--n 1000000] [--chunks 4000,15625,62500,250000] [--repeat 5]
 Tables printed and written to bench/results/distributed.md, with the machine's load average."""
@@ -64,6 +68,16 @@ def _clear(dask_worker):
     dask_worker.plugins[hd.PLUGIN_NAME].executor.telemetry.clear()
 
 
+def _round_trip(client, n=21):
+    """Median seconds of one no-op task from this client: submit, run on a worker, result back."""
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        client.submit(int, 1, pure=False).result()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1_000_000)
@@ -107,6 +121,7 @@ def main(argv=None):
         ref_idx, ref_val = ex.top_k(q, T_local, K, backend="cpu")
         print(f"corpus {n} x {D} float32 ({4 * n * D / 2**30:.2f} GiB) generated on the workers in {t_gen:.1f} s; "
               f"local copy checked; load average {load_start}", flush=True)
+        rt_start = _round_trip(client)
 
         rows, over, fit = [], [], []
         for rows_per_chunk in sizes:
@@ -165,6 +180,7 @@ def main(argv=None):
             print(rows[-2] + "\n" + rows[-1] + "\n" + over[-1], flush=True)
             if T is not base:
                 del T
+        rt_end = _round_trip(client)
         load_end = _load()
     finally:
         client.close()
@@ -179,6 +195,8 @@ def main(argv=None):
              "the workers' telemetry\n\n| rows per chunk | chunks | chunk size | tasks per query | wall | graph built "
              "(client) | kernel per chunk | overhead per query (share of worker time) | overhead per chunk | "
              "load (1 min) |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(over) + "\n")
+    text += (f"\nOne no-op task's round trip from the client (submit, run, result; median of 21): "
+             f"{fmt_time(rt_start)} at the start, {fmt_time(rt_end)} at the end\n")
     if len(fit) >= 2:
         # total overhead = fixed + per_chunk x chunks: the slope is what one more chunk costs
         # (a line only where the points lie near one: the largest residual says how near)

@@ -304,7 +304,7 @@ def _lazy_sources(T, live):
     return out
 
 
-PLACEMENT_TTL_S = 5.0            # a cached placement is read again (who_has) once it is this old
+PLACEMENT_TTL_S = 30.0           # a cached placement is read again (who_has) once it is this old
 PLACEMENT_TOPIC = "hipsched-placement"   # a group task that ran away from its planned worker says so here
 PLACEMENT_CACHE_SIZE = 32        # corpora remembered per process (keys and addresses only, no data)
 
