@@ -105,11 +105,11 @@ def _cases():
 
 
 # (n, k): k of one block, a few, and more than qmatmul's chunks of 16 blocks with a tail (17, 33 blocks);
-# n not a multiple of the mat-vec's 4-row groups, of the 2-row tiles or of the 32-row pieces; the last
-# two over the thread grain. Columns: 1 (the mat-vec), 2..9 around the 4- and 8-column tiles (AVX2,
-# AVX-512) and 17 (three panels of up to 8).
+# n not a multiple of the 4-row groups nor of the 2-row tiles; the last two over the thread grain.
+# Columns: 1 (the mat-vec), 2 and 3 (one row in registers), 4..9 around the 4- and 8-column tiles (AVX2,
+# AVX-512), 17 (three panels of up to 8) and 70 (past the 64 columns whose sums one pass keeps).
 QUANT_SHAPES = [(1, 32), (3, 64), (5, 96), (7, 544), (33, 1056), (67, 4096), (300, 2048)]
-QUANT_COLS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]
+QUANT_COLS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 70]
 
 
 def _quant_blocks(rng, qt, n, k):

@@ -78,11 +78,12 @@ static void *emu_malloc(size_t n) { return emu_refuse_malloc ? NULL : malloc(n);
 
 QT = {"q8_0": 0, "q4_0": 1}
 BB = {"q8_0": 34, "q4_0": 18}
-# (n, k, m): the mat-vec's row groups and their tails; tiles of 1..8 columns (and 17: three panels), row
-# pairs and odd rows, pieces of 32 rows, one block and several chunks of 16 blocks with a tail; the last
-# shapes over the thread grain
+# (n, k, m): the mat-vec's row groups and their tails; 2 and 3 columns (one row in registers), tiles of
+# 4..8 columns (17: three panels; 70: past the 64 columns one pass keeps), groups of 4 rows and their
+# tails, one block and several chunks of 16 blocks with a tail; the last shapes over the thread grain
 SHAPES = [(1, 32, 1), (5, 96, 1), (7, 544, 1), (67, 4096, 1), (1, 32, 2), (3, 64, 3), (5, 96, 4), (7, 544, 5),
-          (9, 1056, 6), (33, 544, 7), (34, 1056, 8), (65, 96, 9), (31, 2048, 17), (300, 1024, 8), (129, 4096, 3)]
+          (9, 1056, 6), (33, 544, 7), (34, 1056, 8), (65, 96, 9), (31, 2048, 17), (6, 544, 70), (300, 1024, 8),
+          (129, 4096, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_qmatmul_without_its_packing_buffer_gives_the_same_bits(emulated):
     for width, lib in emulated.items():
         flag = ctypes.c_int.in_dll(lib, "emu_refuse_malloc")
         for qt in sorted(QT):
-            for n, k, m in [(5, 96, 3), (34, 1056, 8), (31, 2048, 17)]:
+            for n, k, m in [(5, 96, 4), (34, 1056, 8), (31, 2048, 17), (6, 544, 70)]:
                 raw = _blocks(rng, qt, n, k)
                 x = rng.standard_normal((k, m)).astype(np.float32)
                 flag.value = 0
