@@ -30,6 +30,13 @@ class Case:
     family: str = ""
 
 
+# Idle seconds before each timed block. A threaded library's workers keep spinning on their cores for a
+# while after its call returns (OpenBLAS: about 2^28 cycles, ~0.1 s; libgomp: briefly), and a block
+# started at once would share every core with the other side's spinners: on a 16-core machine that made
+# both sides 4-20x slower than either runs alone. After the pause each side is timed as it runs by itself.
+SETTLE_S = float(os.environ.get("HIPSCHED_BENCH_SETTLE_S", "0.15"))
+
+
 def time_pair(ours, peer, repeat=7, min_time=0.2):
     """Median seconds per call for both, interleaving runs so drift hits both alike."""
     ours(); peer()  # warm-up (and first-use compile/alloc)
@@ -37,7 +44,9 @@ def time_pair(ours, peer, repeat=7, min_time=0.2):
     reps_p = max(1, int(min_time / max(_once(peer), 1e-6) / repeat))
     to, tp = [], []
     for _ in range(repeat):
+        time.sleep(SETTLE_S)
         to.append(_loop(ours, reps_o))
+        time.sleep(SETTLE_S)
         tp.append(_loop(peer, reps_p))
     return float(np.median(to)), float(np.median(tp))
 

@@ -6,7 +6,10 @@ import pytest
 import hipsched
 from hipsched.ops import OPS
 
-ex = hipsched.Executor()
+# CPU only: on a GPU machine a default Executor sends some calls to the device, and the bit-for-bit
+# comparisons below would then compare two engines (seen on an H100: softmax along axis 0 differed in
+# the last bit). The GPU's agreement with the CPU is tests/gpu's concern.
+ex = hipsched.Executor(force_cpu_mode=True, persist_model=False)
 T8 = np.arange(24, dtype=np.float32).reshape(6, 4)
 
 
