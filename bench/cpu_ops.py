@@ -7,7 +7,7 @@ import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import run_cases  # noqa: E402
+from harness import CPU_SETTLE_S, run_cases  # noqa: E402
 
 FAMILIES = ["elementwise", "similarity", "quant", "attention", "graph"]
 
@@ -22,7 +22,7 @@ def main(argv):
     feats = hipsched.cpu_features()
     title = (f"hipsched CPU ops ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"simd={feats['simd']}, threads={feats['threads']})")
-    run_cases(cases, title, "cpu_ops.md")
+    run_cases(cases, title, "cpu_ops.md", settle=CPU_SETTLE_S)
 
 
 if __name__ == "__main__":

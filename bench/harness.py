@@ -1,6 +1,7 @@
 """Timing and tables shared by every benchmark: median of repeated runs after a warm-up, hipsched and
 its peer measured alternately in the same run (these machines are noisy, so only same-run ratios mean
-anything), and a Markdown table printed and written under bench/results/."""
+anything), each timed block of a CPU benchmark after a short idle pause (CPU_SETTLE_S), and a Markdown
+table printed and written under bench/results/."""
 from __future__ import annotations
 
 import glob
@@ -30,23 +31,25 @@ class Case:
     family: str = ""
 
 
-# Idle seconds before each timed block. A threaded library's workers keep spinning on their cores for a
-# while after its call returns (OpenBLAS: about 2^28 cycles, ~0.1 s; libgomp: briefly), and a block
-# started at once would share every core with the other side's spinners: on a 16-core machine that made
-# both sides 4-20x slower than either runs alone. After the pause each side is timed as it runs by itself.
-SETTLE_S = float(os.environ.get("HIPSCHED_BENCH_SETTLE_S", "0.15"))
+# Idle seconds before each timed block of a CPU benchmark. A threaded library's workers keep spinning on
+# their cores for a while after its call returns (OpenBLAS: about 2^28 cycles, ~0.1 s; libgomp: briefly),
+# and a block started at once would share every core with the other side's spinners: on a 16-core machine
+# that made both sides 4-20x slower than either runs alone. After the pause each side is timed as it runs
+# by itself.
+CPU_SETTLE_S = float(os.environ.get("HIPSCHED_BENCH_SETTLE_S", "0.15"))
 
 
-def time_pair(ours, peer, repeat=7, min_time=0.2):
-    """Median seconds per call for both, interleaving runs so drift hits both alike."""
+def time_pair(ours, peer, repeat=7, min_time=0.2, settle=0.0):
+    """Median seconds per call for both, interleaving runs so drift hits both alike; `settle` seconds
+    idle before each timed block."""
     ours(); peer()  # warm-up (and first-use compile/alloc)
     reps_o = max(1, int(min_time / max(_once(ours), 1e-6) / repeat))
     reps_p = max(1, int(min_time / max(_once(peer), 1e-6) / repeat))
     to, tp = [], []
     for _ in range(repeat):
-        time.sleep(SETTLE_S)
+        time.sleep(settle)
         to.append(_loop(ours, reps_o))
-        time.sleep(SETTLE_S)
+        time.sleep(settle)
         tp.append(_loop(peer, reps_p))
     return float(np.median(to)), float(np.median(tp))
 
@@ -66,12 +69,12 @@ def fmt_time(s):
     return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
-def run_cases(cases, title, out_name, repeat=7):
+def run_cases(cases, title, out_name, repeat=7, settle=0.0):
     rows = []
     header = "| op | shape | hipsched | peer | peer time | ratio (peer/ours) | target | hipsched rate |"
     print(f"## {title}\n\n{header}\n|---|---|---|---|---|---|---|---|", flush=True)
     for c in cases:
-        to, tp = time_pair(c.ours, c.peer, repeat=repeat)
+        to, tp = time_pair(c.ours, c.peer, repeat=repeat, settle=settle)
         rate = ""
         if c.flops:
             rate = f"{c.flops / to / 1e9:.1f} GFLOP/s"
