@@ -140,21 +140,6 @@ def _report(worker, group, why):
                                        "why": why})
 
 
-def _check_placement(group):
-    """Inside a persisted corpus's group task: a task that Dask ran away from its planned worker (that
-    worker left, or the chunks moved) tells the clients to read the placement again; the result is the
-    same either way."""
-    if group.worker is None:
-        return
-    try:
-        from distributed import get_worker
-        worker = get_worker()
-    except (ImportError, ValueError):
-        return
-    if worker.address != group.worker:
-        _report(worker, group, "elsewhere")
-
-
 class _ClientOnly:
     """Keeps the corpus's futures alive with the graph on the client (so its chunks outlive a `del T`
     before the compute, as dependencies would); pickled, as when the graph goes to the scheduler, it is
@@ -226,7 +211,6 @@ def _rescue(q, k, group, missing, split_every):
 def _topk_group(q, k, group, split_every, *args):
     """One task's share of a top_k: each of its chunks through this worker's executor (the chunk read in
     place, no copy), indices offset to the whole corpus, merged into one candidate list."""
-    _check_placement(group)
     ex = executor()
     parts = []
     for off, block in group.chunks(args):
@@ -510,8 +494,8 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
 def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
     """top_k over a persisted corpus from its cached placement: the graph written directly (one task per
     group over the chunk keys its worker holds, the merge tree, one root per output whose key is the
-    output array's chunk), without who_has, delayed objects or per-chunk handles; a few hundred
-    microseconds on the client whatever the chunking."""
+    output array's chunk), without who_has, delayed objects or per-chunk handles: about a millisecond
+    on the client whatever the chunking."""
     from dask._task_spec import Task, TaskRef
     from dask.highlevelgraph import HighLevelGraph
     if p.plans is None:   # built once per placement: the group objects and the chunk keys they read
