@@ -113,11 +113,11 @@ class ChunkGroup:
     group that runs anywhere else, or misses a chunk there, reports it (PLACEMENT_TOPIC), so the client
     reads the placement again."""
 
-    __slots__ = ("offsets", "sources", "graph", "worker", "corpus", "keys")
+    __slots__ = ("offsets", "sources", "graph", "worker", "corpus", "keys", "anchor")
 
-    def __init__(self, offsets, sources=(), graph=None, worker=None, corpus=None, keys=None):
+    def __init__(self, offsets, sources=(), graph=None, worker=None, corpus=None, keys=None, anchor=0):
         self.offsets, self.sources, self.graph, self.worker = tuple(offsets), tuple(sources), graph, worker
-        self.corpus, self.keys = corpus, (tuple(keys) if keys is not None else None)
+        self.corpus, self.keys, self.anchor = corpus, (tuple(keys) if keys is not None else None), anchor
 
     def __len__(self):
         return len(self.offsets)
@@ -155,8 +155,8 @@ class _ClientOnly:
 
 
 def _topk_held(q, k, group, split_every, first, _keep=None):
-    """A persisted corpus's group task: `first`, its first chunk, is its one dependency (so Dask runs it
-    where that chunk lives, the planned worker); the others are read from this worker's memory in
+    """A persisted corpus's group task: `first`, its anchor chunk (keys[anchor]), is its one dependency
+    (so Dask runs it where that chunk lives, the planned worker); the others are read from this worker's memory in
     place (worker.data: no copy, and no dependency for the scheduler and the worker to track per chunk).
     A chunk that is not here (moved, or lost with a worker and not yet recomputed) is scanned where it
     is by a task of its own (_rescue) and only its k candidates come back; the placement is then
@@ -173,7 +173,7 @@ def _topk_held(q, k, group, split_every, first, _keep=None):
     data = worker.data
     parts, missing = [], []
     for j, (off, key) in enumerate(zip(group.offsets, group.keys)):
-        if j == 0:
+        if j == group.anchor:
             block = first
         else:
             try:
@@ -298,12 +298,12 @@ class _Placement:
     top_k reuses between queries instead of asking the scheduler again. Holds keys and addresses only,
     never a Future, so it keeps nothing alive on the cluster."""
 
-    __slots__ = ("groups", "made", "plans", "token")
+    __slots__ = ("groups", "anchors", "made", "plans", "token")
 
-    def __init__(self, groups, made):
-        self.groups, self.made = groups, made
-        self.token = dask.base.tokenize(groups)   # goes into the graph's keys: other groups, other keys
-        self.plans = None   # (ChunkGroup, first chunk's TaskRef) per group, built on first use
+    def __init__(self, groups, anchors, made):
+        self.groups, self.anchors, self.made = groups, anchors, made
+        self.token = dask.base.tokenize(groups, anchors)   # in the graph's keys: other groups, other keys
+        self.plans = None   # (ChunkGroup, its anchor chunk's TaskRef) per group, built on first use
 
 
 _placements: OrderedDict = OrderedDict()   # (client id, corpus name, row chunks) -> _Placement
@@ -358,7 +358,10 @@ def _persisted_client(T, live):
 
 def _read_placement(client, futs, T, live):
     """Groups of a persisted corpus by where its chunks live: each worker's chunks (client.who_has), cut
-    into one consecutive run per worker thread, so every chunk is read where it is."""
+    into one consecutive run per worker thread, so every chunk is read where it is; and per group its
+    anchor, the position in the run of the chunk its task depends on: one that only the group's worker
+    holds where there is one, so Dask, which runs the task where its dependency is, cannot pick another
+    holder of a replicated chunk."""
     keys = T.__dask_keys__()
     nthreads = client.nthreads()
     if not nthreads:
@@ -372,11 +375,12 @@ def _read_placement(client, futs, T, live):
         w = min(holders, key=lambda a: load[a])   # a replicated chunk goes to its least loaded holder
         mine[w].append(i)
         load[w] += rows[i]
-    groups = []
+    groups, anchors = [], []
     for w, idx in mine.items():
         for run in (_runs(idx, [rows[i] for i in idx], nthreads[w]) if idx else []):
             groups.append((w, run))
-    return groups
+            anchors.append(next((j for j, i in enumerate(run) if tuple(who.get(keys[i][0], ())) == (w,)), 0))
+    return groups, anchors
 
 
 def _placement(T, live):
@@ -394,10 +398,10 @@ def _placement(T, live):
         if p is not None and now - p.made < PLACEMENT_TTL_S:
             _placements.move_to_end(key)
             return p, futs
-    groups = _read_placement(client, futs, T, live)
-    if groups is None:
+    placed = _read_placement(client, futs, T, live)
+    if placed is None:
         return None, None
-    p = _Placement(groups, now)
+    p = _Placement(*placed, now)
     with _placement_lock:
         placement_stats["refreshes"] += 1
         _placements[key] = p
@@ -501,8 +505,8 @@ def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
     if p.plans is None:   # built once per placement: the group objects and the chunk keys they read
         keys = T.__dask_keys__()
         offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
-        p.plans = [(ChunkGroup([offsets[i] for i in run], (), None, worker, T.name, [keys[i][0] for i in run]),
-                    TaskRef(keys[run[0]][0])) for worker, run in p.groups]
+        p.plans = [(ChunkGroup([offsets[i] for i in run], (), None, worker, T.name, [keys[i][0] for i in run], a),
+                    TaskRef(keys[run[a]][0])) for (worker, run), a in zip(p.groups, p.anchors)]
     deps = []
     if isinstance(q, da.Array):
         q_arg = TaskRef(qd.__dask_keys__()[0] if qd.ndim == 1 else qd.__dask_keys__()[0][0])
@@ -526,7 +530,7 @@ def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
             layer[key] = Task(key, _merge, k, *[TaskRef(x) for x in level[j:j + split_every]])
             nxt.append(key)
         level = nxt
-    # Of T's graph only the groups' first chunks go in (the futures, as a persisted array's own layer
+    # Of T's graph only the groups' anchor chunks go in (the futures, as a persisted array's own layer
     # holds them): the other chunks are not dependencies, so neither the client nor the scheduler nor
     # the workers handle a key per chunk per query.
     held = f"hipsched-top_k-held-{token}"

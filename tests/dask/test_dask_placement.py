@@ -165,7 +165,7 @@ def test_chunks_missing_from_the_planned_worker_are_scanned_where_they_are(dask_
     assert ops.chunk_groups(Td) == [(a, list(range(8)))]
     invalidations = ops.placement_stats["invalidations"]
     keys = [k[0] for k in Td.__dask_keys__()]
-    moved = keys[3:]   # the group's first chunk stays: Dask still runs the group on a
+    moved = keys[3:]   # the group's anchor (its first chunk, a's alone) stays: Dask still runs it on a
 
     async def move(dask_scheduler, moved=moved, a=a, b=b):
         await dask_scheduler.gather_on_worker(b, {k: [a] for k in moved})
@@ -201,3 +201,32 @@ def test_the_corpus_outlives_a_del_before_the_compute(dask_client, job, corpus):
     ref_idx, ref_val = hs.top_k(q, T, 10)
     np.testing.assert_array_equal(idx, ref_idx)
     np.testing.assert_array_equal(val, ref_val)
+
+
+def test_a_group_depends_on_a_chunk_only_its_worker_holds(dask_client, job, corpus, monkeypatch):
+    """Dask runs a group task where its one dependency is; a replicated chunk has two holders, so the
+    dependency (the anchor) is a chunk held by the planned worker alone, and no query runs elsewhere."""
+    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    T = corpus[:2400]
+    Td = da.from_array(T, chunks=(100, D)).persist()   # 24 chunks over 2 workers
+    distributed.wait(Td)
+    q = corpus[7].copy()
+    _exact(q, Td, T, 10)
+    keys = [k[0] for k in Td.__dask_keys__()]
+    futs = {f.key: f for f in distributed.futures_of(Td)}
+    # every group's first chunk (and a few more) now lives on both workers
+    firsts = {run[0] for _, run in ops.chunk_groups(Td)} | {0, 1, 2, 12, 13}
+    dask_client.replicate([futs[keys[i]] for i in sorted(firsts)], n=2)
+    holders = _holders(dask_client, Td)
+    assert all(len(holders[keys[i]]) == 2 for i in firsts)
+    ops.forget_placements(Td)
+    _exact(q, Td, T, 10)
+    (p,) = [v for key, v in ops._placements.items() if key[1] == Td.name]
+    for (worker, run), a in zip(p.groups, p.anchors):
+        if any(holders[keys[i]] == {worker} for i in run):
+            assert holders[keys[run[a]]] == {worker}
+    invalidations = ops.placement_stats["invalidations"]
+    for k in (3, 10, 2400):
+        _exact(q, Td, T, k)
+    time.sleep(0.5)   # a report, had there been one, would have reached the client by now
+    assert ops.placement_stats["invalidations"] == invalidations
