@@ -12,19 +12,17 @@ is faithful, at 16 that the body's AVX-512 shape computes what AVX2 does. On an 
 Skipped without gcc, at the scalar level (libm's exp2f there, not the polynomial), or on a CPU without
 AVX2."""
 import ctypes
-import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 import hipsched
 from hipsched.cpu import _attention as A
+from emulated_widths import build_widths  # tests/support
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src_c", "cpu")
 LEVEL = hipsched.cpu_features()["simd"]
 
 pytestmark = [
@@ -38,40 +36,8 @@ HARNESS = r"""
 #include <math.h>
 #include <stdint.h>
 #include <immintrin.h>
-#include "simd.h"   /* no level macro: the scalar section, whose 8-lane names are replaced below */
-#undef HS_W
-#undef HS_FN
-#undef hs_v_zero
-#undef hs_v_set1
-#undef hs_v_load
-#undef hs_v_store
-#undef hs_v_add
-#undef hs_v_sub
-#undef hs_v_mul
-#undef hs_v_fma
-#undef hs_v_max
-#undef hs_v_load_f16
-#undef hs_v_store_f16
-#undef hs_v_load_bf16
-#undef hs_v_store_bf16
-#define HS_W EMU_W
-#define HS_FN(name) name##_emu
-typedef struct { float v[EMU_W]; } emu_vf;
-#define hs_vf emu_vf
-#define L for (int i = 0; i < EMU_W; i++)
-static inline emu_vf hs_v_zero(void) { emu_vf r; L r.v[i] = 0.f; return r; }
-static inline emu_vf hs_v_set1(float x) { emu_vf r; L r.v[i] = x; return r; }
-static inline emu_vf hs_v_load(const float *p) { emu_vf r; L r.v[i] = p[i]; return r; }
-static inline void hs_v_store(float *p, emu_vf a) { L p[i] = a.v[i]; }
-static inline emu_vf hs_v_add(emu_vf a, emu_vf b) { L a.v[i] += b.v[i]; return a; }
-static inline emu_vf hs_v_sub(emu_vf a, emu_vf b) { L a.v[i] -= b.v[i]; return a; }
-static inline emu_vf hs_v_mul(emu_vf a, emu_vf b) { L a.v[i] *= b.v[i]; return a; }
-static inline emu_vf hs_v_fma(emu_vf a, emu_vf b, emu_vf c) { L c.v[i] = fmaf(a.v[i], b.v[i], c.v[i]); return c; }
-static inline emu_vf hs_v_max(emu_vf a, emu_vf b) { L a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
-static inline emu_vf hs_v_load_f16(const uint16_t *p) { emu_vf r; L r.v[i] = hs_f16_to_f32(p[i]); return r; }
-static inline void hs_v_store_f16(uint16_t *p, emu_vf a) { L p[i] = hs_f32_to_f16(a.v[i]); }
-static inline emu_vf hs_v_load_bf16(const uint16_t *p) { emu_vf r; L r.v[i] = hs_bf16_to_f32(p[i]); return r; }
-static inline void hs_v_store_bf16(uint16_t *p, emu_vf a) { L p[i] = hs_f32_to_bf16(a.v[i]); }
+#include "simd.h"   /* no level macro: the scalar section, whose 8-lane names emu_lanes.h replaces */
+#include "emu_lanes.h"
 /* attention.inc's AVX2 att_exp2, on one lane (the body's scalar branch calls exp2f per lane) */
 static inline float emu_exp2f(float xs) {
     __m256 x = _mm256_set1_ps(xs);
@@ -104,18 +70,8 @@ SHAPES = [(1, 2, 1, 1, 1), (2, 1, 7, 9, 3), (1, 2, 31, 33, 17), (2, 2, 65, 130, 
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    d = tmp_path_factory.mktemp("attention_widths")
-    src = d / "emu.c"
-    src.write_text(HARNESS)
     libs = {}
-    for w in (8, 16):
-        so = d / f"emu{w}.so"
-        # setup.py's flags for the C kernels (-O3, OpenMP, no errno, no trapping math)
-        r = subprocess.run(["gcc", "-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared",
-                            "-Wall", "-Wno-unused-function", f"-DEMU_W={w}", f"-I{SRC}", str(src), "-o", str(so),
-                            "-lm"], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        lib = ctypes.CDLL(str(so))
+    for w, lib in build_widths(tmp_path_factory.mktemp("attention_widths"), HARNESS).items():
         f = lib.hs_attention_run_emu
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_int,

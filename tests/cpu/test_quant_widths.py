@@ -15,9 +15,7 @@ hs_v_hsum does at AVX-512). So:
 
 Skipped without gcc or below the AVX2 level (the scalar variant's products are not fused)."""
 import ctypes
-import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -25,8 +23,8 @@ import pytest
 import hipsched
 from hipsched import QuantizedTensor
 from hipsched.cpu import _quant as Q
+from emulated_widths import build_widths  # tests/support
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src_c", "cpu")
 LEVEL = hipsched.cpu_features()["simd"]
 
 pytestmark = [
@@ -39,35 +37,8 @@ HARNESS = r"""
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
 #include <stdint.h>
-#include "simd.h"   /* no level macro: the scalar section, whose 8-lane names are replaced below */
-#undef HS_W
-#undef HS_FN
-#undef hs_v_zero
-#undef hs_v_set1
-#undef hs_v_load
-#undef hs_v_store
-#undef hs_v_add
-#undef hs_v_mul
-#undef hs_v_fma
-#undef hs_v_hsum
-#define HS_W EMU_W
-#define HS_FN(name) name##_emu
-typedef struct { float v[EMU_W]; } emu_vf;
-#define hs_vf emu_vf
-#define L for (int i = 0; i < EMU_W; i++)
-static inline emu_vf hs_v_zero(void) { emu_vf r; L r.v[i] = 0.f; return r; }
-static inline emu_vf hs_v_set1(float x) { emu_vf r; L r.v[i] = x; return r; }
-static inline emu_vf hs_v_load(const float *p) { emu_vf r; L r.v[i] = p[i]; return r; }
-static inline void hs_v_store(float *p, emu_vf a) { L p[i] = a.v[i]; }
-static inline emu_vf hs_v_add(emu_vf a, emu_vf b) { L a.v[i] += b.v[i]; return a; }
-static inline emu_vf hs_v_mul(emu_vf a, emu_vf b) { L a.v[i] *= b.v[i]; return a; }
-static inline emu_vf hs_v_fma(emu_vf a, emu_vf b, emu_vf c) { L c.v[i] = fmaf(a.v[i], b.v[i], c.v[i]); return c; }
-/* simd.h's hs__hsum8 order; 16 lanes fold their halves first, as the AVX-512 hs_v_hsum does */
-static inline float hs_v_hsum(emu_vf a) {
-    float s[8];
-    for (int i = 0; i < 8; i++) s[i] = EMU_W == 16 ? a.v[i] + a.v[(i + 8) % EMU_W] : a.v[i];
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-}
+#include "simd.h"   /* no level macro: the scalar section, whose 8-lane names emu_lanes.h replaces */
+#include "emu_lanes.h"
 /* qmatmul's packing buffer can be refused, to run its fallback (x read in place) */
 #include <stdlib.h>
 int emu_refuse_malloc = 0;
@@ -88,18 +59,8 @@ SHAPES = [(1, 32, 1), (5, 96, 1), (7, 544, 1), (67, 4096, 1), (1, 32, 2), (3, 64
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    d = tmp_path_factory.mktemp("quant_widths")
-    src = d / "emu.c"
-    src.write_text(HARNESS)
-    libs = {}
-    for w in (8, 16):
-        so = d / f"emu{w}.so"
-        # setup.py's flags for the C kernels (-O3, OpenMP, no errno, no trapping math)
-        r = subprocess.run(["gcc", "-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared",
-                            "-Wall", "-Wno-unused-function", f"-DEMU_W={w}", f"-I{SRC}", str(src), "-o", str(so),
-                            "-lm"], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        lib = ctypes.CDLL(str(so))
+    libs = build_widths(tmp_path_factory.mktemp("quant_widths"), HARNESS)
+    for lib in libs.values():
         lib.hs_quantize_emu.restype = ctypes.c_int
         lib.hs_quantize_emu.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hs_dequantize_emu.restype = None
@@ -107,7 +68,6 @@ def emulated(tmp_path_factory):
         lib.hs_qmatmul_emu.restype = None
         lib.hs_qmatmul_emu.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                        ctypes.c_int64, ctypes.c_void_p]
-        libs[w] = lib
     return libs
 
 
