@@ -107,6 +107,24 @@ def _workers(client):
             if addr in pids}
 
 
+def _victim_holding_a_group(client, before, job_dir):
+    """The victim: the worker that has run (and logged) the most of this top_k's chunks, returned once
+    it holds a grouped top_k task (which then waits at the gate)."""
+    def ran_chunks():
+        counts = {w: len(_complete_lines(os.path.join(job_dir, f"{w}.jsonl"))) for w in before}
+        w = max(counts, key=counts.get)
+        return w if counts[w] else None
+    victim = _wait(ran_chunks, "a worker to log a top_k chunk")
+    addr = before[victim][0]
+
+    def victim_tasks(dask_scheduler, addr=addr):
+        ws = dask_scheduler.workers.get(addr)
+        return sorted(str(ts.key) for ts in ws.processing) if ws is not None else []
+    _wait(lambda: [k for k in client.run_on_scheduler(victim_tasks) if "hipsched-top_k-group" in k],
+          "the victim to hold a grouped top_k task")
+    return victim
+
+
 def test_sigkill_mid_top_k_reruns_tasks_and_leaves_a_parseable_log(cluster, gate):
     jsonschema = pytest.importorskip("jsonschema")
     client, job_dir = cluster
@@ -122,21 +140,10 @@ def test_sigkill_mid_top_k_reruns_tasks_and_leaves_a_parseable_log(cluster, gate
     idx_d, val_d = hd.top_k(q, Td, K)
     fut_idx, fut_val = client.compute([idx_d, val_d])
 
-    # the victim: a worker that has already run (and logged) some of this top_k's chunks
-    def ran_chunks():
-        counts = {w: len(_complete_lines(os.path.join(job_dir, f"{w}.jsonl"))) for w in before}
-        w = max(counts, key=counts.get)
-        return w if counts[w] else None
-    victim = _wait(ran_chunks, "a worker to log a top_k chunk")
-    addr, pid = before[victim]
-
-    def victim_tasks(dask_scheduler, addr=addr):
-        ws = dask_scheduler.workers.get(addr)
-        return sorted(str(ts.key) for ts in ws.processing) if ws is not None else []
     # its second top_k call (the second chunk of its group) is held at the gate: that grouped task is
     # lost with the process, with the chunks it already scanned
-    _wait(lambda: [k for k in client.run_on_scheduler(victim_tasks) if "hipsched-top_k-group" in k],
-                 "the victim to hold a grouped top_k task")
+    victim = _victim_holding_a_group(client, before, job_dir)
+    addr, pid = before[victim]
     assert not fut_val.done()   # the gate is closed: the job cannot have finished
     os.kill(pid, signal.SIGKILL)
     path = os.path.join(job_dir, f"{victim}.jsonl")
@@ -219,18 +226,8 @@ def test_sigkill_mid_top_k_over_a_persisted_corpus(tmp_path):
         assert len(holders) == 2   # both workers hold chunks: the victim takes some with it
         fut_idx, fut_val = client.compute(list(hd.top_k(q, Td, K)))
 
-        def ran_chunks():
-            counts = {w: len(_complete_lines(os.path.join(job_dir, f"{w}.jsonl"))) for w in before}
-            w = max(counts, key=counts.get)
-            return w if counts[w] else None
-        victim = _wait(ran_chunks, "a worker to log a top_k chunk")
+        victim = _victim_holding_a_group(client, before, job_dir)
         addr, pid = before[victim]
-
-        def victim_tasks(dask_scheduler, addr=addr):
-            ws = dask_scheduler.workers.get(addr)
-            return sorted(str(ts.key) for ts in ws.processing) if ws is not None else []
-        _wait(lambda: [k for k in client.run_on_scheduler(victim_tasks) if "hipsched-top_k-group" in k],
-              "the victim to hold a grouped top_k task")
         assert not fut_val.done()
         os.kill(pid, signal.SIGKILL)
         open(gate, "w").close()
