@@ -17,7 +17,8 @@ except ImportError as e:  # say which extra brings them, not just the missing mo
 
 from .graph import PartitionedGraph, partition_graph, spread_activation
 from .linalg import QuantizedRows, attention, dequantize, matmul, qmatmul, shard_rows
-from .ops import add, cosine_similarity, forget_placements, merge_top_k, scale, softmax, top_k
+from .ops import add, cosine_similarity, merge_top_k, scale, softmax, top_k
+from .placement import forget_placements
 from .workers import (PLUGIN_NAME, HipschedWorkerPlugin, executor, flush_telemetry, pinned_device, setup, teardown,
                       worker_info)
 

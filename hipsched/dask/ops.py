@@ -4,15 +4,13 @@ is built. See docs/distributed.md for what each op moves and what equality to ex
 from __future__ import annotations
 
 import numbers
-import threading
-import time
-from collections import OrderedDict
 
 import dask
 import dask.array as da
 import numpy as np
 
 from ..ops.base import as_f32, check_ndim, finite_scalar, shape_mismatch
+from .placement import PLACEMENT_TOPIC, placement, runs
 from .workers import executor
 
 SPLIT_EVERY = 8   # fan-in of the top-k merge tree: 40 chunks merge in two levels
@@ -234,21 +232,6 @@ def _default_threads():
         return max(1, int(dask.system.CPU_COUNT or 1))
 
 
-def _runs(items, rows, parts):
-    """`items` cut into at most `parts` consecutive runs of about equal rows, none empty."""
-    n = len(items)
-    parts = max(1, min(int(parts), n))
-    cum = np.cumsum(rows)
-    bounds, prev = [0], 0
-    for p in range(1, parts):
-        cut = int(np.searchsorted(cum, cum[-1] * p / parts)) + 1   # after the item that reaches the share
-        cut = min(max(cut, prev + 1), n - (parts - p))             # at least one item per run
-        bounds.append(cut)
-        prev = cut
-    bounds.append(n)
-    return [items[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
 EMBED_SHARED_BYTES = 1 << 20   # a lazy chunk's shared plain-data input up to this size is copied into its group
 
 
@@ -288,128 +271,6 @@ def _lazy_sources(T, live):
     return out
 
 
-PLACEMENT_TTL_S = 30.0           # a cached placement is read again (who_has) once it is this old
-PLACEMENT_TOPIC = "hipsched-placement"   # a group task that ran away from its planned worker says so here
-PLACEMENT_CACHE_SIZE = 32        # corpora remembered per process (keys and addresses only, no data)
-
-
-class _Placement:
-    """Where a persisted corpus's chunks were (client.who_has) and the group tasks made from it: what
-    top_k reuses between queries instead of asking the scheduler again. Holds keys and addresses only,
-    never a Future, so it keeps nothing alive on the cluster."""
-
-    __slots__ = ("groups", "anchors", "made", "plans", "token")
-
-    def __init__(self, groups, anchors, made):
-        self.groups, self.anchors, self.made = groups, anchors, made
-        self.token = dask.base.tokenize(groups, anchors)   # in the graph's keys: other groups, other keys
-        self.plans = None   # (ChunkGroup, its anchor chunk's TaskRef) per group, built on first use
-
-
-_placements: OrderedDict = OrderedDict()   # (client id, corpus name, row chunks) -> _Placement
-_placement_lock = threading.Lock()
-_subscribed: set = set()                   # ids of the clients whose PLACEMENT_TOPIC events we follow
-placement_stats = {"lookups": 0, "refreshes": 0, "invalidations": 0}   # read by the tests and the bench
-
-
-def forget_placements(corpus=None) -> int:
-    """Drops the cached placement of the persisted corpus named `corpus` (a Dask array or its name), or
-    of every corpus; the next top_k over it reads who_has again. Returns how many entries went. top_k
-    calls this itself when a group task reports that it ran on a worker other than the planned one (the
-    worker left, or the chunks moved), and re-reads a placement older than PLACEMENT_TTL_S."""
-    name = getattr(corpus, "name", corpus)
-    with _placement_lock:
-        gone = [key for key in _placements if name is None or key[1] == name]
-        for key in gone:
-            del _placements[key]
-        placement_stats["invalidations"] += len(gone)
-    return len(gone)
-
-
-def _on_placement_event(event):
-    """PLACEMENT_TOPIC handler (the client's event loop): a group task ran away from its worker."""
-    msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
-    forget_placements(msg.get("corpus") if isinstance(msg, dict) else None)
-
-
-def _follow_placement_events(client):
-    if client.id in _subscribed:
-        return
-    _subscribed.add(client.id)
-    try:
-        client.subscribe_topic(PLACEMENT_TOPIC, _on_placement_event)
-    except Exception:   # a client that cannot subscribe still gets the TTL's refresh
-        pass
-
-
-def _persisted_client(T, live):
-    """The synchronous client holding every live chunk of T as a future, else None (a lazy corpus, or an
-    asynchronous client, whose calls would return coroutines: it is grouped as a lazy corpus)."""
-    from distributed import futures_of
-    keys = T.__dask_keys__()
-    futs = {f.key: f for f in futures_of(T)}
-    if not futs or any(keys[i][0] not in futs for i in live):
-        return None, None
-    client = next(iter(futs.values())).client
-    if client is None or getattr(client, "asynchronous", False):
-        return None, None
-    return client, futs
-
-
-def _read_placement(client, futs, T, live):
-    """Groups of a persisted corpus by where its chunks live: each worker's chunks (client.who_has), cut
-    into one consecutive run per worker thread, so every chunk is read where it is; and per group its
-    anchor, the position in the run of the chunk its task depends on: one that only the group's worker
-    holds where there is one, so Dask, which runs the task where its dependency is, cannot pick another
-    holder of a replicated chunk."""
-    keys = T.__dask_keys__()
-    nthreads = client.nthreads()
-    if not nthreads:
-        return None
-    who = client.who_has([futs[keys[i][0]] for i in live])
-    rows = T.chunks[0]
-    load = {w: 0 for w in nthreads}
-    mine = {w: [] for w in nthreads}
-    for i in live:
-        holders = [w for w in who.get(keys[i][0], ()) if w in load] or list(load)   # lost: Dask recomputes it
-        w = min(holders, key=lambda a: load[a])   # a replicated chunk goes to its least loaded holder
-        mine[w].append(i)
-        load[w] += rows[i]
-    groups, anchors = [], []
-    for w, idx in mine.items():
-        for run in (_runs(idx, [rows[i] for i in idx], nthreads[w]) if idx else []):
-            groups.append((w, run))
-            anchors.append(next((j for j, i in enumerate(run) if tuple(who.get(keys[i][0], ())) == (w,)), 0))
-    return groups, anchors
-
-
-def _placement(T, live):
-    """(the cached _Placement of a persisted corpus, read again when missing, older than PLACEMENT_TTL_S
-    or dropped by forget_placements; T's futures) or (None, None) when T is not a persisted corpus."""
-    client, futs = _persisted_client(T, live)
-    if client is None:
-        return None, None
-    _follow_placement_events(client)
-    key = (client.id, T.name, tuple(T.chunks[0]))
-    now = time.monotonic()
-    with _placement_lock:
-        placement_stats["lookups"] += 1
-        p = _placements.get(key)
-        if p is not None and now - p.made < PLACEMENT_TTL_S:
-            _placements.move_to_end(key)
-            return p, futs
-    placed = _read_placement(client, futs, T, live)
-    if placed is None:
-        return None, None
-    p = _Placement(*placed, now)
-    with _placement_lock:
-        placement_stats["refreshes"] += 1
-        _placements[key] = p
-        while len(_placements) > PLACEMENT_CACHE_SIZE:
-            _placements.popitem(last=False)
-    return p, futs
-
-
 def chunk_groups(T, groups_per_thread=None):
     """How top_k groups T's row chunks into tasks: a list of (worker address or None, [chunk indices]).
     Persisted (every chunk a future): one group per worker thread, of the chunks that worker holds (the
@@ -419,7 +280,7 @@ def chunk_groups(T, groups_per_thread=None):
     live = [i for i, r in enumerate(T.chunks[0]) if r]
     if not live:
         return []
-    p, _ = _placement(T, live)
+    p, _ = placement(T, live)
     if p is not None:
         return list(p.groups)
     return _lazy_groups(T, live, groups_per_thread)
@@ -427,7 +288,7 @@ def chunk_groups(T, groups_per_thread=None):
 
 def _lazy_groups(T, live, groups_per_thread=None):
     per = GROUPS_PER_THREAD if groups_per_thread is None else groups_per_thread
-    return [(None, run) for run in _runs(live, [T.chunks[0][i] for i in live], per * _default_threads())]
+    return [(None, run) for run in runs(live, [T.chunks[0][i] for i in live], per * _default_threads())]
 
 
 def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
@@ -456,7 +317,7 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     # The keys name the grouping too: a placement read afresh (or another thread count) makes other
     # groups, which must not take the keys of a previous query's groups still held on the cluster.
     live = [i for i, r in enumerate(T.chunks[0]) if r]
-    p, futs = _placement(T, live)
+    p, futs = placement(T, live)
     if p is not None:
         return _top_k_held(q, qd, T, k, split_every, out_shape, dask.base.tokenize(qd, T, k, split_every, p.token),
                            p, futs)

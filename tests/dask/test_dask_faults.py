@@ -238,7 +238,7 @@ def test_sigkill_mid_top_k_over_a_persisted_corpus(tmp_path):
         assert list(idx[:2]) == [7, N_CHUNKS * ROWS - 5]
         # and again from a placement read afresh (other groups: their keys must not be the first query's,
         # whose results may still be held)
-        hd.ops.forget_placements(Td)
+        hd.forget_placements(Td)
         idx, val = client.gather(client.compute(list(hd.top_k(q, Td, K))))
         np.testing.assert_array_equal(idx, ref_idx)
         np.testing.assert_array_equal(val, ref_val)

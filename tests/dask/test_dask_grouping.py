@@ -14,7 +14,8 @@ import dask  # noqa: E402
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
 from dask_support import job_fixture  # noqa: E402
-from hipsched.dask.ops import GROUPS_PER_THREAD, _runs, chunk_groups  # noqa: E402
+from hipsched.dask.ops import GROUPS_PER_THREAD, chunk_groups  # noqa: E402
+from hipsched.dask.placement import runs as _runs  # noqa: E402
 
 D = 24
 

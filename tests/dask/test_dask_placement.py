@@ -1,5 +1,5 @@
 """hipsched.dask.top_k over a persisted corpus reuses the corpus's placement (which worker holds which
-chunk: hipsched/dask/ops.py, _placement) between queries instead of asking the scheduler (who_has,
+chunk: hipsched/dask/placement.py) between queries instead of asking the scheduler (who_has,
 nthreads) on every call, and writes the graph directly from it. These tests check that the cache is
 used, that it is dropped when the chunks move or a worker leaves (a group task that Dask ran on
 another worker reports it on PLACEMENT_TOPIC; a placement older than PLACEMENT_TTL_S is read again),
@@ -16,7 +16,7 @@ import dask  # noqa: E402
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
 from dask_support import job_fixture  # noqa: E402
-from hipsched.dask import ops  # noqa: E402
+from hipsched.dask import ops, placement  # noqa: E402
 
 D = 16
 WAIT_S = 60.0
@@ -55,13 +55,13 @@ def _holders(client, Td):
 
 
 def test_placement_is_cached_between_queries(dask_client, job, corpus, monkeypatch):
-    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
     Td = da.from_array(corpus, chunks=(100, D)).persist()   # 30 chunks over 2 workers
     distributed.wait(Td)
     q = corpus[7].copy()
     qm = np.random.default_rng(1).standard_normal((4, D)).astype(np.float32)
     _exact(q, Td, corpus, 10)
-    refreshes = ops.placement_stats["refreshes"]
+    refreshes = placement.placement_stats["refreshes"]
     # later queries over the same corpus never ask the scheduler where its chunks are
     calls = []
     for name in ("who_has", "nthreads"):
@@ -69,7 +69,7 @@ def test_placement_is_cached_between_queries(dask_client, job, corpus, monkeypat
         monkeypatch.setattr(dask_client, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
     for qq, k in ((q, 10), (qm, 7), (q, 3000), (da.from_array(qm, chunks=(2, D)), 5)):
         _exact(qq, Td, corpus, k)
-    assert calls == [] and ops.placement_stats["refreshes"] == refreshes
+    assert calls == [] and placement.placement_stats["refreshes"] == refreshes
     # the cached groups are the who_has ones: each worker reads only chunks it holds
     before = _holders(dask_client, Td)
     keys = [k[0] for k in Td.__dask_keys__()]
@@ -78,14 +78,14 @@ def test_placement_is_cached_between_queries(dask_client, job, corpus, monkeypat
     assert all(w in before[keys[i]] for w, run in groups for i in run)
     assert _holders(dask_client, Td) == before   # no chunk was copied by the queries
     # a placement older than the TTL is read again
-    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 0.0)
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 0.0)
     _exact(q, Td, corpus, 10)
-    assert ops.placement_stats["refreshes"] == refreshes + 1
-    assert ops.forget_placements(Td) == 1 and ops.forget_placements(Td) == 0
+    assert placement.placement_stats["refreshes"] == refreshes + 1
+    assert placement.forget_placements(Td) == 1 and placement.forget_placements(Td) == 0
 
 
 def test_moved_chunks_invalidate_the_placement_and_results_stay_exact(dask_client, job, corpus, monkeypatch):
-    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
     a, b = sorted(dask_client.nthreads())
     Td = dask_client.persist(da.from_array(corpus[:2000], chunks=(250, D)), workers=[a])   # 8 chunks, all on a
     distributed.wait(Td)
@@ -93,7 +93,7 @@ def test_moved_chunks_invalidate_the_placement_and_results_stay_exact(dask_clien
     q = corpus[7].copy()
     _exact(q, Td, T, 10)
     assert {w for w, _ in ops.chunk_groups(Td)} == {a}
-    refreshes, invalidations = ops.placement_stats["refreshes"], ops.placement_stats["invalidations"]
+    refreshes, invalidations = placement.placement_stats["refreshes"], placement.placement_stats["invalidations"]
     # every chunk moves from a to b (copied there, then deleted on a): the cached plan is stale
     keys = [k[0] for k in Td.__dask_keys__()]
 
@@ -105,17 +105,17 @@ def test_moved_chunks_invalidate_the_placement_and_results_stay_exact(dask_clien
     # the stale plan still gives the exact answer: Dask runs the group where its chunks are, and that
     # task reports that it ran away from its planned worker
     _exact(q, Td, T, 10)
-    _until(lambda: ops.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
+    _until(lambda: placement.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
     # the next query reads the placement again and plans every group on b; no chunk moves back
     _exact(q, Td, T, 10)
-    assert ops.placement_stats["refreshes"] == refreshes + 1
+    assert placement.placement_stats["refreshes"] == refreshes + 1
     assert {w for w, _ in ops.chunk_groups(Td)} == {b}
     assert all(v == {b} for v in _holders(dask_client, Td).values())
 
 
 def test_a_worker_leaving_invalidates_the_placement(tmp_path, monkeypatch):
     """Its own cluster: one worker is retired (its chunks move to the other) between queries."""
-    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     client = distributed.Client(cluster, set_as_default=False)   # the session cluster stays the default
     try:
@@ -132,7 +132,7 @@ def test_a_worker_leaving_invalidates_the_placement(tmp_path, monkeypatch):
         workers = {w for w, _ in ops.chunk_groups(Td)}
         holders = {w for v in _holders(client, Td).values() for w in v}
         assert workers == holders and len(workers) == 2   # the cached plan uses both workers
-        invalidations = ops.placement_stats["invalidations"]
+        invalidations = placement.placement_stats["invalidations"]
         gone = sorted(workers)[0]
         client.retire_workers([gone], close_workers=True)
         _until(lambda: gone not in client.nthreads(), "the worker to leave")
@@ -141,7 +141,7 @@ def test_a_worker_leaving_invalidates_the_placement(tmp_path, monkeypatch):
         idx, val = client.gather(client.compute(list(hd.top_k(q, Td, 9))))   # the stale plan: still exact
         np.testing.assert_array_equal(idx, ref[0])
         np.testing.assert_array_equal(val, ref[1])
-        _until(lambda: ops.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
+        _until(lambda: placement.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
         assert {w for w, _ in ops.chunk_groups(Td)} <= left
         idx, val = client.gather(client.compute(list(hd.top_k(q, Td, 9))))
         np.testing.assert_array_equal(idx, ref[0])
@@ -154,7 +154,7 @@ def test_a_worker_leaving_invalidates_the_placement(tmp_path, monkeypatch):
 def test_chunks_missing_from_the_planned_worker_are_scanned_where_they_are(dask_client, job, corpus, monkeypatch):
     """A group reads its chunks from its worker's memory; the ones that moved away since the placement
     was read are scanned where they now are (a task each, only k candidates come back), not copied."""
-    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
     a, b = sorted(dask_client.nthreads())
     T = corpus[:2000]
     Td = dask_client.persist(da.from_array(T, chunks=(250, D)), workers=[a])   # 8 chunks, all on a
@@ -163,7 +163,7 @@ def test_chunks_missing_from_the_planned_worker_are_scanned_where_they_are(dask_
     qm[0] = T[1700]   # its best row is in a chunk that moves
     _exact(qm, Td, T, 6)
     assert ops.chunk_groups(Td) == [(a, list(range(8)))]
-    invalidations = ops.placement_stats["invalidations"]
+    invalidations = placement.placement_stats["invalidations"]
     keys = [k[0] for k in Td.__dask_keys__()]
     moved = keys[3:]   # the group's anchor (its first chunk, a's alone) stays: Dask still runs it on a
 
@@ -175,7 +175,7 @@ def test_chunks_missing_from_the_planned_worker_are_scanned_where_they_are(dask_
     _exact(qm, Td, T, 6)
     _exact(qm[0], Td, T, 2000)
     assert _holders(dask_client, Td) == after_move   # nothing was copied back to a
-    _until(lambda: ops.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
+    _until(lambda: placement.placement_stats["invalidations"] > invalidations, "the placement event to reach the client")
     _exact(qm, Td, T, 6)
     assert sorted(ops.chunk_groups(Td)) == [(a, [0, 1, 2]), (b, [3, 4, 5, 6, 7])]
 
@@ -206,7 +206,7 @@ def test_the_corpus_outlives_a_del_before_the_compute(dask_client, job, corpus):
 def test_a_group_depends_on_a_chunk_only_its_worker_holds(dask_client, job, corpus, monkeypatch):
     """Dask runs a group task where its one dependency is; a replicated chunk has two holders, so the
     dependency (the anchor) is a chunk held by the planned worker alone, and no query runs elsewhere."""
-    monkeypatch.setattr(ops, "PLACEMENT_TTL_S", 3600.0)
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
     T = corpus[:2400]
     Td = da.from_array(T, chunks=(100, D)).persist()   # 24 chunks over 2 workers
     distributed.wait(Td)
@@ -219,14 +219,14 @@ def test_a_group_depends_on_a_chunk_only_its_worker_holds(dask_client, job, corp
     dask_client.replicate([futs[keys[i]] for i in sorted(firsts)], n=2)
     holders = _holders(dask_client, Td)
     assert all(len(holders[keys[i]]) == 2 for i in firsts)
-    ops.forget_placements(Td)
+    placement.forget_placements(Td)
     _exact(q, Td, T, 10)
-    (p,) = [v for key, v in ops._placements.items() if key[1] == Td.name]
+    (p,) = [v for key, v in placement._placements.items() if key[1] == Td.name]
     for (worker, run), a in zip(p.groups, p.anchors):
         if any(holders[keys[i]] == {worker} for i in run):
             assert holders[keys[run[a]]] == {worker}
-    invalidations = ops.placement_stats["invalidations"]
+    invalidations = placement.placement_stats["invalidations"]
     for k in (3, 10, 2400):
         _exact(q, Td, T, k)
     time.sleep(0.5)   # a report, had there been one, would have reached the client by now
-    assert ops.placement_stats["invalidations"] == invalidations
+    assert placement.placement_stats["invalidations"] == invalidations

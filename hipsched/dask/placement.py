@@ -1,0 +1,150 @@
+"""Where a persisted corpus's chunks live, cached between top_k queries: read once from the scheduler
+(client.nthreads, client.who_has), cut into one run of chunks per worker thread, and read again when it
+is older than PLACEMENT_TTL_S, when a group task reports on PLACEMENT_TOPIC that it ran away from its
+planned worker or missed a chunk there, or when forget_placements drops it. hipsched.dask.ops builds
+top_k's graph from it. See docs/distributed.md."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+import dask
+import numpy as np
+
+
+def runs(items, rows, parts):
+    """`items` cut into at most `parts` consecutive runs of about equal rows, none empty."""
+    n = len(items)
+    parts = max(1, min(int(parts), n))
+    cum = np.cumsum(rows)
+    bounds, prev = [0], 0
+    for p in range(1, parts):
+        cut = int(np.searchsorted(cum, cum[-1] * p / parts)) + 1   # after the item that reaches the share
+        cut = min(max(cut, prev + 1), n - (parts - p))             # at least one item per run
+        bounds.append(cut)
+        prev = cut
+    bounds.append(n)
+    return [items[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+PLACEMENT_TTL_S = 30.0           # a cached placement is read again (who_has) once it is this old
+PLACEMENT_TOPIC = "hipsched-placement"   # a group task that ran away from its planned worker says so here
+PLACEMENT_CACHE_SIZE = 32        # corpora remembered per process (keys and addresses only, no data)
+
+
+class _Placement:
+    """Where a persisted corpus's chunks were (client.who_has) and the group tasks made from it: what
+    top_k reuses between queries instead of asking the scheduler again. Holds keys and addresses only,
+    never a Future, so it keeps nothing alive on the cluster."""
+
+    __slots__ = ("groups", "anchors", "made", "plans", "token")
+
+    def __init__(self, groups, anchors, made):
+        self.groups, self.anchors, self.made = groups, anchors, made
+        self.token = dask.base.tokenize(groups, anchors)   # in the graph's keys: other groups, other keys
+        self.plans = None   # (ChunkGroup, its anchor chunk's TaskRef) per group, built on first use
+
+
+_placements: OrderedDict = OrderedDict()   # (client id, corpus name, row chunks) -> _Placement
+_placement_lock = threading.Lock()
+_subscribed: set = set()                   # ids of the clients whose PLACEMENT_TOPIC events we follow
+placement_stats = {"lookups": 0, "refreshes": 0, "invalidations": 0}   # read by the tests and the bench
+
+
+def forget_placements(corpus=None) -> int:
+    """Drops the cached placement of the persisted corpus named `corpus` (a Dask array or its name), or
+    of every corpus; the next top_k over it reads who_has again. Returns how many entries went. top_k
+    calls this itself when a group task reports that it ran on a worker other than the planned one (the
+    worker left, or the chunks moved), and re-reads a placement older than PLACEMENT_TTL_S."""
+    name = getattr(corpus, "name", corpus)
+    with _placement_lock:
+        gone = [key for key in _placements if name is None or key[1] == name]
+        for key in gone:
+            del _placements[key]
+        placement_stats["invalidations"] += len(gone)
+    return len(gone)
+
+
+def _on_placement_event(event):
+    """PLACEMENT_TOPIC handler (the client's event loop): a group task ran away from its worker."""
+    msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
+    forget_placements(msg.get("corpus") if isinstance(msg, dict) else None)
+
+
+def _follow_placement_events(client):
+    if client.id in _subscribed:
+        return
+    _subscribed.add(client.id)
+    try:
+        client.subscribe_topic(PLACEMENT_TOPIC, _on_placement_event)
+    except Exception:   # a client that cannot subscribe still gets the TTL's refresh
+        pass
+
+
+def _persisted_client(T, live):
+    """The synchronous client holding every live chunk of T as a future, else None (a lazy corpus, or an
+    asynchronous client, whose calls would return coroutines: it is grouped as a lazy corpus)."""
+    from distributed import futures_of
+    keys = T.__dask_keys__()
+    futs = {f.key: f for f in futures_of(T)}
+    if not futs or any(keys[i][0] not in futs for i in live):
+        return None, None
+    client = next(iter(futs.values())).client
+    if client is None or getattr(client, "asynchronous", False):
+        return None, None
+    return client, futs
+
+
+def _read_placement(client, futs, T, live):
+    """Groups of a persisted corpus by where its chunks live: each worker's chunks (client.who_has), cut
+    into one consecutive run per worker thread, so every chunk is read where it is; and per group its
+    anchor, the position in the run of the chunk its task depends on: one that only the group's worker
+    holds where there is one, so Dask, which runs the task where its dependency is, cannot pick another
+    holder of a replicated chunk."""
+    keys = T.__dask_keys__()
+    nthreads = client.nthreads()
+    if not nthreads:
+        return None
+    who = client.who_has([futs[keys[i][0]] for i in live])
+    rows = T.chunks[0]
+    load = {w: 0 for w in nthreads}
+    mine = {w: [] for w in nthreads}
+    for i in live:
+        holders = [w for w in who.get(keys[i][0], ()) if w in load] or list(load)   # lost: Dask recomputes it
+        w = min(holders, key=lambda a: load[a])   # a replicated chunk goes to its least loaded holder
+        mine[w].append(i)
+        load[w] += rows[i]
+    groups, anchors = [], []
+    for w, idx in mine.items():
+        for run in (runs(idx, [rows[i] for i in idx], nthreads[w]) if idx else []):
+            groups.append((w, run))
+            anchors.append(next((j for j, i in enumerate(run) if tuple(who.get(keys[i][0], ())) == (w,)), 0))
+    return groups, anchors
+
+
+def placement(T, live):
+    """(the cached _Placement of a persisted corpus, read again when missing, older than PLACEMENT_TTL_S
+    or dropped by forget_placements; T's futures) or (None, None) when T is not a persisted corpus."""
+    client, futs = _persisted_client(T, live)
+    if client is None:
+        return None, None
+    _follow_placement_events(client)
+    key = (client.id, T.name, tuple(T.chunks[0]))
+    now = time.monotonic()
+    with _placement_lock:
+        placement_stats["lookups"] += 1
+        p = _placements.get(key)
+        if p is not None and now - p.made < PLACEMENT_TTL_S:
+            _placements.move_to_end(key)
+            return p, futs
+    placed = _read_placement(client, futs, T, live)
+    if placed is None:
+        return None, None
+    p = _Placement(*placed, now)
+    with _placement_lock:
+        placement_stats["refreshes"] += 1
+        _placements[key] = p
+        while len(_placements) > PLACEMENT_CACHE_SIZE:
+            _placements.popitem(last=False)
+    return p, futs
