@@ -5,7 +5,6 @@
 #include "attention.h"
 #include "dtypes.h"
 
-#define HS_VARIANTS(ret, name, args) ret name##_avx512 args; ret name##_avx2 args; ret name##_scalar args;
 HS_VARIANTS(int, hs_attention_run, (const void *q, const void *k, const void *v, void *out, int dt,
                                     int64_t slabs, int64_t sq, int64_t sk, int64_t d, float scale, int causal,
                                     int nthreads))
@@ -29,8 +28,5 @@ int hs_attention(const void *q, const void *k, const void *v, void *out, int dty
     int nt = hs_threads_for(work, HS_ATTENTION_GRAIN);
     long long items = slabs * ((seq_q + HS_ATTENTION_QTILE - 1) / HS_ATTENTION_QTILE);
     if (nt > items) nt = (int)items;
-    int level = hs_cpu_level();
-    return (level >= HS_LEVEL_AVX512 ? hs_attention_run_avx512
-            : level >= HS_LEVEL_AVX2 ? hs_attention_run_avx2 : hs_attention_run_scalar)(
-        q, k, v, out, dtype, slabs, seq_q, seq_k, head_dim, scale, causal, nt);
+    return HS_PICK(hs_attention_run)(q, k, v, out, dtype, slabs, seq_q, seq_k, head_dim, scale, causal, nt);
 }

@@ -17,6 +17,13 @@
 #include <unistd.h>
 
 enum { HS_LEVEL_SCALAR = 0, HS_LEVEL_AVX2 = 1, HS_LEVEL_AVX512 = 2 };
+/* A kernel compiled per level is declared and picked through these, in every family's public .c file:
+ * HS_VARIANTS declares name_avx512, name_avx2 and name_scalar; HS_PICK_AT(level, name) is the one of
+ * `level` (HS_PICK: of hs_cpu_level(), below). */
+#define HS_VARIANTS(ret, name, args) ret name##_avx512 args; ret name##_avx2 args; ret name##_scalar args;
+#define HS_PICK_AT(level, name) \
+    ((level) >= HS_LEVEL_AVX512 ? name##_avx512 : (level) >= HS_LEVEL_AVX2 ? name##_avx2 : name##_scalar)
+#define HS_PICK(name) HS_PICK_AT(hs_cpu_level(), name)
 
 static int hs__probe_avx2_fma(void) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -6,7 +6,6 @@
 #include "elementwise.h"
 
 /* Every range function exists per element type (f32, f16, bf16) and per variant (avx512, avx2, scalar). */
-#define HS_VARIANTS(ret, name, args) ret name##_avx512 args; ret name##_avx2 args; ret name##_scalar args;
 #define HS_TYPED(ret, name, args)                                                          \
     HS_VARIANTS(ret, name##_f32, args) HS_VARIANTS(ret, name##_f16, args) HS_VARIANTS(ret, name##_bf16, args)
 HS_TYPED(void, hs_add_range, (const void *a, const void *b, void *out, int64_t n))
@@ -15,9 +14,6 @@ HS_TYPED(void, hs_scale_range, (const void *x, float alpha, void *out, int64_t n
 HS_TYPED(void, hs_softmax_row, (const void *x, void *y, int64_t len))
 HS_TYPED(void, hs_softmax_cols, (const void *x, void *y, int64_t len, int64_t inner, int64_t c0, int64_t c1))
 HS_VARIANTS(void, hs_exp_range, (const float *x, float *out, int64_t n))
-#define HS_PICK(name)                                                                      \
-    (hs_cpu_level() == HS_LEVEL_AVX512 ? name##_avx512                                     \
-     : hs_cpu_level() == HS_LEVEL_AVX2 ? name##_avx2 : name##_scalar)
 #define HS_PICK_T(name, dt) \
     ((dt) == HS_F16 ? HS_PICK(name##_f16) : (dt) == HS_BF16 ? HS_PICK(name##_bf16) : HS_PICK(name##_f32))
 /* Element i of a typed buffer seen as bytes (es: the element size). */

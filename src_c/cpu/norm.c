@@ -5,30 +5,17 @@
 
 /* The row function exists per element type (f32, f16, bf16) and per variant (avx512, avx2, scalar). */
 #define HS_ROWS_ARGS (const void *x, const void *w, double eps, void *y, int64_t r0, int64_t r1, int64_t len)
-void hs_rms_norm_rows_f32_avx512 HS_ROWS_ARGS;
-void hs_rms_norm_rows_f16_avx512 HS_ROWS_ARGS;
-void hs_rms_norm_rows_bf16_avx512 HS_ROWS_ARGS;
-void hs_rms_norm_rows_f32_avx2 HS_ROWS_ARGS;
-void hs_rms_norm_rows_f32_scalar HS_ROWS_ARGS;
-void hs_rms_norm_rows_f16_avx2 HS_ROWS_ARGS;
-void hs_rms_norm_rows_f16_scalar HS_ROWS_ARGS;
-void hs_rms_norm_rows_bf16_avx2 HS_ROWS_ARGS;
-void hs_rms_norm_rows_bf16_scalar HS_ROWS_ARGS;
+HS_VARIANTS(void, hs_rms_norm_rows_f32, HS_ROWS_ARGS)
+HS_VARIANTS(void, hs_rms_norm_rows_f16, HS_ROWS_ARGS)
+HS_VARIANTS(void, hs_rms_norm_rows_bf16, HS_ROWS_ARGS)
 
 #define HS_NORM_GRAIN (1 << 18)   /* below ~1 MiB of float32 a second thread costs more than it saves */
 #define HS_NORM_ITEM 16384        /* elements per work item: amortises the scheduling of each */
 
 void hs_rms_norm(hs_dtype dt, const void *x, const void *w, double eps, void *out, int64_t rows, int64_t len) {
     if (rows <= 0 || len <= 0) return;
-    void (*f) HS_ROWS_ARGS;
-    if (hs_cpu_level() == HS_LEVEL_AVX512)
-        f = dt == HS_F16 ? hs_rms_norm_rows_f16_avx512 : dt == HS_BF16 ? hs_rms_norm_rows_bf16_avx512
-                                                                        : hs_rms_norm_rows_f32_avx512;
-    else if (hs_cpu_level() == HS_LEVEL_AVX2)
-        f = dt == HS_F16 ? hs_rms_norm_rows_f16_avx2 : dt == HS_BF16 ? hs_rms_norm_rows_bf16_avx2 : hs_rms_norm_rows_f32_avx2;
-    else
-        f = dt == HS_F16 ? hs_rms_norm_rows_f16_scalar : dt == HS_BF16 ? hs_rms_norm_rows_bf16_scalar
-                                                                        : hs_rms_norm_rows_f32_scalar;
+    void (*f) HS_ROWS_ARGS = dt == HS_F16 ? HS_PICK(hs_rms_norm_rows_f16)
+                           : dt == HS_BF16 ? HS_PICK(hs_rms_norm_rows_bf16) : HS_PICK(hs_rms_norm_rows_f32);
     /* grains count elements, whatever their size: a half element costs about what a float32 one does */
     int nt = hs_threads_for(rows * len, HS_NORM_GRAIN);
     if (nt == 1) {  /* a tiny call never enters the OpenMP runtime (about a microsecond even for one thread) */

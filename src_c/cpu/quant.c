@@ -3,15 +3,10 @@
 #include "cpu_features.h"
 #include "quant.h"
 
-int hs_quantize_avx512(int qt, const float *x, int64_t nblocks, uint8_t *out);
-int hs_quantize_avx2(int qt, const float *x, int64_t nblocks, uint8_t *out);
-int hs_quantize_scalar(int qt, const float *x, int64_t nblocks, uint8_t *out);
-void hs_dequantize_avx512(int qt, const uint8_t *data, int64_t nblocks, float *out);
-void hs_dequantize_avx2(int qt, const uint8_t *data, int64_t nblocks, float *out);
-void hs_dequantize_scalar(int qt, const uint8_t *data, int64_t nblocks, float *out);
-void hs_qmatmul_avx512(int qt, const uint8_t *data, int64_t n, int64_t k, const float *xt, int64_t m, float *out);
-void hs_qmatmul_avx2(int qt, const uint8_t *data, int64_t n, int64_t k, const float *xt, int64_t m, float *out);
-void hs_qmatmul_scalar(int qt, const uint8_t *data, int64_t n, int64_t k, const float *xt, int64_t m, float *out);
+HS_VARIANTS(int, hs_quantize, (int qt, const float *x, int64_t nblocks, uint8_t *out))
+HS_VARIANTS(void, hs_dequantize, (int qt, const uint8_t *data, int64_t nblocks, float *out))
+HS_VARIANTS(void, hs_qmatmul, (int qt, const uint8_t *data, int64_t n, int64_t k, const float *xt, int64_t m,
+                               float *out))
 
 /* The SIMD variants also convert block scales with F16C, present on every AVX2 CPU made so far but
  * checked anyway (CPUID.1:ECX bit 29); without it the scalar variant runs. */
@@ -35,24 +30,15 @@ int hs_quant_block_bytes(int qtype) {
 
 int hs_quantize(int qtype, const float *x, int64_t nblocks, uint8_t *out) {
     if (nblocks <= 0) return HS_QUANT_OK;
-    const int lvl = hs_quant_level();
-    return lvl >= HS_LEVEL_AVX512 ? hs_quantize_avx512(qtype, x, nblocks, out)
-         : lvl >= HS_LEVEL_AVX2 ? hs_quantize_avx2(qtype, x, nblocks, out)
-                                : hs_quantize_scalar(qtype, x, nblocks, out);
+    return HS_PICK_AT(hs_quant_level(), hs_quantize)(qtype, x, nblocks, out);
 }
 
 void hs_dequantize(int qtype, const uint8_t *data, int64_t nblocks, float *out) {
     if (nblocks <= 0) return;
-    const int lvl = hs_quant_level();
-    if (lvl >= HS_LEVEL_AVX512) hs_dequantize_avx512(qtype, data, nblocks, out);
-    else if (lvl >= HS_LEVEL_AVX2) hs_dequantize_avx2(qtype, data, nblocks, out);
-    else hs_dequantize_scalar(qtype, data, nblocks, out);
+    HS_PICK_AT(hs_quant_level(), hs_dequantize)(qtype, data, nblocks, out);
 }
 
 void hs_qmatmul(int qtype, const uint8_t *data, int64_t n, int64_t k, const float *xt, int64_t m, float *out) {
     if (n <= 0 || m <= 0) return;
-    const int lvl = hs_quant_level();
-    if (lvl >= HS_LEVEL_AVX512) hs_qmatmul_avx512(qtype, data, n, k, xt, m, out);
-    else if (lvl >= HS_LEVEL_AVX2) hs_qmatmul_avx2(qtype, data, n, k, xt, m, out);
-    else hs_qmatmul_scalar(qtype, data, n, k, xt, m, out);
+    HS_PICK_AT(hs_quant_level(), hs_qmatmul)(qtype, data, n, k, xt, m, out);
 }

@@ -4,7 +4,6 @@
 #include "cpu_features.h"
 #include "similarity.h"
 
-#define HS_VARIANTS(ret, name, args) ret name##_avx512 args; ret name##_avx2 args; ret name##_scalar args;
 #define HS_ROWS_DECL(suf, T_t) \
     HS_VARIANTS(void, hs_cosine_rows_##suf, (const float *q, const float *qinv, int64_t m, int exact, const T_t *T, \
                                          int64_t n, int64_t d, int64_t lo, int64_t hi, float *out)) \
@@ -15,9 +14,6 @@ HS_ROWS_DECL(f32, float)
 HS_ROWS_DECL(f16, uint16_t)
 HS_ROWS_DECL(bf16, uint16_t)
 HS_VARIANTS(int64_t, hs_inv_norms_rows, (const float *T, int64_t d, int64_t lo, int64_t hi, float *inv))
-#define HS_PICK(name)                                                                      \
-    (hs_cpu_level() == HS_LEVEL_AVX512 ? name##_avx512                                     \
-     : hs_cpu_level() == HS_LEVEL_AVX2 ? name##_avx2 : name##_scalar)
 
 #define HS_ROW_BLOCK 256          /* target rows per work item: enough to amortise the loop, small
                                      enough that two threads share the rows evenly */
