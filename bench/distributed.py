@@ -123,7 +123,7 @@ def main(argv=None):
               f"local copy checked; load average {load_start}", flush=True)
         rt_start = _round_trip(client)
 
-        rows, over, fit = [], [], []
+        rows, over, fit = [], [], {}
         for rows_per_chunk in sizes:
             T = base if rows_per_chunk == base_rows else base.rechunk((rows_per_chunk, D)).persist()
             wait(T)
@@ -132,52 +132,66 @@ def main(argv=None):
             def ours():
                 return dask.compute(*hd.top_k(q, T, K))
 
+            def direct():
+                return hd.search(q, T, K)
+
             def single():
                 return ex.top_k(q, T_local, K, backend="cpu")
 
             def plain():
                 return da.argtopk(T @ q, K).compute()
 
-            idx, val = ours()
-            assert np.array_equal(idx, ref_idx) and np.array_equal(val, ref_val), "hd.top_k differs from one machine"
+            for f in (ours, direct):
+                idx, val = f()
+                assert np.array_equal(idx, ref_idx) and np.array_equal(val, ref_val), f"{f.__name__} differs from one machine"
             single()
             # the peer answers its own question (the largest dots, not cosines): check it against NumPy's
             assert set(plain().tolist()) == set(np.argpartition(-(T_local @ q), K)[:K].tolist()), "plain Dask differs"
-            to, ts, tp = [], [], []
-            for _ in range(args.repeat):   # interleaved: drift on this shared machine hits all three alike
-                for f, acc in ((ours, to), (single, ts), (plain, tp)):
+            times = {f: [] for f in (ours, direct, single, plain)}
+            for _ in range(args.repeat):   # interleaved: drift on this shared machine hits all four alike
+                for f, acc in times.items():
                     t = time.perf_counter()
                     f()
                     acc.append(time.perf_counter() - t)
-            mo, ms, mp = (float(np.median(x)) for x in (to, ts, tp))
-            # one more run with the kernels' own durations: what is left of the workers' time is overhead
-            client.run(_clear)
-            t = time.perf_counter()
-            arrays = hd.top_k(q, T, K)
-            t_build = time.perf_counter() - t
-            dask.compute(*arrays)
-            wall = time.perf_counter() - t
-            graph = dict(dask.base.collections_to_expr(arrays, optimize_graph=True).__dask_graph__())
-            persisted = {f.key for f in futures_of(T)}
-            n_tasks = sum(1 for key, v in graph.items() if key not in persisted and type(v).__name__ != "Alias")
-            per = client.run(_kernel_us)
-            n_ev = sum(c for c, _ in per.values())
-            kern = sum(us for _, us in per.values()) / 1e6
-            workers = len(per)
-            overhead = (workers * wall - kern) / chunks
-            fit.append((chunks, workers * wall - kern))
+            med = {f: float(np.median(x)) for f, x in times.items()}
+            ms, mp = med[single], med[plain]
             shape = f"k={K}, q({D}) x T({n},{D}), {chunks} chunks of {rows_per_chunk} rows"
-            gbs = 4.0 * n * D / mo / 1e9
-            rows.append(f"| top_k | {shape} | {fmt_time(mo)} | one Executor, 2 threads, same data | {fmt_time(ms)} | "
-                        f"{ms / mo:.2f}x | >= {1 / 1.3:.2f}x (within 1.3x) {'ok' if ms / mo >= 1 / 1.3 else 'MISSED'} | "
-                        f"{gbs:.2f} GB/s |")
-            rows.append(f"| top_k | {shape} | {fmt_time(mo)} | plain Dask da.argtopk(T @ q), same cluster | "
-                        f"{fmt_time(mp)} | {mp / mo:.2f}x | >= 2x {'ok' if mp / mo >= 2 else 'MISSED'} | {gbs:.2f} GB/s |")
-            over.append(f"| {rows_per_chunk} | {chunks} | {4 * rows_per_chunk * D / 2**20:.0f} MiB | {n_tasks} | "
-                        f"{fmt_time(wall)} | {fmt_time(t_build)} | {fmt_time(kern / max(n_ev, 1))} | "
-                        f"{fmt_time(workers * wall - kern)} ({(workers * wall - kern) / (workers * wall):.0%}) | "
-                        f"{fmt_time(overhead)} | {_load().split()[0]} |")
-            print(rows[-2] + "\n" + rows[-1] + "\n" + over[-1], flush=True)
+            for f, what in ((ours, "top_k (task graph)"), (direct, "search (direct)")):
+                mo = med[f]
+                gbs = 4.0 * n * D / mo / 1e9
+                rows.append(f"| {what} | {shape} | {fmt_time(mo)} | one Executor, 2 threads, same data | {fmt_time(ms)} | "
+                            f"{ms / mo:.2f}x | >= {1 / 1.3:.2f}x (within 1.3x) {'ok' if ms / mo >= 1 / 1.3 else 'MISSED'} | "
+                            f"{gbs:.2f} GB/s |")
+                rows.append(f"| {what} | {shape} | {fmt_time(mo)} | plain Dask da.argtopk(T @ q), same cluster | "
+                            f"{fmt_time(mp)} | {mp / mo:.2f}x | >= 2x {'ok' if mp / mo >= 2 else 'MISSED'} | {gbs:.2f} GB/s |")
+            print("\n".join(rows[-4:]), flush=True)
+            # one more run of each with the kernels' own durations: what is left of the workers' time is overhead
+            for f, what in ((ours, "top_k"), (direct, "search")):
+                client.run(_clear)
+                t = time.perf_counter()
+                if f is ours:
+                    arrays = hd.top_k(q, T, K)
+                    t_build = time.perf_counter() - t
+                    dask.compute(*arrays)
+                    graph = dict(dask.base.collections_to_expr(arrays, optimize_graph=True).__dask_graph__())
+                    persisted = {fu.key for fu in futures_of(T)}
+                    n_tasks = str(sum(1 for key, v in graph.items() if key not in persisted and type(v).__name__ != "Alias"))
+                else:
+                    f()
+                    t_build, n_tasks = float("nan"), "0 (one actor call per worker)"
+                wall = time.perf_counter() - t
+                per = client.run(_kernel_us)
+                n_ev = sum(c for c, _ in per.values())
+                kern = sum(us for _, us in per.values()) / 1e6
+                workers = len(per)
+                overhead = (workers * wall - kern) / chunks
+                fit.setdefault(what, []).append((chunks, workers * wall - kern))
+                over.append(f"| {what} | {rows_per_chunk} | {chunks} | {4 * rows_per_chunk * D / 2**20:.0f} MiB | {n_tasks} | "
+                            f"{fmt_time(wall)} | {fmt_time(t_build) if t_build == t_build else '-'} | "
+                            f"{fmt_time(kern / max(n_ev, 1))} | "
+                            f"{fmt_time(workers * wall - kern)} ({(workers * wall - kern) / (workers * wall):.0%}) | "
+                            f"{fmt_time(overhead)} | {_load().split()[0]} |")
+                print(over[-1], flush=True)
             if T is not base:
                 del T
         rt_end = _round_trip(client)
@@ -189,22 +203,24 @@ def main(argv=None):
     title = (f"Distributed top_k ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"simd={feats['simd']}; the one Executor: {feats['threads']} threads; 2-worker LocalCluster, 1 thread each; load average {load_start} at start, "
              f"{load_end} at end)")
-    header = "| op | shape | hipsched.dask | peer | peer time | ratio (peer/ours) | target | hipsched rate |"
+    header = "| hipsched.dask | shape | time | peer | peer time | ratio (peer/ours) | target | hipsched rate |"
     text = f"## {title}\n\n{header}\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     text += ("\n### Overhead\n\nworkers x wall - summed kernel time, per query and per chunk, from one run with "
-             "the workers' telemetry\n\n| rows per chunk | chunks | chunk size | tasks per query | wall | graph built "
+             "the workers' telemetry\n\n| path | rows per chunk | chunks | chunk size | tasks per query | wall | graph built "
              "(client) | kernel per chunk | overhead per query (share of worker time) | overhead per chunk | "
-             "load (1 min) |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(over) + "\n")
+             "load (1 min) |\n|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(over) + "\n")
     text += (f"\nOne no-op task's round trip from the client (submit, run, result; median of 21): "
              f"{fmt_time(rt_start)} at the start, {fmt_time(rt_end)} at the end\n")
-    if len(fit) >= 2:
+    for what, pts in fit.items():
+        if len(pts) < 2:
+            continue
         # total overhead = fixed + per_chunk x chunks: the slope is what one more chunk costs
         # (a line only where the points lie near one: the largest residual says how near)
-        xs, ys = np.array([c for c, _ in fit], float), np.array([o for _, o in fit])
+        xs, ys = np.array([c for c, _ in pts], float), np.array([o for _, o in pts])
         per_chunk, fixed = np.polyfit(xs, ys, 1)
         resid = float(np.max(np.abs(ys - (fixed + per_chunk * xs))))
-        text += (f"\nLeast-squares fit over the chunk sizes: overhead = {fixed * 1e3:.0f} ms + {per_chunk * 1e3:.2f} ms x "
-                 f"chunks (worker time per query; largest residual {resid * 1e3:.0f} ms)\n")
+        text += (f"\nLeast-squares fit over the chunk sizes, {what}: overhead = {fixed * 1e3:.0f} ms + "
+                 f"{per_chunk * 1e3:.2f} ms x chunks (worker time per query; largest residual {resid * 1e3:.0f} ms)\n")
     print("\n" + text)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     os.makedirs(out, exist_ok=True)

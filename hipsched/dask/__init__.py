@@ -19,10 +19,11 @@ from .graph import PartitionedGraph, partition_graph, spread_activation
 from .linalg import QuantizedRows, attention, dequantize, matmul, qmatmul, shard_rows
 from .ops import add, cosine_similarity, merge_top_k, scale, softmax, top_k
 from .placement import forget_placements
+from .direct import search
 from .workers import (PLUGIN_NAME, HipschedWorkerPlugin, executor, flush_telemetry, pinned_device, setup, teardown,
                       worker_info)
 
 __all__ = ["setup", "teardown", "executor", "worker_info", "pinned_device", "HipschedWorkerPlugin", "PLUGIN_NAME", "flush_telemetry",
-           "top_k", "cosine_similarity", "merge_top_k", "forget_placements", "add", "scale", "softmax",
+           "top_k", "cosine_similarity", "merge_top_k", "forget_placements", "search", "add", "scale", "softmax",
            "matmul", "attention", "dequantize", "qmatmul", "QuantizedRows", "shard_rows",
            "spread_activation", "PartitionedGraph", "partition_graph"]

@@ -72,6 +72,24 @@ def _on_placement_event(event):
     forget_placements(msg.get("corpus") if isinstance(msg, dict) else None)
 
 
+def _forget_client_placements(client_id) -> int:
+    with _placement_lock:
+        gone = [key for key in _placements if key[0] == client_id]
+        for key in gone:
+            del _placements[key]
+        placement_stats["invalidations"] += len(gone)
+    return len(gone)
+
+
+def _on_worker_event(client_id, event):
+    """A worker's own topic (its address; the client's event loop): a worker that left takes its chunks
+    with it, so every placement this client cached may name it; they are read again on their next query
+    (a request to a departed worker's address would wait for the connect timeout before failing)."""
+    msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
+    if isinstance(msg, dict) and msg.get("action") == "remove-worker":
+        _forget_client_placements(client_id)
+
+
 def _follow_placement_events(client):
     if client.id in _subscribed:
         return
@@ -80,6 +98,20 @@ def _follow_placement_events(client):
         client.subscribe_topic(PLACEMENT_TOPIC, _on_placement_event)
     except Exception:   # a client that cannot subscribe still gets the TTL's refresh
         pass
+
+
+_followed_workers: set = set()   # (client id, worker address) whose remove-worker event we follow
+
+
+def _follow_workers(client, addresses):
+    for address in addresses:
+        if (client.id, address) in _followed_workers:
+            continue
+        _followed_workers.add((client.id, address))
+        try:
+            client.subscribe_topic(address, lambda event, cid=client.id: _on_worker_event(cid, event))
+        except Exception:
+            pass
 
 
 def _persisted_client(T, live):
@@ -141,6 +173,7 @@ def placement(T, live):
     placed = _read_placement(client, futs, T, live)
     if placed is None:
         return None, None
+    _follow_workers(client, {w for w, _ in placed[0]})
     p = _Placement(*placed, now)
     with _placement_lock:
         placement_stats["refreshes"] += 1

@@ -162,6 +162,11 @@ def executor():
         worker = get_worker()
     except ValueError:   # not inside a distributed task
         worker = None
+    return executor_of(worker)
+
+
+def executor_of(worker):
+    """The Executor setup() built on `worker`, or the process's default one (no worker, no plugin)."""
     if worker is not None:
         p = _plugin_of(worker)
         ex = p.executor if p is not None else None

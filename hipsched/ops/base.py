@@ -207,11 +207,26 @@ def as_float(x, op: str, arg: str, dtypes=FLOATS, allow_device: bool = True):
     else:
         raise TypeError(f"{op}: argument {arg!r} has dtype {a.dtype}; {op} takes {', '.join(dtypes)} (other real "
                         f"numeric types are converted to float32)")
-    if not (a.flags.c_contiguous and a.flags.aligned):
+    return contiguous_aligned(a)
+
+
+def contiguous_aligned(a, dtype=None):
+    """a as a C-contiguous array whose items are aligned (the kernels' C reads an element by its type),
+    converted to `dtype` if given; a that already is one is returned as is. An unaligned buffer is
+    common: an array unpickled from inside a larger message (a chunk Dask sent in a task's graph, say)
+    starts wherever it fell in that message. np.ascontiguousarray keeps such a buffer as it is, so its
+    bytes are copied into a new array (a byte copy: any dtype, NaN payloads untouched)."""
+    if dtype is not None and a.dtype != dtype:
+        a = a.astype(dtype)
+    if a.flags.c_contiguous and a.flags.aligned:
+        return a
+    if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-        if not a.flags.aligned:  # ascontiguousarray keeps an unaligned contiguous buffer as is
-            a = a.copy()
-    return a
+        if a.flags.aligned:
+            return a
+    out = np.empty(a.shape, a.dtype)
+    out.reshape(-1).view(np.uint8)[:] = a.reshape(-1).view(np.uint8)
+    return out
 
 
 def promote(op: str, **arrays):
@@ -251,11 +266,7 @@ def as_f32(x, op: str, arg: str, allow_device: bool = True):
                         f"convertible to float32")
     if a.dtype != np.float32:
         a = a.astype(np.float32)
-    if not (a.flags.c_contiguous and a.flags.aligned):
-        a = np.ascontiguousarray(a)
-        if not a.flags.aligned:  # ascontiguousarray keeps an unaligned contiguous buffer as is
-            a = a.copy()
-    return a
+    return contiguous_aligned(a)
 
 
 def check_ndim(x, allowed, op: str, arg: str):

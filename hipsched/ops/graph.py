@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Call, _resolve, as_f32, check_ndim, finite_scalar, register, shape_mismatch
+from .base import Call, _resolve, as_f32, check_ndim, contiguous_aligned, finite_scalar, register, shape_mismatch
 
 OP = "spread_activation"
 MAX_STEPS = 2**31 - 1
@@ -67,8 +67,7 @@ def _index_pair(indptr, indices):
     """indptr and indices as C-contiguous arrays of one dtype: both int32 when both already are (SciPy's
     usual case, no copy), else both int64 (uint64 beyond int64 wraps negative: the checks reject it)."""
     dt = np.int32 if indptr.dtype == np.int32 and indices.dtype == np.int32 else np.int64
-    return tuple(np.ascontiguousarray(a, dtype=dt) if a.dtype != dt or not (a.flags.c_contiguous and a.flags.aligned)
-                 else a for a in (indptr, indices))
+    return tuple(contiguous_aligned(a, dt) for a in (indptr, indices))
 
 
 def _seed_array(seeds, n: int):

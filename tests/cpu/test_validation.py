@@ -101,6 +101,40 @@ def test_non_contiguous_and_unaligned_inputs_give_correct_results():
         np.testing.assert_allclose(ex.matmul(v, v.T), ref64 @ ref64.T, rtol=20 * 2.0**-24)
 
 
+def test_unaligned_buffers_are_copied_byte_for_byte():
+    """contiguous_aligned (ops/base.py) copies an unaligned buffer's bytes: NaN payloads, -0.0 and half
+    types come through unchanged, the copy is aligned and C-contiguous, and an aligned array is kept."""
+    from hipsched.ops.base import contiguous_aligned
+    rng = np.random.default_rng(5)
+    vals = rng.standard_normal(40).astype(np.float32)
+    vals[3] = -0.0
+    vals[7:9] = np.frombuffer(np.array([0x7FC12345, 0xFF800001], np.uint32).tobytes(), np.float32)
+    for dt in (np.float32, np.float16, np.int32, np.int64):
+        src = vals.astype(dt) if np.issubdtype(dt, np.floating) else rng.integers(-2**30, 2**30, 40).astype(dt)
+        for off in (1, 2, 3, 6):
+            raw = np.zeros(src.nbytes + off, np.uint8)
+            u = np.frombuffer(raw.data, dtype=dt, count=src.size, offset=off).reshape(8, 5)
+            if u.flags.aligned:
+                continue
+            u[...] = src.reshape(8, 5)
+            out = contiguous_aligned(u)
+            assert out.flags.aligned and out.flags.c_contiguous and out.dtype == dt and out.shape == (8, 5)
+            assert out.tobytes() == u.tobytes()
+            strided = contiguous_aligned(u[:, ::2])
+            assert strided.flags.aligned and strided.tobytes() == np.ascontiguousarray(u[:, ::2]).tobytes()
+    a = np.ones((3, 4), np.float32)
+    assert contiguous_aligned(a) is a
+    # an unaligned int32 CSR index (the graph op keeps int32 pairs) gives the aligned one's result
+    indptr, indices = np.array([0, 2, 3, 3], np.int32), np.array([1, 2, 0], np.int32)
+    raw = np.zeros(indices.nbytes + 1, np.uint8)
+    iu = np.frombuffer(raw.data, np.int32, count=3, offset=1)
+    iu[...] = indices
+    assert not iu.flags.aligned
+    w, seeds = np.array([0.5, 0.25, 1.0], np.float32), np.array([1.0, 0.0, 0.0], np.float32)
+    np.testing.assert_array_equal(ex.spread_activation((indptr, iu, w), seeds, steps=2),
+                                  ex.spread_activation((indptr, indices, w), seeds, steps=2))
+
+
 def test_empty_inputs_give_empty_results():
     assert ex.add(np.ones((0, 5)), np.ones(5)).shape == (0, 5)
     assert ex.scale(np.ones((3, 0)), 2).shape == (3, 0)

@@ -69,3 +69,13 @@ def no_task_runs(client, settle_s=30.0):
     assert before[0] == 0, f"the scheduler still holds {before[0]} tasks of earlier tests"
     yield
     assert client.run_on_scheduler(state) == before, "a task ran on the cluster"
+
+
+def unaligned_copy(block):
+    """`block`'s values in a buffer that starts 1 byte past an aligned address: what a chunk that arrived
+    inside a pickled message can look like (its items unaligned), made on purpose."""
+    import numpy as np
+    raw = np.empty(block.nbytes + 1, np.uint8)
+    out = np.frombuffer(raw.data, dtype=block.dtype, count=block.size, offset=1).reshape(block.shape)
+    out[...] = block
+    return out

@@ -1,0 +1,169 @@
+"""top_k computed now over a persisted corpus, for query serving: one request to each worker that holds
+chunks, answered by a handler on that worker, instead of a task graph through the scheduler. Same
+result as dask.compute(*top_k(...)).
+
+Why: a graph query waits for about four scheduler hops (the client's, scheduler's and workers' batched
+streams each hold a message up to 10, 5 and 2 ms after the one before, and the merge, its alias and the
+gather are a stage each), 25 to 55 ms on a 2-core machine whatever the corpus. Here a query is one
+request and one reply per worker, all workers at once (straight to the worker when the client was made
+with direct_to_workers=True, else relayed by the scheduler's `proxy`, as Dask's actors are), and the
+client merges the few candidate lists itself. Dask still holds the corpus (persisted chunks, where
+who_has says they are: the placement cache that top_k uses), and whenever this path cannot give the
+exact answer (a worker gone, a chunk moved or lost, a worker without the handler) the query runs as
+top_k's graph, where Dask's retries and recomputation apply. The handler is a worker RPC handler, not
+an actor: an actor is a task the scheduler pins to its worker, and a worker holding one cannot be
+retired gracefully. See docs/distributed.md, "Queries served directly"."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import dask
+import dask.array as da
+import numpy as np
+
+from ..ops.base import as_f32, finite_scalar
+from .ops import SPLIT_EVERY, _corpus, held_chunk, merge_top_k, top_k
+from .placement import forget_placements, placement
+from .workers import executor_of
+
+HANDLER = "hipsched_top_k"   # the worker RPC handler's name
+search_stats = {"direct": 0, "graph": 0, "installs": 0}   # read by the tests and the bench
+
+
+class _Missing(Exception):
+    """A chunk the plan put on this worker is not in its memory (moved, or lost with a worker)."""
+
+
+def _scan(worker, q, k, keys, offsets, split_every):
+    """One group's candidates from the chunks in `worker`'s memory (read in place, no copy)."""
+    ex = executor_of(worker)
+    parts = []
+    for key, off in zip(keys, offsets):
+        try:
+            block = held_chunk(worker, key)
+        except KeyError:
+            raise _Missing(key) from None
+        idx, val = ex.top_k(q, block, k)
+        parts.append((idx + np.int64(off), val))
+        if len(parts) >= split_every:
+            parts = [merge_top_k(parts, k)]
+    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+
+
+async def _serve_top_k(worker, q=None, k=None, groups=(), split_every=SPLIT_EVERY):
+    """The handler: the worker's groups scanned on its own task threads (its `default` executor, so no
+    more threads scan than the worker has; the event loop stays free), one candidate list per group, or
+    None when a planned chunk is not in this worker's memory."""
+    from distributed.protocol import to_serialize
+    loop = asyncio.get_running_loop()
+    pool = worker.executors["default"]
+    calls = [loop.run_in_executor(pool, _scan, worker, q, k, keys, offsets, split_every) for keys, offsets in groups]
+    try:
+        parts = await asyncio.gather(*calls)
+    except _Missing:
+        parts = None
+    return {"status": "OK", "parts": to_serialize(parts)}
+
+
+def _install(dask_worker=None):
+    """client.run target: adds the handler to this worker's RPC server (bound to the worker)."""
+    async def hipsched_top_k(**msg):   # distributed's server logs its handlers by __name__
+        return await _serve_top_k(dask_worker, **msg)
+    dask_worker.handlers[HANDLER] = hipsched_top_k
+    return True
+
+
+_installed: set = set()   # (client id, worker address) where the handler was installed
+_lock = threading.Lock()
+
+
+def forget_workers(client=None) -> int:
+    """Forgets on which workers of `client` (or of any client) the handler was installed; the next
+    search installs it again where needed. search calls this itself when a worker fails to answer."""
+    with _lock:
+        gone = {key for key in _installed if client is None or key[0] == client.id}
+        _installed.difference_update(gone)
+    return len(gone)
+
+
+def search(q, T, k, *, split_every: int = SPLIT_EVERY):
+    """top_k(q, T, k) computed now, as NumPy (indices int64, scores float32), (k',) or (m, k'): equal to
+    dask.compute(*hipsched.dask.top_k(q, T, k)), bit for bit. For a persisted corpus every worker that
+    holds chunks gets one request (its handler installed on first use) and scans the chunks it holds in
+    place, on its own threads; the client merges the candidate lists. For a lazy corpus, a Dask query,
+    or whenever that cannot give the answer (a worker gone, a chunk not where the cached placement says),
+    the query runs as top_k's task graph instead (Dask reruns and recomputes there), and the stale
+    placement is dropped."""
+    qd, T = _corpus(q, T, "top_k")
+    k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
+    live = [i for i, r in enumerate(T.chunks[0]) if r]
+    p, futs = placement(T, live) if live else (None, None)
+    # a Dask query stays a graph input (computing it first would be a round trip of its own)
+    if p is not None and not isinstance(q, da.Array) and (qd.ndim == 1 or qd.shape[0] > 0):
+        out = _direct(q, T, k, split_every, p, futs)
+        if out is not None:
+            search_stats["direct"] += 1
+            return out
+    search_stats["graph"] += 1
+    arrays = top_k(q, T, k, split_every=split_every)
+    if futs:   # persisted: computed by the client that holds it, default or not
+        client = next(iter(futs.values())).client
+        return tuple(client.compute(list(arrays), sync=True))
+    return tuple(dask.compute(*arrays))
+
+
+async def _ask_all(client, requests):
+    """{worker: reply} for {worker: message}, all at once: straight to each worker when the client
+    talks to workers directly, else relayed by the scheduler."""
+    from distributed.protocol import to_serialize
+
+    async def ask(address, msg):
+        msg = {key: to_serialize(v) if isinstance(v, np.ndarray) else v for key, v in msg.items()}
+        if client.direct_to_workers:
+            return await getattr(client.rpc(address), HANDLER)(**msg)
+        return await client.scheduler.proxy(msg={"op": HANDLER, **msg}, worker=address)
+    replies = await asyncio.gather(*(ask(a, m) for a, m in requests.items()))
+    return dict(zip(requests, replies))
+
+
+def _direct(q, T, k, split_every, p, futs):
+    client = next(iter(futs.values())).client
+    qa = as_f32(q, "top_k", "q", allow_device=False)
+    keys = T.__dask_keys__()
+    offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
+    per_worker: dict = {}
+    for worker, run in p.groups:
+        per_worker.setdefault(worker, []).append(([keys[i][0] for i in run], [offsets[i] for i in run]))
+    try:
+        with _lock:
+            new = [w for w in per_worker if (client.id, w) not in _installed]
+        if new:
+            client.run(_install, workers=new)
+            with _lock:
+                _installed.update((client.id, w) for w in new)
+                search_stats["installs"] += len(new)
+        requests = {w: {"q": qa, "k": k, "groups": groups, "split_every": split_every} for w, groups in per_worker.items()}
+        replies = client.sync(_ask_all, client, requests)
+        parts = [part for w in per_worker for part in _parts(replies[w])]
+    except _Stale:      # a chunk was not where the placement said
+        forget_placements(T)
+        return None
+    except Exception:   # a worker gone (or restarted without the handler): the graph path reruns what it must
+        forget_placements(T)
+        forget_workers(client)
+        return None
+    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+
+
+class _Stale(Exception):
+    """A worker's reply: a planned chunk is not in its memory."""
+
+
+def _parts(reply):
+    if not isinstance(reply, dict) or reply.get("status") != "OK":
+        raise RuntimeError(f"{HANDLER}: {reply!r}")
+    parts = reply["parts"]
+    if parts is None:
+        raise _Stale()
+    return parts

@@ -1,0 +1,181 @@
+"""hipsched.dask.search: top_k computed now, over a persisted corpus by one request per worker (an RPC
+handler on the worker scans the chunks it holds), and through top_k's task graph whenever that cannot give
+the answer (a lazy corpus, a Dask query, chunks moved, a worker gone). Every result must equal
+hipsched.top_k on the whole corpus bit for bit (at most 12 queries: the kernel scores each row on its
+own), whichever path gave it; the tests also check which path that was."""
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+
+import hipsched as hs  # noqa: E402
+import hipsched.dask as hd  # noqa: E402
+from dask_support import job_fixture, no_task_runs, unaligned_copy  # noqa: E402
+from hipsched.dask import direct, placement  # noqa: E402
+
+D = 16
+
+job = job_fixture("direct")
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rng = np.random.default_rng(31)
+    T = rng.standard_normal((3000, D)).astype(np.float32)
+    T[2900] = T[7]        # a tie far from its twin: the lower index first
+    T[1500, 3] = np.nan   # NaN after every number
+    return T
+
+
+def _same(got, ref):
+    assert isinstance(got[0], np.ndarray) and isinstance(got[1], np.ndarray)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert got[0].dtype == np.int64 and got[1].dtype == np.float32
+
+
+def _paths(fn):
+    """(direct, graph) queries that fn() made."""
+    before = dict(direct.search_stats)
+    fn()
+    return (direct.search_stats["direct"] - before["direct"], direct.search_stats["graph"] - before["graph"])
+
+
+def test_direct_queries_equal_the_single_machine_op(dask_client, job, corpus, monkeypatch):
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
+    Td = da.from_array(corpus, chunks=(100, D)).persist()   # 30 chunks over both workers
+    distributed.wait(Td)
+    q = corpus[7].copy()
+    qm = np.random.default_rng(2).standard_normal((12, D)).astype(np.float32)
+    qm[3] = corpus[1500]
+    cases = [(q, 10), (q, 1), (q, 3000), (q, 5000), (qm, 7), (qm[:1], 3), (corpus[2900].astype(np.float64), 4)]
+    for qq, k in cases[:1]:
+        _same(hd.search(qq, Td, k), hs.top_k(qq, corpus, k))
+    installs = direct.search_stats["installs"]
+    for qq, k in cases:
+        assert _paths(lambda: _same(hd.search(qq, Td, k), hs.top_k(qq, corpus, k))) == (1, 0), (qq.shape, k)
+    # the handler is installed once per worker, on the first query
+    assert direct.search_stats["installs"] == installs
+    assert {key[1] for key in direct._installed if key[0] == dask_client.id} == set(dask_client.nthreads())
+    # no task ran for these queries, and none is left on the scheduler for them
+    assert not any(str(key).startswith("hipsched") for key in dask_client.run_on_scheduler(
+        lambda dask_scheduler: list(dask_scheduler.tasks)))
+    # the same answer as the task graph, which it stands for
+    _same(hd.search(qm, Td, 7), tuple(dask_client.compute(list(hd.top_k(qm, Td, 7)), sync=True)))
+
+
+def test_held_chunks_are_realigned_once(dask_client, job, corpus):
+    """A chunk that reached its worker inside a pickled message (da.from_array's chunks often do) starts
+    wherever it fell there; a scan realigns each such chunk in the worker's memory once instead of
+    copying it on every query. The chunks here are made unaligned on purpose, on the workers."""
+    Td = da.from_array(corpus, chunks=(100, D)).map_blocks(unaligned_copy, dtype=np.float32).persist()
+    distributed.wait(Td)
+    keys = [k[0] for k in Td.__dask_keys__()]
+
+    def unaligned(keys, dask_worker=None):
+        return sum(1 for k in keys if k in dask_worker.data and not dask_worker.data[k].flags.aligned)
+    assert sum(dask_client.run(unaligned, keys).values()) == len(keys)
+    q = corpus[11].copy()
+    _same(hd.search(q, Td, 5), hs.top_k(q, corpus, 5))
+    assert sum(dask_client.run(unaligned, keys).values()) == 0
+    _same(hd.search(q, Td, 5), hs.top_k(q, corpus, 5))
+    _same(tuple(dask_client.compute(list(hd.top_k(q, Td, 5)), sync=True)), hs.top_k(q, corpus, 5))
+
+
+def test_lazy_corpus_and_dask_query_take_the_task_graph(dask_client, job, corpus):
+    lazy = da.from_array(corpus, chunks=(500, D))
+    q = corpus[3].copy()
+    assert _paths(lambda: _same(hd.search(q, lazy, 6), hs.top_k(q, corpus, 6))) == (0, 1)
+    Td = da.from_array(corpus, chunks=(500, D)).persist()
+    distributed.wait(Td)
+    qm = np.random.default_rng(4).standard_normal((3, D)).astype(np.float32)
+    qd = da.from_array(qm, chunks=(2, D))
+    assert _paths(lambda: _same(hd.search(qd, Td, 6), hs.top_k(qm, corpus, 6))) == (0, 1)
+    # empty inputs: the graph path's shapes
+    _same(hd.search(qm[:0], Td, 6), hs.top_k(qm[:0], corpus, 6))
+
+
+def test_moved_chunks_fall_back_to_the_graph_and_stay_exact(dask_client, job, corpus, monkeypatch):
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
+    a, b = sorted(dask_client.nthreads())
+    T = corpus[:2000]
+    Td = dask_client.persist(da.from_array(T, chunks=(250, D)), workers=[a])   # 8 chunks, all on a
+    distributed.wait(Td)
+    qm = np.random.default_rng(3).standard_normal((3, D)).astype(np.float32)
+    qm[0] = T[1700]
+    assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (1, 0)
+    moved = [k[0] for k in Td.__dask_keys__()][3:]
+
+    async def move(dask_scheduler, moved=moved, a=a, b=b):
+        await dask_scheduler.gather_on_worker(b, {k: [a] for k in moved})
+        await dask_scheduler.delete_worker_data(a, moved, stimulus_id="hipsched-test-move")
+    dask_client.run_on_scheduler(move)
+    # worker a misses chunks: this query runs as the graph; the placement is read again after
+    assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (0, 1)
+    assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (1, 0)
+    assert sorted(hd.ops.chunk_groups(Td)) == [(a, [0, 1, 2]), (b, [3, 4, 5, 6, 7])]
+
+
+def test_a_worker_without_the_handler_falls_back_then_gets_it_again(dask_client, job, corpus, monkeypatch):
+    """A request that fails (here: a worker that lost the handler, as a restarted worker at the same
+    address would) makes that query run as the graph; the next query installs the handler again."""
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
+    Td = da.from_array(corpus, chunks=(300, D)).persist()
+    distributed.wait(Td)
+    q = corpus[21].copy()
+    ref = hs.top_k(q, corpus, 8)
+    assert _paths(lambda: _same(hd.search(q, Td, 8), ref)) == (1, 0)
+    victim = sorted(dask_client.nthreads())[0]
+
+    def drop(dask_worker=None):
+        return dask_worker.handlers.pop(direct.HANDLER, None) is not None
+    assert dask_client.run(drop, workers=[victim]) == {victim: True}
+    installs = direct.search_stats["installs"]
+    assert _paths(lambda: _same(hd.search(q, Td, 8), ref)) == (0, 1)
+    assert _paths(lambda: _same(hd.search(q, Td, 8), ref)) == (1, 0)
+    assert direct.search_stats["installs"] == installs + 2   # every worker of the client, forgotten at once
+
+
+def test_a_worker_leaving_drops_the_plan_and_the_survivor_serves(monkeypatch):
+    """Its own cluster, through a client that is not the default one: one worker is retired (its chunks
+    move to the other) between queries; the scheduler's remove-worker event drops the cached placement,
+    so the next query is planned on the survivor alone and served directly."""
+    import time
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    client = distributed.Client(cluster, set_as_default=False)
+    try:
+        hd.setup(client, persist_model=False, job="direct-leave")
+        rng = np.random.default_rng(8)
+        T = rng.standard_normal((2400, D)).astype(np.float32)
+        q = rng.standard_normal((2, D)).astype(np.float32)
+        Td = client.persist(da.from_array(T, chunks=(200, D)))
+        client.gather(distributed.futures_of(Td))
+        ref = hs.top_k(q, T, 9)
+        assert _paths(lambda: _same(hd.search(q, Td, 9), ref)) == (1, 0)
+        invalidations = placement.placement_stats["invalidations"]
+        gone = sorted(client.nthreads())[0]
+        client.retire_workers([gone], close_workers=True)
+        deadline = time.monotonic() + 60
+        while gone in client.nthreads() or placement.placement_stats["invalidations"] == invalidations:
+            assert time.monotonic() < deadline, "the worker did not leave, or its leaving did not reach the client"
+            time.sleep(0.05)
+        assert _paths(lambda: _same(hd.search(q, Td, 9), ref)) == (1, 0)
+        assert {w for w, _ in hd.ops.chunk_groups(Td)} == set(client.nthreads())
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_bad_input_fails_on_the_client(dask_client, job, corpus):
+    Td = da.from_array(corpus, chunks=(500, D))
+    with no_task_runs(dask_client):
+        with pytest.raises(ValueError, match="k"):
+            hd.search(corpus[0], Td, 0)
+        with pytest.raises(ValueError, match="d"):
+            hd.search(np.ones(D + 1, np.float32), Td, 3)
+        with pytest.raises(TypeError, match="dask array"):
+            hd.search(corpus[0], corpus, 3)
+        with pytest.raises(ValueError, match="chunked along d"):
+            hd.search(corpus[0], Td.rechunk((500, 8)), 3)
