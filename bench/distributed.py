@@ -13,6 +13,11 @@ hipsched.dask.top_k groups the chunks: one task per worker thread over the chunk
 tasks per query do not grow with the chunks, and each group task depends on one chunk and reads the
 others from its worker's memory, so no key per chunk goes through Dask per query either.
 
+hipsched.dask.search is the same query computed now without a task graph: one request per worker to a
+handler that scans the chunks it holds, the client merging the candidate lists (docs/distributed.md,
+"Queries served directly"). Both paths are measured, interleaved with the peers, and both checked
+equal to the one-machine result bit for bit.
+
 Overhead: for each chunk size one more run with the workers' telemetry cleared first; overhead per query
 = workers x wall - the sum of the chunk kernels' own durations (each top_k event's duration_us): the
 worker time not spent in a kernel (the client building and sending the graph, the scheduler, the query
@@ -23,6 +28,7 @@ that run), and the run prints the cluster's round trip for one no-op task (clien
 median of 21, at the start and at the end): the floor of any Dask call on this machine at that load.
 
 Usage: python bench/distributed.py [--n 1000000] [--chunks 4000,15625,62500,250000] [--repeat 5]
+                                  [--direct-to-workers]
 Tables printed and written to bench/results/distributed.md, with the machine's load average."""
 from __future__ import annotations
 
@@ -83,6 +89,8 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--chunks", default="4000,15625,62500,250000", help="rows per chunk, comma-separated")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--direct-to-workers", action="store_true",
+                   help="make the client with direct_to_workers=True (requests and gathers skip the scheduler's relay)")
     args = p.parse_args(argv)
     n, sizes = args.n, [int(s) for s in args.chunks.split(",")]
 
@@ -103,7 +111,7 @@ def main(argv=None):
     load_start = _load()
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                            env={"HIPSCHED_NUM_THREADS": "1"})
-    client = Client(cluster)
+    client = Client(cluster, direct_to_workers=args.direct_to_workers)
     os.environ.clear()
     os.environ.update(env_before)
     try:
@@ -178,7 +186,7 @@ def main(argv=None):
                     n_tasks = str(sum(1 for key, v in graph.items() if key not in persisted and type(v).__name__ != "Alias"))
                 else:
                     f()
-                    t_build, n_tasks = float("nan"), "0 (one actor call per worker)"
+                    t_build, n_tasks = float("nan"), "0 (one request per worker)"
                 wall = time.perf_counter() - t
                 per = client.run(_kernel_us)
                 n_ev = sum(c for c, _ in per.values())
@@ -201,7 +209,8 @@ def main(argv=None):
         cluster.close()
 
     title = (f"Distributed top_k ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"simd={feats['simd']}; the one Executor: {feats['threads']} threads; 2-worker LocalCluster, 1 thread each; load average {load_start} at start, "
+             f"simd={feats['simd']}; the one Executor: {feats['threads']} threads; 2-worker LocalCluster, 1 thread each; "
+             f"client direct_to_workers={args.direct_to_workers}; load average {load_start} at start, "
              f"{load_end} at end)")
     header = "| hipsched.dask | shape | time | peer | peer time | ratio (peer/ours) | target | hipsched rate |"
     text = f"## {title}\n\n{header}\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
