@@ -1,4 +1,5 @@
-"""Faults on a Dask cluster: a worker killed with SIGKILL in the middle of a distributed top_k.
+"""Faults on a Dask cluster: a worker killed with SIGKILL in the middle of a distributed top_k (through the
+task graph, lazy and persisted corpora) and of a direct query (hd.search).
 
 The test has a LocalCluster of its own (worker processes under nannies, so the killed one restarts), so
 the session's shared cluster never sees a dead worker. The kill point is made deterministic with a gate,
@@ -242,6 +243,52 @@ def test_sigkill_mid_top_k_over_a_persisted_corpus(tmp_path):
         idx, val = client.gather(client.compute(list(hd.top_k(q, Td, K))))
         np.testing.assert_array_equal(idx, ref_idx)
         np.testing.assert_array_equal(val, ref_val)
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_sigkill_mid_search_falls_back_to_the_graph(tmp_path):
+    """hd.search's direct requests are not tasks, so Dask does not rerun them: a worker killed while it
+    scans for a request makes that request fail, and search answers through top_k's task graph, where
+    Dask recomputes the lost chunks. Still the single-machine answer, bit for bit."""
+    import threading
+    from hipsched.dask import direct
+    gate = str(tmp_path / "open")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    client = distributed.Client(cluster, set_as_default=False)
+    try:
+        logs = tmp_path / "logs"
+        job = hd.setup(client, persist_model=False, telemetry_dir=str(logs), job="fault-search",
+                       executor_factory=GatedFactory(gate))
+        job_dir = os.path.join(str(logs), job)
+        rng = np.random.default_rng(13)
+        T = rng.standard_normal((N_CHUNKS * ROWS, D)).astype(np.float32)
+        q = rng.standard_normal((2, D)).astype(np.float32)
+        T[N_CHUNKS * ROWS - 5] = 3 * q[0]
+        Td = client.persist(da.from_array(T, chunks=(ROWS, D)))
+        client.gather(distributed.futures_of(Td))
+        before = _workers(client)
+        graph_before = direct.search_stats["graph"]
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", hd.search(q, Td, K)), daemon=True)
+        t.start()
+        # each worker scans its first chunk, then waits at the gate: both are mid-request
+        logged = lambda: all(_complete_lines(os.path.join(job_dir, f"{w}.jsonl")) for w in before)  # noqa: E731
+        _wait(logged, "both workers to log a chunk of the direct query")
+        victim = sorted(before)[0]
+        assert t.is_alive()
+        os.kill(before[victim][1], signal.SIGKILL)
+        open(gate, "w").close()
+        t.join(DEADLINE_S)
+        assert not t.is_alive(), "search did not return"
+        ref_idx, ref_val = hs.top_k(q, T, K)
+        np.testing.assert_array_equal(out["r"][0], ref_idx)
+        np.testing.assert_array_equal(out["r"][1], ref_val)
+        assert out["r"][0][0, 0] == N_CHUNKS * ROWS - 5
+        assert direct.search_stats["graph"] == graph_before + 1   # the failed request's query ran as the graph
+        for w in before:   # every complete line of both logs parses, the killed worker's included
+            _records(os.path.join(job_dir, f"{w}.jsonl"))
     finally:
         client.close()
         cluster.close()
