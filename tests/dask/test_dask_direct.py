@@ -11,7 +11,7 @@ distributed = pytest.importorskip("distributed", reason="distributed is not inst
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
-from dask_support import job_fixture, no_task_runs, unaligned_copy  # noqa: E402
+from dask_support import job_fixture, move_chunks, no_task_runs, tie_nan_corpus, unaligned_copy  # noqa: E402
 from hipsched.dask import direct, placement  # noqa: E402
 
 D = 16
@@ -21,11 +21,7 @@ job = job_fixture("direct")
 
 @pytest.fixture(scope="module")
 def corpus():
-    rng = np.random.default_rng(31)
-    T = rng.standard_normal((3000, D)).astype(np.float32)
-    T[2900] = T[7]        # a tie far from its twin: the lower index first
-    T[1500, 3] = np.nan   # NaN after every number
-    return T
+    return tie_nan_corpus(31, 3000, D)
 
 
 def _same(got, ref):
@@ -106,11 +102,7 @@ def test_moved_chunks_fall_back_to_the_graph_and_stay_exact(dask_client, job, co
     qm[0] = T[1700]
     assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (1, 0)
     moved = [k[0] for k in Td.__dask_keys__()][3:]
-
-    async def move(dask_scheduler, moved=moved, a=a, b=b):
-        await dask_scheduler.gather_on_worker(b, {k: [a] for k in moved})
-        await dask_scheduler.delete_worker_data(a, moved, stimulus_id="hipsched-test-move")
-    dask_client.run_on_scheduler(move)
+    move_chunks(dask_client, moved, a, b)
     # worker a misses chunks: this query runs as the graph; the placement is read again after
     assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (0, 1)
     assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (1, 0)

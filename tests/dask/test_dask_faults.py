@@ -6,6 +6,7 @@ the session's shared cluster never sees a dead worker. The kill point is made de
 not with timing: after its first top_k chunk each worker's executor waits for a file that the test
 creates only after the kill, so when the victim dies the job cannot have finished and the victim is
 holding a task that Dask must run again elsewhere. Every wait is bounded (GATE_TIMEOUT_S, DEADLINE_S)."""
+import contextlib
 import json
 import os
 import signal
@@ -95,6 +96,21 @@ def cluster(tmp_path_factory, gate):
     yield client, os.path.join(str(logs), job)
     client.close()
     cluster.close()
+
+
+@contextlib.contextmanager
+def _gated_cluster(tmp_path, job):
+    """A 2-worker LocalCluster of the test's own with the gated executors: (client, gate, job folder)."""
+    gate = str(tmp_path / "open")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    client = distributed.Client(cluster, set_as_default=False)
+    try:
+        logs = tmp_path / "logs"
+        job = hd.setup(client, persist_model=False, telemetry_dir=str(logs), job=job, executor_factory=GatedFactory(gate))
+        yield client, gate, os.path.join(str(logs), job)
+    finally:
+        client.close()
+        cluster.close()
 
 
 def _records(path):
@@ -207,14 +223,7 @@ def test_sigkill_mid_top_k_over_a_persisted_corpus(tmp_path):
     others from their worker's memory (hipsched/dask/ops.py, _topk_held): the victim's chunks are lost
     with it, Dask recomputes them, the victim's group runs again elsewhere and scans the chunks it does
     not find there where they are. The answer is still the single-machine one, bit for bit."""
-    gate = str(tmp_path / "open")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
-    client = distributed.Client(cluster, set_as_default=False)
-    try:
-        logs = tmp_path / "logs"
-        job = hd.setup(client, persist_model=False, telemetry_dir=str(logs), job="fault-persisted",
-                       executor_factory=GatedFactory(gate))
-        job_dir = os.path.join(str(logs), job)
+    with _gated_cluster(tmp_path, "fault-persisted") as (client, gate, job_dir):
         rng = np.random.default_rng(12)
         T = rng.standard_normal((N_CHUNKS * ROWS, D)).astype(np.float32)
         q = rng.standard_normal(D).astype(np.float32)
@@ -243,9 +252,6 @@ def test_sigkill_mid_top_k_over_a_persisted_corpus(tmp_path):
         idx, val = client.gather(client.compute(list(hd.top_k(q, Td, K))))
         np.testing.assert_array_equal(idx, ref_idx)
         np.testing.assert_array_equal(val, ref_val)
-    finally:
-        client.close()
-        cluster.close()
 
 
 def test_sigkill_mid_search_falls_back_to_the_graph(tmp_path):
@@ -254,14 +260,7 @@ def test_sigkill_mid_search_falls_back_to_the_graph(tmp_path):
     Dask recomputes the lost chunks. Still the single-machine answer, bit for bit."""
     import threading
     from hipsched.dask import direct
-    gate = str(tmp_path / "open")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
-    client = distributed.Client(cluster, set_as_default=False)
-    try:
-        logs = tmp_path / "logs"
-        job = hd.setup(client, persist_model=False, telemetry_dir=str(logs), job="fault-search",
-                       executor_factory=GatedFactory(gate))
-        job_dir = os.path.join(str(logs), job)
+    with _gated_cluster(tmp_path, "fault-search") as (client, gate, job_dir):
         rng = np.random.default_rng(13)
         T = rng.standard_normal((N_CHUNKS * ROWS, D)).astype(np.float32)
         q = rng.standard_normal((2, D)).astype(np.float32)
@@ -289,6 +288,3 @@ def test_sigkill_mid_search_falls_back_to_the_graph(tmp_path):
         assert direct.search_stats["graph"] == graph_before + 1   # the failed request's query ran as the graph
         for w in before:   # every complete line of both logs parses, the killed worker's included
             _records(os.path.join(job_dir, f"{w}.jsonl"))
-    finally:
-        client.close()
-        cluster.close()

@@ -15,7 +15,7 @@ import dask  # noqa: E402
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
-from dask_support import job_fixture  # noqa: E402
+from dask_support import job_fixture, move_chunks, tie_nan_corpus  # noqa: E402
 from hipsched.dask import ops, placement  # noqa: E402
 
 D = 16
@@ -26,11 +26,7 @@ job = job_fixture("placement")
 
 @pytest.fixture(scope="module")
 def corpus():
-    rng = np.random.default_rng(23)
-    T = rng.standard_normal((3000, D)).astype(np.float32)
-    T[2900] = T[7]        # a tie far from its twin: the lower index first
-    T[1500, 3] = np.nan   # NaN after every number
-    return T
+    return tie_nan_corpus(23, 3000, D)
 
 
 def _exact(q, Td, T, k):
@@ -96,11 +92,7 @@ def test_moved_chunks_invalidate_the_placement_and_results_stay_exact(dask_clien
     refreshes, invalidations = placement.placement_stats["refreshes"], placement.placement_stats["invalidations"]
     # every chunk moves from a to b (copied there, then deleted on a): the cached plan is stale
     keys = [k[0] for k in Td.__dask_keys__()]
-
-    async def move(dask_scheduler, keys=keys, a=a, b=b):
-        await dask_scheduler.gather_on_worker(b, {k: [a] for k in keys})
-        await dask_scheduler.delete_worker_data(a, keys, stimulus_id="hipsched-test-move")
-    dask_client.run_on_scheduler(move)
+    move_chunks(dask_client, keys, a, b)
     assert all(v == {b} for v in _holders(dask_client, Td).values())
     # the stale plan still gives the exact answer: Dask runs the group where its chunks are, and that
     # task reports that it ran away from its planned worker
@@ -166,11 +158,7 @@ def test_chunks_missing_from_the_planned_worker_are_scanned_where_they_are(dask_
     invalidations = placement.placement_stats["invalidations"]
     keys = [k[0] for k in Td.__dask_keys__()]
     moved = keys[3:]   # the group's anchor (its first chunk, a's alone) stays: Dask still runs it on a
-
-    async def move(dask_scheduler, moved=moved, a=a, b=b):
-        await dask_scheduler.gather_on_worker(b, {k: [a] for k in moved})
-        await dask_scheduler.delete_worker_data(a, moved, stimulus_id="hipsched-test-move")
-    dask_client.run_on_scheduler(move)
+    move_chunks(dask_client, moved, a, b)
     after_move = _holders(dask_client, Td)
     _exact(qm, Td, T, 6)
     _exact(qm[0], Td, T, 2000)

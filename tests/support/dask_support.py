@@ -79,3 +79,24 @@ def unaligned_copy(block):
     out = np.frombuffer(raw.data, dtype=block.dtype, count=block.size, offset=1).reshape(block.shape)
     out[...] = block
     return out
+
+
+def tie_nan_corpus(seed, n=3000, d=16):
+    """A float32 corpus (n, d) with the cases a merge must order as one machine does: row 2900 equals
+    row 7 (a tie far from its twin: the lower index first) and row 1500 holds a NaN (after every number)."""
+    import numpy as np
+    T = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    T[2900] = T[7]
+    T[1500, 3] = np.nan
+    return T
+
+
+def move_chunks(client, keys, src, dst):
+    """Moves the chunks `keys` from worker `src` to `dst` (copied there, then deleted on src) behind any
+    hipsched cache's back, as a rebalance or a retirement would."""
+    keys = list(keys)
+
+    async def move(dask_scheduler, keys=keys, src=src, dst=dst):
+        await dask_scheduler.gather_on_worker(dst, {k: [src] for k in keys})
+        await dask_scheduler.delete_worker_data(src, keys, stimulus_id="hipsched-test-move")
+    client.run_on_scheduler(move)
