@@ -89,10 +89,12 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--chunks", default="4000,15625,62500,250000", help="rows per chunk, comma-separated")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--dtypes", default="float32,float16", help="corpus dtypes, comma-separated (float32, float16)")
     p.add_argument("--direct-to-workers", action="store_true",
                    help="make the client with direct_to_workers=True (requests and gathers skip the scheduler's relay)")
     args = p.parse_args(argv)
     n, sizes = args.n, [int(s) for s in args.chunks.split(",")]
+    dtypes = [np.dtype(t).type for t in args.dtypes.split(",")]
 
     import dask
     import dask.array as da
@@ -126,82 +128,92 @@ def main(argv=None):
         sample = np.random.default_rng(1).choice(n, 64, replace=False)
         assert np.array_equal(base.vindex[sample].compute(), T_local[sample]), "cluster and local corpora differ"
         q = np.random.default_rng(SEED + 1).standard_normal(D).astype(np.float32)
-        ref_idx, ref_val = ex.top_k(q, T_local, K, backend="cpu")
+        ref_idx32, ref_val32 = ex.top_k(q, T_local, K, backend="cpu")
         print(f"corpus {n} x {D} float32 ({4 * n * D / 2**30:.2f} GiB) generated on the workers in {t_gen:.1f} s; "
               f"local copy checked; load average {load_start}", flush=True)
         rt_start = _round_trip(client)
 
         rows, over, fit = [], [], {}
-        for rows_per_chunk in sizes:
-            T = base if rows_per_chunk == base_rows else base.rechunk((rows_per_chunk, D)).persist()
-            wait(T)
-            chunks = T.numblocks[0]
+        for dt in dtypes:
+            dname = np.dtype(dt).name
+            if dt == np.float32:
+                base_dt, T_dt, (ref_idx, ref_val) = base, T_local, (ref_idx32, ref_val32)
+            else:   # the same values rounded to the half type, on the workers and here
+                base_dt = base.astype(dt).persist()
+                wait(base_dt)
+                T_dt = T_local.astype(dt)
+                ref_idx, ref_val = ex.top_k(q, T_dt, K, backend="cpu")
+            for rows_per_chunk in sizes:
+                T = base_dt if rows_per_chunk == base_rows else base_dt.rechunk((rows_per_chunk, D)).persist()
+                wait(T)
+                chunks = T.numblocks[0]
 
-            def ours():
-                return dask.compute(*hd.top_k(q, T, K))
+                def ours():
+                    return dask.compute(*hd.top_k(q, T, K))
 
-            def direct():
-                return hd.search(q, T, K)
+                def direct():
+                    return hd.search(q, T, K)
 
-            def single():
-                return ex.top_k(q, T_local, K, backend="cpu")
+                def single():
+                    return ex.top_k(q, T_dt, K, backend="cpu")
 
-            def plain():
-                return da.argtopk(T @ q, K).compute()
+                def plain():
+                    return da.argtopk(T @ q, K).compute()
 
-            for f in (ours, direct):
-                idx, val = f()
-                assert np.array_equal(idx, ref_idx) and np.array_equal(val, ref_val), f"{f.__name__} differs from one machine"
-            single()
-            # the peer answers its own question (the largest dots, not cosines): check it against NumPy's
-            assert set(plain().tolist()) == set(np.argpartition(-(T_local @ q), K)[:K].tolist()), "plain Dask differs"
-            times = {f: [] for f in (ours, direct, single, plain)}
-            for _ in range(args.repeat):   # interleaved: drift on this shared machine hits all four alike
-                for f, acc in times.items():
+                for f in (ours, direct):
+                    idx, val = f()
+                    assert np.array_equal(idx, ref_idx) and np.array_equal(val, ref_val), f"{f.__name__} differs from one machine"
+                single()
+                # the peer answers its own question (the largest dots, not cosines): check it against NumPy's
+                assert set(plain().tolist()) == set(np.argpartition(-(T_dt @ q), K)[:K].tolist()), "plain Dask differs"
+                times = {f: [] for f in (ours, direct, single, plain)}
+                for _ in range(args.repeat):   # interleaved: drift on this shared machine hits all four alike
+                    for f, acc in times.items():
+                        t = time.perf_counter()
+                        f()
+                        acc.append(time.perf_counter() - t)
+                med = {f: float(np.median(x)) for f, x in times.items()}
+                ms, mp = med[single], med[plain]
+                shape = f"k={K}, q({D}) x T({n},{D}) {dname}, {chunks} chunks of {rows_per_chunk} rows"
+                for f, what in ((ours, "top_k (task graph)"), (direct, "search (direct)")):
+                    mo = med[f]
+                    gbs = np.dtype(dt).itemsize * n * D / mo / 1e9
+                    rows.append(f"| {what} | {shape} | {fmt_time(mo)} | one Executor, 2 threads, same data | {fmt_time(ms)} | "
+                                f"{ms / mo:.2f}x | >= {1 / 1.3:.2f}x (within 1.3x) {'ok' if ms / mo >= 1 / 1.3 else 'MISSED'} | "
+                                f"{gbs:.2f} GB/s |")
+                    rows.append(f"| {what} | {shape} | {fmt_time(mo)} | plain Dask da.argtopk(T @ q), same cluster | "
+                                f"{fmt_time(mp)} | {mp / mo:.2f}x | >= 2x {'ok' if mp / mo >= 2 else 'MISSED'} | {gbs:.2f} GB/s |")
+                print("\n".join(rows[-4:]), flush=True)
+                # one more run of each with the kernels' own durations: what is left of the workers' time is overhead
+                for f, what in ((ours, "top_k"), (direct, "search")):
+                    client.run(_clear)
                     t = time.perf_counter()
-                    f()
-                    acc.append(time.perf_counter() - t)
-            med = {f: float(np.median(x)) for f, x in times.items()}
-            ms, mp = med[single], med[plain]
-            shape = f"k={K}, q({D}) x T({n},{D}), {chunks} chunks of {rows_per_chunk} rows"
-            for f, what in ((ours, "top_k (task graph)"), (direct, "search (direct)")):
-                mo = med[f]
-                gbs = 4.0 * n * D / mo / 1e9
-                rows.append(f"| {what} | {shape} | {fmt_time(mo)} | one Executor, 2 threads, same data | {fmt_time(ms)} | "
-                            f"{ms / mo:.2f}x | >= {1 / 1.3:.2f}x (within 1.3x) {'ok' if ms / mo >= 1 / 1.3 else 'MISSED'} | "
-                            f"{gbs:.2f} GB/s |")
-                rows.append(f"| {what} | {shape} | {fmt_time(mo)} | plain Dask da.argtopk(T @ q), same cluster | "
-                            f"{fmt_time(mp)} | {mp / mo:.2f}x | >= 2x {'ok' if mp / mo >= 2 else 'MISSED'} | {gbs:.2f} GB/s |")
-            print("\n".join(rows[-4:]), flush=True)
-            # one more run of each with the kernels' own durations: what is left of the workers' time is overhead
-            for f, what in ((ours, "top_k"), (direct, "search")):
-                client.run(_clear)
-                t = time.perf_counter()
-                if f is ours:
-                    arrays = hd.top_k(q, T, K)
-                    t_build = time.perf_counter() - t
-                    dask.compute(*arrays)
-                    graph = dict(dask.base.collections_to_expr(arrays, optimize_graph=True).__dask_graph__())
-                    persisted = {fu.key for fu in futures_of(T)}
-                    n_tasks = str(sum(1 for key, v in graph.items() if key not in persisted and type(v).__name__ != "Alias"))
-                else:
-                    f()
-                    t_build, n_tasks = float("nan"), "0 (one request per worker)"
-                wall = time.perf_counter() - t
-                per = client.run(_kernel_us)
-                n_ev = sum(c for c, _ in per.values())
-                kern = sum(us for _, us in per.values()) / 1e6
-                workers = len(per)
-                overhead = (workers * wall - kern) / chunks
-                fit.setdefault(what, []).append((chunks, workers * wall - kern))
-                over.append(f"| {what} | {rows_per_chunk} | {chunks} | {4 * rows_per_chunk * D / 2**20:.0f} MiB | {n_tasks} | "
-                            f"{fmt_time(wall)} | {fmt_time(t_build) if t_build == t_build else '-'} | "
-                            f"{fmt_time(kern / max(n_ev, 1))} | "
-                            f"{fmt_time(workers * wall - kern)} ({(workers * wall - kern) / (workers * wall):.0%}) | "
-                            f"{fmt_time(overhead)} | {_load().split()[0]} |")
-                print(over[-1], flush=True)
-            if T is not base:
-                del T
+                    if f is ours:
+                        arrays = hd.top_k(q, T, K)
+                        t_build = time.perf_counter() - t
+                        dask.compute(*arrays)
+                        graph = dict(dask.base.collections_to_expr(arrays, optimize_graph=True).__dask_graph__())
+                        persisted = {fu.key for fu in futures_of(T)}
+                        n_tasks = str(sum(1 for key, v in graph.items() if key not in persisted and type(v).__name__ != "Alias"))
+                    else:
+                        f()
+                        t_build, n_tasks = float("nan"), "0 (one request per worker)"
+                    wall = time.perf_counter() - t
+                    per = client.run(_kernel_us)
+                    n_ev = sum(c for c, _ in per.values())
+                    kern = sum(us for _, us in per.values()) / 1e6
+                    workers = len(per)
+                    overhead = (workers * wall - kern) / chunks
+                    fit.setdefault(f"{what} {dname}", []).append((chunks, workers * wall - kern))
+                    over.append(f"| {what} {dname} | {rows_per_chunk} | {chunks} | {np.dtype(dt).itemsize * rows_per_chunk * D / 2**20:.0f} MiB | {n_tasks} | "
+                                f"{fmt_time(wall)} | {fmt_time(t_build) if t_build == t_build else '-'} | "
+                                f"{fmt_time(kern / max(n_ev, 1))} | "
+                                f"{fmt_time(workers * wall - kern)} ({(workers * wall - kern) / (workers * wall):.0%}) | "
+                                f"{fmt_time(overhead)} | {_load().split()[0]} |")
+                    print(over[-1], flush=True)
+                if T is not base_dt:
+                    del T
+            del base_dt, T_dt   # the half copy leaves the workers before the next dtype
         rt_end = _round_trip(client)
         load_end = _load()
     finally:

@@ -22,7 +22,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..ops.base import as_f32, finite_scalar
+from ..ops.base import as_float, finite_scalar
 from .ops import SPLIT_EVERY, _corpus, held_chunk, merge_top_k, top_k
 from .placement import forget_placements, placement
 from .workers import executor_of
@@ -129,7 +129,7 @@ async def _ask_all(client, requests):
 
 def _direct(q, T, k, split_every, p, futs):
     client = next(iter(futs.values())).client
-    qa = as_f32(q, "top_k", "q", allow_device=False)
+    qa = as_float(q, "top_k", "q", allow_device=False)
     keys = T.__dask_keys__()
     offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
     per_worker: dict = {}

@@ -12,9 +12,9 @@ import numpy as np
 
 from ..gguf_blocks import BLOCK_BYTES, QK, QuantizedTensor, check_shape, qtype_name, row_bytes
 from ..ops.attention import check_attention
-from ..ops.base import as_f32, check_ndim, shape_mismatch
+from ..ops.base import as_f32, as_float, check_ndim, shape_mismatch
 from ..ops.linalg import matmul_shapes
-from .ops import _dask, _dtype_ok
+from .ops import _dask, _dtype_ok, result_dtype
 from .workers import executor
 
 
@@ -43,7 +43,10 @@ def _mm_block(ab, bb):
 
 
 def _mm_partial(ab, bb, axis):
-    # one term of the sum over the contraction's chunks, on an axis of its own that the sum removes
+    # one term of the sum over the contraction's chunks, on an axis of its own that the sum removes; in
+    # float32 (half operands widened exactly, as the single-machine op does), rounded once after the sum
+    if ab.dtype != np.float32 or bb.dtype != np.float32:
+        ab, bb = ab.astype(np.float32), bb.astype(np.float32)
     return np.expand_dims(np.asarray(executor().matmul(ab, bb)), axis)
 
 
@@ -51,7 +54,7 @@ def _matmul_operand(x, arg):
     if isinstance(x, da.Array):
         _dtype_ok(x, "matmul", arg)
         return x
-    x = as_f32(x, "matmul", arg, allow_device=False)
+    x = as_float(x, "matmul", arg, allow_device=False)
     return da.from_array(x, chunks=x.shape, name=f"hipsched-matmul-{arg}-{dask.base.tokenize(x)}")
 
 
@@ -82,12 +85,14 @@ def matmul(a, b):
     core = ("i" if len(sa) > 1 else "") + ("j" if len(sb) > 1 else "")
     chunkss, (a, b) = da.core.unify_chunks(a, a_ind, b, b_ind)
     token = dask.base.tokenize(a, b)
+    out = result_dtype(a, b)
     if len(chunkss["k"]) == 1:
-        return da.blockwise(_mm_block, batch + core, a, a_ind, b, b_ind, dtype=np.float32, concatenate=True,
+        return da.blockwise(_mm_block, batch + core, a, a_ind, b, b_ind, dtype=out, concatenate=True,
                             name="hipsched-matmul-" + token)
     parts = da.blockwise(_mm_partial, batch + "k" + core, a, a_ind, b, b_ind, axis=nb, adjust_chunks={"k": 1},
                          dtype=np.float32, name="hipsched-matmul-partial-" + token)
-    return parts.sum(axis=nb, dtype=np.float32)
+    total = parts.sum(axis=nb, dtype=np.float32)
+    return total if out == np.float32 else total.astype(out)
 
 
 # ---------------------------------------------------------------------------------------- attention
@@ -113,7 +118,7 @@ def attention(q, k, v, causal=False, scale=None):
                              f"(chunks {x.chunks[2]}, {x.chunks[3]}); chunk it over batch and heads only: "
                              f"{name} = {name}.rechunk({{2: -1, 3: -1}})")
     # scale stays None when not given: each block then derives 1/sqrt(head_dim) exactly as one machine does
-    return da.blockwise(_attn_block, "bhsd", q, "bhsd", k, "bhtd", v, "bhtd", dtype=np.float32, concatenate=True,
+    return da.blockwise(_attn_block, "bhsd", q, "bhsd", k, "bhtd", v, "bhtd", dtype=result_dtype(q, k, v), concatenate=True,
                         causal=bool(causal), scale=scale,
                         name="hipsched-attention-" + dask.base.tokenize(q, k, v, bool(causal), scale))
 

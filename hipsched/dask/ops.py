@@ -9,7 +9,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..ops.base import as_f32, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
+from ..ops.base import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
 from .placement import PLACEMENT_TOPIC, placement, runs
 from .workers import executor
 
@@ -25,8 +25,17 @@ def _dask(x, op, arg):
 
 
 def _dtype_ok(x, op, arg):
-    """The single-machine op's dtype check (TypeError naming op and argument), on an empty stand-in."""
-    as_f32(np.empty((0,) * max(1, x.ndim), dtype=x.dtype), op, arg, allow_device=False)
+    """The single-machine op's dtype check (TypeError naming op and argument), on an empty stand-in:
+    float32, float16, bfloat16 and the real types that convert to float32."""
+    as_float(np.empty((0,) * max(1, x.ndim), dtype=x.dtype), op, arg, allow_device=False)
+
+
+def result_dtype(*arrays):
+    """The dtype the single-machine ops that keep half precision (add, scale, softmax, matmul, attention)
+    return for these inputs (ops/base.py's as_float and promote): float16 or bfloat16 when every input
+    has that one type, float32 otherwise. A Dask array must declare it: its chunks will have it."""
+    names = {np.dtype(a.dtype).name for a in arrays}
+    return np.dtype(arrays[0].dtype) if len(names) == 1 and names <= set(HALF) else np.dtype(np.float32)
 
 
 def _one_block_query(q, op):
@@ -34,7 +43,7 @@ def _one_block_query(q, op):
     if isinstance(q, da.Array):
         _dtype_ok(q, op, "q")
         return q.rechunk(q.shape) if q.numblocks != (1,) * q.ndim else q
-    q = as_f32(q, op, "q", allow_device=False)
+    q = as_float(q, op, "q", allow_device=False)
     return da.from_array(q, chunks=q.shape, name=f"hipsched-query-{dask.base.tokenize(q)}")
 
 
@@ -339,7 +348,7 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     if p is not None:
         return _top_k_held(q, qd, T, k, split_every, out_shape, dask.base.tokenize(qd, T, k, split_every, p.token),
                            p, futs)
-    q_arg = qd.to_delayed().ravel()[0] if isinstance(q, da.Array) else as_f32(q, "top_k", "q", allow_device=False)
+    q_arg = qd.to_delayed().ravel()[0] if isinstance(q, da.Array) else as_float(q, "top_k", "q", allow_device=False)
     groups = _lazy_groups(T, live)
     token = dask.base.tokenize(qd, T, k, split_every, groups)
     offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
@@ -392,7 +401,7 @@ def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
         deps.append(qd)
     else:
         # A NumPy query travels inside each group task as data (a few KB)
-        q_arg = as_f32(q, "top_k", "q", allow_device=False)
+        q_arg = as_float(q, "top_k", "q", allow_device=False)
     keep = _ClientOnly(list(futs.values()))
     gname = f"hipsched-top_k-group-{token}"
     layer, level = {}, []
@@ -440,7 +449,7 @@ def _as_dask_like(b, chunks, op, arg):
     if isinstance(b, da.Array):
         _dtype_ok(b, op, arg)
         return b.rechunk(chunks) if b.chunks != tuple(chunks) else b
-    b = as_f32(b, op, arg, allow_device=False)
+    b = as_float(b, op, arg, allow_device=False)
     return da.from_array(b, chunks=tuple(chunks))
 
 
@@ -460,7 +469,7 @@ def add(a, b):
         raise shape_mismatch("add", "a", sa, "b", sb, "b must have a's shape or a trailing part of it")
     b = _as_dask_like(b, a.chunks[a.ndim - len(sb):], "add", "b")
     ia = _LETTERS[:a.ndim]
-    return da.blockwise(_add_block, ia, a, ia, b, ia[a.ndim - len(sb):], dtype=np.float32,
+    return da.blockwise(_add_block, ia, a, ia, b, ia[a.ndim - len(sb):], dtype=result_dtype(a, b),
                         name="hipsched-add-" + dask.base.tokenize(a, b))
 
 
@@ -474,7 +483,7 @@ def scale(x, alpha):
     x = _dask(x, "scale", "x")
     _dtype_ok(x, "scale", "x")
     alpha = _real_scalar(alpha, "scale", "alpha")
-    return x.map_blocks(_scale_block, alpha, dtype=np.float32, name="hipsched-scale-" + dask.base.tokenize(x, alpha))
+    return x.map_blocks(_scale_block, alpha, dtype=result_dtype(x), name="hipsched-scale-" + dask.base.tokenize(x, alpha))
 
 
 def _softmax_block(xb, axis):
@@ -496,4 +505,4 @@ def softmax(x, axis=-1):
     if len(x.chunks[axis]) > 1:
         raise ValueError(f"hipsched.dask.softmax: x {x.shape} is chunked along axis {axis} (chunks {x.chunks[axis]}); "
                          f"softmax needs whole slices: x = x.rechunk({{{axis}: -1}})")
-    return x.map_blocks(_softmax_block, axis, dtype=np.float32, name="hipsched-softmax-" + dask.base.tokenize(x, axis))
+    return x.map_blocks(_softmax_block, axis, dtype=result_dtype(x), name="hipsched-softmax-" + dask.base.tokenize(x, axis))
