@@ -160,18 +160,22 @@ def main(argv=None):
                 def plain():
                     return da.argtopk(T @ q, K).compute()
 
+                served = hd.direct.search_stats["direct"]
                 for f in (ours, direct):
                     idx, val = f()
                     assert np.array_equal(idx, ref_idx) and np.array_equal(val, ref_val), f"{f.__name__} differs from one machine"
+                assert hd.direct.search_stats["direct"] == served + 1, "search did not take its direct path"
                 single()
                 # the peer answers its own question (the largest dots, not cosines): check it against NumPy's
                 assert set(plain().tolist()) == set(np.argpartition(-(T_dt @ q), K)[:K].tolist()), "plain Dask differs"
+                graph_before = hd.direct.search_stats["graph"]
                 times = {f: [] for f in (ours, direct, single, plain)}
                 for _ in range(args.repeat):   # interleaved: drift on this shared machine hits all four alike
                     for f, acc in times.items():
                         t = time.perf_counter()
                         f()
                         acc.append(time.perf_counter() - t)
+                assert hd.direct.search_stats["graph"] == graph_before, "a timed search fell back to the graph"
                 med = {f: float(np.median(x)) for f, x in times.items()}
                 ms, mp = med[single], med[plain]
                 shape = f"k={K}, q({D}) x T({n},{D}) {dname}, {chunks} chunks of {rows_per_chunk} rows"
@@ -213,7 +217,7 @@ def main(argv=None):
                     print(over[-1], flush=True)
                 if T is not base_dt:
                     del T
-            del base_dt, T_dt   # the half copy leaves the workers before the next dtype
+            base_dt = T_dt = None   # the half copy leaves the workers before the next dtype
         rt_end = _round_trip(client)
         load_end = _load()
     finally:

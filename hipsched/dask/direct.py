@@ -16,6 +16,7 @@ retired gracefully. See docs/distributed.md, "Queries served directly"."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import dask
@@ -23,11 +24,12 @@ import dask.array as da
 import numpy as np
 
 from ..ops.base import as_float, finite_scalar
-from .ops import SPLIT_EVERY, _corpus, held_chunk, merge_top_k, top_k
+from .ops import SPLIT_EVERY, _corpus, check_split_every, held_chunk, merge_top_k, top_k
 from .placement import forget_placements, placement
 from .workers import executor_of
 
 HANDLER = "hipsched_top_k"   # the worker RPC handler's name
+logger = logging.getLogger("hipsched.dask")
 search_stats = {"direct": 0, "graph": 0, "installs": 0}   # read by the tests and the bench
 
 
@@ -87,21 +89,27 @@ def forget_workers(client=None) -> int:
     return len(gone)
 
 
-def search(q, T, k, *, split_every: int = SPLIT_EVERY):
+def search(q, T, k, *, split_every: int = SPLIT_EVERY, timeout: float | None = None):
     """top_k(q, T, k) computed now, as NumPy (indices int64, scores float32), (k',) or (m, k'): equal to
     dask.compute(*hipsched.dask.top_k(q, T, k)), bit for bit. For a persisted corpus every worker that
     holds chunks gets one request (its handler installed on first use) and scans the chunks it holds in
     place, on its own threads; the client merges the candidate lists. For a lazy corpus, a Dask query,
-    or whenever that cannot give the answer (a worker gone, a chunk not where the cached placement says),
-    the query runs as top_k's task graph instead (Dask reruns and recomputes there), and the stale
-    placement is dropped."""
+    or whenever that cannot give the answer (a worker gone, a chunk not where the cached placement says,
+    no reply within `timeout` seconds when one is given), the query runs as top_k's task graph instead
+    (Dask reruns and recomputes there), the stale placement is dropped, and the reason is logged on the
+    "hipsched.dask" logger. Needs a synchronous client (an asynchronous one: await client.compute(
+    hipsched.dask.top_k(...)))."""
     qd, T = _corpus(q, T, "top_k")
     k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
+    check_split_every(split_every)
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"hipsched.dask.search: timeout must be a positive number of seconds or None, got {timeout!r}")
+    _refuse_asynchronous(T)
     live = [i for i, r in enumerate(T.chunks[0]) if r]
     p, futs = placement(T, live) if live else (None, None)
     # a Dask query stays a graph input (computing it first would be a round trip of its own)
     if p is not None and not isinstance(q, da.Array) and (qd.ndim == 1 or qd.shape[0] > 0):
-        out = _direct(q, T, k, split_every, p, futs)
+        out = _direct(q, T, k, split_every, p, futs, timeout)
         if out is not None:
             search_stats["direct"] += 1
             return out
@@ -113,7 +121,16 @@ def search(q, T, k, *, split_every: int = SPLIT_EVERY):
     return tuple(dask.compute(*arrays))
 
 
-async def _ask_all(client, requests):
+def _refuse_asynchronous(T):
+    from distributed import futures_of
+    futs = futures_of(T)
+    client = futs[0].client if futs else None
+    if client is not None and getattr(client, "asynchronous", False):
+        raise TypeError("hipsched.dask.search computes now and needs a synchronous client; with an asynchronous "
+                        "one, await client.compute(list(hipsched.dask.top_k(q, T, k)))")
+
+
+async def _ask_all(client, requests, timeout):
     """{worker: reply} for {worker: message}, all at once: straight to each worker when the client
     talks to workers directly, else relayed by the scheduler."""
     from distributed.protocol import to_serialize
@@ -123,11 +140,11 @@ async def _ask_all(client, requests):
         if client.direct_to_workers:
             return await getattr(client.rpc(address), HANDLER)(**msg)
         return await client.scheduler.proxy(msg={"op": HANDLER, **msg}, worker=address)
-    replies = await asyncio.gather(*(ask(a, m) for a, m in requests.items()))
+    replies = await asyncio.wait_for(asyncio.gather(*(ask(a, m) for a, m in requests.items())), timeout)
     return dict(zip(requests, replies))
 
 
-def _direct(q, T, k, split_every, p, futs):
+def _direct(q, T, k, split_every, p, futs, timeout=None):
     client = next(iter(futs.values())).client
     qa = as_float(q, "top_k", "q", allow_device=False)
     keys = T.__dask_keys__()
@@ -144,14 +161,26 @@ def _direct(q, T, k, split_every, p, futs):
                 _installed.update((client.id, w) for w in new)
                 search_stats["installs"] += len(new)
         requests = {w: {"q": qa, "k": k, "groups": groups, "split_every": split_every} for w, groups in per_worker.items()}
-        replies = client.sync(_ask_all, client, requests)
+        replies = client.sync(_ask_all, client, requests, timeout)
         parts = [part for w in per_worker for part in _parts(replies[w])]
     except _Stale:      # a chunk was not where the placement said
+        logger.info("hipsched.dask.search: a chunk was not where the cached placement says; this query runs as "
+                    "the task graph and the placement is read again")
         forget_placements(T)
         return None
-    except Exception:   # a worker gone (or restarted without the handler): the graph path reruns what it must
+    except (OSError, _NoHandler, asyncio.TimeoutError) as e:
+        # a worker gone, restarted without the handler, or not answering: the graph path reruns what it must
+        # the message only, not the exception: its traceback would keep this call's frames (and the corpus's
+        # futures) alive wherever the record is kept
+        logger.warning("hipsched.dask.search: a worker did not answer (%s); this query runs as the task graph", repr(e))
         forget_placements(T)
         forget_workers(client)
+        return None
+    except Exception as e:   # anything else is a defect: said loudly, and the graph still answers
+        import traceback
+        logger.warning("hipsched.dask.search: the direct path failed; this query runs as the task graph\n%s",
+                       "".join(traceback.format_exception(e)))
+        forget_placements(T)
         return None
     return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
 
@@ -160,9 +189,13 @@ class _Stale(Exception):
     """A worker's reply: a planned chunk is not in its memory."""
 
 
+class _NoHandler(Exception):
+    """A worker's reply that is not the handler's (no handler of that name there: a restarted worker)."""
+
+
 def _parts(reply):
-    if not isinstance(reply, dict) or reply.get("status") != "OK":
-        raise RuntimeError(f"{HANDLER}: {reply!r}")
+    if not isinstance(reply, dict) or reply.get("status") != "OK" or "parts" not in reply:
+        raise _NoHandler(f"{HANDLER}: {reply!r}"[:200])
     parts = reply["parts"]
     if parts is None:
         raise _Stale()

@@ -35,7 +35,9 @@ def result_dtype(*arrays):
     return for these inputs (ops/base.py's as_float and promote): float16 or bfloat16 when every input
     has that one type, float32 otherwise. A Dask array must declare it: its chunks will have it."""
     names = {np.dtype(a.dtype).name for a in arrays}
-    return np.dtype(arrays[0].dtype) if len(names) == 1 and names <= set(HALF) else np.dtype(np.float32)
+    if len(names) == 1 and names <= set(HALF):
+        return np.dtype(arrays[0].dtype).newbyteorder("=")   # the kernels read native halves
+    return np.dtype(np.float32)
 
 
 def _one_block_query(q, op):
@@ -81,6 +83,11 @@ def cosine_similarity(q, T):
                             name="hipsched-cosine_similarity-" + dask.base.tokenize(qd, T))
     return da.blockwise(_cos_block, "mn", qd, "md", T, "nd", dtype=np.float32, concatenate=True,
                         name="hipsched-cosine_similarity-" + dask.base.tokenize(qd, T))
+
+
+def check_split_every(split_every):
+    if isinstance(split_every, bool) or not isinstance(split_every, numbers.Integral) or split_every < 2:
+        raise ValueError(f"hipsched.dask.top_k: split_every must be an integer >= 2, got {split_every!r}")
 
 
 def merge_top_k(parts, k):
@@ -148,17 +155,26 @@ def held_chunk(worker, key):
     NumPy array, say) starts wherever it fell in that message, and every op would copy it again on every
     query (under the nanny's MALLOC_TRIM_THRESHOLD_ each copy also faults in fresh pages: 42 -> 310 us
     per top_k of a 1000 x 64 chunk). The aligned copy replaces it under the same key (same bytes, same
-    size), once; a concurrent task still holding the old array is unaffected."""
+    size), once. The swap runs on the worker's event loop, where the worker's state machine changes
+    worker.data, and only while the key is still in memory there and still holds this array: from this
+    thread it could put back a key the worker had just released."""
     block = worker.data[key]
     if isinstance(block, np.ndarray) and not block.flags.aligned:
         fixed = contiguous_aligned(block)
-        try:
-            if worker.data[key] is block:
-                worker.data[key] = fixed
-        except Exception:   # moved or released meanwhile: scan the copy, keep nothing
-            pass
+        worker.loop.add_callback(_swap_in, worker, key, block, fixed)
         block = fixed
     return block
+
+
+def _swap_in(worker, key, old, new):
+    ts = worker.state.tasks.get(key)
+    if ts is None or ts.state != "memory":
+        return
+    try:
+        if worker.data[key] is old:
+            worker.data[key] = new
+    except KeyError:
+        pass
 
 
 def _report(worker, group, why):
@@ -330,8 +346,7 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     docs/distributed.md)."""
     qd, T = _corpus(q, T, "top_k")
     k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
-    if not isinstance(split_every, numbers.Integral) or split_every < 2:
-        raise ValueError(f"hipsched.dask.top_k: split_every must be an integer >= 2, got {split_every!r}")
+    check_split_every(split_every)
     n = int(T.shape[0])
     kk = min(k, n)
     out_shape = (kk,) if qd.ndim == 1 else (int(qd.shape[0]), kk)

@@ -39,11 +39,14 @@ def test_top_k_search_and_cosine_over_a_half_corpus(dask_client, job, dt):
     T[2900] = T[7]
     Td = da.from_array(T, chunks=(250, 24)).persist()
     distributed.wait(Td)
+    from hipsched.dask import direct
     for q in (rng.standard_normal(24).astype(np.float32), rng.standard_normal((12, 24)).astype(np.float32), T[7].copy()):
         ref = hs.top_k(q, T, 10)
+        served = direct.search_stats["direct"]
         for got in (dask.compute(*hd.top_k(q, Td, 10)), hd.search(q, Td, 10)):
             _same(got[0], ref[0])
             _same(got[1], ref[1])
+        assert direct.search_stats["direct"] == served + 1   # search answered directly, not through the graph
         _same(_computed(hd.cosine_similarity(q, Td)), hs.cosine_similarity(q, T))
 
 
