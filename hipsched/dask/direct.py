@@ -24,7 +24,7 @@ import dask.array as da
 import numpy as np
 
 from ..ops.base import as_float, finite_scalar
-from .ops import SPLIT_EVERY, _corpus, check_split_every, held_chunk, merge_top_k, top_k
+from .ops import SPLIT_EVERY, _corpus, check_split_every, held_chunk, held_plans, merged, scan_top_k, top_k
 from .placement import forget_placements, placement
 from .workers import executor_of
 
@@ -39,18 +39,14 @@ class _Missing(Exception):
 
 def _scan(worker, q, k, keys, offsets, split_every):
     """One group's candidates from the chunks in `worker`'s memory (read in place, no copy)."""
-    ex = executor_of(worker)
-    parts = []
-    for key, off in zip(keys, offsets):
-        try:
-            block = held_chunk(worker, key)
-        except KeyError:
-            raise _Missing(key) from None
-        idx, val = ex.top_k(q, block, k)
-        parts.append((idx + np.int64(off), val))
-        if len(parts) >= split_every:
-            parts = [merge_top_k(parts, k)]
-    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+    def here():
+        for key, off in zip(keys, offsets):
+            try:
+                block = held_chunk(worker, key)
+            except KeyError:
+                raise _Missing(key) from None
+            yield off, block
+    return merged(scan_top_k(executor_of(worker), q, k, here(), split_every), k)
 
 
 async def _serve_top_k(worker, q=None, k=None, groups=(), split_every=SPLIT_EVERY):
@@ -104,9 +100,10 @@ def search(q, T, k, *, split_every: int = SPLIT_EVERY, timeout: float | None = N
     check_split_every(split_every)
     if timeout is not None and not timeout > 0:
         raise ValueError(f"hipsched.dask.search: timeout must be a positive number of seconds or None, got {timeout!r}")
-    _refuse_asynchronous(T)
     live = [i for i, r in enumerate(T.chunks[0]) if r]
     p, futs = placement(T, live) if live else (None, None)
+    if p is None:   # a corpus held by an asynchronous client has no cached placement either
+        _refuse_asynchronous(T)
     # a Dask query stays a graph input (computing it first would be a round trip of its own)
     if p is not None and not isinstance(q, da.Array) and (qd.ndim == 1 or qd.shape[0] > 0):
         out = _direct(q, T, k, split_every, p, futs, timeout)
@@ -147,11 +144,9 @@ async def _ask_all(client, requests, timeout):
 def _direct(q, T, k, split_every, p, futs, timeout=None):
     client = next(iter(futs.values())).client
     qa = as_float(q, "top_k", "q", allow_device=False)
-    keys = T.__dask_keys__()
-    offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
     per_worker: dict = {}
-    for worker, run in p.groups:
-        per_worker.setdefault(worker, []).append(([keys[i][0] for i in run], [offsets[i] for i in run]))
+    for group, _ in held_plans(T, p):
+        per_worker.setdefault(group.worker, []).append((group.keys, group.offsets))
     try:
         with _lock:
             new = [w for w in per_worker if (client.id, w) not in _installed]
@@ -182,7 +177,7 @@ def _direct(q, T, k, split_every, p, futs, timeout=None):
                        "".join(traceback.format_exception(e)))
         forget_placements(T)
         return None
-    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+    return merged(parts, k)
 
 
 class _Stale(Exception):

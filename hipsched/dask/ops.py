@@ -104,12 +104,29 @@ def merge_top_k(parts, k):
     return np.take_along_axis(idx, by_score, axis=-1), np.take_along_axis(val, by_score, axis=-1)
 
 
+def merged(parts, k):
+    """The one candidate list of `parts` (one or more lists)."""
+    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+
+
+def scan_top_k(ex, q, k, blocks, split_every):
+    """Candidate lists of (offset, chunk) `blocks`: each chunk through executor `ex`, its indices offset
+    to the whole corpus; merged as they come, so fewer than `split_every` lists are held at a time."""
+    parts = []
+    for off, block in blocks:
+        idx, val = ex.top_k(q, block, k)
+        parts.append((idx + np.int64(off), val))
+        if len(parts) >= split_every:
+            parts = [merge_top_k(parts, k)]
+    return parts
+
+
 def _merge(k, *parts):
     return merge_top_k(parts, k)
 
 
 def _merge_part(k, part, *parts):
-    return (parts[0] if len(parts) == 1 else merge_top_k(parts, k))[part]
+    return merged(parts, k)[part]
 
 
 # ---------------------------------------------------------------------------------------- grouping
@@ -211,25 +228,24 @@ def _topk_held(q, k, group, split_every, first, _keep=None):
                            "compute it with the distributed client that holds the corpus") from None
     if worker.address != group.worker:
         _report(worker, group, "elsewhere")
-    ex = executor()
-    parts, missing = [], []
-    for j, (off, key) in enumerate(zip(group.offsets, group.keys)):
-        if j == group.anchor and (not isinstance(first, np.ndarray) or first.flags.aligned):
-            block = first
-        else:
+    missing = []
+
+    def here():
+        for j, (off, key) in enumerate(zip(group.offsets, group.keys)):
+            if j == group.anchor and (not isinstance(first, np.ndarray) or first.flags.aligned):
+                yield off, first
+                continue
             try:
                 block = held_chunk(worker, key)
             except KeyError:
                 missing.append(j)
                 continue
-        idx, val = ex.top_k(q, block, k)
-        parts.append((idx + np.int64(off), val))
-        if len(parts) >= split_every:
-            parts = [merge_top_k(parts, k)]
+            yield off, block
+    parts = scan_top_k(executor(), q, k, here(), split_every)
     if missing:
         _report(worker, group, "missing")
         parts.extend(_rescue(q, k, group, missing, split_every))
-    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+    return merged(parts, k)
 
 
 def _rescue(q, k, group, missing, split_every):
@@ -252,14 +268,7 @@ def _rescue(q, k, group, missing, split_every):
 def _topk_group(q, k, group, split_every, *args):
     """One task's share of a top_k: each of its chunks through this worker's executor (the chunk read in
     place, no copy), indices offset to the whole corpus, merged into one candidate list."""
-    ex = executor()
-    parts = []
-    for off, block in group.chunks(args):
-        idx, val = ex.top_k(q, block, k)
-        parts.append((idx + np.int64(off), val))
-        if len(parts) >= split_every:
-            parts = [merge_top_k(parts, k)]
-    return parts[0] if len(parts) == 1 else merge_top_k(parts, k)
+    return merged(scan_top_k(executor(), q, k, group.chunks(args), split_every), k)
 
 
 GROUPS_PER_THREAD = 2   # a lazy corpus: consecutive runs of chunks, this many per worker thread
@@ -366,7 +375,7 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     q_arg = qd.to_delayed().ravel()[0] if isinstance(q, da.Array) else as_float(q, "top_k", "q", allow_device=False)
     groups = _lazy_groups(T, live)
     token = dask.base.tokenize(qd, T, k, split_every, groups)
-    offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
+    offsets = _offsets(T)
     handles = T.to_delayed(optimize_graph=False).ravel()
     inline = _lazy_sources(T, [i for _, run in groups for i in run])
     keys = T.__dask_keys__()
@@ -398,6 +407,24 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     return idx, val
 
 
+def held_plans(T, p):
+    """(ChunkGroup, its anchor chunk's TaskRef) per group of placement `p` of persisted corpus T: the
+    chunk keys and offsets each group reads, built once per placement (top_k's graph and search's
+    requests both read them)."""
+    if p.plans is None:
+        from dask._task_spec import TaskRef
+        keys = T.__dask_keys__()
+        offsets = _offsets(T)
+        p.plans = [(ChunkGroup([offsets[i] for i in run], (), None, worker, T.name, [keys[i][0] for i in run], a),
+                    TaskRef(keys[run[a]][0])) for (worker, run), a in zip(p.groups, p.anchors)]
+    return p.plans
+
+
+def _offsets(T):
+    """Each row chunk's first row in the whole corpus."""
+    return np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
+
+
 def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
     """top_k over a persisted corpus from its cached placement: the graph written directly (one task per
     group over the chunk keys its worker holds, the merge tree, one root per output whose key is the
@@ -405,11 +432,6 @@ def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
     on the client whatever the chunking."""
     from dask._task_spec import Task, TaskRef
     from dask.highlevelgraph import HighLevelGraph
-    if p.plans is None:   # built once per placement: the group objects and the chunk keys they read
-        keys = T.__dask_keys__()
-        offsets = np.concatenate([[0], np.cumsum(T.chunks[0])])[:-1].tolist()
-        p.plans = [(ChunkGroup([offsets[i] for i in run], (), None, worker, T.name, [keys[i][0] for i in run], a),
-                    TaskRef(keys[run[a]][0])) for (worker, run), a in zip(p.groups, p.anchors)]
     deps = []
     if isinstance(q, da.Array):
         q_arg = TaskRef(qd.__dask_keys__()[0] if qd.ndim == 1 else qd.__dask_keys__()[0][0])
@@ -420,7 +442,7 @@ def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
     keep = _ClientOnly(list(futs.values()))
     gname = f"hipsched-top_k-group-{token}"
     layer, level = {}, []
-    for g, (group, first) in enumerate(p.plans):
+    for g, (group, first) in enumerate(held_plans(T, p)):
         key = (gname, g)
         layer[key] = Task(key, _topk_held, q_arg, k, group, split_every, first, keep)
         level.append(key)

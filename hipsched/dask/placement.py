@@ -58,36 +58,37 @@ def forget_placements(corpus=None) -> int:
     calls this itself when a group task reports that it ran on a worker other than the planned one (the
     worker left, or the chunks moved), and re-reads a placement older than PLACEMENT_TTL_S."""
     name = getattr(corpus, "name", corpus)
+    return _drop(lambda key: name is None or key[1] == name)
+
+
+def _drop(matches) -> int:
+    """Drops the cached placements whose key (client id, corpus name, row chunks) `matches`."""
     with _placement_lock:
-        gone = [key for key in _placements if name is None or key[1] == name]
+        gone = [key for key in _placements if matches(key)]
         for key in gone:
             del _placements[key]
         placement_stats["invalidations"] += len(gone)
     return len(gone)
+
+
+def _event_message(event):
+    """The message of a subscribed event: (timestamp, message) from distributed, or the message."""
+    return event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
 
 
 def _on_placement_event(event):
     """PLACEMENT_TOPIC handler (the client's event loop): a group task ran away from its worker."""
-    msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
+    msg = _event_message(event)
     forget_placements(msg.get("corpus") if isinstance(msg, dict) else None)
-
-
-def _forget_client_placements(client_id) -> int:
-    with _placement_lock:
-        gone = [key for key in _placements if key[0] == client_id]
-        for key in gone:
-            del _placements[key]
-        placement_stats["invalidations"] += len(gone)
-    return len(gone)
 
 
 def _on_worker_event(client_id, event):
     """A worker's own topic (its address; the client's event loop): a worker that left takes its chunks
     with it, so every placement this client cached may name it; they are read again on their next query
     (a request to a departed worker's address would wait for the connect timeout before failing)."""
-    msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
+    msg = _event_message(event)
     if isinstance(msg, dict) and msg.get("action") == "remove-worker":
-        _forget_client_placements(client_id)
+        _drop(lambda key: key[0] == client_id)
 
 
 def _follow_placement_events(client):
