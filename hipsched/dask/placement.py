@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 
 import dask
@@ -38,12 +39,27 @@ class _Placement:
     top_k reuses between queries instead of asking the scheduler again. Holds keys and addresses only,
     never a Future, so it keeps nothing alive on the cluster."""
 
-    __slots__ = ("groups", "anchors", "made", "plans", "token")
+    __slots__ = ("groups", "anchors", "made", "plans", "token", "holder")
 
-    def __init__(self, groups, anchors, made):
+    def __init__(self, groups, anchors, made, holder):
         self.groups, self.anchors, self.made = groups, anchors, made
         self.token = dask.base.tokenize(groups, anchors)   # in the graph's keys: other groups, other keys
         self.plans = None   # (ChunkGroup, its anchor chunk's TaskRef) per group, built on first use
+        # the Future of the first live chunk when who_has was read, weakly: while it lives the client has
+        # held the key throughout; once it is gone the corpus may have been released and persisted again
+        # under the same keys (da.from_array names chunks by content), its chunks placed anew
+        self.holder = weakref.ref(holder)
+
+    def held_since(self, fut) -> bool:
+        """Whether the chunks can be where they were read: `fut` (the first live chunk's Future now) is
+        the one they were read with, or that one still lives (another handle on the same keys)."""
+        held = self.holder()
+        if held is fut:
+            return True
+        if held is None:
+            return False
+        self.holder = weakref.ref(fut)   # either handle keeps the keys held; follow the newer one
+        return True
 
 
 _placements: OrderedDict = OrderedDict()   # (client id, corpus name, row chunks) -> _Placement
@@ -168,14 +184,15 @@ def placement(T, live):
     with _placement_lock:
         placement_stats["lookups"] += 1
         p = _placements.get(key)
-        if p is not None and now - p.made < PLACEMENT_TTL_S:
+        first = futs[T.__dask_keys__()[live[0]][0]]
+        if p is not None and now - p.made < PLACEMENT_TTL_S and p.held_since(first):
             _placements.move_to_end(key)
             return p, futs
     placed = _read_placement(client, futs, T, live)
     if placed is None:
         return None, None
     _follow_workers(client, {w for w, _ in placed[0]})
-    p = _Placement(*placed, now)
+    p = _Placement(*placed, now, first)
     with _placement_lock:
         placement_stats["refreshes"] += 1
         _placements[key] = p

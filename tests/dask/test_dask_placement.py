@@ -105,6 +105,39 @@ def test_moved_chunks_invalidate_the_placement_and_results_stay_exact(dask_clien
     assert all(v == {b} for v in _holders(dask_client, Td).values())
 
 
+def test_a_corpus_released_and_persisted_again_is_read_again(dask_client, job, corpus, monkeypatch):
+    """da.from_array names chunks by content: the same array persisted again after its release has the
+    same keys, but its chunks are placed anew. The placement read for the first persist must not plan
+    the second (it would send each worker to chunks it does not hold); two live handles on the same keys
+    share one placement."""
+    import gc
+    monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
+    a, b = sorted(dask_client.nthreads())
+    T = corpus[:1600]
+    q = corpus[9].copy()
+    Td = dask_client.persist(da.from_array(T, chunks=(200, D)), workers=[a])
+    distributed.wait(Td)
+    _exact(q, Td, T, 6)
+    assert {w for w, _ in ops.chunk_groups(Td)} == {a}
+    keys = [k[0] for k in Td.__dask_keys__()]
+    del Td
+    gc.collect()
+    _until(lambda: not any(dask_client.who_has(keys).values()), "the released chunks to leave the workers")
+    Td = dask_client.persist(da.from_array(T, chunks=(200, D)), workers=[b])
+    distributed.wait(Td)
+    assert [k[0] for k in Td.__dask_keys__()] == keys
+    refreshes = placement.placement_stats["refreshes"]
+    assert {w for w, _ in ops.chunk_groups(Td)} == {b}
+    assert placement.placement_stats["refreshes"] == refreshes + 1
+    _exact(q, Td, T, 6)
+    # a second handle on the same held keys: no re-read, whichever handle queries
+    Td2 = dask_client.persist(da.from_array(T, chunks=(200, D)))
+    distributed.wait(Td2)
+    for handle in (Td2, Td, Td2):
+        _exact(q, handle, T, 6)
+    assert placement.placement_stats["refreshes"] == refreshes + 1
+
+
 def test_a_worker_leaving_invalidates_the_placement(tmp_path, monkeypatch):
     """Its own cluster: one worker is retired (its chunks move to the other) between queries."""
     monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
