@@ -133,7 +133,7 @@ def main(argv=None):
               f"local copy checked; load average {load_start}", flush=True)
         rt_start = _round_trip(client)
 
-        rows, over, fit = [], [], {}
+        rows, over, fit, timeline = [], [], {}, []
         for dt in dtypes:
             dname = np.dtype(dt).name
             if dt == np.float32:
@@ -215,6 +215,18 @@ def main(argv=None):
                                 f"{fmt_time(workers * wall - kern)} ({(workers * wall - kern) / (workers * wall):.0%}) | "
                                 f"{fmt_time(overhead)} | {_load().split()[0]} |")
                     print(over[-1], flush=True)
+                # where a direct query's time goes, from the handlers' own durations (no clock is compared
+                # across processes): the request and reply in transit, each worker's scan, the imbalance
+                samples = []
+                for _ in range(args.repeat):
+                    direct()
+                    lt = hd.direct.last_timing
+                    handlers = [wt["handler_s"] for wt in lt["workers"].values()]
+                    samples.append((lt["wall_s"], lt["wall_s"] - max(handlers), min(handlers), max(handlers)))
+                wall_m, transit_m, fast_m, slow_m = np.median(np.array(samples), axis=0)
+                timeline.append(f"| {dname} | {rows_per_chunk} | {chunks} | {fmt_time(wall_m)} | {fmt_time(transit_m)} | "
+                                f"{fmt_time(fast_m)} | {fmt_time(slow_m)} | {fmt_time(slow_m - fast_m)} | {_load().split()[0]} |")
+                print(timeline[-1], flush=True)
                 if T is not base_dt:
                     del T
             base_dt = T_dt = None   # the half copy leaves the workers before the next dtype
@@ -234,6 +246,13 @@ def main(argv=None):
              "the workers' telemetry\n\n| path | rows per chunk | chunks | chunk size | tasks per query | wall | graph built "
              "(client) | kernel per chunk | overhead per query (share of worker time) | overhead per chunk | "
              "load (1 min) |\n|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(over) + "\n")
+    text += ("\n### Where a direct query's time goes\n\nhd.search's requests, medians over the repeats: the round trip "
+             "on the client (requests sent to replies in), of it the part outside the slowest worker's handler (the "
+             "request and reply in transit and queued), and the fastest and slowest worker's handler (its scans of "
+             "its chunks); their difference is the scans' imbalance, which a single process's threads share out "
+             "dynamically and workers holding their own chunks cannot\n\n| dtype | rows per chunk | chunks | round trip | "
+             "outside the slowest handler | fastest handler | slowest handler | imbalance | load (1 min) |\n"
+             "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(timeline) + "\n")
     text += (f"\nOne no-op task's round trip from the client (submit, run, result; median of 21): "
              f"{fmt_time(rt_start)} at the start, {fmt_time(rt_end)} at the end\n")
     for what, pts in fit.items():

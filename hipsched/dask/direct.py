@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 import dask
 import dask.array as da
@@ -31,6 +32,11 @@ from .workers import executor_of
 HANDLER = "hipsched_top_k"   # the worker RPC handler's name
 logger = logging.getLogger("hipsched.dask")
 search_stats = {"direct": 0, "graph": 0, "installs": 0}   # read by the tests and the bench
+# Where the last direct query's time went, for whoever profiles one (bench/distributed.py does):
+# {"wall_s": the requests' round trip on the client, "workers": {address: {"handler_s": its handler,
+# "scan_s": [each group's scan]}}}. wall_s - a worker's handler_s is that worker's request and reply
+# in transit (and queued), whatever the clocks; the spread of handler_s is the scans' imbalance.
+last_timing: dict = {}
 
 
 class _Missing(Exception):
@@ -52,16 +58,26 @@ def _scan(worker, q, k, keys, offsets, split_every):
 async def _serve_top_k(worker, q=None, k=None, groups=(), split_every=SPLIT_EVERY):
     """The handler: the worker's groups scanned on its own task threads (its `default` executor, so no
     more threads scan than the worker has; the event loop stays free), one candidate list per group, or
-    None when a planned chunk is not in this worker's memory."""
+    None when a planned chunk is not in this worker's memory; and how long the handler and each group's
+    scan took here (durations only: the worker's clock need not agree with the client's)."""
     from distributed.protocol import to_serialize
+    t0 = time.perf_counter()
     loop = asyncio.get_running_loop()
     pool = worker.executors["default"]
-    calls = [loop.run_in_executor(pool, _scan, worker, q, k, keys, offsets, split_every) for keys, offsets in groups]
+    calls = [loop.run_in_executor(pool, _timed_scan, worker, q, k, keys, offsets, split_every) for keys, offsets in groups]
     try:
-        parts = await asyncio.gather(*calls)
+        done = await asyncio.gather(*calls)
+        parts = [part for part, _ in done]
     except _Missing:
-        parts = None
-    return {"status": "OK", "parts": to_serialize(parts)}
+        parts, done = None, ()
+    timing = {"handler_s": time.perf_counter() - t0, "scan_s": [s for _, s in done]}
+    return {"status": "OK", "parts": to_serialize(parts), "timing": timing}
+
+
+def _timed_scan(*args):
+    t0 = time.perf_counter()
+    part = _scan(*args)
+    return part, time.perf_counter() - t0
 
 
 def _install(dask_worker=None):
@@ -156,8 +172,12 @@ def _direct(q, T, k, split_every, p, futs, timeout=None):
                 _installed.update((client.id, w) for w in new)
                 search_stats["installs"] += len(new)
         requests = {w: {"q": qa, "k": k, "groups": groups, "split_every": split_every} for w, groups in per_worker.items()}
+        t0 = time.perf_counter()
         replies = client.sync(_ask_all, client, requests, timeout)
+        wall = time.perf_counter() - t0
         parts = [part for w in per_worker for part in _parts(replies[w])]
+        last_timing.clear()
+        last_timing.update(wall_s=wall, workers={w: replies[w].get("timing") for w in per_worker})
     except _Stale:      # a chunk was not where the placement said
         logger.info("hipsched.dask.search: a chunk was not where the cached placement says; this query runs as "
                     "the task graph and the placement is read again")

@@ -51,6 +51,12 @@ def test_direct_queries_equal_the_single_machine_op(dask_client, job, corpus, mo
     installs = direct.search_stats["installs"]
     for qq, k in cases:
         assert _paths(lambda: _same(hd.search(qq, Td, k), hs.top_k(qq, corpus, k))) == (1, 0), (qq.shape, k)
+    # the last direct query's timing: each worker's handler ran within the client's round trip, and its
+    # groups' scans within the handler
+    t = direct.last_timing
+    assert set(t["workers"]) == {w for w, _ in hd.ops.chunk_groups(Td)}
+    for w, wt in t["workers"].items():
+        assert 0 < max(wt["scan_s"]) <= wt["handler_s"] <= t["wall_s"], (w, t)
     # the handler is installed once per worker, on the first query
     assert direct.search_stats["installs"] == installs
     assert {key[1] for key in direct._installed if key[0] == dask_client.id} >= {w for w, _ in hd.ops.chunk_groups(Td)}
