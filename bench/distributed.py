@@ -27,6 +27,15 @@ placement is cached, so no who_has round trip) and the tasks per query (keys of 
 that run), and the run prints the cluster's round trip for one no-op task (client.submit(...).result(),
 median of 21, at the start and at the end): the floor of any Dask call on this machine at that load.
 
+Where a direct query's time goes: hd.search's replies carry each worker's handler and scan durations
+(hipsched.dask.direct.last_timing); the table gives, per chunk size, the client's round trip, the part
+of it outside the slowest worker's handler (request and reply in transit and queued), the fastest and
+slowest handler, and their difference: the imbalance between the workers' scans, which one process's
+threads would share out between them and workers that hold their own chunks cannot.
+
+Each timed call starts after a short idle pause (HIPSCHED_BENCH_SETTLE_S, 0.15 s), the same for every
+path and peer.
+
 Usage: python bench/distributed.py [--n 1000000] [--chunks 4000,15625,62500,250000] [--repeat 5]
                                   [--direct-to-workers]
 Tables printed and written to bench/results/distributed.md, with the machine's load average."""
@@ -172,6 +181,9 @@ def main(argv=None):
                 times = {f: [] for f in (ours, direct, single, plain)}
                 for _ in range(args.repeat):   # interleaved: drift on this shared machine hits all four alike
                     for f, acc in times.items():
+                        # each from an idle cluster: the previous call's clean-up (released keys, its
+                        # results' frees, telemetry) must not run on the workers inside the next one's time
+                        time.sleep(harness.CPU_SETTLE_S)
                         t = time.perf_counter()
                         f()
                         acc.append(time.perf_counter() - t)
@@ -219,6 +231,7 @@ def main(argv=None):
                 # across processes): the request and reply in transit, each worker's scan, the imbalance
                 samples = []
                 for _ in range(args.repeat):
+                    time.sleep(harness.CPU_SETTLE_S)
                     direct()
                     lt = hd.direct.last_timing
                     handlers = [wt["handler_s"] for wt in lt["workers"].values()]
