@@ -232,13 +232,16 @@ def main(argv=None):
                 samples = []
                 for _ in range(args.repeat):
                     time.sleep(harness.CPU_SETTLE_S)
+                    served = hd.direct.search_stats["direct"]
                     direct()
+                    assert hd.direct.search_stats["direct"] == served + 1, "a timeline search fell back to the graph"
                     lt = hd.direct.last_timing
                     handlers = [wt["handler_s"] for wt in lt["workers"].values()]
-                    samples.append((lt["wall_s"], lt["wall_s"] - max(handlers), min(handlers), max(handlers)))
-                wall_m, transit_m, fast_m, slow_m = np.median(np.array(samples), axis=0)
+                    samples.append((lt["wall_s"], lt["wall_s"] - max(handlers), min(handlers), max(handlers),
+                                    max(handlers) - min(handlers)))
+                wall_m, transit_m, fast_m, slow_m, spread_m = np.median(np.array(samples), axis=0)
                 timeline.append(f"| {dname} | {rows_per_chunk} | {chunks} | {fmt_time(wall_m)} | {fmt_time(transit_m)} | "
-                                f"{fmt_time(fast_m)} | {fmt_time(slow_m)} | {fmt_time(slow_m - fast_m)} | {_load().split()[0]} |")
+                                f"{fmt_time(fast_m)} | {fmt_time(slow_m)} | {fmt_time(spread_m)} | {_load().split()[0]} |")
                 print(timeline[-1], flush=True)
                 if T is not base_dt:
                     del T
@@ -262,8 +265,8 @@ def main(argv=None):
     text += ("\n### Where a direct query's time goes\n\nhd.search's requests, medians over the repeats: the round trip "
              "on the client (requests sent to replies in), of it the part outside the slowest worker's handler (the "
              "request and reply in transit and queued), and the fastest and slowest worker's handler (its scans of "
-             "its chunks); their difference is the scans' imbalance, which a single process's threads share out "
-             "dynamically and workers holding their own chunks cannot\n\n| dtype | rows per chunk | chunks | round trip | "
+             "its chunks); imbalance: each query's slowest minus fastest handler, scan time that one process's "
+             "threads would share out and workers holding their own chunks cannot\n\n| dtype | rows per chunk | chunks | round trip | "
              "outside the slowest handler | fastest handler | slowest handler | imbalance | load (1 min) |\n"
              "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(timeline) + "\n")
     text += (f"\nOne no-op task's round trip from the client (submit, run, result; median of 21): "

@@ -36,6 +36,8 @@ search_stats = {"direct": 0, "graph": 0, "installs": 0}   # read by the tests an
 # {"wall_s": the requests' round trip on the client, "workers": {address: {"handler_s": its handler,
 # "scan_s": [each group's scan]}}}. wall_s - a worker's handler_s is that worker's request and reply
 # in transit (and queued), whatever the clocks; the spread of handler_s is the scans' imbalance.
+# Empty after a query that fell back to the graph. Read it as hipsched.dask.direct.last_timing (it is
+# replaced, not updated, per query).
 last_timing: dict = {}
 
 
@@ -158,6 +160,8 @@ async def _ask_all(client, requests, timeout):
 
 
 def _direct(q, T, k, split_every, p, futs, timeout=None):
+    global last_timing
+    last_timing = {}   # a query that falls back leaves none
     client = next(iter(futs.values())).client
     qa = as_float(q, "top_k", "q", allow_device=False)
     per_worker: dict = {}
@@ -176,8 +180,8 @@ def _direct(q, T, k, split_every, p, futs, timeout=None):
         replies = client.sync(_ask_all, client, requests, timeout)
         wall = time.perf_counter() - t0
         parts = [part for w in per_worker for part in _parts(replies[w])]
-        last_timing.clear()
-        last_timing.update(wall_s=wall, workers={w: replies[w].get("timing") for w in per_worker})
+        # one assignment: a concurrent reader sees one query's timings, whole
+        last_timing = {"wall_s": wall, "workers": {w: replies[w].get("timing") for w in per_worker}}
     except _Stale:      # a chunk was not where the placement said
         logger.info("hipsched.dask.search: a chunk was not where the cached placement says; this query runs as "
                     "the task graph and the placement is read again")

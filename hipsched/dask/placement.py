@@ -39,26 +39,28 @@ class _Placement:
     top_k reuses between queries instead of asking the scheduler again. Holds keys and addresses only,
     never a Future, so it keeps nothing alive on the cluster."""
 
-    __slots__ = ("groups", "anchors", "made", "plans", "token", "holder")
+    __slots__ = ("groups", "anchors", "made", "plans", "token", "holders")
 
     def __init__(self, groups, anchors, made, holder):
         self.groups, self.anchors, self.made = groups, anchors, made
         self.token = dask.base.tokenize(groups, anchors)   # in the graph's keys: other groups, other keys
         self.plans = None   # (ChunkGroup, its anchor chunk's TaskRef) per group, built on first use
-        # the Future of the first live chunk when who_has was read, weakly: while it lives the client has
-        # held the key throughout; once it is gone the corpus may have been released and persisted again
-        # under the same keys (da.from_array names chunks by content), its chunks placed anew
-        self.holder = weakref.ref(holder)
+        # the Futures of the first live chunk seen since who_has was read, weakly: while one of them
+        # lives, the client has held the key throughout; once all are gone the corpus may have been
+        # released and persisted again under the same keys (da.from_array names chunks by content), its
+        # chunks placed anew. (A Future compares by identity.) Not covered: keys released by hand
+        # (Future.release, client.cancel) or client.restart while an old handle lives; a stale plan then
+        # costs one query's fallback, never the answer.
+        self.holders = weakref.WeakSet((holder,))
 
     def held_since(self, fut) -> bool:
-        """Whether the chunks can be where they were read: `fut` (the first live chunk's Future now) is
-        the one they were read with, or that one still lives (another handle on the same keys)."""
-        held = self.holder()
-        if held is fut:
+        """Whether the chunks can be where they were read: `fut` (the first live chunk's Future now) or
+        another handle on the same key seen since then has lived throughout. Under _placement_lock."""
+        if fut in self.holders:
             return True
-        if held is None:
+        if not self.holders:
             return False
-        self.holder = weakref.ref(fut)   # either handle keeps the keys held; follow the newer one
+        self.holders.add(fut)
         return True
 
 
