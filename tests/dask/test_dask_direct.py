@@ -104,6 +104,33 @@ def test_lazy_corpus_and_dask_query_take_the_task_graph(dask_client, job, corpus
     _same(hd.search(qm[:0], Td, 6), hs.top_k(qm[:0], corpus, 6))
 
 
+def test_spilled_chunks_are_read_back_from_disk(dask_client, job, corpus):
+    """A chunk its worker spilled to disk is not in the spill buffer's memory part, which the scans read
+    first: it must be read back through the buffer (unspilled), by search's handler and by top_k's group
+    tasks alike, with the same answer."""
+    Td = da.from_array(corpus, chunks=(150, D)).persist()   # 20 chunks
+    distributed.wait(Td)
+    keys = [k[0] for k in Td.__dask_keys__()]
+
+    def spill(keys, dask_worker=None):
+        from distributed.spill import SpillBuffer
+        data = dask_worker.data
+        if not isinstance(data, SpillBuffer):
+            return None
+        while any(k in data.fast for k in keys):
+            if data.evict() < 0:
+                return None
+        return sum(1 for k in keys if k in data.slow)
+    spilled = dask_client.run(spill, keys)
+    if None in spilled.values():
+        pytest.skip("the workers' memory is not a SpillBuffer that can spill here")
+    assert sum(spilled.values()) == len(keys)
+    q = corpus[13].copy()
+    ref = hs.top_k(q, corpus, 9)
+    assert _paths(lambda: _same(hd.search(q, Td, 9), ref)) == (1, 0)
+    _same(tuple(dask_client.compute(list(hd.top_k(q, Td, 9)), sync=True)), ref)
+
+
 def test_moved_chunks_fall_back_to_the_graph_and_stay_exact(dask_client, job, corpus, monkeypatch):
     monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
     a, b = sorted(dask_client.nthreads())
