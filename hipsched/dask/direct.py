@@ -31,7 +31,8 @@ from .workers import executor_of
 
 HANDLER = "hipsched_top_k"   # the worker RPC handler's name
 logger = logging.getLogger("hipsched.dask")
-search_stats = {"direct": 0, "graph": 0, "installs": 0}   # read by the tests and the bench
+search_stats = {"direct": 0, "graph": 0, "installs": 0, "rereads": 0}   # read by the tests and the bench
+_MOVED = object()   # _direct's answer when a planned chunk was not on its worker
 # Where the last direct query's time went, for whoever profiles one (bench/distributed.py does):
 # {"wall_s": the requests' round trip on the client, "workers": {address: {"handler_s": its handler,
 # "scan_s": [each group's scan]}}}. wall_s - a worker's handler_s is that worker's request and reply
@@ -108,10 +109,11 @@ def search(q, T, k, *, split_every: int = SPLIT_EVERY, timeout: float | None = N
     dask.compute(*hipsched.dask.top_k(q, T, k)), bit for bit. For a persisted corpus every worker that
     holds chunks gets one request (its handler installed on first use) and scans the chunks it holds in
     place, on its own threads; the client merges the candidate lists. For a lazy corpus, a Dask query,
-    or whenever that cannot give the answer (a worker gone, a chunk not where the cached placement says,
-    no reply within `timeout` seconds when one is given), the query runs as top_k's task graph instead
-    (Dask reruns and recomputes there), the stale placement is dropped, and the reason is logged on the
-    "hipsched.dask" logger. Needs a synchronous client (an asynchronous one: await client.compute(
+    or whenever that cannot give the answer (a worker gone, no reply within `timeout` seconds when one
+    is given, a chunk still not where a placement read again says), the query runs as top_k's task graph
+    instead (Dask reruns and recomputes there), the stale placement is dropped, and the reason is logged
+    on the "hipsched.dask" logger. A chunk not where the cached placement says makes the placement be
+    read again (who_has) and the direct query asked once more first. Needs a synchronous client (an asynchronous one: await client.compute(
     hipsched.dask.top_k(...)))."""
     qd, T = _corpus(q, T, "top_k")
     k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
@@ -125,7 +127,13 @@ def search(q, T, k, *, split_every: int = SPLIT_EVERY, timeout: float | None = N
     # a Dask query stays a graph input (computing it first would be a round trip of its own)
     if p is not None and not isinstance(q, da.Array) and (qd.ndim == 1 or qd.shape[0] > 0):
         out = _direct(q, T, k, split_every, p, futs, timeout)
-        if out is not None:
+        if out is _MOVED:
+            # a chunk moved since the placement was read (a rebalance, a retirement, or Dask's active
+            # memory manager dropping the replica the plan chose): one who_has, and the query again
+            search_stats["rereads"] += 1
+            p, futs = placement(T, live)
+            out = _direct(q, T, k, split_every, p, futs, timeout) if p is not None else None
+        if out is not None and out is not _MOVED:
             search_stats["direct"] += 1
             return out
     search_stats["graph"] += 1
@@ -183,10 +191,10 @@ def _direct(q, T, k, split_every, p, futs, timeout=None):
         # one assignment: a concurrent reader sees one query's timings, whole
         last_timing = {"wall_s": wall, "workers": {w: replies[w].get("timing") for w in per_worker}}
     except _Stale:      # a chunk was not where the placement said
-        logger.info("hipsched.dask.search: a chunk was not where the cached placement says; this query runs as "
-                    "the task graph and the placement is read again")
+        logger.info("hipsched.dask.search: a chunk was not where the placement says; the placement is read again "
+                    "(and if that fails too, the query runs as the task graph)")
         forget_placements(T)
-        return None
+        return _MOVED
     except (OSError, _NoHandler, asyncio.TimeoutError) as e:
         # a worker gone, restarted without the handler, or not answering: the graph path reruns what it must
         # the message only, not the exception: its traceback would keep this call's frames (and the corpus's

@@ -131,7 +131,10 @@ def test_spilled_chunks_are_read_back_from_disk(dask_client, job, corpus):
     _same(tuple(dask_client.compute(list(hd.top_k(q, Td, 9)), sync=True)), ref)
 
 
-def test_moved_chunks_fall_back_to_the_graph_and_stay_exact(dask_client, job, corpus, monkeypatch):
+def test_moved_chunks_are_found_again_and_stay_exact(dask_client, job, corpus, monkeypatch):
+    """Chunks moved behind the cache's back: the query finds a planned chunk missing, reads the placement
+    again and asks once more, directly; if the chunks are still not where the placement says, it runs
+    as the graph."""
     monkeypatch.setattr(placement, "PLACEMENT_TTL_S", 3600.0)
     a, b = sorted(dask_client.nthreads())
     T = corpus[:2000]
@@ -139,13 +142,23 @@ def test_moved_chunks_fall_back_to_the_graph_and_stay_exact(dask_client, job, co
     distributed.wait(Td)
     qm = np.random.default_rng(3).standard_normal((3, D)).astype(np.float32)
     qm[0] = T[1700]
-    assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (1, 0)
+    ref = hs.top_k(qm, T, 6)
+    assert _paths(lambda: _same(hd.search(qm, Td, 6), ref)) == (1, 0)
+    stale = placement.placement(Td, list(range(8)))
     moved = [k[0] for k in Td.__dask_keys__()][3:]
     move_chunks(dask_client, moved, a, b)
-    # worker a misses chunks: this query runs as the graph; the placement is read again after
-    assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (0, 1)
-    assert _paths(lambda: _same(hd.search(qm, Td, 6), hs.top_k(qm, T, 6))) == (1, 0)
+    # worker a misses chunks: the placement is read again, and the same query is answered directly
+    rereads, refreshes = direct.search_stats["rereads"], placement.placement_stats["refreshes"]
+    assert _paths(lambda: _same(hd.search(qm, Td, 6), ref)) == (1, 0)
+    assert direct.search_stats["rereads"] == rereads + 1
+    assert placement.placement_stats["refreshes"] == refreshes + 1
     assert sorted(hd.ops.chunk_groups(Td)) == [(a, [0, 1, 2]), (b, [3, 4, 5, 6, 7])]
+    assert _paths(lambda: _same(hd.search(qm, Td, 6), ref)) == (1, 0)
+    assert direct.search_stats["rereads"] == rereads + 1
+    # a placement that is stale again when read again (chunks still moving): the graph answers
+    monkeypatch.setattr(direct, "placement", lambda T, live: stale)
+    assert _paths(lambda: _same(hd.search(qm, Td, 6), ref)) == (0, 1)
+    assert direct.search_stats["rereads"] == rereads + 2
 
 
 def test_a_worker_that_does_not_answer_in_time_falls_back(dask_client, job, corpus, monkeypatch, caplog):
