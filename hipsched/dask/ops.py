@@ -8,6 +8,7 @@ import numbers
 import dask
 import dask.array as da
 import numpy as np
+from distributed.spill import SpillBuffer
 
 from ..ops.base import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
 from .placement import PLACEMENT_TOPIC, placement, runs
@@ -176,8 +177,8 @@ def held_chunk(worker, key):
     thread it could put back a key the worker had just released."""
     data = worker.data
     block = None
-    if type(data) is _spill_buffer():   # its memory part, without the per-read metrics (8 -> 1 us)
-        block = data.fast.get(key)      # (other mappings' `fast`, dask-cuda's, may not hold arrays)
+    if type(data) is SpillBuffer:   # its memory part, without the per-read metrics (8 -> 1 us)
+        block = data.fast.get(key)   # (other mappings' `fast`, dask-cuda's, may not hold arrays)
     if block is None:   # spilled (the buffer reads it back from disk), another mapping, or not here
         block = data[key]
     if isinstance(block, np.ndarray) and not block.flags.aligned:
@@ -185,20 +186,6 @@ def held_chunk(worker, key):
         worker.loop.add_callback(_swap_in, worker, key, block, fixed)
         block = fixed
     return block
-
-
-_SPILL_BUFFER = []
-
-
-def _spill_buffer():
-    """distributed's SpillBuffer class (looked up once; a class no worker.data is where it is missing)."""
-    if not _SPILL_BUFFER:
-        try:
-            from distributed.spill import SpillBuffer
-        except ImportError:
-            SpillBuffer = type("NoSpillBuffer", (), {})
-        _SPILL_BUFFER.append(SpillBuffer)
-    return _SPILL_BUFFER[0]
 
 
 def _swap_in(worker, key, old, new):

@@ -183,10 +183,10 @@ def placement(T, live):
     _follow_placement_events(client)
     key = (client.id, T.name, tuple(T.chunks[0]))
     now = time.monotonic()
+    first = futs[T.__dask_keys__()[live[0]][0]]
     with _placement_lock:
         placement_stats["lookups"] += 1
         p = _placements.get(key)
-        first = futs[T.__dask_keys__()[live[0]][0]]
         if p is not None and now - p.made < PLACEMENT_TTL_S and p.held_since(first):
             _placements.move_to_end(key)
             return p, futs
