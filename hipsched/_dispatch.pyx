@@ -2,9 +2,9 @@
 """The per-call path: an Executor call's validation, decision, run and record, compiled. It drives the
 scheduler core (_sched.SchedCore) through its C methods, an op's compiled common case (its HotOp)
 through a C vtable, and the telemetry recorder through C."""
-from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_SUPPORTS, F_WANT_CPU, F_WANT_GPU,
-                              R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED, ST_BACKEND_ONLY, Params, SchedCore, hs_lock,
-                              hs_unlock, now_ns)
+from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_SUPPORTS, F_ON_DEVICE, F_WANT_CPU,
+                              F_WANT_GPU, R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED, ST_BACKEND_ONLY, Params, SchedCore,
+                              hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
 from hipsched.telemetry._record cimport Recorder
 
@@ -81,6 +81,8 @@ cdef class FastPath:
         d.want = want
         d.slot = entry[0]
         flags = <int>entry[1] | want | F_FITS
+        if call is not None and call.on_device:
+            flags |= F_ON_DEVICE   # gpu_terms then gives the CPU's copies, which the core charges to the CPU
         d.h2d = d.d2h = 0.0
         detail = None
         if self._asks_gpu(flags, want, size):

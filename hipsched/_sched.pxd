@@ -11,6 +11,7 @@ cpdef enum Flag:
     F_WANT_CPU = 8           # backend="cpu" on this call
     F_WANT_GPU = 16          # backend="gpu" on this call
     F_CALL_UNSUPPORTED = 32  # the GPU has the op, but refuses this call's shapes or parameters
+    F_ON_DEVICE = 64         # the inputs live on the GPU: the copies (h2d, d2h) are the CPU's to pay
 
 # Why a backend was chosen: indices into _sched.REASONS (the strings telemetry writes).
 cpdef enum Reason:
@@ -130,5 +131,7 @@ cdef class SchedCore:
     cdef int _decide(self, Slot *s, double size, double h2d, double d2h, int flags,
                      double *pc, double *pg, bint commit) noexcept nogil
     cdef void _health(self, Health *h, bint ok) noexcept nogil
+    cdef void _sample(self, Slot *s, int backend, double size, double dur_us, double h2d,
+                      double d2h) noexcept nogil
     cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
                       bint ok, bint final, bint fallback) noexcept nogil

@@ -156,12 +156,19 @@ cdef class SchedCore:
         cdef Bucket *bc
         cdef Bucket *bg
         cdef int gpu_ok = (flags & F_GPU_PRESENT) and (flags & F_GPU_SUPPORTS)
+        cdef int on_device = flags & F_ON_DEVICE
         cdef long long calls
-        cdef double c, g
+        cdef double c, g, copies
         c = predict_us(s.buckets[CPU], &s.fit[CPU], size)
         g = predict_us(s.buckets[GPU], &s.fit[GPU], size)
-        if not isnan(g):
-            g += self._xfer(h2d, d2h)
+        # the copies are paid by the side the data is not on: host data goes up and back for the GPU,
+        # device data comes down and its results go back up for the CPU
+        copies = self._xfer(h2d, d2h)
+        if on_device:
+            if not isnan(c):
+                c += copies
+        elif not isnan(g):
+            g += copies
         pc[0] = c
         pg[0] = g
         # 1. what the user asked for
@@ -205,14 +212,23 @@ cdef class SchedCore:
             bc.calls = calls
         if bg.n < p.min_samples or bc.n < p.min_samples:
             if p.explore_period > 0 and calls % p.explore_period == 0:
-                return (GPU if bg.n <= bc.n else CPU) | R_EXPLORING << 1
+                if bg.n <= bc.n:
+                    return GPU | R_EXPLORING << 1
+                # Device data costs the CPU at least its copies, whatever its kernel takes: when the GPU
+                # beats even those, a CPU run could not win and learning its time is not worth one.
+                if not (on_device and g * p.speedup_threshold < copies):
+                    return CPU | R_EXPLORING << 1
         elif p.reprobe_period > 0 and calls % p.reprobe_period == 0:
             if g * p.speedup_threshold < c:   # GPU wins: re-probe the CPU unless far behind
                 if c < REPROBE_MAX_RATIO * g:
                     return CPU | R_EXPLORING << 1
             elif g < REPROBE_MAX_RATIO * c:
                 return GPU | R_EXPLORING << 1
-        # 7. the cost model: least predicted completion time, the GPU needing the configured speedup
+        # 7. the cost model: least predicted completion time, the GPU needing the configured speedup.
+        # A side without an estimate loses, except that device data stays where it is until both sides
+        # are known: moving it costs copies both ways, running it there teaches the GPU side.
+        if on_device and (isnan(g) or isnan(c)):
+            return GPU | R_COST_MODEL << 1
         if isnan(g):
             return CPU | R_COST_MODEL << 1
         if isnan(c) or g * p.speedup_threshold < c:
@@ -289,23 +305,29 @@ cdef class SchedCore:
             h.probe_in_flight = 0
             h.opened_at_ns = now_ns()
 
-    cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
-                      bint ok, bint final, bint fallback) noexcept nogil:
+    cdef void _sample(self, Slot *s, int backend, double size, double dur_us, double h2d,
+                      double d2h) noexcept nogil:
+        """One latency sample, less the modelled copies it included (those of host data on the GPU, or of
+        device data on the CPU): the buckets hold compute time, and each decision adds its own copies."""
         cdef double t
         cdef int b
+        if not (dur_us >= 0 and isfinite(dur_us)):   # NaN/inf are not completion times
+            return
+        t = dur_us - self._xfer(h2d, d2h)
+        if t < MIN_KERNEL_SHARE * dur_us:
+            t = MIN_KERNEL_SHARE * dur_us
+        b = bucket_of(size)
+        if s.buckets[backend][b].n == 0:
+            s.fit[backend].dirty = 1
+        s.fit[backend].pending += 1
+        bucket_add(&s.buckets[backend][b], self.p.window, t, size)
+
+    cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
+                      bint ok, bint final, bint fallback) noexcept nogil:
         if backend == GPU:
             self._health(&self.hl[s.op_index], ok)
-        if ok and dur_us >= 0 and isfinite(dur_us):   # NaN/inf are not completion times
-            t = dur_us
-            if backend == GPU:
-                t -= self._xfer(h2d, d2h)
-                if t < MIN_KERNEL_SHARE * dur_us:
-                    t = MIN_KERNEL_SHARE * dur_us
-            b = bucket_of(size)
-            if s.buckets[backend][b].n == 0:
-                s.fit[backend].dirty = 1
-            s.fit[backend].pending += 1
-            bucket_add(&s.buckets[backend][b], self.p.window, t, size)
+        if ok:
+            self._sample(s, backend, size, dur_us, h2d, d2h)
         if final:
             self.c.total += 1
             if fallback:
@@ -322,13 +344,23 @@ cdef class SchedCore:
     def record(self, int slot, int backend, double size, double duration_us, double h2d_bytes=0.0,
                double d2h_bytes=0.0, bint ok=True, bint final=True, bint fallback=False):
         """One measured run. A GPU run updates the op's health; a successful run adds a latency sample
-        (GPU samples less the modelled copies) unless duration_us < 0 (not a completion time, e.g. work
+        (less the modelled copies given: see _sample) unless duration_us < 0 (not a completion time, e.g. work
         left queued on a stream); `final` runs count as one operation each."""
         if slot < 0 or slot >= self.nslots:
             raise IndexError(f"hipsched: no scheduler slot {slot}")
         hs_lock(&self.lock)
         self._record(self.slots[slot], backend & 1, size, duration_us, h2d_bytes, d2h_bytes, ok, final,
                      fallback)
+        hs_unlock(&self.lock)
+
+    def learn(self, int slot, int backend, double size, double duration_us, double h2d_bytes=0.0,
+              double d2h_bytes=0.0):
+        """A latency sample of a run already recorded (its health and counts taken then) whose completion
+        time became known only later: a GPU run on device data, timed by events read on a later call."""
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        hs_lock(&self.lock)
+        self._sample(self.slots[slot], backend & 1, size, duration_us, h2d_bytes, d2h_bytes)
         hs_unlock(&self.lock)
 
     def release_probe(self, int slot):

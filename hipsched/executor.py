@@ -92,6 +92,10 @@ class Executor:
             gpu = self._injector = FaultInjectingBackend(gpu, cfg.fault_inject)
         self._gpu = gpu
         self._gpu_present = bool(getattr(gpu, "available", False))
+        # GPU runs on device data return with their work queued: they are timed by events on their
+        # stream, read on a later call (see _learn_gpu_times); a backend without them is not
+        self._run_timed = getattr(gpu, "run_timed", None) if self._gpu_present else None
+        self._timed = {}            # ticket -> (slot, size, host us) of such runs not yet learned from
         self._core = _sched.SchedCore(
             window=cfg.performance_window_size, min_batch=cfg.gpu_min_batch_size, min_samples=cfg.min_samples,
             exploration_share=cfg.exploration_share, reprobe_interval=cfg.reprobe_interval,
@@ -195,7 +199,8 @@ class Executor:
                 if not getattr(gpu, "available", True):  # a query found the GPU gone
                     return flags & ~_F_PRESENT, 0, 0, getattr(gpu, "unavailable_reason", None)
                 flags &= ~_F_FITS
-            h2d, d2h = gpu.transfer_bytes(call)
+            # device data: the copies the CPU would make (the core charges them to the CPU side)
+            h2d, d2h = self._cpu.device_copy_bytes(call) if call.on_device else gpu.transfer_bytes(call)
         except Exception as e:  # a failing query means the GPU cannot be trusted with this call
             log.debug("hipsched: GPU query failed for %s: %s", call.op, e)
             return flags & ~_F_SUPPORTS, 0, 0, None
@@ -225,27 +230,52 @@ class Executor:
         raise NotImplementedError(f"hipsched: op {op!r} is not available (its family is not built or registered)")
 
     def _run_cpu_device(self, call, slot, reason, pc, pg, stream, fallback=None, detail=None):
-        """CPU run of device inputs (the copies both ways included in its time)."""
+        """CPU run of device inputs: its time includes the copies both ways, which the model takes
+        off the sample (it holds the kernel's time; a decision on device data adds them back)."""
         t0 = _perf_ns()
         out = self._cpu.run_device_data(call)
         dur = (_perf_ns() - t0) * 1e-3
-        self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback, detail=detail)
+        up, down = self._cpu.device_copy_bytes(call)
+        self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback, up, down, detail=detail)
         return out
 
     def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0, detail=None):
         # A GPU run on device data returns with the work still queued on the stream: its wall time is
-        # not a completion time, so it counts but does not teach the model (-1: no sample).
+        # not a completion time, so it counts here (-1: no sample) and is learned from once its timing
+        # events have been read (_learn_gpu_times)
         sample = -1.0 if be == 1 and call.on_device else dur
         self._core.record(slot, be, call.size, sample, h2d, d2h, True, True, fallback is not None)
         if self._tel is not None:
             self._tel.record(call.op, BACKENDS[be], _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur,
                              pc, pg, stream, fallback, detail)
+        if self._timed:
+            self._learn_gpu_times()
+
+    def _learn_gpu_times(self):
+        """Learn from the timed device-data GPU runs whose work has run by now (never waits). Such a
+        run's completion time is the larger of its host time (launching, which its caller waited for)
+        and the device time between its events: recorded before its first launch and after its last
+        kernel, that span already holds the launch gaps an idle device waited through, and on a device
+        busy with earlier work only this call's own share. A reading that arrives before its run has
+        stored its entry (another thread polled in between) is dropped: a lost sample, never a wrong one."""
+        for ticket, device_us in self._gpu.gpu_times():
+            entry = self._timed.pop(ticket, None)
+            if entry is not None and device_us is not None:
+                slot, size, host_us = entry
+                self._core.learn(slot, 1, size, max(host_us, device_us))
 
     def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
+        timed = ticket = None
+        if call.on_device:
+            h2d = d2h = 0   # the decision's copies were the CPU's: on the GPU device data moves nowhere
+            timed = self._run_timed
         t0 = _perf_ns()
         try:
             try:
-                out = self._gpu.run(call, stream)
+                if timed is not None:
+                    out, ticket = timed(call, stream)
+                else:
+                    out = self._gpu.run(call, stream)
             except GpuError as e:
                 if e.kind != "oom" or not chunkable(call):
                     raise
@@ -268,6 +298,8 @@ class Executor:
             self._core.record(slot, 1, call.size, -1.0, h2d, d2h, False, False, False)
             raise
         dur = (_perf_ns() - t0) * 1e-3
+        if ticket is not None:
+            self._timed[ticket] = (slot, call.size, dur)
         self._finish(call, slot, 1, reason, dur, pc, pg, stream, None, h2d, d2h)
         return out
 
@@ -401,6 +433,8 @@ class Executor:
         if self._closed:
             return
         self._closed = True
+        if self._timed:
+            self._learn_gpu_times()   # what has run by now still counts for the saved model
         if self._save_at_exit is not None:
             self._save_at_exit()  # saves now, and not again at exit
         if self._tel is not None:

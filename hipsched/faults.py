@@ -51,8 +51,10 @@ class FaultInjectingBackend:
         self._rng = random.Random(self.seed)
         self._lock = threading.Lock()
         self.injected = {k: 0 for k in self.rates}
+        if not hasattr(inner, "run_timed"):
+            self.run_timed = None   # as the inner backend: the executor then uses run
 
-    def __getattr__(self, name):  # everything but run: the real backend
+    def __getattr__(self, name):  # everything but run and run_timed: the real backend
         return getattr(self._inner, name)
 
     def _draw(self):
@@ -71,3 +73,9 @@ class FaultInjectingBackend:
         if kind is not None:
             raise GpuError(kind, f"injected by HIPSCHED_FAULT_INJECT ({call.op}, size {call.size})", _NAMES[kind])
         return self._inner.run(call, stream)
+
+    def run_timed(self, call, stream=None):
+        kind = self._draw()
+        if kind is not None:
+            raise GpuError(kind, f"injected by HIPSCHED_FAULT_INJECT ({call.op}, size {call.size})", _NAMES[kind])
+        return self._inner.run_timed(call, stream)

@@ -5,6 +5,9 @@ on a GPU run here too (a fallback, or a call too small for a launch): their inpu
 result goes back up to the inputs' device."""
 from __future__ import annotations
 
+import numpy as np
+
+from ..device_arrays import is_device_array
 from ..ops import OPS
 from ..ops.base import Call
 
@@ -31,9 +34,31 @@ class CpuBackend:
 
     def run_device_data(self, call):
         """Download the device inputs, run, and upload the result (each array of a tuple) onto the
-        inputs' own runtime, their device, not whichever runtime the process would pick first."""
-        from ..gpu.memory import is_device_array, to_device, to_host
+        inputs' own runtime, their device, not whichever runtime the process would pick first; results
+        come back as the inputs' library's arrays (hipsched.gpu.memory.callers_arrays)."""
+        from ..gpu.memory import callers_arrays, is_device_array, to_device, to_host
         host_args = tuple(to_host(a) if is_device_array(a) else a for a in call.args)
         out = self.run(Call(call.op, host_args, call.params, call.size, call.nbytes, call.dtype, False))
         rt = next((getattr(a, "runtime", None) for a in call.args if is_device_array(a)), None)
-        return tuple(to_device(o, runtime=rt) for o in out) if isinstance(out, tuple) else to_device(out, runtime=rt)
+        out = tuple(to_device(o, runtime=rt) for o in out) if isinstance(out, tuple) else to_device(out, runtime=rt)
+        return callers_arrays(out, call.args)
+
+    @staticmethod
+    def device_copy_bytes(call) -> tuple[int, int]:
+        """(host->device, device->host) bytes run_device_data copies: the results go up (what the call
+        writes: call.nbytes beyond its inputs), its device inputs come down."""
+        down = inputs = 0
+        for a in _arrays(call.args):
+            n = int(getattr(a, "nbytes", 0) or 0)
+            inputs += n
+            if type(a) is not np.ndarray and is_device_array(a):
+                down += n
+        return max(0, int(call.nbytes) - inputs), down
+
+
+def _arrays(args):
+    for a in args:
+        if isinstance(a, (tuple, list)):
+            yield from _arrays(a)
+        else:
+            yield a

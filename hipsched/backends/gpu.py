@@ -3,8 +3,9 @@
 What the scheduler asks of it (capabilities, free memory, transfer volume) is answered without touching
 the device where possible. `run` calls the launch glue its op spec names (`hipsched.gpu.ops_<family>.<op>(ctx,
 call, stream)`) and turns ANY failure into GpuError, so the executor can always fall
-back to the CPU. Results come back where the inputs live: NumPy for host inputs, DeviceArray for device
-inputs. `create_gpu_backend` never raises: with no GPU the backend says so in `unavailable_reason`."""
+back to the CPU. Results come back where the inputs live: NumPy for host inputs, device arrays for
+device inputs (torch tensors for torch tensors, CuPy arrays for CuPy arrays, else DeviceArray).
+`create_gpu_backend` never raises: with no GPU the backend says so in `unavailable_reason`."""
 from __future__ import annotations
 
 import statistics
@@ -206,15 +207,42 @@ class GpuBackend:
                                               f"gpu_device_id={device[1]}", name="wrong-device")
 
     def run(self, call, stream=None):
+        return self._run(call, stream, False)[0]
+
+    def run_timed(self, call, stream=None):
+        """run() with events recorded on the call's stream before and after its work: (result, ticket),
+        and `gpu_times()` gives the ticket back with the device time between them once the work has
+        run. For device data, whose run returns with its work still queued, so the host cannot time it
+        without waiting. ticket None: not timed (too many readings pending, no events)."""
+        return self._run(call, stream, True)
+
+    def gpu_times(self) -> list:
+        """[(ticket, device us or None)] of run_timed calls whose work has run since the last call
+        (None: the reading was lost); never waits."""
+        ctx = self._ctx
+        if ctx is None:
+            return []
+        try:
+            return [(t, None if ms is None else ms * 1e3) for t, ms in ctx.timings()]
+        except Exception:
+            return []
+
+    def _run(self, call, stream, timed):
         if not self._still_available():
             raise GpuError("unavailable", self.unavailable_reason or "no GPU")
-        s = None
+        s = start = None
         try:
             from ..gpu.streams import as_stream_handle
             s = as_stream_handle(stream)
             if call.on_device:
                 self._check_devices(call.args)
-            return self._impl(call.op)(self._ctx, call, s)
+            if timed:
+                start = self._ctx.start_timing(s)
+            out = self._impl(call.op)(self._ctx, call, s)
+            ticket = None
+            if start is not None:
+                ticket, start = self._ctx.stop_timing(start, s), None
+            return out, ticket
         except GpuError as e:
             if e.kind == "unavailable":
                 self._disable(str(e).split("] ", 1)[-1])
@@ -224,6 +252,8 @@ class GpuBackend:
         except Exception as e:
             raise GpuError("runtime", f"{call.op} on the GPU: {type(e).__name__}: {e}") from e
         finally:
+            if start is not None:   # the run failed: nothing to read
+                self._ctx.cancel_timing(start)
             # Device inputs: the call returns with kernels reading them still queued (also when it
             # failed half way), and the caller may drop them at once, so they are held until then;
             # every call lets go of what earlier calls held and has run by now.

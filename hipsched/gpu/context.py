@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import itertools
 import math
 import threading
 from typing import NamedTuple
@@ -27,6 +28,9 @@ SCRATCH_KEEP_BYTES = 64 << 20
 # Calls whose inputs are held (keep_alive) before the oldest is waited for: a caller that never
 # synchronises must not make the list grow without bound.
 MAX_HELD_CALLS = 256
+# Timed calls (start_timing) whose events have not been read yet. Past this many the device is far
+# behind the host: later calls go untimed rather than holding more events, until readings are taken.
+MAX_PENDING_TIMINGS = 64
 # Grid-stride kernels need only enough blocks to fill the device; more just adds scheduling work.
 _BLOCKS_PER_CU = 16
 
@@ -121,7 +125,10 @@ class GpuContext:
         self._scratch = threading.local()  # per thread: see scratch()
         self._held = collections.deque()   # (event, inputs) per call: see keep_alive
         self._held_lock = threading.Lock()  # host threads only; no finalizer takes it
-        self._spare_events: list[int] = []
+        self._spare_events: list[int] = []  # recorded and complete, for reuse (keep_alive, timings)
+        self._timings = collections.deque()  # (ticket, start event, end event), oldest first
+        self._timings_lock = threading.Lock()
+        self._tickets = itertools.count(1)
 
     # ------------------------------------------------------------------ kernels
     def function(self, source: str, kernel: str) -> int:
@@ -234,6 +241,80 @@ class GpuContext:
             over = len(self._held) > MAX_HELD_CALLS
         if over:
             self.reap(wait_oldest=True)
+
+    # ------------------------------------------------------------------ timing device work
+    def _event(self) -> int:
+        try:
+            return self._spare_events.pop()
+        except IndexError:
+            return self.rt.event_create()
+
+    def start_timing(self, stream):
+        """An event recorded on `stream` before a call's work, for stop_timing; None (untimed) when
+        MAX_PENDING_TIMINGS readings are pending or no event can be recorded."""
+        if len(self._timings) >= MAX_PENDING_TIMINGS:
+            return None
+        try:
+            event = self._event()
+        except Exception:
+            return None
+        try:
+            self.rt.event_record(event, int(stream or 0))
+        except Exception:
+            self._drop_event(event)
+            return None
+        return event
+
+    def stop_timing(self, start, stream):
+        """Record the end event after the call's work on `stream`; returns the ticket `timings()` gives
+        back with the device time between the two events once that work has run (None: untimed)."""
+        try:
+            end = self._event()
+        except Exception:
+            self._drop_event(start)
+            return None
+        try:
+            self.rt.event_record(end, int(stream or 0))
+        except Exception:
+            self._drop_event(start)
+            self._drop_event(end)
+            return None
+        ticket = next(self._tickets)
+        with self._timings_lock:
+            self._timings.append((ticket, start, end))
+        return ticket
+
+    def cancel_timing(self, start) -> None:
+        """The call whose start event this is failed: no reading will be taken."""
+        self._drop_event(start)
+
+    def _drop_event(self, event) -> None:
+        try:
+            self.rt.event_destroy(event)
+        except Exception:
+            pass
+
+    def timings(self) -> list:
+        """[(ticket, device ms or None)] of timed calls whose work has run, oldest first, without
+        waiting: it stops at the first one still queued (calls on one stream finish in order, so while
+        the device keeps up this is one or two queries). None: the reading could not be taken (a failed
+        device, an event another context recorded)."""
+        if not self._timings:
+            return []
+        done = []
+        with self._timings_lock:
+            while self._timings:
+                ticket, start, end = self._timings[0]
+                try:
+                    if not self.rt.event_query(end):
+                        break
+                    ms = float(self.rt.event_elapsed_ms(start, end))
+                except Exception:
+                    ms = None
+                self._timings.popleft()
+                self._spare_events += (start, end)
+                done.append((ticket, ms))
+        return done
 
     def reap(self, wait_oldest: bool = False, wait_all: bool = False) -> None:
         """Let go of held inputs whose work has run (waiting for the oldest, or for all, first)."""
@@ -357,10 +438,12 @@ class GpuContext:
         return tuple(params)
 
     def finish(self, out, call, stream):
-        """Results where the inputs live: device arrays for device inputs (the work stays queued on
-        `stream`), NumPy otherwise (one synchronising download per output). `out` may be a tuple."""
+        """Results where the inputs live: for device inputs device arrays of the inputs' own library
+        (torch in, torch out: memory.callers_arrays; the work stays queued on `stream`), NumPy otherwise
+        (one synchronising download per output). `out` may be a tuple."""
         if call.on_device:
-            return out
+            from .memory import callers_arrays
+            return callers_arrays(out, call.args)
         if isinstance(out, tuple):
             return tuple(o.get(stream=stream) for o in out)
         return out.get(stream=stream)
@@ -373,6 +456,10 @@ class GpuContext:
         """Drop device copies, the BLAS handle and the loaded modules (the runtime stays usable); let go
         of held inputs once their work has run."""
         self.reap(wait_all=True)
+        with self._timings_lock:
+            for _, start, end in self._timings:   # unread: destroying a recorded event is allowed
+                self._spare_events += (start, end)
+            self._timings.clear()
         for event in self._spare_events:
             try:
                 self.rt.event_destroy(event)

@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import math
 import os
+import sys
 import threading
 import weakref
 
@@ -136,7 +137,11 @@ class DeviceArray:
 
     `owner` keeps whatever backs `ptr` alive: an owned allocation (freed with the last reference), a
     consumed DLPack tensor, or a foreign object such as a CuPy array. `stream` is the stream the data
-    was last written on (None: already complete); it is what __cuda_array_interface__ reports."""
+    was last written on (None: already complete); it is what __cuda_array_interface__ reports.
+    `origin` names the library a wrapped foreign array came from when its results can go back to it
+    as its own arrays (see callers_arrays), else None."""
+
+    origin = None
 
     def __init__(self, ptr, shape, dtype, runtime, owner=None, strides=None, stream=None, device=None):
         self.ptr = int(ptr)
@@ -178,15 +183,18 @@ class DeviceArray:
             stream = _consumer.get()
         dev = _dlpack_device(obj)
         if dev is not None and dev[0] in GPU_DEVICE_TYPES:
-            return cls._from_dlpack(obj, runtime, stream)
-        cai = getattr(obj, "__cuda_array_interface__", None)
-        if cai is not None:
-            return cls._from_cai(obj, cai, runtime)
-        if dev is not None:
-            raise GpuError("unsupported", f"DLPack object lives on device type {dev[0]}, not a GPU "
-                                          f"(use a host array instead)")
-        raise GpuError("unsupported", f"{type(obj).__name__} exposes neither __cuda_array_interface__ nor "
-                                      f"DLPack on a GPU")
+            arr = cls._from_dlpack(obj, runtime, stream)
+        else:
+            cai = getattr(obj, "__cuda_array_interface__", None)
+            if cai is None:
+                if dev is not None:
+                    raise GpuError("unsupported", f"DLPack object lives on device type {dev[0]}, not a GPU "
+                                                  f"(use a host array instead)")
+                raise GpuError("unsupported", f"{type(obj).__name__} exposes neither __cuda_array_interface__ "
+                                              f"nor DLPack on a GPU")
+            arr = cls._from_cai(obj, cai, runtime)
+        arr.origin = _array_library(obj)
+        return arr
 
     @classmethod
     def _from_dlpack(cls, obj, runtime, stream):
@@ -325,15 +333,22 @@ class DeviceArray:
             raise BufferError("DeviceArray.__dlpack__ does not copy")
         if dl_device is not None and tuple(dl_device) != self.device:
             raise BufferError(f"DeviceArray lives on {self.device}, cannot export to {tuple(dl_device)}")
-        # Make the data complete for a consumer on another stream: wait for ours to finish first.
+        # Make the data complete for a consumer on another stream: its stream waits for ours (an event,
+        # so neither the host nor other streams wait), as the DLPack protocol asks of a producer.
         # The consumer's None (and CUDA's 1) is the legacy default stream, i.e. our null stream 0;
         # work queued on the null stream is not ordered before a non-blocking consumer stream.
         consumer = 0 if stream in (None, 1) else stream
         if (self.stream is not None and stream != -1 and int(self.stream) != consumer
                 and self.runtime is not None):
-            self.runtime.stream_synchronize(int(self.stream))
+            _order_after(self.runtime, int(self.stream), int(consumer))
         strides = None if self.is_c_contiguous else tuple(s // self.itemsize for s in self.strides)
         return dlpack.make_capsule(self.ptr, self.shape, strides, self.dtype, self.device, owner=self)
+
+    def __array__(self, dtype=None, copy=None):
+        # As CuPy does: np.asarray would otherwise make a 0-d object array of this one, silently; a
+        # copy to the host is a device synchronisation, so it is asked for by name
+        raise TypeError("a DeviceArray lives in device memory and is not converted to a NumPy array "
+                        "implicitly: use .get() (or hipsched.gpu.memory.to_host) to copy it to the host")
 
     # ------------------------------------------------------------------ copies
     def get(self, stream=None) -> np.ndarray:
@@ -358,6 +373,58 @@ class DeviceArray:
         if host.nbytes:
             runtime.memcpy_htod(self.ptr, host.ctypes.data, host.nbytes, s)
             runtime.stream_synchronize(s)
+
+
+def _order_after(runtime, producer: int, consumer: int) -> None:
+    """Order `consumer` after the work queued on `producer` so far, without blocking the host; where no
+    event can be recorded, wait for `producer` instead."""
+    try:
+        event = runtime.event_create()
+    except GpuError:
+        runtime.stream_synchronize(producer)
+        return
+    try:
+        runtime.event_record(event, producer)
+        runtime.stream_wait_event(consumer, event)
+    except GpuError:
+        runtime.stream_synchronize(producer)
+    finally:
+        runtime.event_destroy(event)   # released once the wait has been satisfied
+
+
+def _array_library(obj):
+    """The top-level module of a foreign array's type when it can make its own arrays from DLPack
+    (`from_dlpack`: torch, cupy), else None (raw pointers, CAI-only objects)."""
+    name = type(obj).__module__.partition(".")[0]
+    module = sys.modules.get(name)
+    return name if callable(getattr(module, "from_dlpack", None)) else None
+
+
+def _first_device_array(args):
+    for a in args:
+        if isinstance(a, DeviceArray):
+            return a
+        if isinstance(a, (tuple, list)):
+            found = _first_device_array(a)
+            if found is not None:
+                return found
+    return None
+
+
+def callers_arrays(out, args):
+    """Results of a call on device data as arrays of the library its first device input came from (a
+    torch tensor gives torch tensors, a CuPy array CuPy arrays), zero copy through that library's
+    `from_dlpack`; DeviceArray results of DeviceArray or raw-pointer inputs stay as they are. A tuple
+    (top_k's indices and scores) is converted item by item. The library's from_dlpack passes its
+    current stream to DeviceArray.__dlpack__, which orders that stream after the call's work."""
+    first = _first_device_array(args)
+    library = first.origin if first is not None else None
+    if library is None:
+        return out
+    from_dlpack = sys.modules[library].from_dlpack
+    if isinstance(out, tuple):
+        return tuple(from_dlpack(o) for o in out)
+    return from_dlpack(out)
 
 
 def _on_own_device(runtime, ptr, device):
