@@ -266,8 +266,10 @@ def test_dlpack_export_waits_for_null_stream_work(be):
     d = _device(rt, np.ones(4, np.float32))
     d.stream = 0   # written on the null stream, not yet complete
     rt.log.clear()
-    d.__dlpack__(stream=5)   # consumer on another stream: the null stream's work must be finished
-    assert ("sync", 0) in rt.log, rt.log
+    d.__dlpack__(stream=5)   # consumer on another stream: it waits for the null stream's work, the host does not
+    recorded = {e[1] for e in rt.log if e[0] == "record" and e[2] == 0}
+    assert any(e[0] == "wait" and e[1] == 5 and e[2] in recorded for e in rt.log), rt.log
+    assert not [e for e in rt.log if e[0] == "sync"], rt.log
     rt.log.clear()
     d.__dlpack__()           # consumer on the legacy default stream: same stream, nothing to wait for
     d.__dlpack__(stream=-1)  # the consumer opted out

@@ -712,6 +712,11 @@ class EmuRuntime(Runtime):
         if self.asynchronous:
             self._submit(stream, _nothing, "stream_wait_event", wait_for=op)
 
+    def enqueue(self, stream, fn, what: str = "host work") -> None:
+        """Queue `fn()` as the next item of `stream`, run when the stream gets there (a fake device's
+        kernel, in tests)."""
+        self._submit(stream, fn, what)
+
     def stall(self, stream, seconds: float) -> None:
         """Queue `seconds` of busy time on `stream` (a long producer kernel, in tests)."""
         self._submit(stream, lambda: time.sleep(seconds), "stall")
