@@ -22,6 +22,7 @@ import ctypes
 import os
 import re
 import threading
+import time
 
 SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, INVALID_IMAGE, INVALID_CONTEXT = 0, 1, 2, 3, 200, 201
 UNSUPPORTED_PTX_VERSION, INVALID_HANDLE, ILLEGAL_ADDRESS = 222, 400, 700
@@ -79,6 +80,7 @@ class FakeCudaDriver:
         self.launches: list[tuple[int, str]] = []           # (device current at launch, kernel name)
         self.module_loads: list[tuple[int, int]] = []       # (device, status)
         self.dead: set[int] = set()                         # contexts hit by a sticky error
+        self.event_times: dict[int, float] = {}             # event -> perf_counter() when last recorded
         self._next = 1
         for name in dir(self):
             if name.startswith("cu") and callable(getattr(self, name)):
@@ -290,11 +292,23 @@ class FakeCudaDriver:
         return self._needs_ctx()
 
     cuStreamDestroy_v2 = cuStreamSynchronize = cuStreamWaitEvent = cuEventDestroy_v2 = _on_ctx
-    cuEventRecord = cuEventSynchronize = cuModuleUnload = _on_ctx
+    cuEventSynchronize = cuEventQuery = cuModuleUnload = _on_ctx
+
+    def cuEventRecord(self, event, stream):
+        status = self._needs_ctx()
+        if not status:   # kernels do not run here: the work before an event is done when it is recorded
+            self.event_times[_v(event)] = time.perf_counter()
+        return status
 
     def cuEventElapsedTime(self, out, start, end):
-        _out(out, 0.0)
-        return self._needs_ctx()
+        status = self._needs_ctx()
+        if status:
+            return status
+        a, b = self.event_times.get(_v(start)), self.event_times.get(_v(end))
+        if a is None or b is None:   # as the driver says of an event never recorded
+            return INVALID_HANDLE
+        _out(out, (b - a) * 1e3)
+        return SUCCESS
 
     # modules and launches
     def _loadable(self, image: bytes) -> int:
