@@ -422,9 +422,21 @@ def callers_arrays(out, args):
     if library is None:
         return out
     from_dlpack = sys.modules[library].from_dlpack
-    if isinstance(out, tuple):
-        return tuple(from_dlpack(o) for o in out)
-    return from_dlpack(out)
+    try:
+        if isinstance(out, tuple):
+            return tuple(from_dlpack(o) for o in out)
+        return from_dlpack(out)
+    except Exception as e:   # the results are right and on the device: a refusal must not lose them
+        if library not in _unconvertible:
+            _unconvertible.add(library)
+            import logging
+            logging.getLogger("hipsched").warning("hipsched: %s.from_dlpack refused a result (%s: %s); results of "
+                                                  "%s arrays come back as DeviceArray", library,
+                                                  type(e).__name__, e, library)
+        return out
+
+
+_unconvertible: set = set()   # libraries whose from_dlpack refused a result (warned once each)
 
 
 def _on_own_device(runtime, ptr, device):

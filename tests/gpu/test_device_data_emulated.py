@@ -179,3 +179,19 @@ def test_numpy_does_not_take_a_device_array_silently(rt):
     with pytest.raises(TypeError, match=r"\.get\(\)"):
         np.asarray(d)
     np.testing.assert_array_equal(d.get(), np.ones(3, np.float32))
+
+
+def test_a_library_that_refuses_the_result_gets_a_device_array_and_a_warning(rt, lib, tmp_path, caplog,
+                                                                              monkeypatch):
+    from hipsched.gpu import memory
+
+    def refuse(x):
+        raise BufferError("fake: no such dtype")
+    monkeypatch.setattr(lib, "from_dlpack", refuse)
+    monkeypatch.setattr(memory, "_unconvertible", set())
+    a = np.arange(300, dtype=np.float32)
+    with make_executor(rt, tmp_path) as ex, caplog.at_level("WARNING", logger="hipsched"):
+        out = ex.add(lib.tensor(a), lib.tensor(a), backend="gpu")
+        assert type(out) is DeviceArray and ex.events[-1]["backend"] == "gpu"   # not a GPU failure
+        np.testing.assert_array_equal(out.get(), a + a)
+    assert "refused a result" in caplog.text and "BufferError" in caplog.text
