@@ -29,6 +29,11 @@ _F_PRESENT, _F_SUPPORTS, _F_FITS = _sched.F_GPU_PRESENT, _sched.F_GPU_SUPPORTS, 
 _F_WANT_CPU, _F_WANT_GPU, _F_UNSUPPORTED = _sched.F_WANT_CPU, _sched.F_WANT_GPU, _sched.F_CALL_UNSUPPORTED
 _REASON_STR = tuple(r.value for r in REASONS)
 _FREE_MEMORY_TTL_NS = 10_000_000  # free device memory is re-read at most every 10 ms
+# Device-data GPU runs timed by events (two records, a query and a reading: a few microseconds of a
+# ~170 us launch path on an H100): every one of an (op, dtype)'s first _TIME_FIRST, then 1 in
+# _TIME_EVERY, which still refills a model window every few hundred calls.
+_TIME_FIRST = 64
+_TIME_EVERY = 8
 
 
 class _NoGpu:
@@ -96,6 +101,7 @@ class Executor:
         # stream, read on a later call (see _learn_gpu_times); a backend without them is not
         self._run_timed = getattr(gpu, "run_timed", None) if self._gpu_present else None
         self._timed = {}            # ticket -> (slot, size, host us) of such runs not yet learned from
+        self._timed_runs = {}       # slot -> device-data GPU runs so far (which to time)
         self._core = _sched.SchedCore(
             window=cfg.performance_window_size, min_batch=cfg.gpu_min_batch_size, min_samples=cfg.min_samples,
             exploration_share=cfg.exploration_share, reprobe_interval=cfg.reprobe_interval,
@@ -268,7 +274,9 @@ class Executor:
         timed = ticket = None
         if call.on_device:
             h2d = d2h = 0   # the decision's copies were the CPU's: on the GPU device data moves nowhere
-            timed = self._run_timed
+            n = self._timed_runs[slot] = self._timed_runs.get(slot, 0) + 1
+            if n <= _TIME_FIRST or n % _TIME_EVERY == 0:
+                timed = self._run_timed
         t0 = _perf_ns()
         try:
             try:
