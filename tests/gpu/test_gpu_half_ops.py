@@ -16,6 +16,7 @@ Bounds of the tests below: UNIT is the half format's unit roundoff (2^-11 float1
 import ml_dtypes
 import numpy as np
 import pytest
+from requires import need
 
 from hipsched.ops import OPS
 
@@ -79,7 +80,7 @@ TORCH_OPS = ["add", "scale", "softmax", "rms_norm", "matmul", "attention", "cosi
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("op", TORCH_OPS)
 def test_torch_half_tensors_in_and_out(gpu, rng, dtype, op):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no GPU here")
     F = torch.nn.functional

@@ -9,6 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from requires import need
 
 from hipsched.__main__ import main
 from hipsched.telemetry import analysis
@@ -158,7 +159,7 @@ def test_tools_script_runs(known, tmp_path):
 
 
 def test_plots_are_written_when_matplotlib_is_present(known, tmp_path):
-    pytest.importorskip("matplotlib")
+    need("matplotlib")
     from hipsched.telemetry.plots import write_plots
     notes = write_plots(analysis.analyze([known[0]]), tmp_path)
     assert (tmp_path / "matmul.png").stat().st_size > 1000 and any("matmul.png" in n for n in notes)
