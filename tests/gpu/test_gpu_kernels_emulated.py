@@ -5,6 +5,7 @@ checks cannot: reductions, shuffles, multi-pass top-k, tails, float4/scalar vari
 (HIPSCHED_BLAS=none) so matmul runs our tiled kernel. Tolerances as in test_gpu_ops.py."""
 import numpy as np
 import pytest
+from requires import need
 
 import gpu_emulator
 from hipsched.backends.cpu import CpuBackend
@@ -151,19 +152,37 @@ def test_device_in_device_out(emu, rng):
 # Every kernel runs in this file at least once (the ones below are reached by no test above), because
 # this file is also what CI's memcheck and racecheck steps run (docs/gpu.md).
 
+def gguf_dequantized(W):
+    """The outside reference for the quant kernels: the gguf package's dequantization of W's blocks."""
+    gguf = need("gguf")
+    t = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[W.qtype]
+    return np.asarray(gguf.quants.dequantize(np.asarray(W.data), t), np.float32).reshape(W.shape)
+
+
+def qmatmul_bound(Wf, x):
+    """|float32 product - float64 product| for a sum of k products in float32 in any order: k 2^-24
+    (|W| @ |x|), doubled for the per-block scale products the kernels form."""
+    k = Wf.shape[1]
+    return 2 * k * 2.0 ** -24 * (np.abs(Wf.astype(np.float64)) @ np.abs(x.astype(np.float64))) + 1e-30
+
+
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 def test_quant_kernels(emu, rng, qtype):
     """dequantize, and qmatmul's three kernels: a vector (mat-vec), up to 8 columns (mat-vec, MC = 8)
     and more (64x64 tiles: 69 rows and 70 columns leave partial tiles both ways; 69 rows a partial pair
-    for the mat-vec's two rows per warp)."""
+    for the mat-vec's two rows per warp). Against the CPU engine and gguf's dequantization."""
     from hipsched import quantize
     W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
+    Wf = gguf_dequantized(W)
     g, c = both(emu, "dequantize", W)
     np.testing.assert_array_equal(g, c)
+    np.testing.assert_array_equal(g, Wf)
     for shape in ((64,), (64, 3), (64, 70)):
         x = rng.standard_normal(shape).astype(np.float32)
         g, c = both(emu, "qmatmul", W, x)
         np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-5)
+        ref = Wf.astype(np.float64) @ x.astype(np.float64)
+        np.testing.assert_array_less(np.abs(g - ref), qmatmul_bound(Wf, x))
 
 
 @pytest.mark.parametrize("hd", [20, 40, 100, 200], ids=["d32", "d64", "d128", "d256"])
@@ -401,11 +420,39 @@ def test_half_attention_head_classes(emu, rng, dtype, hd):
         np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_half_qmatmul(emu, rng, dtype, qtype):
+    """qmatmul's three products with a half x (a vector, 3 columns, 70 columns), through the op spec's
+    prepare: x read in its own type, y in x's type, bit for bit the float32 kernel's result on the widened
+    x rounded once to the half type; and within the half rounding of gguf's dequantization times x in
+    float64 (before the fix, x's 2-byte elements were read as float32: values near 1e35)."""
+    from hipsched import quantize
+    t = HALF[dtype]
+    W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
+    Wf = gguf_dequantized(W)
+    for shape in ((64,), (64, 3), (64, 70)):
+        x = rng.standard_normal(shape).astype(t)
+        call = OPS["qmatmul"].prepare(W, x)
+        assert call.dtype == f"{qtype}/{dtype}" and emu.supports("qmatmul", call.dtype)
+        g = emu.run(call)
+        assert g.dtype == t and g.shape == (69,) + shape[1:]
+        x32 = x.astype(np.float32)
+        assert_same_bits(g, rounded(emu.run(OPS["qmatmul"].prepare(W, x32)), dtype))
+        ref = Wf.astype(np.float64) @ x32.astype(np.float64)
+        bound = UNIT[dtype] * np.abs(ref) + qmatmul_bound(Wf, x32) + TINY[dtype]
+        np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+
+
 def test_half_supports_table(emu):
     for op in ("add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "matmul", "attention"):
         assert emu.supports(op, "float16") and emu.supports(op, "bfloat16") and emu.supports(op, "float32")
     for op in ("spread_activation", "dequantize"):
         assert not emu.supports(op, "float16") and not emu.supports(op, "bfloat16")
+    # qmatmul's dtype is its (quant type, x dtype) pair: every pair has kernels, a bare half name is none
+    for qtype in ("q8_0", "q4_0"):
+        assert all(emu.supports("qmatmul", d) for d in (qtype, f"{qtype}/float16", f"{qtype}/bfloat16"))
+    assert not emu.supports("qmatmul", "float16")
 
 
 def test_half_dtype_without_kernels_is_refused(emu, rng):
