@@ -32,6 +32,7 @@ from requires import need
 import gpu_emulator
 from graph_data import random_graph
 from hipsched import Executor, quantize
+from hipsched.errors import GpuError
 from hipsched.backends.gpu import GpuBackend
 from hipsched.gpu.memory import DeviceArray, to_device
 from hipsched.ops import OPS
@@ -71,10 +72,18 @@ def within(got, ref, bound, what=""):
 # outside reference (host arrays); out_dtype(dtype) is the result's dtype by the op's rule (scores and
 # dequantized weights are float32, everything else the inputs' type).
 
+FLOATS = ("float32", "float16", "bfloat16")
+QTYPES = ("q8_0", "q4_0")
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     make: Callable
     check: Callable
+    # every input type the op's prepare takes, named as its Call.dtype should name it: the cases run the
+    # union of these and the GPU side's declared dtypes, so inputs the GPU side does not declare are run
+    # too (the GPU must refuse them, not read them as another type)
+    variants: tuple = FLOATS
     forms: tuple = ("vector", "matrix")
     device: tuple = ()            # positions of the arguments the op takes as device arrays
     exact: bool = False           # GPU and CPU give the same bits (elementwise arithmetic)
@@ -252,15 +261,19 @@ CASES = {
     "matmul": Case(_matmul, _check_matmul, device=(0, 1)),
     "attention": Case(_attention, _check_attention, forms=("plain", "causal"), device=(0, 1, 2)),
     # CSR parts and seeds are host arrays only (ops/graph.py)
-    "spread_activation": Case(_spread, _check_spread, forms=("graph",)),
-    "dequantize": Case(_dequantize, _check_dequantize, forms=("matrix",), exact=True,
+    "spread_activation": Case(_spread, _check_spread, variants=("float32",), forms=("graph",)),
+    "dequantize": Case(_dequantize, _check_dequantize, variants=QTYPES, forms=("matrix",), exact=True,
                        out_dtype=lambda d: "float32"),
-    "qmatmul": Case(_qmatmul, _check_qmatmul, forms=tuple(QMATMUL_COLUMNS), device=(1,)),
+    # W's quant type with x of each float type: "q8_0" (float32 x), "q8_0/float16", ...
+    "qmatmul": Case(_qmatmul, _check_qmatmul, variants=tuple(q if x == "float32" else f"{q}/{x}"
+                                                             for q in QTYPES for x in FLOATS),
+                    forms=tuple(QMATMUL_COLUMNS), device=(1,)),
 }
 
 
 def matrix():
-    """(op, declared dtype, form, where) for every op with a GPU side, from the specs."""
+    """(op, dtype, form, where) for every op with a GPU side: the dtypes its spec declares for the GPU,
+    and those its builder makes."""
     params = []
     for op, spec in OPS.items():
         if spec.gpu is None:
@@ -269,7 +282,7 @@ def matrix():
         if case is None:   # collected, and failed by the test: a registered op left uncovered is loud
             params.append(pytest.param(op, None, None, None, id=f"{op}-has-no-builder"))
             continue
-        for dtype in spec.gpu_dtypes:
+        for dtype in dict.fromkeys(spec.gpu_dtypes + case.variants):
             for form in case.forms:
                 for where in ("host", "device") if case.device else ("host",):
                     params.append(pytest.param(op, dtype, form, where,
@@ -339,21 +352,34 @@ def test_op_dtype_matrix(executor, op, dtype, form, where):
     ex, rt = executor
     rng = np.random.default_rng(zlib.crc32(f"{op} {dtype} {form}".encode()))   # the same data every run
     args, kwargs = case.make(rng, dtype, form)
-    assert OPS[op].prepare(*args, **kwargs).dtype == dtype, "the builder does not make the declared dtype"
     if where == "device":
         args = tuple(to_device(a, runtime=rt) if i in case.device else a for i, a in enumerate(args))
+    host_args = tuple(to_host(a) for a in args)
+    declared = OPS[op].gpu_dtypes
+    called = OPS[op].prepare(*args, **kwargs).dtype
     fn = getattr(ex, op)
+    lives = DeviceArray if where == "device" else np.ndarray
+
+    c = fn(*args, backend="cpu", **kwargs)
+    assert ex.events[-1]["backend"] == "cpu"
+    for o in c if isinstance(c, tuple) else (c,):
+        assert isinstance(o, lives), (op, where, type(o))
+    c = to_host(c)
+    case.check(c, host_args, kwargs, dtype)
+
+    if called not in declared:
+        # inputs the GPU side has no kernels for: refused before anything runs, never computed as another type
+        with pytest.raises(GpuError):
+            fn(*args, backend="gpu", **kwargs)
+        assert dtype not in declared, f"prepare names {dtype} inputs {called!r}, which the GPU side does not declare"
+        return
 
     g = fn(*args, backend="gpu", **kwargs)
     event = ex.events[-1]
-    assert (event["op"], event["backend"], event["dtype"], event["fallback"]) == (op, "gpu", dtype, None)
-    c = fn(*args, backend="cpu", **kwargs)
-    assert ex.events[-1]["backend"] == "cpu"
-
-    lives = DeviceArray if where == "device" else np.ndarray
-    for o in (g, c) if not isinstance(g, tuple) else (*g, *c):
+    assert (event["op"], event["backend"], event["fallback"]) == (op, "gpu", None)
+    for o in g if isinstance(g, tuple) else (g,):
         assert isinstance(o, lives), (op, where, type(o))
-    g, c = to_host(g), to_host(c)
+    g = to_host(g)
 
     out_dtype = NP[case.out_dtype(dtype)]
     if op == "top_k":
@@ -362,9 +388,11 @@ def test_op_dtype_matrix(executor, op, dtype, form, where):
         np.testing.assert_array_equal(gi, ci)
         np.testing.assert_allclose(gs, cs, rtol=0, atol=5e-6)
     else:
-        assert g.dtype == c.dtype == out_dtype and g.shape == c.shape
+        assert (g.dtype, g.shape) == (c.dtype, c.shape), "GPU and CPU results differ in dtype or shape"
+        assert g.dtype == out_dtype
         if case.exact:
             assert_same_bits(g, c)
-    host_args = tuple(to_host(a) for a in args)
     case.check(g, host_args, kwargs, dtype)
-    case.check(c, host_args, kwargs, dtype)
+    # the dtype the scheduler, the GPU's capability check and the telemetry saw is the inputs' own
+    assert called == event["dtype"] == dtype, (f"{op}: inputs built as {dtype} were called {called!r}: the GPU "
+                                               f"side cannot tell them from another type")
