@@ -23,7 +23,7 @@ from hipsched.ops import OPS
 from test_gpu_kernels_emulated import (  # noqa: F401  (collected here, with this module's `emu`)
     test_half_add_scale, test_half_attention_head_classes, test_half_cosine, test_half_device_in_device_out,
     test_half_dtype_without_kernels_is_refused, test_half_matmul_tiled_kernel, test_half_overflow_nan_inf,
-    test_half_qmatmul,
+    test_half_qmatmul, test_half_qmatmul_device_x,
     test_half_rms_norm, test_half_softmax, test_half_softmax_nan_inf, test_half_supports_table,
     test_half_top_k, half_call, HALF, UNIT)
 

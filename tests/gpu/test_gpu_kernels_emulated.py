@@ -444,6 +444,28 @@ def test_half_qmatmul(emu, rng, dtype, qtype):
         np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_qmatmul_device_x(emu, rng, dtype):
+    """A half x on the device gives a device y of x's type, the bits of the host run; a vector x whose base
+    is not 8-byte aligned (a view one element into a buffer: the mat-vec's 4-element loads need 8 bytes)
+    goes through the alignment copy, in x's own type."""
+    from hipsched import quantize
+    from hipsched.gpu.memory import DeviceArray, to_device
+    rt, t = emu._ctx.rt, HALF[dtype]
+    W = quantize(rng.standard_normal((37, 64)).astype(np.float32), "q8_0")
+    x = rng.standard_normal(64).astype(t)
+    buf = to_device(np.concatenate([np.zeros(1, t), x]), runtime=rt)
+    view = DeviceArray(buf.ptr + t.itemsize, (64,), t, rt, owner=buf)
+    assert int(view.ptr) % 8
+    for dev in (to_device(x, runtime=rt), view):
+        out = emu.run(OPS["qmatmul"].prepare(W, dev))
+        assert isinstance(out, DeviceArray) and out.dtype == t
+        assert_same_bits(out.get(), emu.run(OPS["qmatmul"].prepare(W, x)))
+    xm = rng.standard_normal((64, 5)).astype(t)
+    out = emu.run(OPS["qmatmul"].prepare(W, to_device(xm, runtime=rt)))
+    assert_same_bits(out.get(), emu.run(OPS["qmatmul"].prepare(W, xm)))
+
+
 def test_half_supports_table(emu):
     for op in ("add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "matmul", "attention"):
         assert emu.supports(op, "float16") and emu.supports(op, "bfloat16") and emu.supports(op, "float32")
