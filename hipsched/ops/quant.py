@@ -85,11 +85,11 @@ def prepare_dequantize(w) -> Call:
 @register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QMATMUL_DTYPES,
           gpu_dtypes=QMATMUL_DTYPES, split=_split_qmatmul, sweep=_sweep(True))
 def prepare_qmatmul(w, x) -> Call:
-    """w (n, k) quantized times x (k,) or (k, m). Both backends keep x as given and dequantize each
-    weight in registers (bit-exact to `dequantize`), so the result is the float32 product of the
-    dequantized matrix and x up to summation order: no 8-bit quantization of x. x float16 or bfloat16
-    (host or device): widened exactly, the sums float32, and the result rounded once to x's dtype.
-    Call.dtype is `qmatmul_dtype(w.qtype, x's dtype)`."""
+    """w (n, k) quantized times x (k,) or (k, m). Both backends dequantize each weight in registers
+    (bit-exact to `dequantize`), so the result is the float32 product of the dequantized matrix and x
+    up to summation order: no 8-bit quantization of x. x float16 or bfloat16 (host or device) is widened
+    exactly (in registers on the GPU; the CPU widens it once, small next to w), the sums are float32,
+    and the result is rounded once to x's dtype. Call.dtype is `qmatmul_dtype(w.qtype, x's dtype)`."""
     _check_qt(w, "qmatmul")
     x = as_float(x, "qmatmul", "x")
     check_ndim(x, (1, 2), "qmatmul", "x")
