@@ -97,6 +97,14 @@ def test_cosine(emu, rng, m, d):
     g, c = both(emu, "cosine_similarity", q, T)
     assert g.shape == c.shape
     np.testing.assert_allclose(g, c, rtol=0, atol=3e-6 + 2e-7 * np.sqrt(d))
+    np.testing.assert_allclose(g, cosines64(q, T), rtol=0, atol=3e-6 + 2e-7 * np.sqrt(d))
+
+
+def cosines64(q, T):
+    """Cosine similarities in float64 (the outside reference; no zero rows in the callers' data)."""
+    q64, T64 = np.atleast_2d(q.astype(np.float64)), T.astype(np.float64)
+    ref = (q64 @ T64.T) / (np.linalg.norm(q64, axis=1)[:, None] * np.linalg.norm(T64, axis=1)[None, :])
+    return ref[0] if q.ndim == 1 else ref
 
 
 def test_cosine_zero_nan_extreme(emu):
@@ -116,6 +124,10 @@ def test_top_k_multi_pass(emu, rng):
     (gi, gs), (ci, cs) = both(emu, "top_k", q, T, 5)
     np.testing.assert_array_equal(gi, ci)
     np.testing.assert_allclose(gs, cs, atol=5e-6)
+    # the 5 best by float64 scores, up to swaps between scores closer than float32's error
+    ref = cosines64(q, T)
+    np.testing.assert_allclose(gs, ref[gi], rtol=0, atol=5e-6)
+    assert (ref[gi] > np.sort(ref)[-5] - 1e-5).all()
 
 
 def test_top_k_ties_nan(emu, rng):
@@ -192,6 +204,10 @@ def test_attention_head_classes(emu, rng, hd):
     for causal in (False, True):
         g, c = both(emu, "attention", q, k, v, causal=causal)
         np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-6)
+        torch = need("torch", reason="PyTorch CPU is the attention reference (test extra)")
+        q64, k64, v64 = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=causal).numpy()
+        np.testing.assert_array_less(np.abs(g - ref), 2e-5 * (1 + np.abs(ref)))   # test_gpu_ops_extra's bound
 
 
 @pytest.mark.parametrize("index", [np.int32, np.int64])   # the _i32 and _i64 push kernels
@@ -203,6 +219,14 @@ def test_spread_activation(emu, rng, index):
     seeds[:4] = 1
     g, c = both(emu, "spread_activation", graph, seeds, 0.5, 3, 0.01)
     np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+    # the rule of ops/graph.py in float64 through SciPy's sparse product (duplicate edges add up)
+    sparse = need("scipy.sparse", reason="SciPy's sparse matrices are the reference (test extra)")
+    A = sparse.csr_matrix((graph[2].astype(np.float64), indices, indptr), shape=(40, 40))
+    a = seeds.astype(np.float64)
+    for _ in range(3):
+        a = np.clip(a + 0.5 * (A.T @ a), 0, 1)
+        a[a < 0.01] = 0
+    np.testing.assert_allclose(g, a, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------- half precision
