@@ -14,6 +14,8 @@ SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
 if SUPPORT not in sys.path:
     sys.path.insert(0, SUPPORT)
 
+from requires import need  # noqa: E402  (tests/support, on the path from here on)
+
 # CI runs the same examples every time (a red build must be reproducible); local runs explore new ones.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
@@ -79,8 +81,8 @@ def _no_environment_left_by_dask():
 def dask_client():
     """One distributed.LocalCluster for the tests/dask/test_dask_*.py modules: 2 worker processes (spawned, as
     LocalCluster does by default) with 1 thread each, started once because a start takes seconds."""
-    pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-    distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+    need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+    distributed = need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
     from dask_support import start_cluster
     cluster, client = start_cluster(distributed)
     _restore_nanny_environ()

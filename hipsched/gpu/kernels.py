@@ -28,14 +28,20 @@ _KERNEL_RE = re.compile(r"(?:__global__|HS_KERNEL)\s+" + _LAUNCH_BOUNDS + r"void
 
 
 def _source_dir():
-    """The directory holding the .hip files: the installed package data, else the source tree."""
+    """The directory holding the .hip files: the source tree this package was imported from, else the
+    installed package data. The tree comes first because `hipsched.hip_src` is looked up by name: with
+    an editable install of another checkout in the environment, a package imported from this tree (a
+    PYTHONPATH run) would otherwise be handed that checkout's kernels."""
+    tree = Path(__file__).resolve().parents[2] / "src_c" / "hip"
+    if (tree / PRELUDE).is_file():
+        return tree
     try:
         root = resources.files("hipsched.hip_src")
         if any(p.name.endswith(".hip") for p in root.iterdir()):
             return root
     except (ModuleNotFoundError, FileNotFoundError, TypeError):
         pass
-    return Path(__file__).resolve().parents[2] / "src_c" / "hip"
+    return tree
 
 
 def kernel_sources() -> dict[str, str]:

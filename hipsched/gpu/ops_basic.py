@@ -33,19 +33,14 @@ KERNEL_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 HALF_OPS = ("add", "scale", "softmax", "cosine_similarity", "top_k", "matmul")   # and attention, rms_norm
 
 
-def kernel_suffix(call, op=None) -> str:
-    """The kernel suffix of call.dtype; GpuError("unsupported") for a dtype without kernels."""
-    suffix = KERNEL_SUFFIX.get(getattr(call, "dtype", "float32") or "float32")
-    if suffix is None:
-        raise GpuError("unsupported", f"{op or call.op}: no GPU kernels for dtype {call.dtype}")
-    return suffix
-
-
-def require_float32(call) -> None:
-    """For the glue whose kernels are float32 only: a half call must not reach them (it would read
-    2-byte elements as 4-byte ones)."""
-    if (getattr(call, "dtype", "float32") or "float32") != "float32":
-        raise GpuError("unsupported", f"{call.op}: the GPU kernels take float32 only, not {call.dtype}")
+def kernel_suffix(call, op=None, dtypes=tuple(KERNEL_SUFFIX)) -> str:
+    """The kernel suffix of call.dtype, one of `dtypes` (those the glue's kernels are built for: every
+    entry point asks, so a call of another dtype is refused before its elements could be read at the
+    wrong width); GpuError("unsupported") for any other."""
+    dtype = getattr(call, "dtype", "float32") or "float32"
+    if dtype not in dtypes:
+        raise GpuError("unsupported", f"{op or call.op}: no GPU kernels for dtype {dtype}")
+    return KERNEL_SUFFIX[dtype]
 
 
 def np_dtype(name: str) -> np.dtype:

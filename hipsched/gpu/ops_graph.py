@@ -11,6 +11,7 @@ import ctypes
 import numpy as np
 
 from .context import Launch, grid_stride_blocks, pure_plan
+from .ops_basic import kernel_suffix
 
 _BLOCK = 256
 _GROUP = 8  # HSG_GROUP: lanes per row in the push kernel
@@ -33,6 +34,7 @@ def spread_launches(n: int, index_dtype, multiprocessors: int) -> list[Launch]:
 
 
 def spread_activation_plan(ctx, call) -> list[Launch]:
+    kernel_suffix(call, dtypes=("float32",))   # the kernels read float32 activations and weights only
     indptr, indices, _, seeds = call.args
     n = int(seeds.shape[0])
     if n == 0 or int(call.params["steps"]) == 0:

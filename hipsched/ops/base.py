@@ -16,7 +16,10 @@ class Call:
     """One validated invocation. `args` hold float32 C-contiguous host arrays, device arrays (objects
     with __cuda_array_interface__), or op-specific objects (QuantizedTensor, CSR parts); `params` the
     scalars. `size` is the op's work measure (what the cost model buckets by), `nbytes` what it reads
-    and writes (what transfers cost), `on_device` whether the inputs already live on a GPU."""
+    and writes (what transfers cost), `on_device` whether the inputs already live on a GPU. `dtype` is
+    the name the kernels are chosen by, one of the op spec's declared dtypes: the inputs' float type, a
+    quant type, or qmatmul's (quant type, x dtype) pair (ops/quant.py); the scheduler's model, the GPU's
+    capability check and the telemetry key on it."""
 
     __slots__ = ("op", "args", "params", "size", "nbytes", "dtype", "on_device")
 

@@ -7,10 +7,22 @@ import numpy as np
 
 # QuantizedTensor is public here too (hipsched.QuantizedTensor resolves through this module)
 from ..gguf_blocks import QTYPES, QuantizedTensor, check_shape, qtype_name
-from .base import Call, _resolve, any_on_device, as_float, check_ndim, dtype_name, check_result_fits, rand_f32, register, \
-    shape_mismatch
+from .base import FLOATS, Call, _resolve, any_on_device, as_float, check_ndim, dtype_name, check_result_fits, rand_f32, \
+    register, shape_mismatch
 
 __all__ = ["QuantizedTensor", "quantize"]
+
+
+def qmatmul_dtype(qtype: str, x_dtype: str) -> str:
+    """qmatmul's Call.dtype: the weights' quant type and x's dtype, both of which pick the kernels and
+    change the cost (a half x moves half the bytes), so the scheduler's model, the GPU's capability
+    check and the telemetry all key on the pair. float32 x, the common case, is the quant type alone
+    ("q8_0", as logs and saved models have always said); a half x is "q8_0/float16"."""
+    return qtype if x_dtype == "float32" else f"{qtype}/{x_dtype}"
+
+
+# every (quant type, x dtype) pair both sides run: Q8_0 and Q4_0 against float32, float16 and bfloat16
+QMATMUL_DTYPES = tuple(qmatmul_dtype(q, x) for q in QTYPES for x in FLOATS)
 
 _CPU = "hipsched.cpu._quant"
 _GPU = "hipsched.gpu.ops_quant"
@@ -70,14 +82,14 @@ def prepare_dequantize(w) -> Call:
     return Call("dequantize", (w,), {}, size=n * k, nbytes=w.nbytes + 4 * n * k, dtype=w.qtype)
 
 
-@register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QTYPES, gpu_dtypes=QTYPES,
-          split=_split_qmatmul, sweep=_sweep(True))
+@register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QMATMUL_DTYPES,
+          gpu_dtypes=QMATMUL_DTYPES, split=_split_qmatmul, sweep=_sweep(True))
 def prepare_qmatmul(w, x) -> Call:
-    """w (n, k) quantized times x (k,) or (k, m). The CPU kernel keeps x in float32 and
-    dequantizes each weight in registers (bit-exact to `dequantize`), so the result is the float32
-    product of the dequantized matrix and x up to summation order: no 8-bit quantization of x.
-    x float16 or bfloat16 (CPU): widened exactly, and the result rounded once to x's dtype; on a
-    device x must be float32."""
+    """w (n, k) quantized times x (k,) or (k, m). Both backends dequantize each weight in registers
+    (bit-exact to `dequantize`), so the result is the float32 product of the dequantized matrix and x
+    up to summation order: no 8-bit quantization of x. x float16 or bfloat16 (host or device) is widened
+    exactly (in registers on the GPU; the CPU widens it once, small next to w), the sums are float32,
+    and the result is rounded once to x's dtype. Call.dtype is `qmatmul_dtype(w.qtype, x's dtype)`."""
     _check_qt(w, "qmatmul")
     x = as_float(x, "qmatmul", "x")
     check_ndim(x, (1, 2), "qmatmul", "x")
@@ -86,10 +98,6 @@ def prepare_qmatmul(w, x) -> Call:
         raise shape_mismatch("qmatmul", "w", w.shape, "x", x.shape, "w is (n, k); x must be (k,) or (k, m)")
     m = 1 if x.ndim == 1 else int(x.shape[1])
     check_result_fits("qmatmul", n, m)
-    on_device = any_on_device(x)
-    if on_device and dtype_name(x) != "float32":
-        raise TypeError(f"qmatmul: device argument 'x' is {dtype_name(x)}; qmatmul takes float32 device arrays "
-                        f"(float16/bfloat16 on the host)")
     nbytes = w.nbytes + x.dtype.itemsize * (k * m + n * m)
-    return Call("qmatmul", (w, x), {}, size=n * k * m, nbytes=nbytes, dtype=w.qtype,
-                on_device=on_device)
+    return Call("qmatmul", (w, x), {}, size=n * k * m, nbytes=nbytes, dtype=qmatmul_dtype(w.qtype, dtype_name(x)),
+                on_device=any_on_device(x))

@@ -34,10 +34,12 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 def op_label(d) -> object:
     """The name an event is tabulated under: the op, and for half precision the op and its dtype
-    ("top_k[float16]": half the bytes, its own costs and crossover). float32 and the quantized ops'
-    block types keep the plain op name, so logs without half calls read as they always did."""
+    ("top_k[float16]": half the bytes, its own costs and crossover; qmatmul's "q8_0/float16", a half x
+    against quantized weights, is "qmatmul[float16]"). float32 and the quantized ops' block types keep
+    the plain op name, so logs without half calls read as they always did."""
     op, dt = d.get("op"), d.get("dtype")
-    return f"{op}[{dt}]" if dt in HALF_DTYPES and isinstance(op, str) else op
+    half = dt.rpartition("/")[2] if isinstance(dt, str) else None
+    return f"{op}[{half}]" if half in HALF_DTYPES and isinstance(op, str) else op
 
 
 def new_run_id() -> str:

@@ -6,7 +6,8 @@
 //                                                         element j+16 = high nibble; value = (q - 8) * d
 // Blocks are 34/18 bytes, so a block (and its fp16 scale) is only 2-byte aligned: everything below
 // reads 16-bit words and converts the scale by hand, which is exact and identical on both vendors.
-// Products accumulate in fp32 against the float activations as given (x is never re-quantized).
+// Products accumulate in fp32 against the activations as given, float32 or a half type widened on load
+// (x is never re-quantized), and are rounded once to x's type.
 
 #define HSQ_Q8_BYTES 34
 #define HSQ_Q4_BYTES 18
@@ -73,15 +74,19 @@ HS_KERNEL void hs_dequantize_q4_0(const hs_u16* __restrict__ src, float4* __rest
 // (every x load serves all of them). Lanes go 8 to a block, 4 quants each, so one load instruction of
 // the warp reads contiguous memory: HS_WARP/8 consecutive blocks of W, or the X rows of those quants
 // (a lane-per-block mapping would make every instruction touch the warp's whole strided footprint,
-// and the L1 would be the bottleneck). MC == 1: x is a vector read as float4 (16-byte aligned);
-// MC == 8: any 1 <= m <= 8 columns, Y (n, m) row-major, each quant's conversion reused by m columns.
+// and the L1 would be the bottleneck). MC == 1: x is a vector read four elements at a time (hs_ld4:
+// 16 bytes of float, 8 of a half type, aligned to that); MC == 8: any 1 <= m <= 8 columns, Y (n, m)
+// row-major, each quant's conversion reused by m columns.
+// X and Y are of one element type T (float, hs_half, hs_bf16): x is widened on load, the sums are
+// float32 whatever T, and each output is rounded once to T on the store (the CPU engine's rule), so a
+// half product is the float32 kernel's result on the widened x, rounded.
 #define HSQ_NR 2
 // Launch sizes, declared so AMD compilers budget registers for them (not for 1024-thread blocks).
 #define HSQ_MV_THREADS 128
 #define HSQ_MM_THREADS 256
 
-template <int Q8, int MC>
-HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+template <int Q8, int MC, class T>
+HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y,
                        hs_i64 n, hs_i64 k, int m) {
     constexpr int BPI = HS_WARP / 8;               // blocks per row per load step
     const int lane = threadIdx.x % HS_WARP;
@@ -99,14 +104,14 @@ HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x,
     for (hs_i64 b = lane / 8; b < nb; b += BPI) {
         float xv[4][MC];                           // X rows 32b + 4part + i, columns c
         if (MC == 1) {
-            const float4 t = reinterpret_cast<const float4*>(x)[b * 8 + part];
+            const float4 t = hs_ld4(x, b * 8 + part);
             xv[0][0] = t.x; xv[1][0] = t.y; xv[2][0] = t.z; xv[3][0] = t.w;
         } else {
-            const float* xr = x + (b * 32 + 4 * part) * m;
+            const T* xr = x + (b * 32 + 4 * part) * m;
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int c = 0; c < MC; ++c) xv[i][c] = c < m ? xr[i * m + c] : 0.0f;
+                for (int c = 0; c < MC; ++c) xv[i][c] = c < m ? hs_ld(xr[i * m + c]) : 0.0f;
         }
 #pragma unroll
         for (int r = 0; r < HSQ_NR; ++r) {
@@ -127,41 +132,22 @@ HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const float* __restrict__ x,
 #pragma unroll
         for (int c = 0; c < MC; ++c) {
             const float s = hs_warp_reduce<HsSum>(acc[r][c]);
-            if (lane == 0 && r < nrows && c < m) y[(row0 + r) * m + c] = s;
+            if (lane == 0 && r < nrows && c < m) y[(row0 + r) * m + c] = hs_st<T>(s);
         }
-}
-
-HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                               hs_i64 n, hs_i64 k) {
-    hsq_matvec<1, 1>(w, x, y, n, k, 1);
-}
-
-HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                               hs_i64 n, hs_i64 k) {
-    hsq_matvec<0, 1>(w, x, y, n, k, 1);
-}
-
-HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec8_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                                hs_i64 n, hs_i64 k, int m) {
-    hsq_matvec<1, 8>(w, x, y, n, k, m);
-}
-
-HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec8_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                                hs_i64 n, hs_i64 k, int m) {
-    hsq_matvec<0, 8>(w, x, y, n, k, m);
 }
 
 // ------------------------------------------------------------------ matrix-matrix
 
 // Y (n, m) = W (n, k) X (k, m) for m > 8, all row-major. A 64x64 output tile per block of 256 threads, k in steps
-// of one quant block: the W tile is dequantized into shared memory once and reused by 64 columns.
+// of one quant block: the W tile is dequantized into shared memory once and reused by 64 columns, and
+// the X tile is widened to float32 there, so the inner loop is the same whatever T.
 // Thread (tr, tc) computes rows 4*tr..4*tr+3 and columns tc, tc+16, tc+32, tc+48 (strided so the
 // shared X reads of a warp hit 16 consecutive banks). Launch: grid (ceil(n/64), ceil(m/64)), block 256.
 #define HSQ_TM 64
 #define HSQ_TN 64
 
-template <int Q8>
-HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
+template <int Q8, class T>
+HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y,
                        hs_i64 n, hs_i64 k, hs_i64 m) {
     __shared__ float ws[32][HSQ_TM + 1];
     __shared__ float xs[32][HSQ_TN];
@@ -199,7 +185,7 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const float* __restrict__ x,
         for (int e = 0; e < 8; ++e) {
             const int idx = tid + 256 * e;           // 2048 = 32 x 64 values, coalesced along columns
             const int kk = idx / HSQ_TN, cc = idx % HSQ_TN;
-            xs[kk][cc] = (c0 + cc < m) ? x[(b * 32 + kk) * m + c0 + cc] : 0.0f;
+            xs[kk][cc] = (c0 + cc < m) ? hs_ld(x[(b * 32 + kk) * m + c0 + cc]) : 0.0f;
         }
         __syncthreads();
 #pragma unroll 8
@@ -223,17 +209,40 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const float* __restrict__ x,
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const hs_i64 c = c0 + tc + 16 * j;
-            if (c < m) y[r * m + c] = acc[i][j];
+            if (c < m) y[r * m + c] = hs_st<T>(acc[i][j]);
         }
     }
 }
 
-HS_KERNEL void __launch_bounds__(HSQ_MM_THREADS) hs_qmatmat_q8_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                               hs_i64 n, hs_i64 k, hs_i64 m) {
-    hsq_matmat<1>(w, x, y, n, k, m);
-}
-
-HS_KERNEL void __launch_bounds__(HSQ_MM_THREADS) hs_qmatmat_q4_0(const hs_u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
-                               hs_i64 n, hs_i64 k, hs_i64 m) {
-    hsq_matmat<0>(w, x, y, n, k, m);
-}
+// The products per element type S/T of x and y and per quant type (kernel names hs_<kind>_<S>_<qtype>):
+// hs_qmatvec (a vector), hs_qmatvec8 (2..8 columns), hs_qmatmat (more).
+#define HSQ_PRODUCTS(S, T)                                                                                     \
+    HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec_##S##_q8_0(                                   \
+            const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k) {    \
+        hsq_matvec<1, 1, T>(w, x, y, n, k, 1);                                                                 \
+    }                                                                                                          \
+    HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec_##S##_q4_0(                                   \
+            const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k) {    \
+        hsq_matvec<0, 1, T>(w, x, y, n, k, 1);                                                                 \
+    }                                                                                                          \
+    HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec8_##S##_q8_0(                                  \
+            const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k,      \
+            int m) {                                                                                           \
+        hsq_matvec<1, 8, T>(w, x, y, n, k, m);                                                                 \
+    }                                                                                                          \
+    HS_KERNEL void __launch_bounds__(HSQ_MV_THREADS) hs_qmatvec8_##S##_q4_0(                                  \
+            const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k,      \
+            int m) {                                                                                           \
+        hsq_matvec<0, 8, T>(w, x, y, n, k, m);                                                                 \
+    }                                                                                                          \
+    HS_KERNEL void __launch_bounds__(HSQ_MM_THREADS) hs_qmatmat_##S##_q8_0(                                   \
+            const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k,      \
+            hs_i64 m) {                                                                                        \
+        hsq_matmat<1, T>(w, x, y, n, k, m);                                                                    \
+    }                                                                                                          \
+    HS_KERNEL void __launch_bounds__(HSQ_MM_THREADS) hs_qmatmat_##S##_q4_0(                                   \
+            const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k,      \
+            hs_i64 m) {                                                                                        \
+        hsq_matmat<0, T>(w, x, y, n, k, m);                                                                    \
+    }
+HS_FOR_EACH_FLOAT(HSQ_PRODUCTS)

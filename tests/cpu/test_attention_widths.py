@@ -16,12 +16,13 @@ import shutil
 
 import numpy as np
 import pytest
+from requires import need
 
 import hipsched
 from hipsched.cpu import _attention as A
 from emulated_widths import build_widths  # tests/support
 
-ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
+ml_dtypes = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
 
 LEVEL = hipsched.cpu_features()["simd"]
 

@@ -7,13 +7,14 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 from hypothesis import given, settings, strategies as st
 
 import hipsched
 from hipsched.cpu import _attention as A
 from hipsched.ops import OPS
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 F = torch.nn.functional
 
 RTOL = ATOL = 1e-5

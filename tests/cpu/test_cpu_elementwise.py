@@ -6,8 +6,9 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 
-pytest.importorskip("scipy.special", reason="SciPy's softmax is the reference (test extra)")
+need("scipy.special", reason="SciPy's softmax is the reference (test extra)")
 import scipy.special  # noqa: E402
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
@@ -83,7 +84,7 @@ def test_softmax_any_axis_matches_scipy(rng, shape, axis):
 
 
 def test_softmax_matches_torch(rng):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     x = (rng.standard_normal((64, 517)) * 4).astype(np.float32)
     np.testing.assert_allclose(hipsched.softmax(x), torch.softmax(torch.from_numpy(x), -1).numpy(), rtol=2e-5, atol=1e-9)
 
@@ -160,7 +161,7 @@ def test_extension_refuses_arrays_its_kernels_cannot_read_safely():
 def test_half_calls_carry_their_dtype_and_bytes():
     """Half inputs stay half (their values and kernels: test_cpu_half.py); the Call the scheduler keys
     and costs by names the dtype and counts 2-byte elements. The GPU side takes float32 only."""
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = need("ml_dtypes")
     from hipsched.ops import OPS
     for dt in (np.float16, ml_dtypes.bfloat16):
         x = np.ones((4, 8), dt)

@@ -6,8 +6,9 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 
-pytest.importorskip("scipy.sparse", reason="SciPy's sparse matrices are the reference (test extra)")
+need("scipy.sparse", reason="SciPy's sparse matrices are the reference (test extra)")
 import scipy.sparse as sp  # noqa: E402
 from hypothesis import assume, given, settings, strategies as st
 

@@ -16,11 +16,12 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
-torch = pytest.importorskip("torch", reason="PyTorch CPU is the same-dtype reference (test extra)")
+ml_dtypes = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
+torch = need("torch", reason="PyTorch CPU is the same-dtype reference (test extra)")
 
 import hipsched  # noqa: E402
 from hipsched.cpu import _elementwise as E  # noqa: E402

@@ -12,13 +12,14 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 
 import hipsched
 from hipsched.cpu import _attention as A
 from hipsched.ops import OPS
 
-torch = pytest.importorskip("torch")
-ml_dtypes = pytest.importorskip("ml_dtypes")
+torch = need("torch")
+ml_dtypes = need("ml_dtypes")
 F = torch.nn.functional
 BF16 = ml_dtypes.bfloat16
 HALVES = [np.float16, BF16]

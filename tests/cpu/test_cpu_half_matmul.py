@@ -8,11 +8,12 @@ the half format, relative error u (2^-11 float16, 2^-8 bfloat16): |ours - exact|
 same bound holds for it, and twice the bound between the two."""
 import numpy as np
 import pytest
+from requires import need
 
 import hipsched
 from hipsched.cpu import _similarity as S
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
+ml_dtypes = need("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
 HALVES = [np.float16, BF16]
 UNIT = {np.float16: 2.0 ** -11, BF16: 2.0 ** -8}
@@ -26,7 +27,7 @@ def _bound(a, b, dt):
 
 
 def _torch(a):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(a.copy())
@@ -64,7 +65,7 @@ def test_float16_overflow_and_nan_follow_the_format():
     b = np.full((1024, 3), 300, np.float16)
     out = S.matmul(a, b)
     assert np.all(np.isposinf(out[0])) and np.all(np.isnan(out[1]))
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     np.testing.assert_array_equal(out.astype(np.float32), (_torch(a) @ _torch(b)).float().numpy())
     ob = S.matmul(a.astype(BF16), b.astype(BF16))
     assert np.all(np.isfinite(ob[0].astype(np.float32)))

@@ -7,9 +7,10 @@ widening is exact, so there is nothing to tolerate). qmatmul: the float32 result
 to x's dtype, u |exact| more (u = 2^-11 float16, 2^-8 bfloat16), with (1 + u) on the first term."""
 import numpy as np
 import pytest
+from requires import need
 
-gguf = pytest.importorskip("gguf")
-ml_dtypes = pytest.importorskip("ml_dtypes")
+gguf = need("gguf")
+ml_dtypes = need("ml_dtypes")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 
 import hipsched as hs  # noqa: E402

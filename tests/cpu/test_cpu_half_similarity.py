@@ -16,12 +16,13 @@ import os
 import numpy as np
 from cosine_reference import cos_ref
 import pytest
+from requires import need
 from hypothesis import given, settings, strategies as st
 
 import hipsched
 from hipsched.cpu import _similarity as S
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
+ml_dtypes = need("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
 HALVES = [np.float16, BF16]
 UNIT = {np.float16: 2.0 ** -11, BF16: 2.0 ** -8}  # unit roundoff (half the machine epsilon)
@@ -42,7 +43,7 @@ def _rank_ref(scores, k):
 
 
 def _torch(a):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     if a.dtype == BF16:  # torch.from_numpy does not know ml_dtypes: same bits, reinterpreted
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(a.copy())
@@ -89,7 +90,7 @@ def test_mixed_dtypes_are_the_float32_computation_on_the_given_values(rng, qdt, 
 @pytest.mark.parametrize("dt", HALVES)
 @pytest.mark.parametrize("d", [8, 100, 768])
 def test_cosine_against_torch_same_dtype(rng, dt, d):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     q = rng.standard_normal((1, d)).astype(dt)
     T = rng.standard_normal((500, d)).astype(dt)
     ours = S.cosine_similarity(q, T)[0]
@@ -170,7 +171,7 @@ def test_top_k_half_ties_and_nan(dt):
 def test_top_k_half_many_queries_match_torch_topk(rng, monkeypatch, dt):
     """Many queries (BLAS on widened blocks, several top_k blocks) against torch.topk over float32
     cosines of the same half values: equal where no two exact scores are within 2 ACC(d)."""
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     monkeypatch.setattr(S, "TOPK_BLOCK_BYTES", 4 * 3000 * 7)
     monkeypatch.setattr(S, "HALF_BLOCK_BYTES", 4 * 700 * 32)
     q = rng.standard_normal((20, 32)).astype(dt)
@@ -188,7 +189,7 @@ def test_top_k_half_many_queries_match_torch_topk(rng, monkeypatch, dt):
 def test_top_k_fp16_matches_faiss_scalar_quantizer(rng):
     """FAISS's QT_fp16 index stores the same float16 values; on normalised vectors its inner product
     is the cosine (FAISS accumulates in float32 too): same indices where scores are separated."""
-    faiss = pytest.importorskip("faiss")
+    faiss = need("faiss")
     T = rng.standard_normal((5000, 32)).astype(np.float32)
     T /= np.linalg.norm(T, axis=1, keepdims=True)
     q = rng.standard_normal((64, 32)).astype(np.float32)

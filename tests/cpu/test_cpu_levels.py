@@ -35,8 +35,9 @@ import sys
 
 import numpy as np
 import pytest
+from requires import need
 
-ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
+ml_dtypes = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
 
 import hipsched  # noqa: E402
 

@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -53,7 +54,7 @@ def test_matches_float64_reference(rng, shape):
 
 
 def test_matches_torch(rng):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     if not hasattr(torch.nn.functional, "rms_norm"):
         pytest.skip("this torch has no nn.functional.rms_norm")
     x = rng.standard_normal((6, 9, 768)).astype(np.float32)
@@ -153,7 +154,7 @@ def test_spec_splits_rows_and_its_sweep_prepares(rng):
 def test_half_calls_carry_their_dtype_and_bytes():
     """Half inputs stay half (values: test_cpu_half.py); the Call names the dtype and counts 2-byte
     elements; a mix of dtypes promotes to float32. The GPU side takes float32 only."""
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_dtypes = need("ml_dtypes")
     for dt in (np.float16, ml_dtypes.bfloat16):
         call = OPS["rms_norm"].prepare(np.ones((4, 8), dt), np.ones(8, dt))
         assert (call.dtype, call.nbytes, call.size) == (np.dtype(dt).name, 2 * (2 * 32 + 8), 32)

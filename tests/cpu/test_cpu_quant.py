@@ -10,10 +10,11 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-gguf = pytest.importorskip("gguf")
+gguf = need("gguf")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 
 import hipsched as hs  # noqa: E402

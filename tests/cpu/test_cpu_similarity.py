@@ -8,6 +8,7 @@ import os
 import numpy as np
 from cosine_reference import cos_ref
 import pytest
+from requires import need
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -140,7 +141,7 @@ def test_top_k_ties_nan_and_k_above_n(k):
 
 
 def test_top_k_matches_faiss(rng):
-    faiss = pytest.importorskip("faiss")
+    faiss = need("faiss")
     T = rng.standard_normal((5000, 32)).astype(np.float32)
     q = rng.standard_normal((4, 32)).astype(np.float32)
     Tn = T / np.linalg.norm(T, axis=1, keepdims=True)

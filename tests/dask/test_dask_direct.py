@@ -5,9 +5,10 @@ hipsched.top_k on the whole corpus bit for bit (at most 12 queries: the kernel s
 own), whichever path gave it; the tests also check which path that was."""
 import numpy as np
 import pytest
+from requires import need
 
-da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+da = need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+distributed = need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402

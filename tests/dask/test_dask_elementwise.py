@@ -2,9 +2,10 @@
 (softmax: per whole slice), so the results must be bit-identical to the single-machine ops."""
 import numpy as np
 import pytest
+from requires import need
 
-da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+da = need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402

@@ -15,9 +15,10 @@ import time
 
 import numpy as np
 import pytest
+from requires import need
 
-da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+da = need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+distributed = need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
@@ -143,7 +144,7 @@ def _victim_holding_a_group(client, before, job_dir):
 
 
 def test_sigkill_mid_top_k_reruns_tasks_and_leaves_a_parseable_log(cluster, gate):
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = need("jsonschema")
     client, job_dir = cluster
     rng = np.random.default_rng(11)
     T = rng.standard_normal((N_CHUNKS * ROWS, D)).astype(np.float32)

@@ -15,10 +15,11 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 
-da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
-sp = pytest.importorskip("scipy.sparse")
+da = need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+sp = need("scipy.sparse")
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402

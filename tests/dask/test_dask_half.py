@@ -4,10 +4,11 @@ wrong results downstream), and gives that op's values: bit for bit where the sin
 computes each output from the same inputs in the same order, within the stated bound for matmul."""
 import numpy as np
 import pytest
+from requires import need
 
-da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
-ml_dtypes = pytest.importorskip("ml_dtypes")
+da = need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+distributed = need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+ml_dtypes = need("ml_dtypes")
 
 import dask  # noqa: E402
 

@@ -13,9 +13,10 @@ Equality with the single-machine ops:
   products in any order, plus c - 1 additions of partial sums)."""
 import numpy as np
 import pytest
+from requires import need
 
-da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+da = need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402

@@ -8,9 +8,10 @@ import time
 
 import numpy as np
 import pytest
+from requires import need
 
-da = pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+da = need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+distributed = need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
 import dask  # noqa: E402
 
 import hipsched as hs  # noqa: E402

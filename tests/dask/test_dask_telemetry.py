@@ -6,10 +6,11 @@ import os
 
 import numpy as np
 import pytest
+from requires import need
 
 from hipsched.telemetry import Telemetry, schema_path
 
-jsonschema = pytest.importorskip("jsonschema")
+jsonschema = need("jsonschema")
 
 
 def _lines(path):
@@ -46,8 +47,8 @@ def test_executor_passes_the_config_tags():
 
 
 # ------------------------------------------------------------------------------------ on the cluster
-dask = pytest.importorskip("dask", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
-pytest.importorskip("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
+dask = need("dask", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
+need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
 import dask.array as da  # noqa: E402
 
 import hipsched.dask as hd  # noqa: E402

@@ -8,6 +8,7 @@ import weakref
 
 import numpy as np
 import pytest
+from requires import need
 
 from hipsched.errors import GpuError
 from hipsched.gpu import dlpack
@@ -90,7 +91,7 @@ def test_consume_numpy_and_torch_capsules():
     assert (t.device, t.shape, t.dtype, t.ptr) == ((dlpack.kDLCPU, 0), (2, 3), np.dtype(np.float32),
                                                    host.ctypes.data)
     t.release()
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     x = torch.arange(10, dtype=torch.int64)[2:]
     t = dlpack.ConsumedTensor(torch.utils.dlpack.to_dlpack(x))
     assert t.ptr == x.data_ptr() and t.shape == (8,) and t.dtype == np.int64
@@ -299,7 +300,7 @@ def test_gpu_round_trip_and_resident_cache():
 def test_gpu_interop_with_torch_or_cupy():
     from hipsched.gpu import detect
     rt = detect.get_runtime()
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no GPU")
     x = torch.arange(64, dtype=torch.float32, device="cuda")

@@ -97,7 +97,7 @@ def test_registers_beyond_the_register_file(ctx):
 def test_amd_work_items_per_dimension(ctx):
     if ctx.platform != "amd":
         pytest.skip("a 32-bit HSA dispatch grid is AMD's")
-    _both_refuse(ctx, "quant", "hs_qmatvec_q8_0", (2**25, 1, 1), (128, 1, 1), 0,
+    _both_refuse(ctx, "quant", "hs_qmatvec_f32_q8_0", (2**25, 1, 1), (128, 1, 1), 0,
                  "hipErrorInvalidConfiguration", "work-items")
 
 

@@ -95,6 +95,9 @@ def test_supports_table(backend):
         if op in ("dequantize", "qmatmul"):
             assert backend.supports(op, "q8_0") and backend.supports(op, "q4_0")
             assert not backend.supports(op, "q5_k")
+            # qmatmul's Call.dtype names x's dtype beside the quant type when x is half
+            half = [f"{q}/{x}" for q in ("q8_0", "q4_0") for x in ("float16", "bfloat16")]
+            assert all(backend.supports(op, d) for d in half) == (op == "qmatmul")
         else:
             assert backend.supports(op, "float32")
             assert not backend.supports(op, "float64")
@@ -224,9 +227,10 @@ def test_every_kernel_named_by_the_glue_exists():
     for src, k in literal:
         assert k in kernels.get(src, ()), f"{k} not in {src}.hip"
     # names built at run time (element type suffix, _v4, query count): every variant the glue forms
-    from hipsched.gpu import ops_basic, ops_norm
+    from hipsched.gpu import ops_basic, ops_norm, ops_quant
     for warp in (32, 64):
-        for launch in ops_basic.report_launches(warp, 2) + ops_norm.report_launches(warp, 2):
+        for launch in (ops_basic.report_launches(warp, 2) + ops_norm.report_launches(warp, 2)
+                       + ops_quant.report_launches(warp, 2)):
             assert launch.kernel in kernels[launch.source], f"{launch.kernel} not in {launch.source}.hip"
     for sfx in ("f32", "f16", "bf16"):
         for base in (f"hs_cosine_{sfx}_q1", f"hs_cosine_{sfx}_q8"):

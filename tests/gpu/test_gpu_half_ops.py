@@ -16,12 +16,14 @@ Bounds of the tests below: UNIT is the half format's unit roundoff (2^-11 float1
 import ml_dtypes
 import numpy as np
 import pytest
+from requires import need
 
 from hipsched.ops import OPS
 
 from test_gpu_kernels_emulated import (  # noqa: F401  (collected here, with this module's `emu`)
     test_half_add_scale, test_half_attention_head_classes, test_half_cosine, test_half_device_in_device_out,
     test_half_dtype_without_kernels_is_refused, test_half_matmul_tiled_kernel, test_half_overflow_nan_inf,
+    test_half_qmatmul, test_half_qmatmul_device_x,
     test_half_rms_norm, test_half_softmax, test_half_softmax_nan_inf, test_half_supports_table,
     test_half_top_k, half_call, HALF, UNIT)
 
@@ -79,7 +81,7 @@ TORCH_OPS = ["add", "scale", "softmax", "rms_norm", "matmul", "attention", "cosi
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("op", TORCH_OPS)
 def test_torch_half_tensors_in_and_out(gpu, rng, dtype, op):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no GPU here")
     F = torch.nn.functional

@@ -5,6 +5,7 @@ checks cannot: reductions, shuffles, multi-pass top-k, tails, float4/scalar vari
 (HIPSCHED_BLAS=none) so matmul runs our tiled kernel. Tolerances as in test_gpu_ops.py."""
 import numpy as np
 import pytest
+from requires import need
 
 import gpu_emulator
 from hipsched.backends.cpu import CpuBackend
@@ -96,6 +97,14 @@ def test_cosine(emu, rng, m, d):
     g, c = both(emu, "cosine_similarity", q, T)
     assert g.shape == c.shape
     np.testing.assert_allclose(g, c, rtol=0, atol=3e-6 + 2e-7 * np.sqrt(d))
+    np.testing.assert_allclose(g, cosines64(q, T), rtol=0, atol=3e-6 + 2e-7 * np.sqrt(d))
+
+
+def cosines64(q, T):
+    """Cosine similarities in float64 (the outside reference; no zero rows in the callers' data)."""
+    q64, T64 = np.atleast_2d(q.astype(np.float64)), T.astype(np.float64)
+    ref = (q64 @ T64.T) / (np.linalg.norm(q64, axis=1)[:, None] * np.linalg.norm(T64, axis=1)[None, :])
+    return ref[0] if q.ndim == 1 else ref
 
 
 def test_cosine_zero_nan_extreme(emu):
@@ -115,6 +124,10 @@ def test_top_k_multi_pass(emu, rng):
     (gi, gs), (ci, cs) = both(emu, "top_k", q, T, 5)
     np.testing.assert_array_equal(gi, ci)
     np.testing.assert_allclose(gs, cs, atol=5e-6)
+    # the 5 best by float64 scores, up to swaps between scores closer than float32's error
+    ref = cosines64(q, T)
+    np.testing.assert_allclose(gs, ref[gi], rtol=0, atol=5e-6)
+    assert (ref[gi] > np.sort(ref)[-5] - 1e-5).all()
 
 
 def test_top_k_ties_nan(emu, rng):
@@ -151,19 +164,37 @@ def test_device_in_device_out(emu, rng):
 # Every kernel runs in this file at least once (the ones below are reached by no test above), because
 # this file is also what CI's memcheck and racecheck steps run (docs/gpu.md).
 
+def gguf_dequantized(W):
+    """The outside reference for the quant kernels: the gguf package's dequantization of W's blocks."""
+    gguf = need("gguf")
+    t = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[W.qtype]
+    return np.asarray(gguf.quants.dequantize(np.asarray(W.data), t), np.float32).reshape(W.shape)
+
+
+def qmatmul_bound(Wf, x):
+    """|float32 product - float64 product| for a sum of k products in float32 in any order: k 2^-24
+    (|W| @ |x|), doubled for the per-block scale products the kernels form."""
+    k = Wf.shape[1]
+    return 2 * k * 2.0 ** -24 * (np.abs(Wf.astype(np.float64)) @ np.abs(x.astype(np.float64))) + 1e-30
+
+
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 def test_quant_kernels(emu, rng, qtype):
     """dequantize, and qmatmul's three kernels: a vector (mat-vec), up to 8 columns (mat-vec, MC = 8)
     and more (64x64 tiles: 69 rows and 70 columns leave partial tiles both ways; 69 rows a partial pair
-    for the mat-vec's two rows per warp)."""
+    for the mat-vec's two rows per warp). Against the CPU engine and gguf's dequantization."""
     from hipsched import quantize
     W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
+    Wf = gguf_dequantized(W)
     g, c = both(emu, "dequantize", W)
     np.testing.assert_array_equal(g, c)
+    np.testing.assert_array_equal(g, Wf)
     for shape in ((64,), (64, 3), (64, 70)):
         x = rng.standard_normal(shape).astype(np.float32)
         g, c = both(emu, "qmatmul", W, x)
         np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-5)
+        ref = Wf.astype(np.float64) @ x.astype(np.float64)
+        np.testing.assert_array_less(np.abs(g - ref), qmatmul_bound(Wf, x))
 
 
 @pytest.mark.parametrize("hd", [20, 40, 100, 200], ids=["d32", "d64", "d128", "d256"])
@@ -173,6 +204,10 @@ def test_attention_head_classes(emu, rng, hd):
     for causal in (False, True):
         g, c = both(emu, "attention", q, k, v, causal=causal)
         np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-6)
+        torch = need("torch", reason="PyTorch CPU is the attention reference (test extra)")
+        q64, k64, v64 = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=causal).numpy()
+        np.testing.assert_array_less(np.abs(g - ref), 2e-5 * (1 + np.abs(ref)))   # test_gpu_ops_extra's bound
 
 
 @pytest.mark.parametrize("index", [np.int32, np.int64])   # the _i32 and _i64 push kernels
@@ -184,6 +219,14 @@ def test_spread_activation(emu, rng, index):
     seeds[:4] = 1
     g, c = both(emu, "spread_activation", graph, seeds, 0.5, 3, 0.01)
     np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+    # the rule of ops/graph.py in float64 through SciPy's sparse product (duplicate edges add up)
+    sparse = need("scipy.sparse", reason="SciPy's sparse matrices are the reference (test extra)")
+    A = sparse.csr_matrix((graph[2].astype(np.float64), indices, indptr), shape=(40, 40))
+    a = seeds.astype(np.float64)
+    for _ in range(3):
+        a = np.clip(a + 0.5 * (A.T @ a), 0, 1)
+        a[a < 0.01] = 0
+    np.testing.assert_allclose(g, a, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------- half precision
@@ -401,11 +444,61 @@ def test_half_attention_head_classes(emu, rng, dtype, hd):
         np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_half_qmatmul(emu, rng, dtype, qtype):
+    """qmatmul's three products with a half x (a vector, 3 columns, 70 columns), through the op spec's
+    prepare: x read in its own type, y in x's type, bit for bit the float32 kernel's result on the widened
+    x rounded once to the half type; and within the half rounding of gguf's dequantization times x in
+    float64 (before the fix, x's 2-byte elements were read as float32: values near 1e35)."""
+    from hipsched import quantize
+    t = HALF[dtype]
+    W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
+    Wf = gguf_dequantized(W)
+    for shape in ((64,), (64, 3), (64, 70)):
+        x = rng.standard_normal(shape).astype(t)
+        call = OPS["qmatmul"].prepare(W, x)
+        assert call.dtype == f"{qtype}/{dtype}" and emu.supports("qmatmul", call.dtype)
+        g = emu.run(call)
+        assert g.dtype == t and g.shape == (69,) + shape[1:]
+        x32 = x.astype(np.float32)
+        assert_same_bits(g, rounded(emu.run(OPS["qmatmul"].prepare(W, x32)), dtype))
+        ref = Wf.astype(np.float64) @ x32.astype(np.float64)
+        bound = UNIT[dtype] * np.abs(ref) + qmatmul_bound(Wf, x32) + TINY[dtype]
+        np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_qmatmul_device_x(emu, rng, dtype):
+    """A half x on the device gives a device y of x's type, the bits of the host run; a vector x whose base
+    is not 8-byte aligned (a view one element into a buffer: the mat-vec's 4-element loads need 8 bytes)
+    goes through the alignment copy, in x's own type."""
+    from hipsched import quantize
+    from hipsched.gpu.memory import DeviceArray, to_device
+    rt, t = emu._ctx.rt, HALF[dtype]
+    W = quantize(rng.standard_normal((37, 64)).astype(np.float32), "q8_0")
+    x = rng.standard_normal(64).astype(t)
+    buf = to_device(np.concatenate([np.zeros(1, t), x]), runtime=rt)
+    view = DeviceArray(buf.ptr + t.itemsize, (64,), t, rt, owner=buf)
+    assert int(view.ptr) % 8
+    for dev in (to_device(x, runtime=rt), view):
+        out = emu.run(OPS["qmatmul"].prepare(W, dev))
+        assert isinstance(out, DeviceArray) and out.dtype == t
+        assert_same_bits(out.get(), emu.run(OPS["qmatmul"].prepare(W, x)))
+    xm = rng.standard_normal((64, 5)).astype(t)
+    out = emu.run(OPS["qmatmul"].prepare(W, to_device(xm, runtime=rt)))
+    assert_same_bits(out.get(), emu.run(OPS["qmatmul"].prepare(W, xm)))
+
+
 def test_half_supports_table(emu):
     for op in ("add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "matmul", "attention"):
         assert emu.supports(op, "float16") and emu.supports(op, "bfloat16") and emu.supports(op, "float32")
     for op in ("spread_activation", "dequantize"):
         assert not emu.supports(op, "float16") and not emu.supports(op, "bfloat16")
+    # qmatmul's dtype is its (quant type, x dtype) pair: every pair has kernels, a bare half name is none
+    for qtype in ("q8_0", "q4_0"):
+        assert all(emu.supports("qmatmul", d) for d in (qtype, f"{qtype}/float16", f"{qtype}/bfloat16"))
+    assert not emu.supports("qmatmul", "float16")
 
 
 def test_half_dtype_without_kernels_is_refused(emu, rng):

@@ -12,6 +12,7 @@ Every test needs a real GPU (marked `gpu`, skipped elsewhere). Tolerances:
 """
 import numpy as np
 import pytest
+from requires import need
 
 from hipsched.ops import OPS
 
@@ -272,7 +273,7 @@ def test_matmul_device(gpu, rng):
 # ------------------------------------------------------------------ foreign device arrays
 
 def test_torch_tensors_in_and_out(gpu, rng):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no GPU here")
     a = rng.standard_normal((16, 32)).astype(np.float32)
@@ -286,7 +287,7 @@ def test_torch_tensors_in_and_out(gpu, rng):
 
 
 def test_cupy_arrays_in_and_out(gpu, rng):
-    cp = pytest.importorskip("cupy")
+    cp = need("cupy")
     a = rng.standard_normal((16, 32)).astype(np.float32)
     ca = cp.asarray(a)
     out = run(gpu, "scale", ca, 2.0)

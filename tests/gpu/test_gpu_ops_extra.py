@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from requires import need
 
 from hipsched.ops import OPS
 
@@ -45,7 +46,7 @@ def raw_blocks(rng, n, k, qtype):
 
 
 def gguf_dequantize(w):
-    gguf = pytest.importorskip("gguf")
+    gguf = need("gguf")
     t = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[w.qtype]
     if w.shape[0] == 0:  # gguf's q4_0 path cannot reshape an empty array
         return np.zeros(w.shape, np.float32)
@@ -237,7 +238,7 @@ def test_spread_activation_threshold_exact(gpu, rng, threshold):
 
 
 def test_spread_activation_self_loops_duplicates_and_scipy(gpu):
-    sp = pytest.importorskip("scipy.sparse")
+    sp = need("scipy.sparse")
     rows = np.array([0, 0, 1, 1, 1, 3])
     cols = np.array([0, 0, 2, 2, 2, 3])
     vals = np.array([0.5, 0.25, 0.125, 0.125, 0.25, 1.0], np.float32)

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from requires import need
 
 import gpu_emulator
 from hipsched import Executor, quantize
@@ -176,7 +177,7 @@ def test_the_rules_around_an_unsupported_call(rng, tmp_path):
     """The scripted refusal of the fake GPU: asked-for CPU stays user_preference, small calls stay
     below_min_batch (the device is not asked about them), everything else is gpu_unsupported; the
     breaker never sees it, and the JSONL line carries the detail and validates against the schema."""
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = need("jsonschema")
     from hipsched.telemetry import schema_path
     gpu = FakeGpuBackend(unsupported=lambda call: "fake: too wide" if call.args[0].shape[-1] > 100 else None)
     log = tmp_path / "events.jsonl"

@@ -330,7 +330,10 @@ def sweep(warp, cus, amd):
                     expect = work_items(-(-n // rows_per_block), 128)
                 else:
                     expect = work_items(-(-n // 64), 256)
-                yield plan("qmatmul", (n, m, qtype), ops_quant.qmatmul_launches, n, m, qtype, warp, expect=expect)
+                # x's element type only renames the kernel (the same grid and block), as above
+                for sfx in ops_basic.KERNEL_SUFFIX.values():
+                    yield plan("qmatmul", (n, m, qtype, sfx), ops_quant.qmatmul_launches, n, m, qtype, warp, sfx,
+                               expect=expect)
 
 
 # multiprocessor counts: one, a small part, A100 / H100 / MI250X GCD / MI100 sizes, and more than any
@@ -392,7 +395,7 @@ class _CompileOnlyRuntime:
     ("sm_90", 32, ("similarity", "hs_cosine_f32_q8"), 1024, "registers"),       # 80 registers x 1024
     ("sm_90", 32, ("attention", "hs_attention_d64"), 256, "launch-bounds"),
     ("gfx90a", 64, ("attention", "hs_attention_d64"), 256, "launch-bounds"),
-    ("gfx90a", 64, ("quant", "hs_qmatmat_q8_0"), 512, "launch-bounds"),
+    ("gfx90a", 64, ("quant", "hs_qmatmat_f32_q8_0"), 512, "launch-bounds"),
 ])
 def test_context_refuses_before_the_runtime_sees_the_launch(arch, warp, kernel, block, limit, cache_dir):
     import ctypes

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from requires import need
 
 from hipsched import Executor
 
@@ -67,7 +68,7 @@ def test_gpu_column_kept_when_gpu_works():
 def test_half_dtypes_are_swept_under_their_own_name_and_model_slot():
     """dtypes=... sweeps each op's half dtypes as arrays of that dtype (the model keys by dtype); a GPU
     without the dtype gets no GPU column (a forced run would have run on the CPU)."""
-    pytest.importorskip("ml_dtypes")
+    need("ml_dtypes")
     gpu = FakeGpuBackend(dtypes=("float32",))
     ex = Executor(gpu_backend=gpu, persist_model=False, telemetry_path=None)
     table = ex.calibrate(ops=["scale"], progress=False, repeats=1, dtypes=("float32", "float16", "bfloat16"))

@@ -9,6 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from requires import need
 
 from hipsched.__main__ import main
 from hipsched.telemetry import analysis
@@ -158,7 +159,7 @@ def test_tools_script_runs(known, tmp_path):
 
 
 def test_plots_are_written_when_matplotlib_is_present(known, tmp_path):
-    pytest.importorskip("matplotlib")
+    need("matplotlib")
     from hipsched.telemetry.plots import write_plots
     notes = write_plots(analysis.analyze([known[0]]), tmp_path)
     assert (tmp_path / "matmul.png").stat().st_size > 1000 and any("matmul.png" in n for n in notes)
@@ -366,10 +367,14 @@ def test_half_precision_calls_have_their_own_rows_and_crossover():
         recs.append({"v": 1, "run": "r", "seq": i, "ts": "2026-11-22T10:00:00.000000Z", "op": "add",
                      "backend": backend, "reason": "cost_model", "size": 4096, "dtype": dtype, "bytes": 1,
                      "duration_us": dur, "fallback": None})
+    # qmatmul's dtype is its (quant type, x dtype) pair: a half x has its own rows, float32 x the op's
+    for i, dtype in enumerate(["q8_0", "q8_0/float16", "q4_0/bfloat16"]):
+        recs.append(dict(recs[-1], seq=10 + i, op="qmatmul", dtype=dtype))
     res = an.feed(recs).result()
     rows = {(r["op"], r["backend"]): r["count"] for r in res["ops"]}
     assert rows == {("add", "cpu"): 2, ("add", "gpu"): 1, ("add[float16]", "cpu"): 1, ("add[float16]", "gpu"): 1,
-                    ("add[bfloat16]", "cpu"): 1}
+                    ("add[bfloat16]", "cpu"): 1, ("qmatmul", "cpu"): 1, ("qmatmul[float16]", "cpu"): 1,
+                    ("qmatmul[bfloat16]", "cpu"): 1}
     speed = {r["op"]: r["speedup"] for r in res["speedup"]}
     assert speed["add"] < 1 < speed["add[float16]"]
     assert [h["op"] for h in res["gpu_health"]] == ["add"]

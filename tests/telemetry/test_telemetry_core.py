@@ -7,13 +7,14 @@ import time
 from enum import Enum
 
 import pytest
+from requires import need
 
 from hipsched.telemetry import BackendStats, Telemetry, parse_ts, schema_path
 
 
 @pytest.fixture(scope="module")
 def validator():
-    jsonschema = pytest.importorskip("jsonschema", reason="validates events against the schema (test extra)")
+    jsonschema = need("jsonschema", reason="validates events against the schema (test extra)")
     with open(schema_path()) as f:
         schema = json.load(f)
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -202,7 +203,7 @@ from hipsched.telemetry import Telemetry, schema_path
 
 
 def test_numpy_stream_and_non_string_phase_validate(tmp_path):
-    v = pytest.importorskip("jsonschema").Draft202012Validator(json.load(open(schema_path())))
+    v = need("jsonschema").Draft202012Validator(json.load(open(schema_path())))
     p = tmp_path / "l.jsonl"
     tel = Telemetry(path=str(p), flush_interval=3600)
     with tel.scope(phase=5, x=np.float32(1.5), y=np.int64(2)):
@@ -219,7 +220,7 @@ def test_numpy_stream_and_non_string_phase_validate(tmp_path):
 
 def test_record_with_missing_or_nan_duration_keeps_counters_finite(tmp_path):
     import math
-    v = pytest.importorskip("jsonschema").Draft202012Validator(json.load(open(schema_path())))
+    v = need("jsonschema").Draft202012Validator(json.load(open(schema_path())))
     p = tmp_path / "l.jsonl"
     tel = Telemetry(path=str(p), flush_interval=3600)
     tel.record("add", "cpu", "cost_model", 4, "float32", 16, 5.0, 1.0, None)
