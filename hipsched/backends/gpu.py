@@ -159,6 +159,23 @@ class GpuBackend:
         h2d = sum(a.nbytes for a in arrays if resident is None or not resident.is_resident(a))
         return (int(h2d), int(max(0, call.nbytes - total_in)))
 
+    # ------------------------------------------------------------------ residency
+    def keep_resident(self, handle) -> None:
+        """Upload a ResidentArray (hipsched.resident) now and keep it until it is released."""
+        if not self._still_available():
+            raise GpuError("unavailable", self.unavailable_reason or "no GPU")
+        self._ctx.resident.pin(handle)
+
+    def transfer_totals(self) -> tuple[int, int]:
+        """(bytes uploaded, bytes read from kept device copies) by this thread's calls so far."""
+        ctx = self._ctx
+        return ctx.resident.transfer_totals() if ctx is not None else (0, 0)
+
+    def resident_summary(self) -> dict | None:
+        """The resident cache's budget and contents (ResidentCache.summary), None without a device."""
+        ctx = self._ctx
+        return ctx.resident.summary() if ctx is not None else None
+
     # ------------------------------------------------------------------ running
     def _impl(self, op, suffix=""):
         """The op's launch glue, or with suffix "_plan" its launch planner."""

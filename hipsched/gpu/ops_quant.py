@@ -1,7 +1,8 @@
 """GPU launch glue for the GGUF quant ops (kernels: src_c/hip/quant.hip).
 
 The block bytes of a QuantizedTensor go through the resident cache keyed on `w.data` (the tensor is
-immutable and returns the same array every time), so weights reused across calls are uploaded once.
+immutable by contract and returns the same read-only array every time), so weights reused across calls
+are uploaded once.
 Results are the float32 product of the dequantized matrix and x, x kept in float32, as on the CPU."""
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def _suffix(w) -> str:
 
 
 def weights(ctx, w, stream):
-    """Device copy of the tensor's block bytes, resident across calls while the tensor lives."""
-    return ctx.upload(w.data, stream)
+    """Device copy of the tensor's block bytes, resident across calls while the tensor lives: the
+    tensor is immutable by contract, so its bytes are kept as the owner's guarantee says."""
+    return ctx.upload(w.data, stream, immutable=True)
 
 
 def _aligned(ctx, x, stream):
