@@ -12,6 +12,7 @@ its host array read-only, so `T[i] = v` raises instead of leaving the GPU on the
 `update` writes the host rows and copies the same rows to each device copy before it returns."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -35,10 +36,18 @@ def handle_of(x):
 
 
 def _owns_its_memory(a: np.ndarray) -> bool:
-    """Whether `a` is the only array object with write access to its bytes that hipsched can know of:
-    it owns them (no base). Views made of it before it is frozen keep their own write access, which no
-    flag can take back: that is documented, not detectable."""
-    return a.base is None
+    """Whether `a` is the only way to its bytes that hipsched can know of: it owns them, or it is a view
+    (`np.load(f).reshape(n, d)`, say) whose chain of bases ends at an array that owns them and holds
+    nothing but the chain itself (CPython reference counts), so that nothing else can write through
+    them. Views made of it before it is frozen keep their own write access, which no flag can take
+    back: that is documented, not detectable."""
+    x = a
+    while isinstance(x.base, np.ndarray):
+        # one reference from x, one from the temporary that getrefcount is given: anything more holds it
+        if sys.getrefcount(x.base) > 2:
+            return False
+        x = x.base
+    return x.base is None
 
 
 class ResidentArray:
