@@ -20,6 +20,7 @@ from host_memory import HostMemoryRuntime
 
 N = 10_000_000          # elements: 40 MB of float32
 CHANGES = 1000
+GPU_CORPUS = (100_000, 128)   # rows x dims of the real-GPU top_k test
 
 _libc = ctypes.CDLL(None)
 _libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
@@ -220,8 +221,8 @@ def test_gpu_registered_array_updated_at_1000_random_positions(real_executor):
 @pytest.mark.gpu
 def test_gpu_top_k_sees_edited_rows(real_executor):
     ex, rng = real_executor, np.random.default_rng(26)
-    T = rng.standard_normal((100_000, 128), dtype=np.float32)
-    q = rng.standard_normal(128, dtype=np.float32)
+    T = rng.standard_normal(GPU_CORPUS, dtype=np.float32)
+    q = rng.standard_normal(GPU_CORPUS[1], dtype=np.float32)
     ex.top_k(q, T, 10, backend="gpu")
     for j, i in enumerate(rng.choice(len(T), 20, replace=False)):
         T[i] = q * (j + 1)
