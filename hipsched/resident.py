@@ -97,12 +97,15 @@ class ResidentArray:
             _handles[id(a)] = h
         return h
 
-    def attach(self, mirror) -> None:
-        """A device copy to keep in step (the GPU memory layer's side of a pin)."""
+    def attach(self, make):
+        """A device copy to keep in step (the GPU memory layer's side of a pin): `make()` copies the host
+        array and returns the mirror (or None), with updates held off meanwhile, so the copy misses none."""
         with self._lock:
-            if self.released:
-                raise ValueError("resident: this ResidentArray was released")
-            self._mirrors.append(mirror)
+            self._check()
+            mirror = make()
+            if mirror is not None:   # None: the maker found a copy already made
+                self._mirrors.append(mirror)
+            return mirror
 
     def detach(self, mirror) -> None:
         """That device copy went (its GPU context closed, or it was dropped)."""

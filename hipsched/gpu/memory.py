@@ -608,12 +608,14 @@ class ResidentCache:
                 dropped.append(self._drop(key))
         return dropped
 
-    def _lookup(self, host: np.ndarray, dropped: list):
+    def _lookup(self, host: np.ndarray, dropped: list, registered: bool):
         entry = self._entries.get(id(host))
         if entry is None:
             return None
+        # a registered array changes through its handle's update, which only pinned copies follow: an
+        # implicit copy made before the registration (here, or while another context pinned it) goes
         if entry.ref() is not host or (entry.kind == IMPLICIT and not immutable(host)) or \
-                (entry.kind != PINNED and entry.stamp != fingerprint(host)):
+                (entry.kind != PINNED and (registered or entry.stamp != fingerprint(host))):
             if entry.kind != PINNED:
                 dropped.append(self._drop(id(host)))
             return None
@@ -625,9 +627,10 @@ class ResidentCache:
         """True when `get(host)` would reuse a device copy (no transfer)."""
         if not isinstance(host, np.ndarray):
             return False
+        registered = _resident.handle_of(host) is not None
         with self._lock:
             dropped = self._purge()
-            resident = self._lookup(host, dropped) is not None
+            resident = self._lookup(host, dropped, registered) is not None
         return resident
 
     def get(self, host: np.ndarray, stream=0, immutable: bool = False) -> DeviceArray:
@@ -635,9 +638,10 @@ class ResidentCache:
         (and kept when `host` is immutable, or `immutable` says its owner guarantees it, and it fits).
         A ResidentArray's host array is pinned on first use here (uploaded once, then kept in step by
         its updates)."""
+        handle = _resident.handle_of(host)
         with self._lock:
             dropped = self._purge()
-            dev = self._lookup(host, dropped)
+            dev = self._lookup(host, dropped, handle is not None)
             if dev is not None:
                 self._entries.move_to_end(id(host))
                 self.hits += 1
@@ -645,7 +649,6 @@ class ResidentCache:
         if dev is not None:
             self._count(0, dev.nbytes)
             return dev
-        handle = _resident.handle_of(host)
         if handle is not None and not host.flags.writeable:
             try:
                 dev = self.pin(handle, stream)
@@ -687,45 +690,47 @@ class ResidentCache:
             if self._entries[key].kind != PINNED:
                 dropped.append(self._drop(key))
 
+    def _pinned(self, host):
+        """The pinned copy of `host` (counted as a hit), or None."""
+        with self._lock:
+            entry = self._entries.get(id(host))
+            if entry is None or entry.kind != PINNED or entry.ref() is not host:
+                return None
+            self.hits += 1
+        self._count(0, entry.dev.nbytes)
+        return entry.dev
+
     def pin(self, handle, stream=0) -> DeviceArray:
         """Keep a device copy of a ResidentArray's host array until it is released (uploaded now, once);
-        returns it. Pinned copies stay whatever the budget: the handle is the user's explicit word."""
+        returns it. Pinned copies stay whatever the budget: the handle is the user's explicit word.
+        Raises ValueError if the handle was released."""
         host = handle._host
-        with self._lock:
-            entry = self._entries.get(id(host))
-            if entry is not None and entry.kind == PINNED and entry.ref() is host:
-                self.hits += 1
-                dev = entry.dev
-            else:
-                dev = None
+        dev = self._pinned(host)
         if dev is not None:
-            self._count(0, dev.nbytes)
             return dev
-        dev = to_device(host, self.runtime, stream)
-        self._count(dev.nbytes, 0)
-        pin = _Pin(self, handle, dev)
-        try:
+        made = []
+
+        def make():   # under the handle's lock: no update runs between this copy and its attachment
+            dev = self._pinned(host)
+            if dev is not None:   # another thread pinned it first
+                made.append(dev)
+                return None
+            dev = to_device(host, self.runtime, stream)
+            self._count(dev.nbytes, 0)
+            pin = _Pin(self, handle, dev)
             ref = weakref.ref(host, self._on_collect(id(host)))
-        except TypeError:
-            return dev
-        with self._lock:
-            dropped = self._purge()
-            entry = self._entries.get(id(host))
-            if entry is not None and entry.kind == PINNED and entry.ref() is host:   # another thread won
-                return entry.dev
-            dropped.append(self._drop(id(host)))
-            self.misses += 1
-            self._entries[id(host)] = _Entry(ref, None, dev, PINNED, pin)
-            self._bytes += dev.nbytes
-            self._pinned_bytes += dev.nbytes
-            self._evict_for(0, dropped)
-        del dropped
-        try:
-            handle.attach(pin)
-        except ValueError:   # released while this uploaded
-            self._unpin(pin)
-            raise
-        return dev
+            with self._lock:
+                dropped = self._purge()
+                dropped.append(self._drop(id(host)))   # an implicit copy made before it was registered
+                self.misses += 1
+                self._entries[id(host)] = _Entry(ref, None, dev, PINNED, pin)
+                self._bytes += dev.nbytes
+                self._pinned_bytes += dev.nbytes
+                self._evict_for(0, dropped)
+            made.append(dev)
+            return pin
+        handle.attach(make)
+        return made[0]
 
     def _unpin(self, pin) -> None:
         with self._lock:

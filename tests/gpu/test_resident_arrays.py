@@ -301,3 +301,47 @@ def test_info_reports_the_resident_budget(emu, monkeypatch, capsys):
     info.run(type("Args", (), {"json": False})())
     assert "Resident inputs: up to 1.0 GiB of device memory (50% of the device memory free at start)" in \
         capsys.readouterr().out
+
+
+def test_an_implicit_copy_made_before_registration_is_not_served_after_updates():
+    """A read-only array kept implicitly by one context, then registered through another: its updates
+    only reach pinned copies, so the implicit one must go (a single-element update is invisible to the
+    fingerprint)."""
+    rt = HostMemoryRuntime()
+    one, two = ResidentCache(rt, max_bytes=1 << 24), ResidentCache(rt, max_bytes=1 << 24)
+    T = frozen(np.zeros(100_000, np.float32))
+    one.get(T)
+    assert one.summary()["entries"]["implicit"] == 1
+    with ResidentArray.register(T) as h:
+        two.pin(h)
+        h.update(12345, 1.0)
+        assert device_bytes(one.get(T))[12345] == 1.0      # pinned there now, from the current bytes
+        assert one.summary()["entries"] == {"implicit": 0, "trusted": 0, "pinned": 1}
+        h.update(54321, 2.0)
+        assert device_bytes(one.get(T))[54321] == 2.0
+    assert not T.flags.writeable                            # read-only before: it stays so
+
+
+def test_an_update_racing_a_pin_is_never_lost():
+    """The pin copies the host array with updates held off, so an update made while it uploads
+    reaches the new copy (before, or through write_rows after)."""
+    import threading
+    import time
+    rt = HostMemoryRuntime()
+    cache = ResidentCache(rt, max_bytes=1 << 24)
+    T = np.zeros(1 << 16, np.float32)
+    started, done = threading.Event(), []
+    real = rt.memcpy_htod
+
+    def slow_copy(dst, src, n, stream=0):
+        real(dst, src, n, stream)
+        if not started.is_set():   # the pin's upload is done: give the update time to slip in before
+            started.set()          # the copy is attached (it must wait for the attachment instead)
+            time.sleep(0.2)
+    rt.memcpy_htod = slow_copy
+    with ResidentArray.register(T) as h:
+        updater = threading.Thread(target=lambda: (started.wait(), h.update(777, 5.0), done.append(1)))
+        updater.start()
+        dev = cache.pin(h)
+        updater.join()
+        assert done and T[777] == 5.0 and device_bytes(dev)[777] == 5.0
