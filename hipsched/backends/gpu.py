@@ -171,6 +171,14 @@ class GpuBackend:
         ctx = self._ctx
         return ctx.resident.transfer_totals() if ctx is not None else (0, 0)
 
+    def _trim_resident(self) -> None:
+        """Out of device memory: the kept copies of host arrays go first (the retry in pieces needs the
+        room more than a cache does); registered ones stay."""
+        try:
+            self._ctx.resident.trim()
+        except Exception:
+            pass
+
     def resident_summary(self) -> dict | None:
         """The resident cache's budget and contents (ResidentCache.summary), None without a device."""
         ctx = self._ctx
@@ -235,8 +243,11 @@ class GpuBackend:
         except GpuError as e:
             if e.kind == "unavailable":
                 self._disable(str(e).split("] ", 1)[-1])
+            elif e.kind == "oom":
+                self._trim_resident()
             raise
         except MemoryError as e:
+            self._trim_resident()
             raise GpuError("oom", f"{call.op} on the GPU: {e}") from e
         except Exception as e:
             raise GpuError("runtime", f"{call.op} on the GPU: {type(e).__name__}: {e}") from e

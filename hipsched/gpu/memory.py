@@ -762,6 +762,18 @@ class ResidentCache:
             if entry is not None and entry.kind != PINNED:
                 dropped.append(self._drop(id(host)))
 
+    def trim(self) -> int:
+        """Drop every implicit and trusted copy (pinned ones stay: they are the user's word); returns the
+        bytes let go. The GPU backend calls it when the device runs out of memory, before the call is
+        retried in pieces: kept copies are a cache, the call's own memory is not."""
+        with self._lock:
+            dropped = self._purge()
+            for key in [k for k, e in self._entries.items() if e.kind != PINNED]:
+                dropped.append(self._drop(key))
+        freed = sum(e.dev.nbytes for e in dropped if e is not None)
+        del dropped
+        return freed
+
     def clear(self) -> None:
         """Drop every copy; handles pinned here forget this cache (their next use elsewhere pins anew)."""
         with self._lock:

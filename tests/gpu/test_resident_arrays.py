@@ -345,3 +345,34 @@ def test_an_update_racing_a_pin_is_never_lost():
         dev = cache.pin(h)
         updater.join()
         assert done and T[777] == 5.0 and device_bytes(dev)[777] == 5.0
+
+
+def test_trim_drops_kept_copies_but_not_pinned_ones(cache):
+    a, w = frozen(np.ones(100, np.float32)), np.zeros(64, np.uint8)
+    cache.get(a)
+    cache.get(w, immutable=True)
+    with ResidentArray.register(np.zeros(50, np.float32)) as h:
+        cache.pin(h)
+        assert cache.trim() == 400 + 64
+        assert cache.summary()["entries"] == {"implicit": 0, "trusted": 0, "pinned": 1} and cache.bytes == 200
+
+
+@needs_emulator
+def test_a_gpu_out_of_memory_trims_the_kept_copies_first(emu, tmp_path, monkeypatch):
+    from hipsched.errors import GpuError
+    rng = np.random.default_rng(10)
+    T = frozen(rng.standard_normal((64, 16)).astype(np.float32))
+    q = rng.standard_normal(16).astype(np.float32)
+    with emulated_executor(emu, tmp_path) as ex:
+        ex.cosine_similarity(q, T, backend="gpu")
+        ctx = ex._gpu._ctx
+        assert ctx.resident.is_resident(T)
+        real = ctx.empty
+
+        def out_of_memory(*args, **kwargs):
+            raise GpuError("oom", "emulated: out of memory", name="hipErrorOutOfMemory")
+        monkeypatch.setattr(ctx, "empty", out_of_memory)
+        out = ex.cosine_similarity(q, T, backend="gpu")          # falls back (or runs in pieces)
+        monkeypatch.setattr(ctx, "empty", real)
+        assert not ctx.resident.is_resident(T)
+        np.testing.assert_allclose(out, ex.cosine_similarity(q, T, backend="cpu"), rtol=1e-5, atol=1e-6)
