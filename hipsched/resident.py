@@ -12,6 +12,7 @@ its host array read-only, so `T[i] = v` raises instead of leaving the GPU on the
 `update` writes the host rows and copies the same rows to each device copy before it returns."""
 from __future__ import annotations
 
+import mmap
 import sys
 import threading
 
@@ -33,6 +34,32 @@ def handle_of(x):
         if h is not None and h._host is x:
             return h
     return None
+
+
+def immutable(arr) -> bool:
+    """Whether `arr`'s bytes can be written through nothing hipsched can see: the array and every array
+    in its base chain are read-only, and the chain ends at memory that is read-only itself (the array's
+    own, bytes, a read-only buffer such as a read-only memory map). A read-only view of a writable
+    array is not: its base can still change. What no flag shows (a writable view made before the base
+    was frozen, another process rewriting a mapped file) is outside what this can know."""
+    x = arr
+    while isinstance(x, np.ndarray):
+        if x.flags.writeable:
+            return False
+        x = x.base
+    while isinstance(x, memoryview):
+        if not x.readonly:
+            return False
+        x = x.obj
+    if x is None or isinstance(x, bytes):
+        return True
+    if isinstance(x, mmap.mmap):
+        try:
+            with memoryview(x) as view:
+                return view.readonly
+        except (ValueError, TypeError):   # a closed map
+            return False
+    return False   # another buffer owner: nothing says it cannot change
 
 
 def _owns_its_memory(a: np.ndarray) -> bool:
@@ -71,17 +98,18 @@ class ResidentArray:
     def register(cls, array, copy: bool = False) -> "ResidentArray":
         """The handle of `array`, made on first registration. `array` itself is registered (made
         read-only in place) when it is a C-contiguous aligned NumPy array that owns its memory, or is
-        already read-only; anything else (a view of a writable buffer, a strided view, a list), or any
+        `immutable` already; anything else (a view of a writable buffer, read-only or not, a strided
+        view, a list), or any
         array with `copy=True`, is copied once into an array the handle owns, and only that copy (the
         handle's `host`) is resident."""
         existing = handle_of(array)
         if existing is not None and not copy:
             return existing
-        if isinstance(array, ResidentArray):
+        if isinstance(array, ResidentArray) and array.released:
             raise ValueError("resident: this ResidentArray was released; register its array again")
         a = array if isinstance(array, np.ndarray) else np.asarray(array)
         in_place = (not copy and a is array and a.flags.c_contiguous and a.flags.aligned
-                    and (_owns_its_memory(a) or not a.flags.writeable))
+                    and (_owns_its_memory(a) or immutable(a)))
         with _registry_lock:
             if in_place:
                 h = _handles.get(id(a))

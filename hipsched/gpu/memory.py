@@ -7,7 +7,6 @@ import collections
 import contextlib
 import contextvars
 import math
-import mmap
 import os
 import threading
 import weakref
@@ -17,6 +16,7 @@ import numpy as np
 from .. import resident as _resident
 from ..device_arrays import GPU_DEVICE_TYPES, dlpack_device, is_device_array
 from ..errors import GpuError
+from ..resident import immutable
 from . import dlpack
 
 # The stream the current call will read foreign arrays on (see consumer_stream); None: not known.
@@ -440,32 +440,6 @@ def fingerprint(arr: np.ndarray) -> tuple:
     step = max(1, flat.size // _SAMPLES)
     sample = flat[::step][:_SAMPLES].tobytes() + (flat[-1:].tobytes() if flat.size else b"")
     return (arr.ctypes.data, arr.shape, arr.dtype.str, arr.strides, hash(sample))
-
-
-def immutable(arr) -> bool:
-    """Whether `arr`'s bytes can be written through nothing hipsched can see: the array and every array
-    in its base chain are read-only, and the chain ends at memory that is read-only itself (the array's
-    own, bytes, a read-only buffer such as a read-only memory map). A read-only view of a writable
-    array is not: its base can still change. What no flag shows (a writable view made before the base
-    was frozen, another process rewriting a mapped file) is outside what this can know."""
-    x = arr
-    while isinstance(x, np.ndarray):
-        if x.flags.writeable:
-            return False
-        x = x.base
-    while isinstance(x, memoryview):
-        if not x.readonly:
-            return False
-        x = x.obj
-    if x is None or isinstance(x, bytes):
-        return True
-    if isinstance(x, mmap.mmap):
-        try:
-            with memoryview(x) as view:
-                return view.readonly
-        except (ValueError, TypeError):   # a closed map
-            return False
-    return False   # another buffer owner: nothing says it cannot change
 
 
 def resident_budget(runtime, configured: int | None = None) -> tuple[int, str]:

@@ -162,6 +162,14 @@ def test_register_in_place_or_copy():
     whole = ResidentArray.register(base.reshape(6, 4))   # contiguous, but `base` still writes it: a copy
     assert whole.host.base is None and base.flags.writeable
     whole.release()
+    ro_view = ResidentArray.register(frozen(base.reshape(6, 4)))   # read-only, but `base` is not
+    assert ro_view.host.base is None
+    ro_view.release()
+    live = ResidentArray.register(T)
+    other = ResidentArray.register(live, copy=True)                  # a copy of a live handle's array
+    assert other.host is not T and other is not live
+    other.release()
+    live.release()
     ro = frozen(np.ones(4, np.float32))
     r = ResidentArray.register(ro)
     assert r.host is ro
