@@ -21,6 +21,7 @@ _LAZY = {
     "OpCapability": ".scheduling", "PerformanceTracker": ".scheduling", "SelectionReason": ".scheduling",
     "OpType": ".ops",
     "QuantizedTensor": ".ops.quant", "quantize": ".ops.quant",
+    "ResidentArray": ".resident",
 }
 # the compiled extension modules, as `from . import _sched` asks for them
 _COMPILED = ("_sched", "_dispatch")

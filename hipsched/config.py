@@ -64,7 +64,9 @@ class HybridConfig:
     telemetry_job: str | None = None             # `job` field of every event (the distributed job's id)
     # GPU
     gpu_device_id: int = 0                       # which device the GPU backend binds
-    resident_bytes: int = 256 << 20              # device bytes the GPU backend may keep as a resident cache
+    # device bytes the GPU backend may keep as a resident cache; None ("auto"): half the device memory
+    # free when the backend starts (hipsched.gpu.memory.DEFAULT_RESIDENT_SHARE)
+    resident_bytes: int | None = None
     # read-only mirror of HIPSCHED_NUM_THREADS (the CPU kernels read it once at import)
     num_threads: int = field(default_factory=_num_threads, init=False)
 
@@ -110,6 +112,8 @@ class HybridConfig:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
                     bad(f.name, "a number")
                 setattr(self, f.name, float(v))
+        if isinstance(self.resident_bytes, str) and self.resident_bytes.strip().lower() in ("auto", "none"):
+            self.resident_bytes = None   # a TOML file's spelling of the default
         checks = {
             "gpu_min_batch_size": (self.gpu_min_batch_size >= 0, "an integer >= 0"),
             "gpu_success_rate_threshold": (0.0 <= self.gpu_success_rate_threshold <= 1.0, "a number in [0, 1]"),
@@ -135,7 +139,10 @@ class HybridConfig:
             "telemetry_ring_size": (self.telemetry_ring_size >= 1, "an integer >= 1"),
             "telemetry_queue_size": (self.telemetry_queue_size >= 1, "an integer >= 1"),
             "telemetry_rotate_bytes": (self.telemetry_rotate_bytes >= 4096, "an integer >= 4096"),
-            "resident_bytes": (self.resident_bytes >= 0, "an integer >= 0"),
+            "resident_bytes": (self.resident_bytes is None or (isinstance(self.resident_bytes, int) and not
+                                                               isinstance(self.resident_bytes, bool) and
+                                                               self.resident_bytes >= 0),
+                               "an integer >= 0, or 'auto' (half the free device memory)"),
             "gpu_device_id": (self.gpu_device_id >= 0, "an integer >= 0"),
         }
         for key, (ok, allowed) in checks.items():
@@ -201,7 +208,9 @@ def _parse_env(key: str, raw: str, typ: str):
             if s.lower() in _FALSE:
                 return False
             raise ValueError("expected one of " + ", ".join(_TRUE + _FALSE))
-        if typ == "int":
+        if typ == "int | None" and s.lower() in ("", "none", "auto"):
+            return None
+        if typ in ("int", "int | None"):
             try:
                 return int(s, 10)   # "010" is ten, as everywhere else (base 0 rejects leading zeros)
             except ValueError:

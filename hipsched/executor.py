@@ -245,7 +245,8 @@ class Executor:
         self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback, up, down, detail=detail)
         return out
 
-    def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0, detail=None):
+    def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0, detail=None,
+                resident=None):
         # A GPU run on device data returns with the work still queued on the stream: its wall time is
         # not a completion time, so it counts here (-1: no sample) and is learned from once its timing
         # events have been read (_learn_gpu_times)
@@ -253,7 +254,7 @@ class Executor:
         self._core.record(slot, be, call.size, sample, h2d, d2h, True, True, fallback is not None)
         if self._tel is not None:
             self._tel.record(call.op, BACKENDS[be], _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur,
-                             pc, pg, stream, fallback, detail)
+                             pc, pg, stream, fallback, detail, resident)
         if self._timed:
             self._learn_gpu_times()
 
@@ -272,6 +273,8 @@ class Executor:
 
     def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
         timed = ticket = None
+        totals = None if call.on_device else getattr(self._gpu, "transfer_totals", None)
+        before = totals() if totals is not None else None
         if call.on_device:
             h2d = d2h = 0   # the decision's copies were the CPU's: on the GPU device data moves nowhere
             n = self._timed_runs[slot] = self._timed_runs.get(slot, 0) + 1
@@ -308,7 +311,11 @@ class Executor:
         dur = (_perf_ns() - t0) * 1e-3
         if ticket is not None:
             self._timed[ticket] = (slot, call.size, dur)
-        self._finish(call, slot, 1, reason, dur, pc, pg, stream, None, h2d, d2h)
+        resident = None
+        if before is not None:   # host inputs: what the call uploaded and what it read from kept copies
+            after = totals()
+            resident = {"uploaded": after[0] - before[0], "reused": after[1] - before[1]}
+        self._finish(call, slot, 1, reason, dur, pc, pg, stream, None, h2d, d2h, resident=resident)
         return out
 
     def _fallback(self, call, slot, err, pc, pg, stream):
@@ -329,6 +336,28 @@ class Executor:
         out = self._cpu.run(call)
         self._finish(call, slot, 0, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, ("gpu", str(err)))
         return out
+
+    # ------------------------------------------------------------------ residency
+    def resident(self, array, *, copy=False):
+        """Keep `array` on the GPU for the long run -> a ResidentArray handle (hipsched.resident).
+
+        Pass the handle (or its `.host`) wherever the array is taken: the GPU reads its device copy (no
+        upload, and the scheduler charges none), the CPU the host array, the same bytes. Change it with
+        `handle.update(rows, values)`, which writes the host rows and the device copy together; the host
+        array is read-only while registered, so a direct write raises instead of going stale. End with
+        `handle.release()` or a `with` block. `array` is registered in place when it is a C-contiguous
+        NumPy array that owns its memory (or is already read-only), else (or with `copy=True`) a copy is.
+        Without a GPU, or when the upload fails (logged), the handle works on the host alone."""
+        from .resident import ResidentArray
+        handle = ResidentArray.register(array, copy=copy)
+        keep = getattr(self._gpu, "keep_resident", None)
+        if keep is not None and self._gpu_present and getattr(self._gpu, "available", False):
+            try:
+                keep(handle)
+            except Exception as e:  # the host side still works; the GPU uploads it on first use if it can
+                log.warning("hipsched: could not keep an array of %d bytes on the GPU (%s); it is uploaded "
+                            "when a GPU call needs it", handle.nbytes, e)
+        return handle
 
     # ------------------------------------------------------------------ decisions without running
     def select_backend(self, op, size=None, dtype="float32", *, nbytes=None, on_device=False,

@@ -160,6 +160,31 @@ class GpuBackend:
         h2d = sum(a.nbytes for a in arrays if resident is None or not resident.is_resident(a))
         return (int(h2d), int(max(0, call.nbytes - total_in)))
 
+    # ------------------------------------------------------------------ residency
+    def keep_resident(self, handle) -> None:
+        """Upload a ResidentArray (hipsched.resident) now and keep it until it is released."""
+        if not self._still_available():
+            raise GpuError("unavailable", self.unavailable_reason or "no GPU")
+        self._ctx.resident.pin(handle)
+
+    def transfer_totals(self) -> tuple[int, int]:
+        """(bytes uploaded, bytes read from kept device copies) by this thread's calls so far."""
+        ctx = self._ctx
+        return ctx.resident.transfer_totals() if ctx is not None else (0, 0)
+
+    def _trim_resident(self) -> None:
+        """Out of device memory: the kept copies of host arrays go first (the retry in pieces needs the
+        room more than a cache does); registered ones stay."""
+        try:
+            self._ctx.resident.trim()
+        except Exception:
+            pass
+
+    def resident_summary(self) -> dict | None:
+        """The resident cache's budget and contents (ResidentCache.summary), None without a device."""
+        ctx = self._ctx
+        return ctx.resident.summary() if ctx is not None else None
+
     # ------------------------------------------------------------------ running
     def _impl(self, op, suffix=""):
         """The op's launch glue, or with suffix "_plan" its launch planner."""
@@ -246,8 +271,11 @@ class GpuBackend:
         except GpuError as e:
             if e.kind == "unavailable":
                 self._disable(str(e).split("] ", 1)[-1])
+            elif e.kind == "oom":
+                self._trim_resident()
             raise
         except MemoryError as e:
+            self._trim_resident()
             raise GpuError("oom", f"{call.op} on the GPU: {e}") from e
         except Exception as e:
             raise GpuError("runtime", f"{call.op} on the GPU: {type(e).__name__}: {e}") from e

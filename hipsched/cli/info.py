@@ -1,6 +1,7 @@
 """python -m hipsched info: CPU features, every GPU runtime tried and why it was or was not taken,
 the driver's version and what its kernels are compiled with (or why none would load), the devices
-with arch and memory, the compilers available, and the kernel cache directory."""
+with arch and memory, how much device memory resident inputs may take (and which inputs are kept), the
+compilers available, and the kernel cache directory."""
 from __future__ import annotations
 
 import json
@@ -65,6 +66,21 @@ def _kernels(rt):
     return out
 
 
+def _resident(rt):
+    """What the GPU backend would keep resident on this device: its budget and where the figure comes
+    from, and which host arrays qualify (a fresh process holds none yet)."""
+    from ..config import HybridConfig
+    from ..gpu.memory import resident_budget
+    try:
+        configured = HybridConfig().resident_bytes
+    except Exception:   # a broken config file is reported by the commands that use it
+        configured = None
+    budget, source = resident_budget(rt, configured)
+    return {"budget_bytes": budget, "budget_source": source,
+            "kept": "read-only host arrays (base chain included), quantized weights, and arrays registered "
+                    "with Executor.resident; writable arrays are uploaded per call"}
+
+
 def gather() -> dict:
     from ..errors import GpuError
     from ..gpu import detect
@@ -77,6 +93,7 @@ def gather() -> dict:
         try:
             info["devices"] = _devices(rt)
             info["kernels"] = _kernels(rt)
+            info["resident"] = _resident(rt)
         except GpuError as e:
             info["devices_error"] = str(e)
     return info
@@ -105,6 +122,10 @@ def run(args) -> int:
         print(f"Kernels for this driver ({k['loader'] or 'version unknown'}): " +
               (f"unavailable: {k['unavailable']}" if "unavailable" in k else
                f"{k['compiler']} ({k['library']}) -> {k['target']}"))
+    r = info.get("resident")
+    if r:
+        print(f"Resident inputs: up to {r['budget_bytes'] / 2**30:.1f} GiB of device memory ({r['budget_source']}); "
+              f"kept: {r['kept']}")
     print("Compilers (work without a device):")
     for platform, c in info["compilers"].items():
         print(f"  {platform:<7} " + (f"{c['version']} ({c['library']})" if "version" in c else c["error"]))

@@ -183,11 +183,12 @@ class GpuContext:
         return grid_stride_blocks(n, block, self.multiprocessors)
 
     # ------------------------------------------------------------------ memory
-    def upload(self, x, stream):
-        """A float32 input on the device: host arrays through the resident cache (a corpus or weights
-        reused across calls stays on the device), device arrays as they are."""
+    def upload(self, x, stream, immutable: bool = False):
+        """An input on the device: host arrays through the resident cache (a read-only or registered
+        corpus, or weights, reused across calls stays on the device; `immutable`: the caller guarantees
+        the host bytes never change, as a QuantizedTensor's blocks), device arrays as they are."""
         if isinstance(x, np.ndarray):
-            dev = self.resident.get(x, stream)
+            dev = self.resident.get(x, stream, immutable)
         else:
             self._wait_for_producer(x, stream)
             dev = x

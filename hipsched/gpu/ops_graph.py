@@ -3,7 +3,7 @@
 Per step, on one stream: zero the accumulator, push w_ij * a[i] along every edge (atomic adds), then
 apply a_new = a + decay * acc, clamp to [0, 1] and zero under threshold into the other of two ping-pong
 buffers; the inputs are never written. The CSR arrays go through the resident cache, so a graph reused
-across calls is uploaded once."""
+across calls is uploaded once when its arrays are read-only or registered (Executor.resident)."""
 from __future__ import annotations
 
 import ctypes

@@ -1,10 +1,10 @@
 """GPU launch glue for the GGUF quant ops (kernels: src_c/hip/quant.hip).
 
 The block bytes of a QuantizedTensor go through the resident cache keyed on `w.data` (the tensor is
-immutable and returns the same array every time), so weights reused across calls are uploaded once.
-qmatmul's x is float32, float16 or bfloat16, read in its own type (the kernels of x's element type are
-launched, whatever Call.dtype says) and never re-quantized: the product accumulates in float32 and
-comes back in x's dtype, rounded once, as on the CPU. dequantize gives float32."""
+immutable by contract and returns the same read-only array every time), so weights reused across calls
+are uploaded once. qmatmul's x is float32, float16 or bfloat16, read in its own type (the kernels of x's
+element type are launched, whatever Call.dtype says) and never re-quantized: the product accumulates in
+float32 and comes back in x's dtype, rounded once, as on the CPU. dequantize gives float32."""
 from __future__ import annotations
 
 import ctypes
@@ -38,8 +38,9 @@ def _x_suffix(x) -> str:
 
 
 def weights(ctx, w, stream):
-    """Device copy of the tensor's block bytes, resident across calls while the tensor lives."""
-    return ctx.upload(w.data, stream)
+    """Device copy of the tensor's block bytes, resident across calls while the tensor lives: the
+    tensor is immutable by contract, so its bytes are kept as the owner's guarantee says."""
+    return ctx.upload(w.data, stream, immutable=True)
 
 
 def _aligned(ctx, x, stream):

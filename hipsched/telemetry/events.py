@@ -16,17 +16,18 @@ from datetime import datetime, timezone
 SCHEMA_VERSION = 1
 
 # Layout of the tuple Telemetry.record stores (indices used by the writer, store and formatter).
-TS, SEQ, OP, BACKEND, REASON, SIZE, DTYPE, NBYTES, DURATION, PRED_CPU, PRED_GPU, STREAM, SCOPE, FALLBACK, DETAIL = \
-    range(15)
+TS, SEQ, OP, BACKEND, REASON, SIZE, DTYPE, NBYTES, DURATION, PRED_CPU, PRED_GPU, STREAM, SCOPE, FALLBACK, DETAIL, \
+    RESIDENT = range(16)
 
 FIELDS = ("v", "ts", "run", "seq", "host", "device", "op", "backend", "reason", "size", "dtype", "bytes",
           "duration_us", "predicted_us", "stream", "phase", "tags", "fallback")
 # Present only when the Telemetry was given them (a worker of a distributed job, hipsched.dask): after
 # `device`, so logs of single-machine runs are byte for byte what they were.
 OPTIONAL_IDENT = ("worker", "job")
-# Present only on events whose reason has one (gpu_unsupported: why the GPU refused the call), last, so
-# every other line is byte for byte what it was.
-OPTIONAL_EVENT = ("detail",)
+# Present only where they apply, last, so every other line is byte for byte what it was: `detail` on
+# events whose reason has one (gpu_unsupported: why the GPU refused the call), `resident` on GPU runs of
+# host inputs (bytes uploaded, bytes read from device copies kept across calls).
+OPTIONAL_EVENT = ("detail", "resident")
 
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -114,12 +115,17 @@ def to_dict(rec, run, host, device, extra=None) -> dict:
         "phase": json.loads(sc.phase_json), "tags": json.loads(sc.tags_json),
         "fallback": None if fb is None else {"backend": text(fb[0]), "error": str(fb[1])},
         **({} if rec[DETAIL] is None else {"detail": str(rec[DETAIL])}),
+        **({} if rec[RESIDENT] is None else {"resident": _resident(rec[RESIDENT])}),
     }
+
+
+def _resident(r) -> dict:
+    return {"uploaded": int(r["uploaded"]), "reused": int(r["reused"])}
 
 
 _INF = float("inf")  # the range test below also rejects NaN (every comparison with it is False)
 _NUMBERS = ',"size":%d,"bytes":%d,"duration_us":%.3f,"predicted_us":{"cpu":%.3f,"gpu":%.3f}'
-_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s%s}\n'
+_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s%s%s}\n'
 
 
 class LineFormatter:
@@ -166,7 +172,7 @@ class LineFormatter:
                 f'"predicted_us":{{"cpu":{num(pc)},"gpu":{num(pg)}}}')
 
     def line(self, rec) -> str:
-        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb, detail = rec
+        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb, detail, resident = rec
         sec = int(t)
         if sec != self._sec:
             self._sec = sec
@@ -192,8 +198,10 @@ class LineFormatter:
             st = json.dumps(stream_id(st))
         fbt = "null" if fb is None else '{"backend":%s,"error":%s}' % (self._str(fb[0]), json.dumps(str(fb[1])))
         dt = "" if detail is None else ',"detail":' + json.dumps(str(detail))
+        rs = "" if resident is None else ',"resident":{"uploaded":%d,"reused":%d}' % (
+            int(resident["uploaded"]), int(resident["reused"]))
         return _LINE % (self.head, self._sec_text, micro, self.ident, seq, names, nums, st, sc.phase_json,
-                        sc.tags_json, fbt, dt)
+                        sc.tags_json, fbt, dt, rs)
 
     def dropped_line(self, t, count, total) -> str:
         """The record that reports events lost to a full queue (they are still in the counters)."""

@@ -234,17 +234,22 @@ def test_fingerprint_sees_reallocation_shape_and_sampled_changes():
     assert fingerprint(b) != fingerprint(a.reshape(100, 100)) != fingerprint(a)
 
 
-def test_resident_cache_hits_until_the_host_array_changes(rt):
+def test_resident_cache_keeps_read_only_arrays_and_never_writable_ones(rt):
     cache = ResidentCache(rt, max_bytes=1 << 20)
     w = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
     d1 = cache.get(w)
-    assert cache.get(w) is d1 and (cache.hits, cache.misses) == (1, 1) and cache.is_resident(w)
+    assert cache.get(w) is not d1 and (cache.hits, cache.misses) == (0, 2) and not cache.is_resident(w)
+    assert cache.bytes == 0            # a writable array could change unseen: uploaded per call, never kept
+    w.flags.writeable = False
+    d1 = cache.get(w)
+    assert cache.get(w) is d1 and (cache.hits, cache.misses) == (1, 3) and cache.is_resident(w)
     assert cache.bytes == w.nbytes
-    w[:] = 0.0                         # a bulk rewrite changes the sampled fingerprint
-    assert not cache.is_resident(w)
-    d2 = cache.get(w)
-    assert d2 is not d1
-    np.testing.assert_array_equal(d2.get(), w)
+    w.flags.writeable = True           # write access back: the copy is no longer trusted, even unchanged
+    assert not cache.is_resident(w) and cache.bytes == 0
+    w[1] += 1.0
+    np.testing.assert_array_equal(cache.get(w).get(), w)
+    w.flags.writeable = False
+    cache.get(w)
     cache.invalidate(w)
     assert cache.bytes == 0 and not cache.is_resident(w)
 
@@ -252,6 +257,8 @@ def test_resident_cache_hits_until_the_host_array_changes(rt):
 def test_resident_cache_lru_by_bytes_and_gc(rt):
     cache = ResidentCache(rt, max_bytes=3 * 4000)
     arrays = [np.full(1000, i, np.float32) for i in range(4)]
+    for a in arrays:
+        a.flags.writeable = False
     for a in arrays[:3]:
         cache.get(a)
     cache.get(arrays[0])                 # 0 becomes most recent; 1 is now least recent
@@ -259,6 +266,7 @@ def test_resident_cache_lru_by_bytes_and_gc(rt):
     assert cache.is_resident(arrays[0]) and not cache.is_resident(arrays[1]) and cache.is_resident(arrays[3])
     assert cache.bytes <= cache.max_bytes and len(cache) == 3
     big = np.zeros(10_000, np.float32)   # larger than the cache: uploaded, not kept
+    big.flags.writeable = False
     assert cache.get(big).get().shape == big.shape and not cache.is_resident(big)
     del arrays[3]
     gc.collect()
@@ -293,6 +301,7 @@ def test_gpu_round_trip_and_resident_cache():
     d = to_device(host, runtime=rt)
     np.testing.assert_array_equal(d.get(), host)
     cache = ResidentCache(rt, max_bytes=1 << 24)
+    host.flags.writeable = False
     assert cache.get(host) is cache.get(host)
 
 

@@ -103,6 +103,7 @@ def test_cached_host_array_collected_mid_call_is_dropped_later():
 
     cache = ResidentCache(HostMemoryRuntime(), max_bytes=1 << 20)
     a = np.ones(16, np.float32)
+    a.flags.writeable = False                # only read-only arrays are kept
     cache.get(a)
     assert len(cache._pending) == 0
     del a

@@ -13,6 +13,11 @@ from hipsched.gpu.memory import ResidentCache
 from host_memory import HostMemoryRuntime, run_bounded  # noqa: F401
 
 
+def frozen(a):
+    a.flags.writeable = False   # only arrays nothing can write are kept implicitly
+    return a
+
+
 def test_host_array_dying_in_a_cycle_while_the_lock_is_held_does_not_deadlock():
     """Deterministic: the collector runs where an allocation under the lock would run it (inside
     fingerprint), while a cached array's only owner is a reference cycle."""
@@ -33,11 +38,13 @@ def test_host_array_dying_in_a_cycle_while_the_lock_is_held_does_not_deadlock():
 
         cache = ResidentCache(HostMemoryRuntime(), max_bytes=1 << 20)
         other = np.ones(256, np.float32)
+        other.flags.writeable = False    # only read-only arrays are kept
         cache.get(other)
         for i in range(3):
             h = Holder()
             h.me = h              # only the collector frees it, and its array with it
             h.arr = np.full(256, i, np.float32)
+            h.arr.flags.writeable = False
             cache.get(h.arr)
             del h
             memory.fingerprint = fingerprint_that_collects
@@ -63,12 +70,15 @@ def test_collector_at_every_allocation_never_deadlocks_the_cache():
 
         cache = ResidentCache(HostMemoryRuntime(), max_bytes=64 * 1024)
         keep = [np.ones(64, np.float32) for _ in range(4)]
+        for k in keep:
+            k.flags.writeable = False    # only read-only arrays are kept
         gc.collect()
         gc.set_threshold(1)
         for i in range(2000):
             h = Holder()
             h.me = h
             h.arr = np.full(64 + i % 7, i, np.float32)
+            h.arr.flags.writeable = False
             cache.get(h.arr)
             del h
             cache.get(keep[i % 4])
@@ -84,7 +94,7 @@ def test_collector_at_every_allocation_never_deadlocks_the_cache():
 def test_dead_entries_are_dropped_by_the_next_operation():
     rt = HostMemoryRuntime()
     cache = ResidentCache(rt, max_bytes=1 << 20)
-    a, b = np.ones(100, np.float32), np.zeros(100, np.float32)
+    a, b = frozen(np.ones(100, np.float32)), frozen(np.zeros(100, np.float32))
     cache.get(a)
     dev_b = cache.get(b)
     ptr_a = next(p for p in rt.buffers if p != dev_b.ptr)
@@ -92,7 +102,7 @@ def test_dead_entries_are_dropped_by_the_next_operation():
     gc.collect()
     # the collector only queued the key: the device copy goes with the next call, outside the collector
     assert cache.bytes == 400 and len(cache) == 1 and ptr_a not in rt.buffers
-    c = np.ones(100, np.float32)
+    c = frozen(np.ones(100, np.float32))
     cache.get(c)
     assert cache.is_resident(c) and cache.is_resident(b) and cache.bytes == 800
 
@@ -100,7 +110,7 @@ def test_dead_entries_are_dropped_by_the_next_operation():
 def test_a_recycled_id_never_hits():
     cache = ResidentCache(HostMemoryRuntime(), max_bytes=1 << 20)
     for i in range(20):
-        x = np.full(64, i, np.float32)
+        x = frozen(np.full(64, i, np.float32))
         got = cache.get(x).ptr
         view = np.frombuffer(ctypes.string_at(got, x.nbytes), np.float32)
         np.testing.assert_array_equal(view, x)   # never an older array's copy under the same id()
@@ -110,15 +120,18 @@ def test_a_recycled_id_never_hits():
 
 def test_fingerprint_is_taken_before_the_upload():
     """The entry's stamp must describe what was uploaded: taken after the copy, a change made in
-    between would be stamped as current and never re-uploaded."""
+    between would be stamped as current and never re-uploaded. (A read-only array changes only when its
+    owner gives it write access back for a moment: the fingerprint is the backstop for that.)"""
     rt = HostMemoryRuntime()
     cache = ResidentCache(rt, max_bytes=1 << 20)
-    w = np.zeros(1000, np.float32)
+    w = frozen(np.zeros(1000, np.float32))
     real = rt.memcpy_htod
 
     def copy_then_change(dst, src, n, stream=0):
         real(dst, src, n, stream)
-        w[:] = 7.0                 # the host array changes right after the copy
+        w.flags.writeable = True   # the host array changes right after the copy, and is frozen again
+        w[:] = 7.0
+        w.flags.writeable = False
     rt.memcpy_htod = copy_then_change
     cache.get(w)
     rt.memcpy_htod = real
