@@ -203,9 +203,27 @@ cdef class SchedCore:
         calls = bc.calls + 1
         if commit:
             bc.calls = calls
+        # A side never measured at any size has no estimate, and one run tells the fit enough to
+        # predict every size: it is tried on a bucket's first two calls (the very first call of an op
+        # has nothing measured on either side and goes to the CPU), then 1 in explore_period, rather
+        # than only at the explore_period-th call (a workload with few calls per size, like a model's
+        # layers, would otherwise run most of them on a side it never compared).
+        if p.explore_period > 0 and (calls <= 2 or calls % p.explore_period == 0):
+            if isnan(g) and not isnan(c):
+                return GPU | R_EXPLORING << 1
+            if isnan(c) and not isnan(g):
+                return CPU | R_EXPLORING << 1
         if bg.n < p.min_samples or bc.n < p.min_samples:
             if p.explore_period > 0 and calls % p.explore_period == 0:
-                return (GPU if bg.n <= bc.n else CPU) | R_EXPLORING << 1
+                # ...but a side already measured in this bucket at REPROBE_MAX_RATIO times the other's
+                # prediction is not worth more calls to confirm it: each is that side's full time lost.
+                # A side known only from the other buckets' fit is still tried (a line through a few
+                # distant sizes can be off by more than that).
+                if bg.n <= bc.n:
+                    if not (bg.n > 0 and g > REPROBE_MAX_RATIO * c):
+                        return GPU | R_EXPLORING << 1
+                elif not (bc.n > 0 and c > REPROBE_MAX_RATIO * g):
+                    return CPU | R_EXPLORING << 1
         elif p.reprobe_period > 0 and calls % p.reprobe_period == 0:
             if g * p.speedup_threshold < c:   # GPU wins: re-probe the CPU unless far behind
                 if c < REPROBE_MAX_RATIO * g:

@@ -51,6 +51,8 @@ def add_arguments(p):
     p.add_argument("--oracle", action="store_true",
                    help="then rerun every call forced on the CPU and on the GPU, and report routing accuracy and "
                         "regret of the auto run against that oracle")
+    p.add_argument("--oracle-repeats", type=int, default=3, metavar="N",
+                   help="forced runs per call and side for --oracle; the median run counts (default 3)")
 
 
 def _default_log():
@@ -191,22 +193,28 @@ def _events_of_last(ex, calls):
     return events
 
 
-def oracle_runs(oracle_ex, calls, bar=None):
-    """Each call run forced on the CPU then forced on the GPU, by `oracle_ex`: [(cpu event, gpu event)]."""
+def oracle_runs(oracle_ex, calls, bar=None, repeats=3):
+    """Each call run forced on the CPU and forced on the GPU, alternately, `repeats` times each, by
+    `oracle_ex`: [(cpu event, gpu event)], each the run of median duration on its side. The median of
+    several runs keeps one slow run on a busy machine from deciding which side is faster; the runs
+    after the first find the call's inputs resident, so a call's GPU time is that of an input kept on
+    the device (what a second call with it pays), unless it does not fit the resident budget."""
     out = []
     for op, args, kwargs in calls:
         fn = getattr(oracle_ex, op)
-        pair = []
-        for side in ("cpu", "gpu"):
-            fn(*args, backend=side, **kwargs)
-            pair.append(oracle_ex.events[-1])
-        out.append(tuple(pair))
+        runs = {"cpu": [], "gpu": []}
+        for _ in range(repeats):
+            for side in ("cpu", "gpu"):
+                fn(*args, backend=side, **kwargs)
+                runs[side].append(oracle_ex.events[-1])
+        out.append(tuple(sorted(runs[side], key=lambda e: e["duration_us"])[(repeats - 1) // 2]
+                         for side in ("cpu", "gpu")))
         if bar is not None:
             bar.update(1)
     return out
 
 
-def judge(auto_events, oracle_events, tie_band=TIE_BAND):
+def judge(auto_events, oracle_events, tie_band=TIE_BAND, keep_calls=False):
     """Routing of the auto run against the oracle. A call is judged when both forced runs ran on their
     side (a forced GPU run that fell back, or that the GPU could not take, leaves one side). Its faster
     side is the one whose forced run took less; within `tie_band` both are right. Regret is observed:
@@ -219,6 +227,8 @@ def judge(auto_events, oracle_events, tie_band=TIE_BAND):
                                           "best_us": 0.0, "chosen_us": 0.0, "cpu_us": 0.0, "gpu_us": 0.0,
                                           "auto_gpu": 0, "best_gpu": 0, "misses": {}})
         row["calls"] += 1
+        if keep_calls:
+            row.setdefault("per_call", []).append((a, c, g))
         if c["backend"] != "cpu" or g["backend"] != "gpu" or g.get("fallback"):
             continue
         tc, tg, ta = c["duration_us"], g["duration_us"], a["duration_us"]
@@ -320,12 +330,12 @@ def run(args, gpu_backend=None, oracle_gpu_backend=None, **executor_options) -> 
             auto_events = _events_of_last(ex, rec.calls)
             opts = {k: v for k, v in executor_options.items() if k not in ("persist_model", "telemetry_path")}
             with hs.Executor(telemetry_path=log, persist_model=False, gpu_backend=oracle_gpu_backend,
-                             telemetry_ring_size=max(10000, 4 * len(rec.calls)), **opts) as oex:
+                             telemetry_ring_size=8, **opts) as oex:
                 bar = progress(len(rec.calls), "oracle", enabled=not args.no_progress)
                 with oex.scope(phase="oracle"):
-                    pairs = oracle_runs(oex, rec.calls, bar)
+                    pairs = oracle_runs(oex, rec.calls, bar, max(1, getattr(args, "oracle_repeats", 3)))
                 bar.close()
-            judgement = judge(auto_events, pairs)
+            judgement = judge(auto_events, pairs, keep_calls=True)
         elif oracle:
             print("\n--oracle: no GPU in use, so there is nothing to choose between: routing not judged")
         print()
