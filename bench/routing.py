@@ -34,28 +34,26 @@ def out(line=""):
     LINES.append(line)
 
 
-def one_run(start, quick, seed, sim):
+def one_run(start, quick, seed, sim, repeats=3):
     """(judgement, demo exit status, demo output) of one demo --oracle run from `start` ("cold" or
     "calibrated"), in a fresh cache dir."""
     with tempfile.TemporaryDirectory(prefix="hipsched-routing-") as cache:
         clock = contextlib.nullcontext()
-        backends = {}
+        machines = [{}, {}, {}]
         if sim:
-            from sim_gpu import SimClock, SimulatedGpu
+            from sim_gpu import SimClock, simulated_machine
             c = SimClock()
             clock = c.executor_clock()
-            backends = {"gpu_backend": SimulatedGpu(clock=c, seed=seed), "oracle_gpu_backend":
-                        SimulatedGpu(clock=c, seed=seed + 1000)}
+            machines = [simulated_machine(c, seed=3 * seed + i) for i in range(3)]
         with clock:
             if start == "calibrated":
-                calib_gpu = {"gpu_backend": SimulatedGpu(clock=c, seed=seed + 2000)} if sim else {}
-                with hs.Executor(cache_dir=cache, telemetry_enabled=False, **calib_gpu) as ex:
+                with hs.Executor(cache_dir=cache, telemetry_enabled=False, **machines[2]) as ex:
                     ex.calibrate(progress=False, max_seconds_per_op=0.5)
             args = argparse.Namespace(log=os.path.join(cache, "demo.jsonl"), quick=quick, seed=seed, no_progress=True,
-                                      oracle=True)
+                                      oracle=True, oracle_repeats=repeats)
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf):
-                rc = demo.run(args, cache_dir=cache, **backends)
+                rc = demo.run(args, machine=machines[0], oracle_machine=machines[1], cache_dir=cache)
         return demo.run.last_judgement, rc, buf.getvalue()
 
 

@@ -96,9 +96,12 @@ def _create_telemetry(config, device):
 class Executor:
     """Runs each op on the backend predicted to finish first. `config` is a HybridConfig (None: read
     the TOML file and HIPSCHED_* variables); keyword `overrides` set config fields; `gpu_backend`
-    replaces the GPU backend (an object implementing the GpuBackend interface)."""
+    replaces the GPU backend (an object implementing the GpuBackend interface); `cpu_backend` replaces
+    the CPU engine with an object that has CpuBackend's `run(call)` and `run_device_data(call)` (a
+    simulated machine in tests/support): every call then takes the general path, none the compiled
+    kernels directly."""
 
-    def __init__(self, config=None, *, gpu_backend=None, **overrides):
+    def __init__(self, config=None, *, gpu_backend=None, cpu_backend=None, **overrides):
         if config is None:
             config = HybridConfig(**overrides)
         elif overrides:
@@ -106,7 +109,7 @@ class Executor:
             values.update(overrides)
             config = HybridConfig(config_file=False, env={}, **values)
         self.config = cfg = config
-        self._cpu = CpuBackend()
+        self._cpu = cpu_backend if cpu_backend is not None else CpuBackend()
         gpu = gpu_backend if gpu_backend is not None else _create_gpu(cfg)
         self._injector = None
         if cfg.fault_inject and getattr(gpu, "available", False):

@@ -280,10 +280,10 @@ def render_judgement(res) -> str:
     return "\n".join(lines)
 
 
-def run(args, gpu_backend=None, oracle_gpu_backend=None, **executor_options) -> int:
-    """The command. `gpu_backend` / `oracle_gpu_backend` (GpuBackend objects, e.g. a simulated device
-    from tests/support) and `executor_options` (config fields) are for benchmarks and tests; the oracle's
-    executor needs its own backend instance when one is given."""
+def run(args, machine=None, oracle_machine=None, **executor_options) -> int:
+    """The command. `machine` / `oracle_machine` (Executor keyword arguments: gpu_backend, cpu_backend,
+    e.g. a simulated machine from tests/support) and `executor_options` (config fields) are for
+    benchmarks and tests; the oracle's executor needs backends of its own when they are given."""
     import hipsched as hs
     from ..telemetry import analysis, path_from_env
 
@@ -293,7 +293,7 @@ def run(args, gpu_backend=None, oracle_gpu_backend=None, **executor_options) -> 
     oracle = getattr(args, "oracle", False)
     print(f"hipsched demo: telemetry -> {os.path.abspath(log)}")
     judgement = None
-    with hs.Executor(telemetry_path=log, gpu_backend=gpu_backend, **executor_options) as ex:
+    with hs.Executor(telemetry_path=log, **(machine or {}), **executor_options) as ex:
         caps = ex.capabilities()
         if caps.gpu_available:
             print(f"GPU: {caps.gpu_device_name}")
@@ -329,7 +329,7 @@ def run(args, gpu_backend=None, oracle_gpu_backend=None, **executor_options) -> 
         if oracle and caps.gpu_available:
             auto_events = _events_of_last(ex, rec.calls)
             opts = {k: v for k, v in executor_options.items() if k not in ("persist_model", "telemetry_path")}
-            with hs.Executor(telemetry_path=log, persist_model=False, gpu_backend=oracle_gpu_backend,
+            with hs.Executor(telemetry_path=log, persist_model=False, **(oracle_machine or {}),
                              telemetry_ring_size=8, **opts) as oex:
                 bar = progress(len(rec.calls), "oracle", enabled=not args.no_progress)
                 with oex.scope(phase="oracle"):

@@ -1,16 +1,17 @@
-"""A simulated GPU that takes the time an H100 took: a GpuBackend (the interface Executor(gpu_backend=...)
-takes, as tests/support/fake_gpu.py) for routing tests and benchmarks on machines without a GPU.
+"""A simulated H100 machine for routing tests and benchmarks on machines without a GPU: a GPU backend
+(the interface Executor(gpu_backend=...) takes, as tests/support/fake_gpu.py) and a CPU backend
+(Executor(cpu_backend=...)) that take the time the H100 and its 16-core host took, on a virtual clock.
 
 What it models, and why that much:
-- Compute: the measured H100 latency of the op at the call's work measure (tests/support/h100_latency.py,
-  with its provenance), interpolated linearly in log(size)-log(time) between measured sizes; below the
-  smallest the smallest's time, above the largest the last segment's log-log slope clamped to [0, 1]
-  (a kernel's time never falls with work nor grows faster than it). Those times were measured with
-  the inputs resident and include the launch and the copy of the output back, so only uploads are
-  added here.
+- Compute: the measured latency of the op at the call's work measure on that machine
+  (tests/support/h100_latency.py, with its provenance), interpolated linearly in log(size)-log(time)
+  between measured sizes; below the smallest the smallest's time, above the largest the last segment's
+  log-log slope clamped to [0, 1] (a kernel's time never falls with work nor grows faster than it).
+  The GPU times were measured with the inputs resident and include the launch and the copy of the
+  output back, so only uploads are added to them.
 - Residency: like the real backend's resident cache, a host array uploaded once stays on the device
-  (same object, LRU by bytes within RESIDENT_BYTES; arrays larger than that, or not C-contiguous, are
-  uploaded on every call). transfer_bytes() reports what a call would upload now, as the real one.
+  (the same object, LRU by bytes within RESIDENT_BYTES; arrays larger than that, or not C-contiguous,
+  are uploaded on every call). transfer_bytes() reports what a call would upload now, as the real one.
 - Link: uploads of non-resident inputs cost latency + bytes / bandwidth at the link hipsched measured
   on the H100 (measure_transfer() returns that), except that large pageable uploads run at the slower
   rate seen in the demo logs (LARGE_UPLOAD_GBPS): the scheduler's transfer model is then as wrong as
@@ -19,10 +20,14 @@ What it models, and why that much:
   seeded generator (run to run variation on the H100 was a few percent at these sizes); uploads are
   not noised.
 
-The result is computed by the CPU engine (so it is right), and that computation is taken off the
-clock: the simulator adds its duration to its SimClock's `hidden_ns`, and `executor_clock()` makes the
-executor time calls with `perf_counter_ns() - hidden_ns`. Then it sleeps (and spins the last 0.3 ms) for the modelled
-time. The clock is per simulator, not per thread: use it from one thread at a time."""
+Time is virtual: a run computes its result with the real CPU engine (so results are right) and then
+advances the SimClock by the modelled time, and `SimClock.executor_clock()` makes executors time calls
+on that clock. Measured durations are then exactly the modelled ones, whatever the load of the machine
+running the test (sleeping for the modelled time was tried first: on this project's shared 2-core
+machines, at load averages of 30 to 300, neither sleeps nor the real CPU's times meant anything).
+A simulated CPU backend has no compiled kernels for the executor to call directly, so every call
+takes the executor's general path, whose clock is the patched one. One clock per process at a time:
+the patch is of hipsched.executor's module clock."""
 from __future__ import annotations
 
 import bisect
@@ -30,15 +35,14 @@ import collections
 import contextlib
 import math
 import threading
-import time
 import weakref
 
 import numpy as np
 
 from hipsched.backends.cpu import CpuBackend
 
-from h100_latency import (GPU_US, LARGE_UPLOAD_BYTES, LARGE_UPLOAD_GBPS, MEASURED_TRANSFER,  # noqa: E402
-                          RESIDENT_BYTES)
+from h100_latency import (CPU_US, GPU_US, LARGE_UPLOAD_BYTES, LARGE_UPLOAD_GBPS,  # noqa: E402
+                          MEASURED_TRANSFER, RESIDENT_BYTES)
 
 
 def _host_arrays(x):
@@ -52,8 +56,8 @@ def _host_arrays(x):
     return []
 
 
-def gpu_latency_us(op, size, table=GPU_US):
-    """The modelled H100 time of `op` at work `size` (resident inputs), microseconds."""
+def latency_us(table, op, size):
+    """The modelled time of `op` at work `size` from `table` (GPU_US: resident inputs), microseconds."""
     pts = table[op]
     xs = [math.log(max(p[0], 1)) for p in pts]
     ys = [math.log(p[1]) for p in pts]
@@ -75,28 +79,23 @@ def upload_us(nbytes):
     return MEASURED_TRANSFER["h2d_latency_us"] + nbytes / (gbps * 1e3)
 
 
-def wait_us(us):
-    """Sleeps most of `us` and spins the rest (sleep alone overshoots by tens of microseconds)."""
-    end = time.perf_counter_ns() + int(us * 1e3)
-    if us > 1000:
-        time.sleep((us - 300) * 1e-6)
-    while time.perf_counter_ns() < end:
-        pass
-
-
 class SimClock:
-    """The executor's clock less the time simulators spent computing results. Simulators that share one
-    (an auto executor's and an oracle's) keep one consistent clock."""
+    """Virtual nanoseconds, advanced only by simulated runs."""
 
     def __init__(self):
-        self.hidden_ns = 0
+        self.ns = 0
+        self._lock = threading.Lock()
+
+    def advance_us(self, us):
+        with self._lock:
+            self.ns += int(round(us * 1e3))
 
     def clock_ns(self):
-        return time.perf_counter_ns() - self.hidden_ns
+        return self.ns
 
     @contextlib.contextmanager
     def executor_clock(self):
-        """Within the block, executors time calls on this clock (results off the clock)."""
+        """Within the block, executors time calls on this clock."""
         import hipsched.executor as executor_module
         saved = executor_module._perf_ns
         executor_module._perf_ns = self.clock_ns
@@ -106,12 +105,48 @@ class SimClock:
             executor_module._perf_ns = saved
 
 
+class _Noise:
+    def __init__(self, sigma, seed):
+        self.sigma = sigma
+        self.rng = np.random.default_rng(seed)
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        if not self.sigma:
+            return 1.0
+        with self.lock:
+            return math.exp(self.sigma * self.rng.standard_normal())
+
+
+class SimulatedCpu:
+    """The CPU backend of the simulated machine: real results, the H100 host's times (CPU_US)."""
+
+    def __init__(self, clock, sigma=0.05, seed=0, table=CPU_US):
+        self.clock = clock
+        self._table = table
+        self._noise = _Noise(sigma, seed)
+        self._cpu = CpuBackend()
+        self.runs = 0
+
+    def run(self, call):
+        if call.op not in self._table:   # no measured time to take (calibrate skips such ops)
+            raise NotImplementedError(f"simulated CPU: no H100-host latencies for {call.op}")
+        out = self._cpu.run(call)
+        self.runs += 1
+        self.clock.advance_us(latency_us(self._table, call.op, call.size) * self._noise())
+        return out
+
+    def run_device_data(self, call):   # the simulated GPU takes host arrays only
+        return self.run(call)
+
+
 class SimulatedGpu:
-    """GpuBackend with H100 latencies (see the module docstring)."""
+    """GpuBackend with the H100's times (see the module docstring)."""
     name = "gpu"
 
-    def __init__(self, ops=None, sigma=0.05, seed=0, resident_bytes=RESIDENT_BYTES, table=GPU_US,
-                 device_name="simulated NVIDIA H100 80GB HBM3", clock=None):
+    def __init__(self, clock, ops=None, sigma=0.05, seed=0, resident_bytes=RESIDENT_BYTES, table=GPU_US,
+                 device_name="simulated NVIDIA H100 80GB HBM3"):
+        self.clock = clock
         self.available = True
         self.unavailable_reason = None
         self.runtime_name = "simulated"
@@ -119,14 +154,12 @@ class SimulatedGpu:
         self.device_arch = "sm_90 (simulated)"
         self._table = table
         self._ops = set(ops if ops is not None else table)
-        self._sigma = sigma
-        self._rng = np.random.default_rng(seed)
+        self._noise = _Noise(sigma, seed)
         self._budget = resident_bytes
         self._resident = collections.OrderedDict()   # id(host) -> (weakref, nbytes)
         self._resident_total = 0
         self._lock = threading.Lock()
         self._cpu = CpuBackend()
-        self.clock = clock if clock is not None else SimClock()
         self.runs = 0
         self.uploaded_bytes = 0
 
@@ -160,17 +193,15 @@ class SimulatedGpu:
         return (int(h2d), int(max(0, call.nbytes - total_in)))
 
     def run(self, call, stream=None):
-        t0 = time.perf_counter_ns()
         out = self._cpu.run(call)
-        self.clock.hidden_ns += time.perf_counter_ns() - t0
         with self._lock:
-            up = sum(a.nbytes for a in _host_arrays(call.args) if not self._is_resident(a))
-            for a in _host_arrays(call.args):
+            arrays = _host_arrays(call.args)
+            up = sum(a.nbytes for a in arrays if not self._is_resident(a))
+            for a in arrays:
                 self._keep(a)
-            noise = math.exp(self._sigma * self._rng.standard_normal()) if self._sigma else 1.0
             self.runs += 1
             self.uploaded_bytes += up
-        wait_us(gpu_latency_us(call.op, call.size, self._table) * noise + upload_us(up))
+        self.clock.advance_us(latency_us(self._table, call.op, call.size) * self._noise() + upload_us(up))
         return out
 
     def measure_transfer(self):
@@ -202,5 +233,9 @@ class SimulatedGpu:
         if e is not None:
             self._resident_total -= e[1]
 
-    def executor_clock(self):
-        return self.clock.executor_clock()
+
+def simulated_machine(clock=None, seed=0, sigma=0.05):
+    """{"gpu_backend": ..., "cpu_backend": ...} for an Executor on the simulated H100 machine."""
+    clock = clock if clock is not None else SimClock()
+    return {"gpu_backend": SimulatedGpu(clock, sigma=sigma, seed=2 * seed + 1),
+            "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed)}
