@@ -33,6 +33,9 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
     int valid
     int dirty              # refit before the next prediction (a bucket gained its first sample)
     int pending            # samples since the last fit; refit once REFIT_EVERY have arrived
+    int npts               # buckets the fit went through
+    double lo              # the smallest and largest of their mean work: between them the fit
+    double hi              # interpolates measured sizes, outside it extrapolates
 
 
 cdef inline int bucket_of(double size) noexcept nogil:
@@ -112,17 +115,24 @@ cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
     cdef Bucket *bk
     f.dirty = 0
     f.pending = 0
+    f.lo = 0
+    f.hi = 0
     for i in range(NBUCKETS):
         bk = &bks[i]
         if bk.n == 0:
             continue
         x = bk.work_sum / bk.n
+        if npts == 0 or x < f.lo:
+            f.lo = x
+        if npts == 0 or x > f.hi:
+            f.hi = x
         y = bucket_median(bk)
         if y <= 0:
             y = 1e-3
         wt = 1.0 / (y * y)
         sw += wt; swx += wt * x; swy += wt * y; swxx += wt * x * x; swxy += wt * x * y
         npts += 1
+    f.npts = npts
     if npts == 0:
         f.valid = 0
         return
@@ -174,3 +184,14 @@ cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
     if f.valid:
         return fit_at(f, size)
     return NAN
+
+
+cdef inline bint measured_near(Bucket *bks, Fit *f, double size) noexcept nogil:
+    """Whether a prediction at `size` rests on measurements there: its bucket has samples, or the fit
+    interpolates between two measured buckets on either side of it (a line through a few distant
+    sizes, or through one point, can be off by any factor beyond them)."""
+    if bks[bucket_of(size)].n > 0:
+        return True
+    if f.dirty or f.pending >= REFIT_EVERY:
+        refit(bks, f)
+    return f.valid and f.npts >= 2 and f.lo <= size <= f.hi

@@ -8,7 +8,7 @@ Python threads. Decisions never allocate; a record allocates only for a size buc
 from libc.stdlib cimport calloc, free, malloc
 from libc.math cimport isfinite, isnan
 
-from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, predict_us
+from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, measured_near, predict_us
 
 import threading
 
@@ -215,14 +215,15 @@ cdef class SchedCore:
                 return CPU | R_EXPLORING << 1
         if bg.n < p.min_samples or bc.n < p.min_samples:
             if p.explore_period > 0 and calls % p.explore_period == 0:
-                # ...but a side already measured in this bucket at REPROBE_MAX_RATIO times the other's
-                # prediction is not worth more calls to confirm it: each is that side's full time lost.
-                # A side known only from the other buckets' fit is still tried (a line through a few
-                # distant sizes can be off by more than that).
+                # ...but a side predicted at REPROBE_MAX_RATIO times the other's, from measurements at
+                # or around this size, is not worth a call to confirm it: each is that side's full
+                # time lost (on the H100 a calibrated top_k sent 1 call in 5 of every new size to a
+                # GPU 5x slower). A side known only by extrapolation is still tried (a line through a
+                # few distant sizes, or through one point, can be off by more than that).
                 if bg.n <= bc.n:
-                    if not (bg.n > 0 and g > REPROBE_MAX_RATIO * c):
+                    if not (g > REPROBE_MAX_RATIO * c and measured_near(s.buckets[GPU], &s.fit[GPU], size)):
                         return GPU | R_EXPLORING << 1
-                elif not (bc.n > 0 and c > REPROBE_MAX_RATIO * g):
+                elif not (c > REPROBE_MAX_RATIO * g and measured_near(s.buckets[CPU], &s.fit[CPU], size)):
                     return CPU | R_EXPLORING << 1
         elif p.reprobe_period > 0 and calls % p.reprobe_period == 0:
             if g * p.speedup_threshold < c:   # GPU wins: re-probe the CPU unless far behind

@@ -193,24 +193,69 @@ def _events_of_last(ex, calls):
     return events
 
 
+# Inputs at least this large are followed by the oracle: their upload is shared among the calls that
+# pass them (the executor tracks the same ones, hipsched.executor._REUSE_MIN_BYTES).
+_SHARED_INPUT_BYTES = 1 << 20
+
+
+def _large_inputs(args, out):
+    for a in args:
+        if isinstance(a, np.ndarray):
+            if a.nbytes >= _SHARED_INPUT_BYTES:
+                out.append(a)
+        elif isinstance(a, (tuple, list)):
+            _large_inputs(a, out)
+        elif isinstance(getattr(a, "data", None), np.ndarray) and a.data.nbytes >= _SHARED_INPUT_BYTES:
+            out.append(a.data)
+    return out
+
+
 def oracle_runs(oracle_ex, calls, bar=None, repeats=3):
     """Each call run forced on the CPU and forced on the GPU, alternately, `repeats` times each, by
-    `oracle_ex`: [(cpu event, gpu event)], each the run of median duration on its side. The median of
-    several runs keeps one slow run on a busy machine from deciding which side is faster; the runs
-    after the first find the call's inputs resident, so a call's GPU time is that of an input kept on
-    the device (what a second call with it pays), unless it does not fit the resident budget."""
-    out = []
+    `oracle_ex`, in the workload's order: [(cpu event, gpu event)]. The CPU side is its median run (one
+    slow run on a busy machine must not decide which side is faster). On the GPU the first run of a
+    call whose inputs are new uploads them and the later runs find them resident: the GPU side is the
+    median of the runs after the first, plus the call's share of the uploads, since an upload is paid
+    once for every call that passes the same input. The first run's excess over the resident runs is
+    the upload of the call's new inputs, charged to those inputs (by bytes) and spread evenly over the
+    calls of the workload that pass them (an oracle knows how often an input will be used). An input
+    too large to stay resident is uploaded on every run, and every run pays it. With repeats=1 the GPU
+    side is the single run, upload included."""
+    runs = []
     for op, args, kwargs in calls:
         fn = getattr(oracle_ex, op)
-        runs = {"cpu": [], "gpu": []}
+        sides = {"cpu": [], "gpu": []}
         for _ in range(repeats):
             for side in ("cpu", "gpu"):
                 fn(*args, backend=side, **kwargs)
-                runs[side].append(oracle_ex.events[-1])
-        out.append(tuple(sorted(runs[side], key=lambda e: e["duration_us"])[(repeats - 1) // 2]
-                         for side in ("cpu", "gpu")))
+                sides[side].append(oracle_ex.events[-1])
+        runs.append(sides)
         if bar is not None:
             bar.update(1)
+    uses, upload = {}, {}
+    for (op, args, kwargs), sides in zip(calls, runs):
+        big = _large_inputs(args, [])
+        for a in big:
+            uses[id(a)] = uses.get(id(a), 0) + 1
+        g = sides["gpu"]
+        if len(g) > 1 and all(e["backend"] == "gpu" for e in g):
+            resident = float(np.median([e["duration_us"] for e in g[1:]]))
+            extra = max(0.0, g[0]["duration_us"] - resident)
+            new = [a for a in big if id(a) not in upload]
+            total = sum(a.nbytes for a in new)
+            for a in new:
+                upload[id(a)] = extra * a.nbytes / total
+    out = []
+    for (op, args, kwargs), sides in zip(calls, runs):
+        cpu = sorted(sides["cpu"], key=lambda e: e["duration_us"])[(len(sides["cpu"]) - 1) // 2]
+        g = sides["gpu"]
+        if len(g) > 1 and all(e["backend"] == "gpu" for e in g):
+            gpu = dict(g[-1])
+            gpu["duration_us"] = float(np.median([e["duration_us"] for e in g[1:]])) + sum(
+                upload.get(id(a), 0.0) / uses[id(a)] for a in _large_inputs(args, []))
+        else:
+            gpu = g[0]
+        out.append((cpu, gpu))
     return out
 
 
