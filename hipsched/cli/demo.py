@@ -212,15 +212,18 @@ def _large_inputs(args, out):
 
 def oracle_runs(oracle_ex, calls, bar=None, repeats=3):
     """Each call run forced on the CPU and forced on the GPU, alternately, `repeats` times each, by
-    `oracle_ex`, in the workload's order: [(cpu event, gpu event)]. The CPU side is its median run (one
-    slow run on a busy machine must not decide which side is faster). On the GPU the first run of a
-    call whose inputs are new uploads them and the later runs find them resident: the GPU side is the
-    median of the runs after the first, plus the call's share of the uploads, since an upload is paid
-    once for every call that passes the same input. The first run's excess over the resident runs is
-    the upload of the call's new inputs, charged to those inputs (by bytes) and spread evenly over the
-    calls of the workload that pass them (an oracle knows how often an input will be used). An input
-    too large to stay resident is uploaded on every run, and every run pays it. With repeats=1 the GPU
-    side is the single run, upload included."""
+    `oracle_ex`, in the workload's order: [(cpu event, gpu event)], the GPU event's duration being the
+    call's share of the best schedule's GPU time.
+
+    The CPU side is its median run (one slow run on a busy machine must not decide which side is
+    faster). On the GPU, the first run of a call uploads its new inputs and the later runs find them
+    resident; the excess of the first run over the median of the later ones is the upload. An input of
+    one call is charged to that call. An input several calls pass (a search corpus, weights) is
+    uploaded once for all of them, so the oracle decides it per input, knowing the whole workload:
+    the upload is worth paying when the calls that would then run faster on the GPU save more than it
+    costs; it is then shared by those calls in proportion to what each saves (so each still gains, and
+    its faster side is the one the best schedule gives it), and otherwise charged whole to each. An input too large to stay resident is uploaded on every run, and every run pays it.
+    With repeats=1 the GPU side is the single run, upload included."""
     runs = []
     for op, args, kwargs in calls:
         fn = getattr(oracle_ex, op)
@@ -233,29 +236,52 @@ def oracle_runs(oracle_ex, calls, bar=None, repeats=3):
         if bar is not None:
             bar.update(1)
     uses, upload = {}, {}
+    rows = []   # per call: [cpu us, gpu us with single-use uploads, key of its shared input or None]
     for (op, args, kwargs), sides in zip(calls, runs):
-        big = _large_inputs(args, [])
-        for a in big:
+        for a in _large_inputs(args, []):
             uses[id(a)] = uses.get(id(a), 0) + 1
-        g = sides["gpu"]
-        if len(g) > 1 and all(e["backend"] == "gpu" for e in g):
-            resident = float(np.median([e["duration_us"] for e in g[1:]]))
-            extra = max(0.0, g[0]["duration_us"] - resident)
-            new = [a for a in big if id(a) not in upload]
-            total = sum(a.nbytes for a in new)
-            for a in new:
-                upload[id(a)] = extra * a.nbytes / total
-    out = []
     for (op, args, kwargs), sides in zip(calls, runs):
-        cpu = sorted(sides["cpu"], key=lambda e: e["duration_us"])[(len(sides["cpu"]) - 1) // 2]
+        cpu = float(np.median([e["duration_us"] for e in sides["cpu"]]))
         g = sides["gpu"]
-        if len(g) > 1 and all(e["backend"] == "gpu" for e in g):
-            gpu = dict(g[-1])
-            gpu["duration_us"] = float(np.median([e["duration_us"] for e in g[1:]])) + sum(
-                upload.get(id(a), 0.0) / uses[id(a)] for a in _large_inputs(args, []))
-        else:
-            gpu = g[0]
-        out.append((cpu, gpu))
+        if not all(e["backend"] == "gpu" for e in g):
+            rows.append([cpu, None, None])
+            continue
+        if len(g) == 1:
+            rows.append([cpu, g[0]["duration_us"], None])
+            continue
+        resident = float(np.median([e["duration_us"] for e in g[1:]]))
+        extra = max(0.0, g[0]["duration_us"] - resident)
+        big = _large_inputs(args, [])
+        new = [a for a in big if id(a) not in upload]
+        total = sum(a.nbytes for a in new)
+        for a in new:
+            upload[id(a)] = extra * a.nbytes / total
+        shared = [a for a in big if uses[id(a)] > 1]
+        own = sum(upload[id(a)] for a in big if uses[id(a)] == 1)
+        key = id(max(shared, key=lambda a: a.nbytes)) if shared else None
+        # a second shared input (rare) is spread evenly over its calls
+        other = sum(upload[id(a)] / uses[id(a)] for a in shared if id(a) != key)
+        rows.append([cpu, resident + own + other, key])
+    groups = {}
+    for i, (cpu, gpu, key) in enumerate(rows):
+        if key is not None:
+            groups.setdefault(key, []).append(i)
+    for key, idx in groups.items():
+        u = upload.get(key, 0.0)
+        wins = [i for i in idx if rows[i][1] < rows[i][0]]
+        saved = sum(rows[i][0] - rows[i][1] for i in wins)
+        for i in idx:
+            if saved > u:
+                # in proportion to what each call saves: every one of them still gains, so the faster
+                # side of each call is the side the best schedule gives it
+                rows[i][1] += u * (rows[i][0] - rows[i][1]) / saved if i in wins else 0.0
+            else:
+                rows[i][1] += u
+    out = []
+    for (cpu, gpu, key), sides in zip(rows, runs):
+        c = dict(sides["cpu"][0], duration_us=cpu)
+        g = dict(sides["gpu"][-1], duration_us=gpu) if gpu is not None else sides["gpu"][0]
+        out.append((c, g))
     return out
 
 

@@ -83,7 +83,9 @@ class SimClock:
     """Virtual nanoseconds, advanced only by simulated runs."""
 
     def __init__(self):
-        self.ns = 0
+        # a monotonic clock reads the time since boot, not 0: the executor's caches compare readings
+        # with a time-to-live from 0 (its free-memory reading would otherwise be "fresh" at the start)
+        self.ns = 10 ** 12
         self._lock = threading.Lock()
 
     def advance_us(self, us):
