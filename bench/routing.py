@@ -108,7 +108,7 @@ def main(argv=None):
             f"{100 * (sum(r['chosen_us'] for r in rows) - best) / best:.1f}% | "
             f"{sum(r['auto_gpu'] for r in rows)} / {sum(r['best_gpu'] for r in rows)} |")
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    path = os.path.join(HERE, "results", "routing.md")
+    path = os.path.join(HERE, "results", "routing-quick.md" if args.quick else "routing.md")
     with open(path, "w") as fh:
         fh.write("\n".join(LINES) + "\n")
     print(f"\nwritten: {path}")
