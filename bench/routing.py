@@ -55,8 +55,8 @@ def one_run(start, quick, seed, sim, repeats=3):
                                       oracle=True, oracle_repeats=repeats)
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf):
-                rc = demo.run(args, machine=machines[0], oracle_machine=machines[1], cache_dir=cache)
-        return demo.run.last_judgement, rc, buf.getvalue()
+                rc, judgement = demo.run_demo(args, machine=machines[0], oracle_machine=machines[1], cache_dir=cache)
+        return judgement, rc, buf.getvalue()
 
 
 def main(argv=None):

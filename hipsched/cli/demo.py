@@ -351,10 +351,15 @@ def render_judgement(res) -> str:
     return "\n".join(lines)
 
 
-def run(args, machine=None, oracle_machine=None, **executor_options) -> int:
-    """The command. `machine` / `oracle_machine` (Executor keyword arguments: gpu_backend, cpu_backend,
-    e.g. a simulated machine from tests/support) and `executor_options` (config fields) are for
-    benchmarks and tests; the oracle's executor needs backends of its own when they are given."""
+def run(args) -> int:
+    return run_demo(args)[0]
+
+
+def run_demo(args, machine=None, oracle_machine=None, **executor_options):
+    """The command: (exit status, the oracle's judgement or None). `machine` / `oracle_machine`
+    (Executor keyword arguments: gpu_backend, cpu_backend, e.g. a simulated machine from tests/support)
+    and `executor_options` (config fields) are for benchmarks and tests; the oracle's executor needs
+    backends of its own when they are given."""
     import hipsched as hs
     from ..telemetry import analysis, path_from_env
 
@@ -399,9 +404,12 @@ def run(args, machine=None, oracle_machine=None, **executor_options) -> int:
             print(f"  check: {name}: {value:.3g}{bound}")
         if oracle and caps.gpu_available:
             auto_events = _events_of_last(ex, rec.calls)
-            opts = {k: v for k, v in executor_options.items() if k not in ("persist_model", "telemetry_path")}
-            with hs.Executor(telemetry_path=log, persist_model=False, **(oracle_machine or {}),
-                             telemetry_ring_size=8, **opts) as oex:
+            opts = {k: v for k, v in executor_options.items()
+                    if k not in ("persist_model", "telemetry_path", "telemetry_enabled", "telemetry_ring_size")}
+            # its events are how the forced runs are timed: telemetry on, whatever the configuration
+            # says, and a ring of a few events (only the last one is read)
+            with hs.Executor(telemetry_path=log, persist_model=False, telemetry_enabled=True, telemetry_ring_size=8,
+                             **(oracle_machine or {}), **opts) as oex:
                 bar = progress(len(rec.calls), "oracle", enabled=not args.no_progress)
                 with oex.scope(phase="oracle"):
                     pairs = oracle_runs(oex, rec.calls, bar, max(1, getattr(args, "oracle_repeats", 3)))
@@ -415,7 +423,6 @@ def run(args, machine=None, oracle_machine=None, **executor_options) -> int:
     if judgement is not None:
         print()
         print(render_judgement(judgement))
-    run.last_judgement = judgement
     print()
     rc = 1 if failed_checks else 0
     if failed_checks:
@@ -423,7 +430,7 @@ def run(args, machine=None, oracle_machine=None, **executor_options) -> int:
     if not os.path.isfile(log):
         print(f"telemetry log {log} could not be written ({failed or 'telemetry off'}); the summary above "
               "is from memory")
-        return rc
+        return rc, judgement
     if failed is not None:
         print(f"note: writing {log} failed part way ({failed}); the report below covers what was written")
     print(analysis.report([log]))
@@ -433,7 +440,4 @@ def run(args, machine=None, oracle_machine=None, **executor_options) -> int:
           f"nothing built)")
     if failed_checks:
         print(f"\nhipsched demo: self-check(s) FAILED: {', '.join(failed_checks)}")
-    return rc
-
-
-run.last_judgement = None
+    return rc, judgement

@@ -144,7 +144,7 @@ def test_demo_exits_nonzero_when_a_self_check_fails(tmp_path, monkeypatch, capsy
     args = argparse.Namespace(log=str(tmp_path / "d.jsonl"), quick=True, seed=0, no_progress=True, oracle=False)
     clock = SimClock()
     with clock.executor_clock():
-        rc = demo.run(args, machine=simulated_machine(clock), persist_model=False)
+        rc, _ = demo.run_demo(args, machine=simulated_machine(clock), persist_model=False)
     out = capsys.readouterr().out
     assert rc == 1
     assert "softmax rows sum to 1" in out and "FAILED" in out
