@@ -128,9 +128,9 @@ class Executor:
         self._slots = {}            # (op, dtype) -> (core slot, capability flags, GPU max size, CPU fn, HotOp)
         self._prepare = {name: spec.prepare for name, spec in OPS.items()}
         self._free = (0, 0)         # (read at ns, bytes)
-        self._uses = {}             # id(host array) -> [weakref, calls that passed it] (_amortized_h2d)
+        self._uses = {}             # id(host array) -> [weakref, calls that passed it, a GPU run took it]
         self._uses_lock = threading.Lock()
-        self._tls = threading.local()   # .what_if: deciding for select_backend; .h2d: (call, real bytes)
+        self._tls = threading.local()   # .what_if: deciding for select_backend; .h2d: (id(call), real bytes)
         self._warned = set()
         self._warn_lock = threading.Lock()
         self._closed = False
@@ -254,7 +254,10 @@ class Executor:
                 if e is not None and e[0]() is not a:   # a dead array's id, reused
                     e = None
                 k = e[1] if e is not None else 0
-                if k and a.nbytes <= budget and a.flags.c_contiguous:
+                # an input a GPU run already took and that this call would upload again was not kept
+                # (a backend without a resident cache, or evicted): its uploads are not shared
+                kept = e is None or not e[2] or h2d < a.nbytes
+                if k and kept and a.nbytes <= budget and a.flags.c_contiguous:
                     saved += a.nbytes * (1.0 - 1.0 / (k + 1))
                 if commit:
                     if e is None:
@@ -264,7 +267,7 @@ class Executor:
                             if len(uses) >= _REUSE_MAX_TRACKED:
                                 uses.clear()
                         try:
-                            uses[id(a)] = [weakref.ref(a), 1]
+                            uses[id(a)] = [weakref.ref(a), 1, False]
                         except TypeError:
                             pass
                     else:
@@ -317,6 +320,12 @@ class Executor:
         if real is not None and real[0] == id(call):
             h2d = real[1]
         self._tls.h2d = None
+        if h2d and not call.on_device:
+            with self._uses_lock:
+                for a in _large_host_arrays(call.args, []):
+                    e = self._uses.get(id(a))
+                    if e is not None and e[0]() is a:
+                        e[2] = True
         t0 = _perf_ns()
         try:
             try:

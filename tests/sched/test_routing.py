@@ -190,3 +190,24 @@ def test_calibrate_sweeps_quantized_ops_at_a_transformers_sizes():
         assert all(cpu is not None and gpu is not None for _, cpu, gpu in rows)
         assert {(b, d) for b in ("cpu", "gpu") for d in ("q8_0", "q4_0")
                 if ex.performance_tracker.samples("qmatmul", b, dtype=d)} == {(b, d) for b in ("cpu", "gpu") for d in ("q8_0", "q4_0")}
+
+
+def test_uploads_are_not_shared_when_the_gpu_did_not_keep_the_input():
+    """A backend that keeps nothing resident uploads an input on every run: once a GPU run took it and
+    the next call would upload it again, its upload is charged whole again."""
+    from sim_gpu import SimulatedCpu, SimulatedGpu
+    clock = SimClock()
+    machine = {"gpu_backend": SimulatedGpu(clock, sigma=0, resident_bytes=0),
+               "cpu_backend": SimulatedCpu(clock, sigma=0)}
+    with clock.executor_clock(), Executor(persist_model=False, telemetry_enabled=False, **machine) as ex:
+        rng = np.random.default_rng(1)
+        T = rng.standard_normal((4096, 768), dtype=np.float32)
+        q = rng.standard_normal(768, dtype=np.float32)
+        for _ in range(3):
+            ex.top_k(q, T.copy(), 10, backend="cpu")
+            ex.top_k(q, T.copy(), 10, backend="gpu")
+        ex.top_k(q, T, 10, backend="gpu")      # T's first use, and a GPU run took it
+        estimate = ex.select_backend("top_k", args=(q, T, 10)).estimated_cost["gpu"]
+        for _ in range(3):
+            ex.top_k(q, T, 10)
+        assert ex.select_backend("top_k", args=(q, T, 10)).estimated_cost["gpu"] == pytest.approx(estimate)
