@@ -7,7 +7,12 @@ from libc.string cimport memcpy, memmove
 from libc.math cimport NAN
 
 cdef enum:
-    NBUCKETS = 48          # log2 size buckets: sizes up to 2**48 work units
+    # quarter-octave size buckets (4 per power of two): sizes up to 2**48 work units. Whole octaves
+    # put sizes 2x apart in one median, and an op's cost can step inside an octave (on the H100 host,
+    # top_k's CPU time went from 80 us to 8 ms between 0.6M and 0.9M work, one octave; so did the
+    # simulated machine's between 6.3M and 8.3M): the bucket's median then stood for the cheap size.
+    SUB_BITS = 2
+    NBUCKETS = 48 << SUB_BITS
     # The fit only serves unseen sizes and the slope inside a bucket, so it may lag a few samples
     # behind: refitting on every record would cost more than the whole decision.
     REFIT_EVERY = 32
@@ -28,6 +33,9 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
     int valid
     int dirty              # refit before the next prediction (a bucket gained its first sample)
     int pending            # samples since the last fit; refit once REFIT_EVERY have arrived
+    int npts               # buckets the fit went through
+    double lo              # the smallest and largest of their mean work: between them the fit
+    double hi              # interpolates measured sizes, outside it extrapolates
 
 
 cdef inline int bucket_of(double size) noexcept nogil:
@@ -35,11 +43,13 @@ cdef inline int bucket_of(double size) noexcept nogil:
         return 0
     if size >= 281474976710656.0:   # 2**48, and inf: clamp before the cast, not after
         return NBUCKETS - 1
-    # floor(log2(size)) of a normal double is its unbiased exponent: read from the bits, it costs a
-    # shift where log2() costs ~20 ns (and a decision needs it five times)
+    # floor(log2(size)) of a normal double is its unbiased exponent, and the mantissa's top SUB_BITS
+    # bits say where in the octave it lies (linearly, not by log: quarters of 1.25x, 1.2x, 1.17x and
+    # 1.14x): read from the bits, it costs a shift where log2() costs ~20 ns (and a decision needs it
+    # five times)
     cdef uint64_t bits
     memcpy(&bits, &size, sizeof(double))
-    return <int>((bits >> 52) & 0x7ff) - 1023
+    return <int>((bits >> (52 - SUB_BITS)) & ((0x7ff << SUB_BITS) | ((1 << SUB_BITS) - 1))) - (1023 << SUB_BITS)
 
 
 cdef inline int lower_bound(const double *s, int n, double v) noexcept nogil:
@@ -105,17 +115,24 @@ cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
     cdef Bucket *bk
     f.dirty = 0
     f.pending = 0
+    f.lo = 0
+    f.hi = 0
     for i in range(NBUCKETS):
         bk = &bks[i]
         if bk.n == 0:
             continue
         x = bk.work_sum / bk.n
+        if npts == 0 or x < f.lo:
+            f.lo = x
+        if npts == 0 or x > f.hi:
+            f.hi = x
         y = bucket_median(bk)
         if y <= 0:
             y = 1e-3
         wt = 1.0 / (y * y)
         sw += wt; swx += wt * x; swy += wt * y; swxx += wt * x * x; swxy += wt * x * y
         npts += 1
+    f.npts = npts
     if npts == 0:
         f.valid = 0
         return
@@ -167,3 +184,14 @@ cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
     if f.valid:
         return fit_at(f, size)
     return NAN
+
+
+cdef inline bint measured_near(Bucket *bks, Fit *f, double size) noexcept nogil:
+    """Whether a prediction at `size` rests on measurements there: its bucket has samples, or the fit
+    interpolates between two measured buckets on either side of it (a line through a few distant
+    sizes, or through one point, can be off by any factor beyond them)."""
+    if bks[bucket_of(size)].n > 0:
+        return True
+    if f.dirty or f.pending >= REFIT_EVERY:
+        refit(bks, f)
+    return f.valid and f.npts >= 2 and f.lo <= size <= f.hi

@@ -8,7 +8,7 @@ Python threads. Decisions never allocate; a record allocates only for a size buc
 from libc.stdlib cimport calloc, free, malloc
 from libc.math cimport isfinite, isnan
 
-from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, predict_us
+from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, measured_near, predict_us
 
 import threading
 
@@ -31,6 +31,10 @@ if STRATEGIES.index("gpu_preferred") != ST_GPU_PREFERRED or STRATEGIES.index("cp
 # A re-probe of the losing side is skipped when it is predicted this many times slower: drift that
 # large would not go unnoticed anyway, and probing it would cost more than it could ever win back.
 DEF REPROBE_MAX_RATIO = 4.0
+# An under-sampled bucket does not explore a side predicted this many times slower than the other where
+# the prediction rests on measurements at or around the size (_perfmodel.measured_near): 1.5x is past
+# the run-to-run spread of a median, so such a call would only confirm what is known.
+DEF EXPLORE_MAX_RATIO = 1.5
 # A GPU sample is its wall time less the modelled copies, but never less than this share of the wall
 # time (a too-pessimistic transfer model must not produce zero-cost kernels).
 DEF MIN_KERNEL_SHARE = 0.1
@@ -210,13 +214,35 @@ cdef class SchedCore:
         calls = bc.calls + 1
         if commit:
             bc.calls = calls
+        # A side never measured at any size has no estimate, and one run tells the fit enough to
+        # predict every size: it is tried on a bucket's first two calls (the very first call of an op
+        # has nothing measured on either side and goes to the CPU), then 1 in explore_period, rather
+        # than only at the explore_period-th call (a workload with few calls per size, like a model's
+        # layers, would otherwise run most of them on a side it never compared).
+        if p.explore_period > 0 and (calls <= 2 or calls % p.explore_period == 0):
+            if isnan(g) and not isnan(c):
+                return GPU | R_EXPLORING << 1
+            if isnan(c) and not isnan(g) and not (on_device and g * p.speedup_threshold < copies):
+                return CPU | R_EXPLORING << 1
         if bg.n < p.min_samples or bc.n < p.min_samples:
             if p.explore_period > 0 and calls % p.explore_period == 0:
-                if bg.n <= bc.n:
-                    return GPU | R_EXPLORING << 1
+                # ...but a side predicted EXPLORE_MAX_RATIO times slower than the other, from
+                # measurements at or around this size, is not worth a call to confirm it: each is that
+                # side's full time lost, copies included (on the H100 a calibrated top_k sent 1 call in
+                # 5 of every new size to a GPU 5x slower, and in the simulation a GPU exploration
+                # uploaded a corpus that its 32 queries could not pay back). A side known only by
+                # extrapolation is still tried (a line through a few distant sizes, or through one
+                # point, can be off by any factor).
+                # Nor is a GPU run on host data whose uploads alone would take that much longer than
+                # the CPU's whole run: it would measure the copies more than the kernel.
                 # Device data costs the CPU at least its copies, whatever its kernel takes: when the GPU
                 # beats even those, a CPU run could not win and learning its time is not worth one.
-                if not (on_device and g * p.speedup_threshold < copies):
+                if bg.n <= bc.n:
+                    if not ((g > EXPLORE_MAX_RATIO * c and measured_near(s.buckets[GPU], &s.fit[GPU], size))
+                            or (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c)):
+                        return GPU | R_EXPLORING << 1
+                elif not ((c > EXPLORE_MAX_RATIO * g and measured_near(s.buckets[CPU], &s.fit[CPU], size))
+                          or (on_device and g * p.speedup_threshold < copies)):
                     return CPU | R_EXPLORING << 1
         elif p.reprobe_period > 0 and calls % p.reprobe_period == 0:
             if g * p.speedup_threshold < c:   # GPU wins: re-probe the CPU unless far behind

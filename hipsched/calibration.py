@@ -53,10 +53,18 @@ def calibrate(ex, ops=None, progress=True, repeats=3, max_seconds_per_op=None, s
     caps = ex.capabilities()
     # a forced GPU run of a dtype the GPU lacks would run on the CPU: not a GPU time
     on_gpu = {(c.op, d) for c in caps.ops if c.backend == "gpu" for d in c.dtypes} if caps.gpu_available else set()
+    native_gpu = {c.op for c in caps.ops if c.backend == "gpu" and c.op in OPS
+                  and not any(d in DTYPES for d in OPS[c.op].cpu_dtypes)}
     plans = {}
     for op in ops:
         for dtype in dtypes:
-            if dtype not in OPS[op].cpu_dtypes:
+            native = not any(d in DTYPES for d in OPS[op].cpu_dtypes)
+            if native:
+                # an op of quantized weights (qmatmul, dequantize) has no float dtype to sweep: its own
+                # sweep covers its quantization types, once, in the float32 pass
+                if dtype != "float32":
+                    continue
+            elif dtype not in OPS[op].cpu_dtypes:
                 continue
             name = op if dtype == "float32" else f"{op}[{dtype}]"
             try:
@@ -69,7 +77,7 @@ def calibrate(ex, ops=None, progress=True, repeats=3, max_seconds_per_op=None, s
         with ex.scope(phase="calibrate"):
             for (name, op, dtype), plan in plans.items():
                 fn = getattr(ex, op)
-                sides = ["cpu"] + (["gpu"] if (op, dtype) in on_gpu else [])
+                sides = ["cpu"] + (["gpu"] if (op, dtype) in on_gpu or op in native_gpu else [])
                 rows = []
                 for size, args, kwargs in plan:
                     bar.set_postfix_str(f"{name} size={size}")

@@ -167,6 +167,12 @@ class GpuBackend:
             raise GpuError("unavailable", self.unavailable_reason or "no GPU")
         self._ctx.resident.pin(handle)
 
+    def would_keep(self, host, trusted: bool = False) -> bool:
+        """Whether a GPU run would keep `host` on the device for later calls (the resident cache's rule;
+        `trusted`: bytes whose owner guarantees they never change, a QuantizedTensor's blocks)."""
+        ctx = self._ctx
+        return ctx is not None and self.available and ctx.resident.would_keep(host, trusted)
+
     def transfer_totals(self) -> tuple[int, int]:
         """(bytes uploaded, bytes read from kept device copies) by this thread's calls so far."""
         ctx = self._ctx

@@ -10,6 +10,7 @@ SUITES = {
     "cpu": "cpu_ops.py",
     "gpu": "gpu_ops.py",
     "dispatch": "dispatch.py",
+    "routing": "routing.py",
     "telemetry": "telemetry.py",
 }
 

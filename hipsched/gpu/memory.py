@@ -686,6 +686,12 @@ class ResidentCache:
             resident = self._lookup(host, dropped, registered) is not None
         return resident
 
+    def would_keep(self, host: np.ndarray, immutable: bool = False) -> bool:
+        """Whether `get(host, immutable=...)` would keep its upload: the rule `get` applies, asked by the
+        scheduler before the call (a kept upload is paid once for every later call)."""
+        return (isinstance(host, np.ndarray) and host.flags.c_contiguous and host.nbytes <= self.max_bytes
+                and (immutable or _immutable(host) or _resident.handle_of(host) is not None))
+
     def get(self, host: np.ndarray, stream=0, immutable: bool = False) -> DeviceArray:
         """The device copy of `host`: a kept one if there is one for exactly these bytes, else uploaded
         (and kept when `host` is immutable, or `immutable` says its owner guarantees it, and it fits).

@@ -66,10 +66,18 @@ def _split_qmatmul(call):
 
 
 def _sweep(with_x):
+    """Both quantization types (the model keeps each in its own slot); qmatmul also with a matrix x of
+    m columns, up to the m * n * k of a transformer's projections over a few hundred tokens (the
+    matrix-vector sizes alone left those buckets for the fit to guess, 1000x beyond its last point)."""
+    shapes = [(64, 1), (256, 1), (1024, 1), (2048, 1)]
+    if with_x:
+        shapes += [(1024, 16), (2048, 64), (4096, 128), (4096, 512)]
     def sweep(rng):
-        for n in (64, 256, 1024, 2048):
-            w = quantize(rand_f32(rng, n, 1024), "q8_0")
-            yield n * 1024, ((w, rand_f32(rng, 1024)) if with_x else (w,)), {}
+        for n, m in shapes:   # growing sizes, so calibrate's time limit ends the sweep at the right point
+            x = rand_f32(rng, 1024) if m == 1 else rand_f32(rng, 1024, m)
+            for qtype in QTYPES:
+                w = quantize(rand_f32(rng, n, 1024), qtype)
+                yield n * 1024 * m, ((w, x) if with_x else (w,)), {}
     return sweep
 
 

@@ -77,15 +77,25 @@ def _split_top_k(call):
         (lambda rs: tuple(np.concatenate(p, axis=0) for p in zip(*rs)))
 
 
-def _sweep(*extra):
+def _sweep(*extra, queries=1):
+    """One query over 128-d corpora, then 768-d corpora (an embedding search's) up to 65536 rows, and
+    with `queries` > 1 a batch of that many queries over those: a sweep that ended at 8M work left the
+    demo's 12M-6G calls to a line extrapolated 10-1000x beyond its last point (docs/scheduling.md,
+    "Routing accuracy")."""
     def sweep(rng):
         for n in (64, 256, 1024, 4096, 16384, 65536):
             yield n * 128, (rand_f32(rng, 128), rand_f32(rng, n, 128)) + extra, {}
+        corpora = [rand_f32(rng, n, 768) for n in (16384, 65536)]
+        for T in corpora:
+            yield T.shape[0] * 768, (rand_f32(rng, 768), T) + extra, {}
+        if queries > 1:
+            for T in corpora:
+                yield T.shape[0] * 768 * queries, (rand_f32(rng, queries, 768), T) + extra, {}
     return sweep
 
 
 @register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
-          scratch=_scratch_cosine, split=_split_cosine, sweep=_sweep())
+          scratch=_scratch_cosine, split=_split_cosine, sweep=_sweep(queries=32))
 def prepare_cosine(q, T) -> Call:
     q, T, m, n, d, on_device = _queries_targets("cosine_similarity", q, T)
     check_result_fits("cosine_similarity", m, n)

@@ -295,7 +295,24 @@ class Analyzer:
         tot = {k: sum(r[k] for r in rows) for k in ("judged", "correct", "regret_us", "time_us", "unjudged")}
         tot["accuracy"] = tot["correct"] / tot["judged"] if tot["judged"] else None
         tot["regret_pct"] = 100 * tot["regret_us"] / tot["time_us"] if tot["time_us"] else None
-        return {"overall": tot, "per_op": rows}
+        return {"overall": tot, "per_op": rows, "not_judged_reason": self._not_judged_reason(tot)}
+
+    def _not_judged_reason(self, tot):
+        """Why routing decisions in the log cannot be judged, in words (None when all were)."""
+        if not tot["unjudged"]:
+            return None
+        m = self.min_samples
+        if not any("gpu" in b.hist for b in self.buckets.values()):
+            return (f"{tot['unjudged']} cost-model decisions not judged: no call in the log ran on the GPU, so there "
+                    "is no other side to compare with")
+        if not tot["judged"]:
+            return (f"none of the {tot['unjudged']} cost-model decisions can be judged: no size bucket has calls "
+                    f"measured on both sides (at least {m} each), and a run that never explores leaves one side per "
+                    "bucket, most of all a calibrated one. Measure both sides of the same calls: run "
+                    "`hipsched demo --oracle`, or add forced runs (backend='cpu' and backend='gpu') of the same "
+                    "sizes to the log")
+        return (f"{tot['unjudged']} cost-model decisions not judged: their size buckets have fewer than {m} calls "
+                "on one side (`hipsched demo --oracle` measures both sides of every call)")
 
     def op_table(self):
         rows = []

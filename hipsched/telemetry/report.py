@@ -107,6 +107,8 @@ def render(res: dict) -> str:
                      "-" if o["regret_pct"] is None else f"{o['regret_pct']:.1f}%", o["unjudged"]])
     out += _table(["op", "judged", "accuracy", "regret", "regret %", "not judged"], rows,
                   "(none: no cost-model decision in a size bucket measured on both sides)")
+    if ro.get("not_judged_reason"):
+        out.append(f"  {ro['not_judged_reason']}")
 
     out.append("\nFallbacks by error")
     out += _table(["op", "from", "count", "error"],

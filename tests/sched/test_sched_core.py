@@ -108,8 +108,14 @@ def test_exploration_share_is_bounded():
     for _ in range(20):
         c.record(s, 0, 5000, 10.0)   # the CPU side is known; the GPU side is not
     picks = [decide(c, s, 5000) for _ in range(40)]
-    explored = [p for p in picks if p[1] == R.EXPLORING]
-    assert len(explored) == 4 and all(p[0] == "gpu" for p in explored)  # 1 in 10, to the unknown side
+    explored = [i for i, p in enumerate(picks) if p[1] == R.EXPLORING]
+    assert all(picks[i][0] == "gpu" for i in explored)   # to the unknown side
+    # never measured anywhere: tried on the bucket's first two calls, then 1 in 10
+    assert explored == [0, 1, 9, 19, 29, 39]
+    # measured elsewhere (a fit predicts it) but not in this bucket: 1 in 10 only
+    c.record(s, 1, 100, 50.0)
+    picks = [decide(c, s, 5000) for _ in range(40)]
+    assert [i for i, p in enumerate(picks) if p[1] == R.EXPLORING] == [9, 19, 29, 39]
 
 
 def test_a_single_spike_does_not_flip_the_decision():

@@ -1,0 +1,120 @@
+"""Routing accuracy and regret of the scheduler on the demo workload, against an oracle.
+
+`hipsched demo --oracle` runs the demo's calls in auto, then each call again forced on the CPU and on
+the GPU (a second executor, so the forced runs teach the first nothing); a call's faster side is the
+faster forced run (ties within 5%). Accuracy: share of auto calls on their faster side. Regret: (auto
+time - oracle-best time) / oracle-best time over all calls; choice regret charges each call the forced
+time of the side auto chose (no single-sample noise). Two starting points: an empty model (what a new
+user sees first) and a model calibrated by `Executor.calibrate()` just before, in a fresh cache dir.
+
+With a GPU the real one is used; without one (or with --sim) the simulated H100 of tests/support/sim_gpu.py
+(the H100's measured latencies, residency, its link, 5% noise; the CPU side is this machine's CPU).
+Usage: python bench/routing.py [--quick] [--sim] [--seed N] [--repeats N]
+Writes bench/results/routing.md."""
+import argparse
+import contextlib
+import io
+import os
+import platform
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
+
+import hipsched as hs  # noqa: E402
+from hipsched.cli import demo  # noqa: E402
+
+LINES = []
+
+
+def out(line=""):
+    print(line, flush=True)
+    LINES.append(line)
+
+
+def one_run(start, quick, seed, sim, repeats=3):
+    """(judgement, demo exit status, demo output) of one demo --oracle run from `start` ("cold" or
+    "calibrated"), in a fresh cache dir."""
+    with tempfile.TemporaryDirectory(prefix="hipsched-routing-") as cache:
+        clock = contextlib.nullcontext()
+        machines = [{}, {}, {}]
+        if sim:
+            from sim_gpu import SimClock, simulated_machine
+            c = SimClock()
+            clock = c.executor_clock()
+            machines = [simulated_machine(c, seed=3 * seed + i) for i in range(3)]
+        with clock:
+            if start == "calibrated":
+                with hs.Executor(cache_dir=cache, telemetry_enabled=False, **machines[2]) as ex:
+                    # the H100 run's limit; on the simulated machine calibrate's own timing (wall
+                    # clock, results computed by this machine's CPU) means nothing: the whole sweep
+                    ex.calibrate(progress=False, max_seconds_per_op=None if sim else 0.5)
+            args = argparse.Namespace(log=os.path.join(cache, "demo.jsonl"), quick=quick, seed=seed, no_progress=True,
+                                      oracle=True, oracle_repeats=repeats)
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                rc, judgement = demo.run_demo(args, machine=machines[0], oracle_machine=machines[1], cache_dir=cache)
+        return judgement, rc, buf.getvalue()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the demo's --quick sizes")
+    ap.add_argument("--sim", action="store_true", help="the simulated H100 even where a GPU is present")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per starting point (seeds seed, seed+1, ...)")
+    args = ap.parse_args(argv)
+    with hs.Executor(persist_model=False, telemetry_enabled=False) as probe:
+        caps = probe.capabilities()
+    sim = args.sim or not caps.gpu_available
+    device = "simulated H100 (tests/support/sim_gpu.py)" if sim else caps.gpu_device_name
+    feats = hs.cpu_features()
+    out(f"## routing against the oracle: demo{' --quick' if args.quick else ''} workload, GPU: {device}; CPU: "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, simd={feats['simd']}, "
+        f"threads={feats['threads']}\n")
+    out(f"command: `python bench/routing.py{' --quick' if args.quick else ''}{' --sim' if args.sim else ''} "
+        f"--seed {args.seed} --repeats {args.repeats}`\n")
+    out("| start | seed | calls judged | accuracy | regret | choice regret | auto ms | oracle-best ms | cpu-only ms | "
+        "gpu-only ms | misses by reason | self-checks |")
+    out("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    per_op = {}
+    for start in ("cold", "calibrated"):
+        for r in range(args.repeats):
+            seed = args.seed + r
+            t0 = time.perf_counter()
+            res, rc, text = one_run(start, args.quick, seed, sim)
+            if res is None:
+                out(f"| {start} | {seed} | - | - | - | - | - | - | - | - | (no GPU: nothing judged) | "
+                    f"{'ok' if rc == 0 else 'FAILED'} |")
+                continue
+            o = res["overall"]
+            misses = ", ".join(f"{k} {v}" for k, v in sorted(o["misses"].items(), key=lambda kv: -kv[1])) or "-"
+            out(f"| {start} | {seed} | {o['judged']} | {100 * o['accuracy']:.1f}% | {100 * o['regret']:.1f}% | "
+                f"{100 * o['choice_regret']:.1f}% | {o['auto_us'] / 1e3:.1f} | {o['best_us'] / 1e3:.1f} | "
+                f"{o['cpu_us'] / 1e3:.1f} | {o['gpu_us'] / 1e3:.1f} | {misses} | {'ok' if rc == 0 else 'FAILED'} |")
+            print(f"  ({start}, seed {seed}: {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+            for row in res["per_op"]:
+                per_op.setdefault((start, row["op"]), []).append(row)
+    out("\nper op (all runs of a starting point together):\n")
+    out("| start | op | calls judged | accuracy | regret | choice regret | on GPU auto / best |")
+    out("|---|---|---|---|---|---|---|")
+    for (start, op), rows in per_op.items():
+        j = sum(r["judged"] for r in rows)
+        if not j:
+            continue
+        best = sum(r["best_us"] for r in rows)
+        out(f"| {start} | {op} | {j} | {100 * sum(r['correct'] for r in rows) / j:.1f}% | "
+            f"{100 * (sum(r['auto_us'] for r in rows) - best) / best:.1f}% | "
+            f"{100 * (sum(r['chosen_us'] for r in rows) - best) / best:.1f}% | "
+            f"{sum(r['auto_gpu'] for r in rows)} / {sum(r['best_gpu'] for r in rows)} |")
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    path = os.path.join(HERE, "results", "routing-quick.md" if args.quick else "routing.md")
+    with open(path, "w") as fh:
+        fh.write("\n".join(LINES) + "\n")
+    print(f"\nwritten: {path}")
+
+
+if __name__ == "__main__":
+    main()

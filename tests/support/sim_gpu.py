@@ -1,0 +1,256 @@
+"""A simulated H100 machine for routing tests and benchmarks on machines without a GPU: a GPU backend
+(the interface Executor(gpu_backend=...) takes, as tests/support/fake_gpu.py) and a CPU backend
+(Executor(cpu_backend=...)) that take the time the H100 and its 16-core host took, on a virtual clock.
+
+What it models, and why that much:
+- Compute: the measured latency of the op at the call's work measure on that machine
+  (tests/support/h100_latency.py, with its provenance), interpolated linearly in log(size)-log(time)
+  between measured sizes; below the smallest the smallest's time, above the largest the last segment's
+  log-log slope clamped to [0, 1] (a kernel's time never falls with work nor grows faster than it).
+  The GPU times were measured with the inputs resident and include the launch and the copy of the
+  output back, so only uploads are added to them.
+- Residency: the real backend's rule (hipsched.gpu.memory.ResidentCache): a host array uploaded once
+  stays on the device only when its bytes cannot change unseen (read-only through its base chain,
+  registered, or a QuantizedTensor's blocks), LRU by bytes within RESIDENT_BYTES; writable arrays,
+  arrays larger than the budget and non-contiguous ones are uploaded on every call. transfer_bytes()
+  reports what a call would upload now, and would_keep() what a run would keep, as the real ones.
+- Link: uploads of non-resident inputs cost latency + bytes / bandwidth at the link hipsched measured
+  on the H100 (measure_transfer() returns that), except that large pageable uploads run at the slower
+  rate seen in the demo logs (LARGE_UPLOAD_GBPS): the scheduler's transfer model is then as wrong as
+  it was there.
+- Noise: each run's compute time is multiplied by exp(sigma * N(0, 1)), sigma 0.05 by default, from a
+  seeded generator (run to run variation on the H100 was a few percent at these sizes); uploads are
+  not noised.
+
+Time is virtual: a run computes its result with the real CPU engine (so results are right) and then
+advances the SimClock by the modelled time, and `SimClock.executor_clock()` makes executors time calls
+on that clock. Measured durations are then exactly the modelled ones, whatever the load of the machine
+running the test (sleeping for the modelled time was tried first: on this project's shared 2-core
+machines, at load averages of 30 to 300, neither sleeps nor the real CPU's times meant anything).
+A simulated CPU backend has no compiled kernels for the executor to call directly, so every call
+takes the executor's general path, whose clock is the patched one. One clock per process at a time:
+the patch is of hipsched.executor's module clock."""
+from __future__ import annotations
+
+import bisect
+import collections
+import contextlib
+import math
+import threading
+import weakref
+
+import numpy as np
+
+from hipsched.backends.cpu import CpuBackend
+from hipsched.resident import handle_of, immutable
+
+from h100_latency import (CPU_US, GPU_US, LARGE_UPLOAD_BYTES, LARGE_UPLOAD_GBPS,  # noqa: E402
+                          MEASURED_TRANSFER, RESIDENT_BYTES)
+
+
+def _host_arrays(x, trusted=None):
+    """The host arrays a call uploads; `trusted` (a set) collects the ids of those whose owner guarantees
+    they never change (a QuantizedTensor's blocks), which the real cache keeps whatever their flags."""
+    if isinstance(x, np.ndarray):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [a for item in x for a in _host_arrays(item, trusted)]
+    data = getattr(x, "data", None)
+    if isinstance(data, np.ndarray):
+        if trusted is not None:
+            trusted.add(id(data))
+        return [data]
+    return []
+
+
+def latency_us(table, op, size):
+    """The modelled time of `op` at work `size` from `table` (GPU_US: resident inputs), microseconds."""
+    pts = table[op]
+    xs = [math.log(max(p[0], 1)) for p in pts]
+    ys = [math.log(p[1]) for p in pts]
+    x = math.log(max(size, 1))
+    if x <= xs[0]:
+        return pts[0][1]
+    if x >= xs[-1]:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(pts) > 1 else 0.0
+        return math.exp(ys[-1] + min(1.0, max(0.0, slope)) * (x - xs[-1]))
+    i = bisect.bisect_right(xs, x) - 1
+    f = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return math.exp(ys[i] + f * (ys[i + 1] - ys[i]))
+
+
+def upload_us(nbytes):
+    if nbytes <= 0:
+        return 0.0
+    gbps = LARGE_UPLOAD_GBPS if nbytes > LARGE_UPLOAD_BYTES else MEASURED_TRANSFER["h2d_gbps"]
+    return MEASURED_TRANSFER["h2d_latency_us"] + nbytes / (gbps * 1e3)
+
+
+class SimClock:
+    """Virtual nanoseconds, advanced only by simulated runs."""
+
+    def __init__(self):
+        # a monotonic clock reads the time since boot, not 0: the executor's caches compare readings
+        # with a time-to-live from 0 (its free-memory reading would otherwise be "fresh" at the start)
+        self.ns = 10 ** 12
+        self._lock = threading.Lock()
+
+    def advance_us(self, us):
+        with self._lock:
+            self.ns += int(round(us * 1e3))
+
+    def clock_ns(self):
+        return self.ns
+
+    @contextlib.contextmanager
+    def executor_clock(self):
+        """Within the block, executors time calls on this clock."""
+        import hipsched.executor as executor_module
+        saved = executor_module._perf_ns
+        executor_module._perf_ns = self.clock_ns
+        try:
+            yield self
+        finally:
+            executor_module._perf_ns = saved
+
+
+class _Noise:
+    def __init__(self, sigma, seed):
+        self.sigma = sigma
+        self.rng = np.random.default_rng(seed)
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        if not self.sigma:
+            return 1.0
+        with self.lock:
+            return math.exp(self.sigma * self.rng.standard_normal())
+
+
+class SimulatedCpu:
+    """The CPU backend of the simulated machine: real results, the H100 host's times (CPU_US)."""
+
+    def __init__(self, clock, sigma=0.05, seed=0, table=CPU_US):
+        self.clock = clock
+        self._table = table
+        self._noise = _Noise(sigma, seed)
+        self._cpu = CpuBackend()
+        self.runs = 0
+
+    def run(self, call):
+        if call.op not in self._table:   # no measured time to take (calibrate skips such ops)
+            raise NotImplementedError(f"simulated CPU: no H100-host latencies for {call.op}")
+        out = self._cpu.run(call)
+        self.runs += 1
+        self.clock.advance_us(latency_us(self._table, call.op, call.size) * self._noise())
+        return out
+
+    def run_device_data(self, call):   # the simulated GPU takes host arrays only
+        return self.run(call)
+
+
+class SimulatedGpu:
+    """GpuBackend with the H100's times (see the module docstring)."""
+    name = "gpu"
+
+    def __init__(self, clock, ops=None, sigma=0.05, seed=0, resident_bytes=RESIDENT_BYTES, table=GPU_US,
+                 device_name="simulated NVIDIA H100 80GB HBM3"):
+        self.clock = clock
+        self.available = True
+        self.unavailable_reason = None
+        self.runtime_name = "simulated"
+        self.device_name = device_name
+        self.device_arch = "sm_90 (simulated)"
+        self._table = table
+        self._ops = set(ops if ops is not None else table)
+        self._noise = _Noise(sigma, seed)
+        self._budget = resident_bytes
+        self._resident = collections.OrderedDict()   # id(host) -> (weakref, nbytes)
+        self._resident_total = 0
+        self._lock = threading.Lock()
+        self._cpu = CpuBackend()
+        self.runs = 0
+        self.uploaded_bytes = 0
+
+    # ---------------------------------------------------------------- the GpuBackend interface
+    def supports(self, op, dtype):
+        return op in self._ops and dtype in ("float32", "q8_0", "q4_0")
+
+    def max_elements(self, op):
+        return 1 << 40
+
+    def free_memory(self):
+        return 79 << 30
+
+    def unsupported(self, call):
+        return None
+
+    def device_bytes_needed(self, call):
+        return call.nbytes
+
+    def _is_resident(self, a):
+        e = self._resident.get(id(a))
+        return e is not None and e[0]() is a
+
+    def transfer_bytes(self, call):
+        if call.on_device:
+            return (0, 0)
+        arrays = _host_arrays(call.args)
+        total_in = sum(a.nbytes for a in arrays)
+        with self._lock:
+            h2d = sum(a.nbytes for a in arrays if not self._is_resident(a))
+        return (int(h2d), int(max(0, call.nbytes - total_in)))
+
+    def run(self, call, stream=None):
+        out = self._cpu.run(call)
+        with self._lock:
+            trusted = set()
+            arrays = _host_arrays(call.args, trusted)
+            up = sum(a.nbytes for a in arrays if not self._is_resident(a))
+            for a in arrays:
+                if self.would_keep(a, id(a) in trusted):
+                    self._keep(a)
+            self.runs += 1
+            self.uploaded_bytes += up
+        self.clock.advance_us(latency_us(self._table, call.op, call.size) * self._noise() + upload_us(up))
+        return out
+
+    def measure_transfer(self):
+        return dict(MEASURED_TRANSFER)
+
+    def close(self):
+        pass
+
+    # ---------------------------------------------------------------- residency
+    def would_keep(self, a, trusted=False):
+        return (a.nbytes <= self._budget and a.flags.c_contiguous
+                and (trusted or immutable(a) or handle_of(a) is not None))
+
+    def _keep(self, a):
+        key = id(a)
+        if self._is_resident(a):
+            self._resident.move_to_end(key)
+            return
+        if a.nbytes > self._budget or not a.flags.c_contiguous:
+            return
+        self._drop(key)
+        while self._resident and self._resident_total + a.nbytes > self._budget:
+            self._drop(next(iter(self._resident)))
+        try:
+            ref = weakref.ref(a)
+        except TypeError:
+            return
+        self._resident[key] = (ref, a.nbytes)
+        self._resident_total += a.nbytes
+
+    def _drop(self, key):
+        e = self._resident.pop(key, None)
+        if e is not None:
+            self._resident_total -= e[1]
+
+
+def simulated_machine(clock=None, seed=0, sigma=0.05):
+    """{"gpu_backend": ..., "cpu_backend": ...} for an Executor on the simulated H100 machine."""
+    clock = clock if clock is not None else SimClock()
+    return {"gpu_backend": SimulatedGpu(clock, sigma=sigma, seed=2 * seed + 1),
+            "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed)}
