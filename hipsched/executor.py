@@ -5,6 +5,7 @@ it to the backends, the telemetry and the model store. A GPU failure never reach
 allow_fallback is False: the call reruns on the CPU and the event records the error."""
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import sys
@@ -41,6 +42,10 @@ _TIME_EVERY = 8
 # the calls that reuse them (Executor._amortized_h2d); smaller uploads cost little next to a launch.
 _REUSE_MIN_BYTES = 1 << 20
 _REUSE_MAX_TRACKED = 4096   # arrays whose uses are counted at once (dead ones go first when full)
+# how many calls the last inputs passed in their lifetime (the prediction of a new input's uses), and
+# how many of them make a prediction
+_USE_HISTORY = 32
+_USE_HISTORY_MIN = 3
 
 
 def _large_host_arrays(x, out):
@@ -139,7 +144,13 @@ class Executor:
         self._slots = {}            # (op, dtype) -> (core slot, capability flags, GPU max size, CPU fn, HotOp)
         self._prepare = {name: spec.prepare for name, spec in OPS.items()}
         self._free = (0, 0)         # (read at ns, bytes)
-        self._uses = {}             # id(host array) -> [weakref, calls that passed it, a GPU run took it]
+        # id(host array) -> [weakref, calls that passed it, a GPU run took it, predicted us those calls
+        # would save on the GPU with it resident]
+        self._uses = {}
+        # (calls passed, predicted time saved on the GPU) of each of the last new inputs by the time the
+        # next new one came (see _amortized_h2d), and the entry of the newest
+        self._use_history = collections.deque(maxlen=_USE_HISTORY)
+        self._newest_use = None
         self._uses_lock = threading.Lock()
         self._tls = threading.local()   # .what_if: deciding for select_backend; .h2d: (id(call), real bytes)
         self._warned = set()
@@ -252,7 +263,17 @@ class Executor:
         top_k calls over one 231 MB corpus ran on the CPU at 7.7 ms, against 0.33 ms resident). With
         this rule the upload is paid once the CPU time lost by not paying it would exceed it (the
         ski-rental rule: at most twice the best of either choice in hindsight). The reduction is
-        capped at the call's upload, which counts only inputs not already resident. A writable array
+        capped at the call's upload, which counts only inputs not already resident.
+        The rule also learns what inputs are worth: for each of the last new inputs it notes what the
+        calls that passed it would have saved on the GPU with it resident (the model's predictions), by
+        the time the next new input came. With a few noted, a call is charged the upload in proportion
+        to its own saving over the median of those totals, when that is less: the upload is then worth
+        paying exactly when the calls over an input are predicted to save more than it costs, and each
+        call gains (how the oracle of `hipsched demo --oracle` shares an upload, learned from the calls
+        so far instead of known in hindsight; a search that runs each new corpus slice through 8 top_k
+        queries and then a 32-query cosine pays the slice's upload at its first query, which the
+        cosine would pay anyway). An input still in use when the next comes (weights reused by every
+        layer) is noted short of its total, so the prediction errs towards the plain rule. A writable array
         is uploaded by every GPU call that takes it (a change to it could not be seen), so its upload
         is never shared, and neither is any on a backend that cannot say what it keeps."""
         keeps = getattr(self._gpu, "would_keep", None)
@@ -263,8 +284,11 @@ class Executor:
             return h2d
         commit = not getattr(self._tls, "what_if", False)
         saved = 0.0
+        gain = self._resident_gain(call)
         with self._uses_lock:
             uses = self._uses
+            history = self._use_history
+            worth = sorted(h[1] for h in history)[len(history) // 2] if len(history) >= _USE_HISTORY_MIN else 0.0
             for a, trusted in arrays:
                 e = uses.get(id(a))
                 if e is not None and e[0]() is not a:   # a dead array's id, reused
@@ -273,8 +297,11 @@ class Executor:
                 # an input a GPU run already took and that this call would upload again was not kept
                 # (a backend without a resident cache, or evicted): its uploads are not shared
                 kept = e is None or not e[2] or h2d < a.nbytes
-                if k and kept and keeps(a, trusted):
-                    saved += a.nbytes * (1.0 - 1.0 / (k + 1))
+                if kept and keeps(a, trusted):
+                    share = 1.0 / (k + 1)
+                    if worth > 0.0 and gain > 0.0:
+                        share = min(share, gain / worth)
+                    saved += a.nbytes * (1.0 - share)
                 if commit:
                     if e is None:
                         if len(uses) >= _REUSE_MAX_TRACKED:
@@ -283,12 +310,27 @@ class Executor:
                             if len(uses) >= _REUSE_MAX_TRACKED:
                                 uses.clear()
                         try:
-                            uses[id(a)] = [weakref.ref(a), 1, False]
+                            entry = [weakref.ref(a), 1, False, gain]
                         except TypeError:
-                            pass
+                            continue
+                        uses[id(a)] = entry
+                        if self._newest_use is not None:
+                            history.append((self._newest_use[1], self._newest_use[3]))
+                        self._newest_use = entry
                     else:
                         e[1] += 1
+                        e[3] += gain
         return max(0.0, h2d - saved)
+
+    def _resident_gain(self, call) -> float:
+        """Microseconds the model predicts this call saves on the GPU with its inputs resident (0 when
+        it would not, or a side is not known yet): a what-if decision, which changes nothing."""
+        entry = self._slots.get((call.op, call.dtype))
+        if entry is None:
+            return 0.0
+        pc, pg = self._core.decide(entry[0], call.size, 0.0, 0.0, 0, False)[2:]
+        gain = pc - pg
+        return gain if gain > 0.0 else 0.0   # NaN (a side unknown) compares false: no gain
 
     def _run_other(self, call, slot, reason, pc, pg, want, detail, stream):
         """CPU runs off the compiled common path (hipsched._dispatch.FastPath.run, which is `_run`, and
