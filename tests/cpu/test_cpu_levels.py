@@ -35,7 +35,11 @@ import sys
 
 import numpy as np
 import pytest
-from requires import need
+
+# this file also runs as a script, in a subprocess per level, where no conftest puts tests/support on
+# the path
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+from requires import need  # noqa: E402
 
 ml_dtypes = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
 

@@ -283,10 +283,11 @@ def test_torch_tensors_in_and_out(gpu, rng):
     b = rng.standard_normal(32).astype(np.float32)
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
     out = run(gpu, "add", ta, tb)
-    back = torch.from_dlpack(out)
-    np.testing.assert_array_equal(back.cpu().numpy(), a + b)
-    np.testing.assert_allclose(as_host(run(gpu, "softmax", ta)), torch.softmax(ta, -1).cpu().numpy(), rtol=2e-6,
-                               atol=1e-7)
+    assert isinstance(out, torch.Tensor) and out.is_cuda   # the caller's own type back, on the device
+    np.testing.assert_array_equal(out.cpu().numpy(), a + b)
+    sm = run(gpu, "softmax", ta)
+    assert isinstance(sm, torch.Tensor)
+    np.testing.assert_allclose(sm.cpu().numpy(), torch.softmax(ta, -1).cpu().numpy(), rtol=2e-6, atol=1e-7)
 
 
 def test_cupy_arrays_in_and_out(gpu, rng):
@@ -294,6 +295,7 @@ def test_cupy_arrays_in_and_out(gpu, rng):
     a = rng.standard_normal((16, 32)).astype(np.float32)
     ca = cp.asarray(a)
     out = run(gpu, "scale", ca, 2.0)
-    np.testing.assert_array_equal(cp.asnumpy(cp.asarray(out)), a * np.float32(2.0))
+    assert isinstance(out, cp.ndarray)   # the caller's own type back
+    np.testing.assert_array_equal(cp.asnumpy(out), a * np.float32(2.0))
     sims = run(gpu, "cosine_similarity", ca, ca)
     np.testing.assert_allclose(np.diag(cp.asnumpy(cp.asarray(sims))), 1.0, atol=1e-6)
