@@ -38,6 +38,13 @@ DEF EXPLORE_MAX_RATIO = 1.5
 # A GPU sample is its wall time less the modelled copies, but never less than this share of the wall
 # time (a too-pessimistic transfer model must not produce zero-cost kernels).
 DEF MIN_KERNEL_SHARE = 0.1
+# A run whose modelled copies of at least UNSURE_COPY_BYTES make up more than COPY_DOMINATED_SHARE of its
+# time teaches nothing: what is left after subtracting them is mostly the copy model's error. On the H100
+# pageable uploads of 350-805 MB ran at 8 GB/s where the model said 11.75 (measured with 16 MB), so a
+# top_k that uploaded a 350 MB corpus slice in 44 ms was stored as 14 ms of kernel (the kernel takes
+# 0.55 ms) and every later call over that slice, resident by then, went to a CPU 5x slower.
+DEF UNSURE_COPY_BYTES = 67108864.0
+DEF COPY_DOMINATED_SHARE = 0.5
 
 
 cdef class SchedCore:
@@ -334,12 +341,16 @@ cdef class SchedCore:
     cdef void _sample(self, Slot *s, int backend, double size, double dur_us, double h2d,
                       double d2h) noexcept nogil:
         """One latency sample, less the modelled copies it included (those of host data on the GPU, or of
-        device data on the CPU): the buckets hold compute time, and each decision adds its own copies."""
-        cdef double t
+        device data on the CPU): the buckets hold compute time, and each decision adds its own copies.
+        A run dominated by large copies adds none (see UNSURE_COPY_BYTES)."""
+        cdef double t, x
         cdef int b
         if not (dur_us >= 0 and isfinite(dur_us)):   # NaN/inf are not completion times
             return
-        t = dur_us - self._xfer(h2d, d2h)
+        x = self._xfer(h2d, d2h)
+        if h2d + d2h >= UNSURE_COPY_BYTES and x > COPY_DOMINATED_SHARE * dur_us:
+            return
+        t = dur_us - x
         if t < MIN_KERNEL_SHARE * dur_us:
             t = MIN_KERNEL_SHARE * dur_us
         b = bucket_of(size)

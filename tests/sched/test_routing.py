@@ -219,3 +219,29 @@ def test_uploads_are_not_shared_when_the_gpu_did_not_keep_the_input():
         for _ in range(3):
             ex.top_k(q, T, 10)
         assert ex.select_backend("top_k", args=(q, T, 10)).estimated_cost["gpu"] == pytest.approx(estimate)
+
+
+def test_a_run_dominated_by_a_large_upload_teaches_no_kernel_time():
+    """On the H100 a top_k that uploaded a 350 MB corpus slice took 44 ms where the copy model (11.75 GB/s,
+    measured with 16 MB) said 30: stored as its wall time less the modelled upload, it taught a 14 ms
+    kernel (the kernel takes 0.55 ms), and every later call over the resident slice went to the CPU. Such
+    a run adds no sample; a run whose copies are small next to it, or a large one with a long kernel, does."""
+    c = _sched.SchedCore()
+    c.set_transfer(**MEASURED_TRANSFER)
+    s = c.slot("top_k", "float32")
+    size, slice_bytes = 87_631_872, 350_530_560
+
+    def upload_us(n):
+        return MEASURED_TRANSFER["h2d_latency_us"] + n / (MEASURED_TRANSFER["h2d_gbps"] * 1e3)
+    c.record(s, 1, size, 44_082.0, slice_bytes, 0.0)       # the first run: it uploaded the slice
+    assert math.isnan(c.predict(s, 1, size))               # nothing learned of the kernel
+    assert c.counters()["gpu_operations"] == 1             # still counted as a run
+    c.record(s, 1, size, 550.0)                            # resident: the kernel's time
+    assert c.predict(s, 1, size) == pytest.approx(550.0)
+    for wall, up in ((2_000.0, 16_000_000),               # a small upload: learned, less its copies
+                     (90_000.0, slice_bytes)):            # a kernel longer than its upload: learned
+        c2 = _sched.SchedCore()
+        c2.set_transfer(**MEASURED_TRANSFER)
+        s2 = c2.slot("top_k", "float32")
+        c2.record(s2, 1, size, wall, up, 0.0)
+        assert c2.predict(s2, 1, size) == pytest.approx(wall - upload_us(up))
