@@ -229,7 +229,11 @@ cdef class SchedCore:
         if p.explore_period > 0 and (calls <= 2 or calls % p.explore_period == 0):
             if isnan(g) and not isnan(c):
                 return GPU | R_EXPLORING << 1
-            if isnan(c) and not isnan(g) and not (on_device and g * p.speedup_threshold < copies):
+            # (not for device data: it stays where it lives until the CPU is known to be worth its
+            # copies, which the under-sampled rule below weighs; a device pipeline's first GPU sample
+            # holds the first use's costs, and trying the CPU on it sent 1 call of the H100's
+            # 40-call torch add pipeline down and back up)
+            if isnan(c) and not isnan(g) and not on_device:
                 return CPU | R_EXPLORING << 1
         if bg.n < p.min_samples or bc.n < p.min_samples:
             if p.explore_period > 0 and calls % p.explore_period == 0:

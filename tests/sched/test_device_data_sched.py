@@ -84,6 +84,23 @@ def test_the_cpu_is_not_explored_for_device_data_the_gpu_beats_even_by_the_copie
     assert picks[("cpu", R.EXPLORING)] > 0
 
 
+def test_a_first_slow_gpu_sample_does_not_send_device_data_to_the_cpu():
+    """On the H100 a cold 40-call pipeline of torch adds (1M elements) sent its second call down to the
+    CPU and back: the first GPU run, holding the first use's costs, was learned slower than the copies,
+    and the rule that tries a never-measured side on a bucket's first calls took the CPU. Device data
+    stays on the GPU until the CPU is known to be worth its copies."""
+    c = h100_core()
+    s = c.slot("add", "float32")
+    c.learn(s, 1, N, 5 * copies_us())                     # the first run: slower than the copies
+    picks = collections.Counter(decide(c, s, N, DEV, h2d=UP, d2h=DOWN)[:2] for _ in range(3))
+    assert picks == {("gpu", R.COST_MODEL): 3}
+    # host data still tries the side it never measured on a bucket's first calls
+    h = h100_core()
+    hs_ = h.slot("add", "float32")
+    h.record(hs_, 1, N, 400.0)
+    assert decide(h, hs_, N, ALL)[:2] == ("cpu", R.EXPLORING)
+
+
 def test_learn_adds_a_sample_without_counting_a_run_or_health():
     c = h100_core()
     s = c.slot("add", "float32")
