@@ -227,7 +227,10 @@ cdef class SchedCore:
         # than only at the explore_period-th call (a workload with few calls per size, like a model's
         # layers, would otherwise run most of them on a side it never compared).
         if p.explore_period > 0 and (calls <= 2 or calls % p.explore_period == 0):
-            if isnan(g) and not isnan(c):
+            # (not a GPU run of host data whose uploads alone take EXPLORE_MAX_RATIO times the CPU's
+            # whole run: it could not win, and a run dominated by large copies teaches nothing, so the
+            # GPU would stay unmeasured and be tried again and again, each time paying the copies)
+            if isnan(g) and not isnan(c) and not (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c):
                 return GPU | R_EXPLORING << 1
             # (not for device data: it stays where it lives until the CPU is known to be worth its
             # copies, which the under-sampled rule below weighs; a device pipeline's first GPU sample

@@ -20,6 +20,7 @@ from .backends.cpu import CpuBackend
 from .chunking import chunkable, run_chunked
 from .config import HybridConfig
 from .errors import GpuError
+from .gguf_blocks import QuantizedTensor
 from .ops import OPS
 from .ops.base import Call
 from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
@@ -57,11 +58,22 @@ def _large_host_arrays(x, out):
     elif isinstance(x, (tuple, list)):
         for item in x:
             _large_host_arrays(item, out)
-    else:
-        data = getattr(x, "data", None)
-        if isinstance(data, np.ndarray) and data.nbytes >= _REUSE_MIN_BYTES:
-            out.append((data, True))
+    elif isinstance(x, QuantizedTensor) and x.data.nbytes >= _REUSE_MIN_BYTES:
+        out.append((x.data, True))
     return out
+
+
+_MAX_PENDING = 1024   # entries of Executor._timed / _early: far more than the device keeps readings for
+
+
+def _bounded_put(d, key, value):
+    """d[key] = value, dropping the oldest entry past _MAX_PENDING (a sample lost, never a wrong one)."""
+    if len(d) >= _MAX_PENDING:
+        try:
+            del d[next(iter(d))]
+        except (StopIteration, KeyError, RuntimeError):   # emptied or changed by another thread
+            pass
+    d[key] = value
 
 
 class _NoGpu:
@@ -121,6 +133,9 @@ class Executor:
             config = HybridConfig(config_file=False, env={}, **values)
         self.config = cfg = config
         self._cpu = cpu_backend if cpu_backend is not None else CpuBackend()
+        # what a CPU run of device data copies: the backend's own count, else CpuBackend's (it depends on
+        # the call alone)
+        self._device_copy_bytes = getattr(self._cpu, "device_copy_bytes", CpuBackend.device_copy_bytes)
         gpu = gpu_backend if gpu_backend is not None else _create_gpu(cfg)
         self._injector = None
         if cfg.fault_inject and getattr(gpu, "available", False):
@@ -132,6 +147,10 @@ class Executor:
         # stream, read on a later call (see _learn_gpu_times); a backend without them is not
         self._run_timed = getattr(gpu, "run_timed", None) if self._gpu_present else None
         self._timed = {}            # ticket -> (slot, size, host us) of such runs not yet learned from
+        # ticket -> device us of readings that came before their run stored its entry (another thread
+        # polled in between); bounded, like _timed, so a reading or an entry that never meets its
+        # other half cannot grow them for the life of the process
+        self._early = {}
         self._timed_runs = {}       # slot -> device-data GPU runs so far (which to time)
         self._core = _sched.SchedCore(
             window=cfg.performance_window_size, min_batch=cfg.gpu_min_batch_size, min_samples=cfg.min_samples,
@@ -246,7 +265,7 @@ class Executor:
                     return flags & ~_F_PRESENT, 0, 0, getattr(gpu, "unavailable_reason", None)
                 flags &= ~_F_FITS
             # device data: the copies the CPU would make (the core charges them to the CPU side)
-            h2d, d2h = self._cpu.device_copy_bytes(call) if call.on_device else gpu.transfer_bytes(call)
+            h2d, d2h = self._device_copy_bytes(call) if call.on_device else gpu.transfer_bytes(call)
         except Exception as e:  # a failing query means the GPU cannot be trusted with this call
             log.debug("hipsched: GPU query failed for %s: %s", call.op, e)
             return flags & ~_F_SUPPORTS, 0, 0, None
@@ -279,6 +298,7 @@ class Executor:
         keeps = getattr(self._gpu, "would_keep", None)
         if keeps is None:
             return h2d
+        resident = getattr(self._gpu, "is_resident", None)
         arrays = _large_host_arrays(call.args, [])
         if not arrays:
             return h2d
@@ -297,7 +317,8 @@ class Executor:
                 # an input a GPU run already took and that this call would upload again was not kept
                 # (a backend without a resident cache, or evicted): its uploads are not shared
                 kept = e is None or not e[2] or h2d < a.nbytes
-                if kept and keeps(a, trusted):
+                # an input already resident is not in h2d: nothing of it to spread
+                if kept and keeps(a, trusted) and not (resident is not None and resident(a)):
                     share = 1.0 / (k + 1)
                     if worth > 0.0 and gain > 0.0:
                         share = min(share, gain / worth)
@@ -361,7 +382,7 @@ class Executor:
         t0 = _perf_ns()
         out = self._cpu.run_device_data(call)
         dur = (_perf_ns() - t0) * 1e-3
-        up, down = self._cpu.device_copy_bytes(call)
+        up, down = self._device_copy_bytes(call)
         self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback, up, down, detail=detail)
         return out
 
@@ -384,10 +405,13 @@ class Executor:
         and the device time between its events: recorded before its first launch and after its last
         kernel, that span already holds the launch gaps an idle device waited through, and on a device
         busy with earlier work only this call's own share. A reading that arrives before its run has
-        stored its entry (another thread polled in between) is dropped: a lost sample, never a wrong one."""
+        stored its entry (another thread polled in between) waits for it in _early."""
         for ticket, device_us in self._gpu.gpu_times():
             entry = self._timed.pop(ticket, None)
-            if entry is not None and device_us is not None:
+            if entry is None:
+                if device_us is not None:
+                    _bounded_put(self._early, ticket, device_us)
+            elif device_us is not None:
                 slot, size, host_us = entry
                 self._core.learn(slot, 1, size, max(host_us, device_us))
 
@@ -441,7 +465,11 @@ class Executor:
             raise
         dur = (_perf_ns() - t0) * 1e-3
         if ticket is not None:
-            self._timed[ticket] = (slot, call.size, dur)
+            device_us = self._early.pop(ticket, None)
+            if device_us is not None:   # read by another thread's call before this line
+                self._core.learn(slot, 1, call.size, max(dur, device_us))
+            else:
+                _bounded_put(self._timed, ticket, (slot, call.size, dur))
         resident = None
         if before is not None:   # host inputs: what the call uploaded and what it read from kept copies
             after = totals()

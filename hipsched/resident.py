@@ -41,10 +41,12 @@ def immutable(arr) -> bool:
     in its base chain are read-only, and the chain ends at memory that is read-only itself (the array's
     own, bytes, a read-only buffer such as a read-only memory map). A read-only view of a writable
     array is not: its base can still change. What no flag shows (a writable view made before the base
-    was frozen, another process rewriting a mapped file) is outside what this can know."""
+    was frozen, another process rewriting a mapped file) is outside what this can know. Nor is an array
+    whose chain holds a registered array: that one is read-only but changes through its handle's
+    `update`, which rewrites its own device copies and no copy of a view of it."""
     x = arr
     while isinstance(x, np.ndarray):
-        if x.flags.writeable:
+        if x.flags.writeable or (x is not arr and handle_of(x) is not None):
             return False
         x = x.base
     while isinstance(x, memoryview):

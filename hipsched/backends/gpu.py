@@ -173,6 +173,11 @@ class GpuBackend:
         ctx = self._ctx
         return ctx is not None and self.available and ctx.resident.would_keep(host, trusted)
 
+    def is_resident(self, host) -> bool:
+        """Whether a GPU run would read `host` from a device copy kept now (no upload)."""
+        ctx = self._ctx
+        return ctx is not None and self.available and ctx.resident.is_resident(host)
+
     def transfer_totals(self) -> tuple[int, int]:
         """(bytes uploaded, bytes read from kept device copies) by this thread's calls so far."""
         ctx = self._ctx

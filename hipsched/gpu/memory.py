@@ -342,6 +342,11 @@ class DeviceArray:
         if (self.stream is not None and stream != -1 and int(self.stream) != consumer
                 and self.runtime is not None):
             _order_after(self.runtime, int(self.stream), int(consumer))
+        if stream != -1:
+            # the consumer's kernels read this memory on its stream, queued after the capsule goes and
+            # maybe after its last reference: the free must be ordered after them too (a torch side
+            # stream's queued read of a freed result would see the next allocation's data)
+            self.record_stream(consumer)
         strides = None if self.is_c_contiguous else tuple(s // self.itemsize for s in self.strides)
         return dlpack.make_capsule(self.ptr, self.shape, strides, self.dtype, self.device, owner=self)
 
@@ -527,8 +532,13 @@ def resident_budget(runtime, configured: int | None = None) -> tuple[int, str]:
     if configured is not None:
         return int(configured), "configured"
     raw = os.environ.get("HIPSCHED_RESIDENT_BYTES", "").strip()
-    if raw:
-        return int(raw), "HIPSCHED_RESIDENT_BYTES"
+    if raw and raw.lower() not in ("auto", "none"):   # the config's spellings of the default
+        try:
+            return int(raw), "HIPSCHED_RESIDENT_BYTES"
+        except ValueError:   # a bad value must not cost the GPU: the config check reports it too
+            import logging
+            logging.getLogger("hipsched").warning("hipsched: HIPSCHED_RESIDENT_BYTES=%r is not a byte count; "
+                                                  "using the default resident budget", raw)
     try:
         free = int(runtime.mem_info()[0])
     except Exception:   # a runtime that cannot say (a test double, a driver that fails the query)
@@ -689,8 +699,11 @@ class ResidentCache:
     def would_keep(self, host: np.ndarray, immutable: bool = False) -> bool:
         """Whether `get(host, immutable=...)` would keep its upload: the rule `get` applies, asked by the
         scheduler before the call (a kept upload is paid once for every later call)."""
-        return (isinstance(host, np.ndarray) and host.flags.c_contiguous and host.nbytes <= self.max_bytes
-                and (immutable or _immutable(host) or _resident.handle_of(host) is not None))
+        if not isinstance(host, np.ndarray) or not host.flags.c_contiguous:
+            return False
+        if _resident.handle_of(host) is not None:
+            return True
+        return host.nbytes <= self.max_bytes - self.pinned_bytes and (immutable or _immutable(host))
 
     def get(self, host: np.ndarray, stream=0, immutable: bool = False) -> DeviceArray:
         """The device copy of `host`: a kept one if there is one for exactly these bytes, else uploaded

@@ -68,6 +68,22 @@ def test_immutable_follows_the_base_chain(tmp_path):
         del m
 
 
+def test_a_view_of_a_registered_array_is_not_taken_for_immutable():
+    """A registered array is read-only but changes through its handle's update(), which rewrites the
+    handle's own device copies: a kept copy of a view of it would be served stale after an update."""
+    T = np.zeros((64, 8), np.float32)
+    h = ResidentArray.register(T)
+    assert h.host is T
+    try:
+        view = T[:32]
+        assert not T.flags.writeable and not view.flags.writeable
+        assert not immutable(view)
+        assert not ResidentCache(HostMemoryRuntime(), 1 << 20).would_keep(view)
+    finally:
+        h.release()
+    assert immutable(frozen(np.zeros(8, np.float32))[2:])   # a frozen array nobody registered: still kept
+
+
 def test_a_read_only_view_of_a_writable_array_is_never_kept(cache):
     base = np.arange(1000, dtype=np.float32)
     view = frozen(base[:500])
@@ -114,6 +130,11 @@ def test_the_default_budget_is_a_share_of_free_device_memory(monkeypatch):
     assert ResidentCache(HostMemoryRuntime()).max_bytes == memory.FALLBACK_RESIDENT_BYTES   # cannot say
     monkeypatch.setenv("HIPSCHED_RESIDENT_BYTES", "4096")
     assert resident_budget(_Memory()) == (4096, "HIPSCHED_RESIDENT_BYTES")
+    # the config's spellings of the default are the default here too (int("auto") failed the GPU's
+    # start: every call then ran on the CPU), and a bad value costs only the budget, not the GPU
+    for raw in ("auto", "None", "lots"):
+        monkeypatch.setenv("HIPSCHED_RESIDENT_BYTES", raw)
+        assert resident_budget(_Memory())[0] == int((10 << 30) * memory.DEFAULT_RESIDENT_SHARE)
     assert resident_budget(_Memory(), 0) == (0, "configured")
 
 

@@ -270,6 +270,8 @@ def test_dlpack_export_waits_for_null_stream_work(be):
     recorded = {e[1] for e in rt.log if e[0] == "record" and e[2] == 0}
     assert any(e[0] == "wait" and e[1] == 5 and e[2] in recorded for e in rt.log), rt.log
     assert not [e for e in rt.log if e[0] == "sync"], rt.log
+    # the consumer's kernels read it on its stream: its free waits for them too
+    assert 5 in d._allocation().streams
     rt.log.clear()
     d.__dlpack__()           # consumer on the legacy default stream: same stream, nothing to wait for
     d.__dlpack__(stream=-1)  # the consumer opted out

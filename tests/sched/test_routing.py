@@ -245,3 +245,18 @@ def test_a_run_dominated_by_a_large_upload_teaches_no_kernel_time():
         s2 = c2.slot("top_k", "float32")
         c2.record(s2, 1, size, wall, up, 0.0)
         assert c2.predict(s2, 1, size) == pytest.approx(wall - upload_us(up))
+
+
+def test_a_gpu_whose_uploads_alone_lose_is_not_tried_again_and_again():
+    """A GPU run whose copies dominate teaches nothing (UNSURE_COPY_BYTES), so the GPU of an op called
+    only on large writable inputs stays unmeasured; the rule that tries an unmeasured side must not then
+    send such a call, whose upload alone takes far longer than the CPU's whole run, to the GPU forever."""
+    c = _sched.SchedCore()
+    c.set_transfer(**MEASURED_TRANSFER)
+    s = c.slot("add", "float32")
+    flags = _sched.F_GPU_PRESENT | _sched.F_GPU_SUPPORTS | _sched.F_FITS
+    size, up = 25_000_000, 200_000_000          # two 100 MB writable inputs, uploaded by every GPU call
+    for _ in range(3):
+        c.record(s, 0, size, 5_000.0)           # the CPU: 5 ms
+    picks = [c.decide(s, size, up, 100_000_000, flags, True)[0] for _ in range(20)]
+    assert picks == [0] * 20                    # never the GPU: its upload alone takes ~17 ms

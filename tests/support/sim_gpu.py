@@ -222,6 +222,10 @@ class SimulatedGpu:
         pass
 
     # ---------------------------------------------------------------- residency
+    def is_resident(self, a):
+        with self._lock:
+            return self._is_resident(a)
+
     def would_keep(self, a, trusted=False):
         return (a.nbytes <= self._budget and a.flags.c_contiguous
                 and (trusted or immutable(a) or handle_of(a) is not None))
