@@ -145,5 +145,8 @@ def _forward(name):
         return method(default_executor() if ex is None else ex, *args, **kwargs)
     op.__name__ = name
     op.__qualname__ = name
-    op.__doc__ = getattr(executor_cls, name).__doc__
+    op.__doc__ = method.__doc__
+    # the method's parameters without self (help() and inspect.signature show them; calls bind nothing)
+    signature = importlib.import_module("inspect").signature(method)
+    op.__signature__ = signature.replace(parameters=tuple(signature.parameters.values())[1:])
     return op

@@ -14,19 +14,20 @@ import threading
 
 from hipsched.config import STRATEGIES
 
-# The flags, reasons, backends and breaker states are the cpdef enums of _sched.pxd: one definition,
-# read as C constants here and as this module's Python names (F_GPU_PRESENT, R_COST_MODEL, ...) by
-# the executor. REASONS names the reasons in their index order; scheduling.SelectionReason is built
-# from it.
-REASONS = ("gpu_available", "gpu_unavailable", "cpu_fallback", "cost_model", "memory_constraint",
-           "user_preference", "below_min_batch", "gpu_unhealthy", "exploring", "gpu_unsupported")
+# The flags, reasons, strategies, backends and breaker states are the cpdef enums of _sched.pxd: one
+# definition, read as C constants here and as this module's Python names (F_GPU_PRESENT, R_COST_MODEL,
+# ...) by the executor. REASONS names the reasons in their index order, the strings telemetry writes:
+# each is its enum member's name without "R_", lower-cased (R_COST_MODEL: "cost_model");
+# scheduling.SelectionReason is built from it.
+REASONS = tuple(m.name[2:].lower() for m in sorted(Reason, key=int))
 BREAKER_STATES = ("closed", "open", "half_open")
 # Python sees the enum classes (Flag, Reason, ...); their members also go in the module namespace, the
 # spelling the executor and the tests use (_sched.F_FITS).
 globals().update({m.name: m for e in (Flag, Reason, Strategy, BreakerState) for m in e})
-if STRATEGIES.index("gpu_preferred") != ST_GPU_PREFERRED or STRATEGIES.index("cpu_preferred") != ST_CPU_PREFERRED \
-        or STRATEGIES.index("backend_only") != ST_BACKEND_ONLY:  # pragma: no cover - a build out of step
-    raise ImportError("hipsched._sched: config.STRATEGIES is not in the order of the Strategy enum")
+# config.STRATEGIES (importable with nothing built: the configuration is checked before any build is
+# needed) must be the Strategy enum's names without "ST_", lower-cased, in index order
+if tuple(STRATEGIES) != tuple(m.name[3:].lower() for m in sorted(Strategy, key=int)):  # pragma: no cover
+    raise ImportError("hipsched._sched: config.STRATEGIES is not the Strategy enum (a build out of step)")
 
 # A re-probe of the losing side is skipped when it is predicted this many times slower: drift that
 # large would not go unnoticed anyway, and probing it would cost more than it could ever win back.
@@ -184,21 +185,21 @@ cdef class SchedCore:
         pg[0] = g
         # 1. what the user asked for
         if p.force_cpu or flags & F_WANT_CPU:
-            return CPU | R_USER << 1
+            return CPU | R_USER_PREFERENCE << 1
         if flags & F_WANT_GPU or (p.strategy == ST_BACKEND_ONLY and p.backend_only == GPU):
             if not gpu_ok:
                 return CPU | R_GPU_UNAVAILABLE << 1
             # a call the device cannot run is not run there even when asked for: it would only fail
-            return (CPU | R_GPU_UNSUPPORTED << 1) if flags & F_CALL_UNSUPPORTED else (GPU | R_USER << 1)
+            return (CPU | R_GPU_UNSUPPORTED << 1) if flags & F_CALL_UNSUPPORTED else (GPU | R_USER_PREFERENCE << 1)
         if p.strategy == ST_BACKEND_ONLY:
-            return CPU | R_USER << 1
+            return CPU | R_USER_PREFERENCE << 1
         # 2. capability
         if not gpu_ok:
             return CPU | R_GPU_UNAVAILABLE << 1
         if flags & F_CALL_UNSUPPORTED:
             return CPU | R_GPU_UNSUPPORTED << 1
         if not flags & F_FITS:
-            return CPU | R_MEMORY << 1
+            return CPU | R_MEMORY_CONSTRAINT << 1
         # 3. health: while open, CPU; after the cooldown one probe call goes to the GPU
         if h.state != S_CLOSED:
             if h.state == S_OPEN and size >= p.min_batch and now_ns() - h.opened_at_ns >= p.cooldown_ns:
@@ -206,15 +207,15 @@ cdef class SchedCore:
                     h.state = S_HALF_OPEN
                     h.probe_in_flight = 1
                 return GPU | R_EXPLORING << 1
-            return CPU | R_UNHEALTHY << 1
+            return CPU | R_GPU_UNHEALTHY << 1
         # 4. too small to be worth a launch
         if size < p.min_batch:
-            return CPU | R_BELOW_MIN << 1
+            return CPU | R_BELOW_MIN_BATCH << 1
         # 5. fixed preferences
         if p.strategy == ST_GPU_PREFERRED:
             return GPU | R_GPU_AVAILABLE << 1
         if p.strategy == ST_CPU_PREFERRED:
-            return CPU | R_USER << 1
+            return CPU | R_USER_PREFERENCE << 1
         # 6. learn what is not known yet, then re-probe now and then
         bc = &s.buckets[CPU][bucket_of(size)]
         bg = &s.buckets[GPU][bucket_of(size)]

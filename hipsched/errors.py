@@ -9,7 +9,8 @@ class HipschedError(Exception):
 class GpuError(HipschedError):
     """A GPU-side failure. `kind` classifies it for fallback and telemetry: one of
     unavailable, compile, oom, launch, lost, timeout, copy, unsupported, runtime.
-    `name` is the runtime's own error name (e.g. hipErrorOutOfMemory, CUDA_ERROR_LAUNCH_FAILED)."""
+    `name` is the runtime's own error name (e.g. hipErrorOutOfMemory, CUDA_ERROR_LAUNCH_FAILED).
+    `message` is the text without the "[kind/name] " prefix that str() shows."""
 
     KINDS = ("unavailable", "compile", "oom", "launch", "lost", "timeout", "copy", "unsupported", "runtime")
 
@@ -18,10 +19,11 @@ class GpuError(HipschedError):
             kind = "runtime"
         self.kind = kind
         self.name = name
+        self.message = message
         super().__init__(f"[{kind}{'/' + name if name else ''}] {message}")
 
     def __reduce__(self):
-        return (self.__class__, (self.kind, str(self).split("] ", 1)[-1], self.name))
+        return (self.__class__, (self.kind, self.message, self.name))
 
 
 class BuildMissingError(HipschedError, ImportError):

@@ -651,65 +651,65 @@ class Executor:
         self.close()
         return False
 
-    # ------------------------------------------------------------------ ops
-    def add(self, a, b, *, backend="auto", stream=None):
-        """Elementwise a + b (float32). b may also match a trailing part of a's shape (a bias)."""
-        return (self._run if stream is None else self._run_on_stream)("add", backend, stream, a, b)
 
-    def scale(self, x, alpha, *, backend="auto", stream=None):
-        """alpha * x (float32)."""
-        return (self._run if stream is None else self._run_on_stream)("scale", backend, stream, x, alpha)
-
-    def softmax(self, x, axis=-1, *, backend="auto", stream=None):
-        """Numerically stable softmax along `axis` (float32)."""
-        return (self._run if stream is None else self._run_on_stream)("softmax", backend, stream, x, axis=axis)
-
-    def cosine_similarity(self, q, T, *, backend="auto", stream=None):
-        """q (d,) or (m, d) against T (n, d) -> (n,) or (m, n) float32; a zero vector has similarity 0."""
-        return (self._run if stream is None else self._run_on_stream)("cosine_similarity", backend, stream, q, T)
-
-    def top_k(self, q, T, k, *, backend="auto", stream=None):
-        """Exact k nearest rows of T by cosine -> (indices int64, scores float32), scores descending,
-        ties to the lower index; k > n gives n results; q (m, d) gives (m, k) arrays."""
-        return (self._run if stream is None else self._run_on_stream)("top_k", backend, stream, q, T, k)
-
-    def matmul(self, a, b, *, backend="auto", stream=None):
-        """a @ b in float32 (the CPU side is NumPy's BLAS)."""
-        return (self._run if stream is None else self._run_on_stream)("matmul", backend, stream, a, b)
-
-    def dequantize(self, w, *, backend="auto", stream=None):
-        """QuantizedTensor -> float32 array of its shape."""
-        return (self._run if stream is None else self._run_on_stream)("dequantize", backend, stream, w)
-
-    def qmatmul(self, w, x, *, backend="auto", stream=None):
-        """Quantized weights w (n, k) times float32 x (k,) or (k, m) -> (n,) or (n, m)."""
-        return (self._run if stream is None else self._run_on_stream)("qmatmul", backend, stream, w, x)
-
-    def attention(self, q, k, v, causal=False, scale=None, *, backend="auto", stream=None):
-        """Scaled dot-product attention on (batch, heads, seq, head_dim) float32 arrays."""
-        return (self._run if stream is None else self._run_on_stream)("attention", backend, stream, q, k, v,
-                                                                      causal=causal, scale=scale)
-
-    def spread_activation(self, graph, seeds, decay=0.5, steps=1, threshold=0.0, *, backend="auto", stream=None):
-        """Spreading activation over a CSR graph (see docs): returns float32 activations (n,)."""
-        return (self._run if stream is None else self._run_on_stream)("spread_activation", backend, stream, graph,
-                                                                      seeds, decay=decay, steps=steps,
-                                                                      threshold=threshold)
+# ---------------------------------------------------------------------- op methods
+# Every op's method is generated from its spec: the parameters are its prepare's (so help(),
+# inspect.signature and IDE completion show them) plus keyword-only `backend` and `stream`, the
+# docstring is the prepare's, and the body is the one a hand-written method would have: the arguments
+# go straight on to _run, required ones positionally and those with a default by keyword, with no
+# binding work per call. Adding an op takes no edit of this class.
+_OP_METHOD_NAMES = ("self", "backend", "stream")
 
 
 def _op_method(name, spec):
-    """An Executor method for an op declared only by its spec: the positional and keyword arguments
-    are the spec's `prepare`, and its docstring is the method's."""
-    def method(self, *args, backend="auto", stream=None, **kwargs):
-        return (self._run if stream is None else self._run_on_stream)(name, backend, stream, *args, **kwargs)
-    method.__name__ = method.__qualname__ = name
+    """The Executor method of op `name`, compiled from the signature of its spec's prepare."""
+    import inspect
+    P = inspect.Parameter
+    params, call_args, ns = [], [], {}
+    kw_only, last_positional_only = False, 0
+    for p in inspect.signature(spec.prepare).parameters.values():
+        if p.name in _OP_METHOD_NAMES:
+            raise TypeError(f"op {name}: prepare's parameter {p.name!r} would shadow the Executor method's own")
+        default = ""
+        if p.default is not P.empty:
+            ns[f"_default_{p.name}"] = p.default
+            default = f"=_default_{p.name}"
+        if p.kind is P.VAR_POSITIONAL:
+            params.append(f"*{p.name}")
+            call_args.append(f"*{p.name}")
+            kw_only = True
+        elif p.kind is P.VAR_KEYWORD:
+            params.append(f"**{p.name}")
+            call_args.append(f"**{p.name}")
+        else:
+            if p.kind is P.KEYWORD_ONLY and not kw_only:
+                params.append("*")
+                kw_only = True
+            params.append(p.name + default)
+            if p.kind is P.POSITIONAL_ONLY:
+                last_positional_only = len(params)
+            call_args.append(p.name if p.kind is P.POSITIONAL_ONLY or (p.kind is P.POSITIONAL_OR_KEYWORD and
+                                                                      p.default is P.empty)
+                             else f"{p.name}={p.name}")
+    if last_positional_only:
+        params.insert(last_positional_only, "/")
+    # backend and stream go before a **kwargs (keyword-only either way)
+    own = ([] if kw_only else ["*"]) + ['backend="auto"', "stream=None"]
+    if params and params[-1].startswith("**"):
+        params[-1:-1] = own
+    else:
+        params += own
+    src = (f"def {name}(self, {', '.join(params)}):\n"
+           f"    return (self._run if stream is None else self._run_on_stream)({name!r}, backend, stream"
+           f"{''.join(', ' + a for a in call_args)})\n")
+    exec(compile(src, f"<hipsched op method {name}>", "exec"), ns)
+    method = ns[name]
+    method.__qualname__ = f"Executor.{name}"
+    method.__module__ = __name__
     method.__doc__ = spec.prepare.__doc__
     return method
 
 
-# Ops with a spec but no hand-written method above (which carry richer signatures) get one here, so
-# adding an op takes no edit of this class.
 for _name, _spec in OPS.items():
-    if not hasattr(Executor, _name):
-        setattr(Executor, _name, _op_method(_name, _spec))
+    setattr(Executor, _name, _op_method(_name, _spec))
 del _name, _spec

@@ -7,31 +7,33 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from . import _sched
+from .config import STRATEGIES
 
+# The strategies and reasons are defined once: the strategies by config.STRATEGIES (which _sched checks
+# against its Strategy enum), the reasons by _sched's Reason enum (_sched.REASONS, in index order). The
+# member names are the values upper-cased (ExecutionStrategy.GPU_PREFERRED == "gpu_preferred").
+ExecutionStrategy = Enum("ExecutionStrategy", [(s.upper(), s) for s in STRATEGIES], type=str, module=__name__,
+                         qualname="ExecutionStrategy")
+ExecutionStrategy.__doc__ = """How the executor picks a backend (HybridConfig.strategy): automatic (the cost model),
+gpu_preferred, cpu_preferred, or backend_only (always HybridConfig.backend)."""
 
-class ExecutionStrategy(str, Enum):
-    AUTOMATIC = "automatic"
-    GPU_PREFERRED = "gpu_preferred"
-    CPU_PREFERRED = "cpu_preferred"
-    BACKEND_ONLY = "backend_only"
+SelectionReason = Enum("SelectionReason", [(r.upper(), r) for r in _sched.REASONS], type=str, module=__name__,
+                       qualname="SelectionReason")
+SelectionReason.__doc__ = """Why a backend was chosen (BackendSelection.reason, the events' "reason"):
 
+    GPU_AVAILABLE      strategy gpu_preferred sent it to the GPU
+    GPU_UNAVAILABLE    no GPU, or none for this op / dtype / size
+    CPU_FALLBACK       the GPU failed; the call reran on the CPU
+    COST_MODEL         least predicted completion time
+    MEMORY_CONSTRAINT  does not fit in free device memory
+    USER_PREFERENCE    backend= on the call, force_cpu_mode, or a fixed strategy
+    BELOW_MIN_BATCH    smaller than gpu_min_batch_size
+    GPU_UNHEALTHY      the op's circuit breaker is open
+    EXPLORING          sent to the side whose model needs samples (or a breaker probe)
+    GPU_UNSUPPORTED    the GPU has the op but cannot run this call (its shapes, parameters)"""
 
-class SelectionReason(str, Enum):
-    GPU_AVAILABLE = "gpu_available"          # strategy gpu_preferred sent it to the GPU
-    GPU_UNAVAILABLE = "gpu_unavailable"      # no GPU, or none for this op / dtype / size
-    CPU_FALLBACK = "cpu_fallback"            # the GPU failed; the call reran on the CPU
-    COST_MODEL = "cost_model"                # least predicted completion time
-    MEMORY_CONSTRAINT = "memory_constraint"  # does not fit in free device memory
-    USER_PREFERENCE = "user_preference"      # backend= on the call, force_cpu_mode, or a fixed strategy
-    BELOW_MIN_BATCH = "below_min_batch"      # smaller than gpu_min_batch_size
-    GPU_UNHEALTHY = "gpu_unhealthy"          # the op's circuit breaker is open
-    EXPLORING = "exploring"                  # sent to the side whose model needs samples (or a breaker probe)
-    GPU_UNSUPPORTED = "gpu_unsupported"      # the GPU has the op but cannot run this call (its shapes, parameters)
-
-
-# the core returns reasons as indices; both tuples must list them in the same order
-REASONS = tuple(SelectionReason(r) for r in _sched.REASONS)
-assert [r.value for r in REASONS] == [r.value for r in SelectionReason]
+# the core returns reasons as indices into this tuple
+REASONS = tuple(SelectionReason)
 BACKENDS = ("cpu", "gpu")
 
 

@@ -99,7 +99,7 @@ class GpuBackend:
                 # CUBINs on a CUDA 12 driver cannot), so no call pays for a doomed module load.
                 self._ctx.cache.target(self._ctx.rt)
             except GpuError as e:
-                self.unavailable_reason = str(e).split("] ", 1)[-1]
+                self.unavailable_reason = e.message
                 return
             self.available = True
         except Exception as e:
@@ -127,7 +127,7 @@ class GpuBackend:
             self._ctx.check_launches(planner(self._ctx, call))
         except GpuError as e:
             if e.kind == "unavailable":   # loading the planned kernels met a dead driver: as run() would
-                self._disable(str(e).split("] ", 1)[-1])
+                self._disable(e.message)
             return str(e) if e.kind == "unsupported" else None
         except Exception:
             return None
@@ -140,7 +140,7 @@ class GpuBackend:
             return int(self._ctx.rt.mem_info()[0])
         except GpuError as e:   # the scheduler's first question often meets a dead driver first
             if e.kind == "unavailable":
-                self._disable(str(e).split("] ", 1)[-1])
+                self._disable(e.message)
             return 0
         except Exception:
             return 0
@@ -224,7 +224,7 @@ class GpuBackend:
 
     def _still_available(self) -> bool:
         if self.available and self._fork_gen != _rt._fork_generation:
-            self._disable(str(_rt.forked_error(self.runtime_name or "GPU")).split("] ", 1)[-1])
+            self._disable(_rt.forked_error(self.runtime_name or "GPU").message)
         return self.available
 
     def _check_devices(self, args):
@@ -281,7 +281,7 @@ class GpuBackend:
             return out, ticket
         except GpuError as e:
             if e.kind == "unavailable":
-                self._disable(str(e).split("] ", 1)[-1])
+                self._disable(e.message)
             elif e.kind == "oom":
                 self._trim_resident()
             raise

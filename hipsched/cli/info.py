@@ -62,7 +62,7 @@ def _kernels(rt):
         out.update(compiler=c.version(), library=c.library_path)
         out["target"] = load_target(c, rt.device_info(rt.current_device()).arch, driver or None)
     except GpuError as e:
-        out["unavailable"] = str(e).split("] ", 1)[-1]
+        out["unavailable"] = e.message
     return out
 
 

@@ -68,7 +68,7 @@ def probe() -> tuple[list[RuntimeAttempt], object]:
 
 
 def _reason(e: GpuError) -> str:
-    text = str(e).split("] ", 1)[-1]
+    text = e.message
     if e.kind == "unavailable" and e.name and ("NoDevice" in e.name or "NO_DEVICE" in e.name):
         return f"{e.name} (no device)"
     if e.name and e.name not in text and not e.name.endswith("-missing"):
@@ -128,7 +128,7 @@ def _after_fork_in_child():
     runtime = _state.get("runtime")
     if runtime is not None:
         from .runtime import forked_error
-        reason = str(forked_error(runtime.name)).split("] ", 1)[-1]
+        reason = forked_error(runtime.name).message
         _state["runtime"] = None
         _state["attempts"] = [RuntimeAttempt(runtime.name, False, reason)]
 

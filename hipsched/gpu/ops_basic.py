@@ -29,8 +29,6 @@ COSINE_MQ = 8
 
 # Kernel name suffix per element type (prelude.h's HS_FOR_EACH_FLOAT).
 KERNEL_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-# The ops of this module with float16/bfloat16 kernels; the others take float32 only.
-HALF_OPS = ("add", "scale", "softmax", "cosine_similarity", "top_k", "matmul")   # and attention, rms_norm
 
 
 def kernel_suffix(call, op=None, dtypes=tuple(KERNEL_SUFFIX)) -> str:

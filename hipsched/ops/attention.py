@@ -75,6 +75,10 @@ def check_attention(q, k, v, causal, scale, op=OP):
 @register(OP, cpu=("hipsched.cpu._attention", "attention"), gpu=("hipsched.gpu.ops_attention", "attention"),
           cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare(q, k, v, causal=False, scale=None) -> Call:
+    """Scaled dot-product attention on (batch, heads, seq, head_dim) arrays: softmax(scale * q k^T) v,
+    `scale` defaulting to 1/sqrt(head_dim); with `causal=True` query i sees keys j <= i only (aligned
+    top-left, as PyTorch's is_causal). q, k, v float32, float16 or bfloat16, accumulated in float32, the
+    output in their dtype; a mix of float dtypes promotes to float32."""
     q = as_float(q, OP, "q")
     k = as_float(k, OP, "k")
     v = as_float(v, OP, "v")

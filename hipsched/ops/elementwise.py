@@ -8,12 +8,11 @@ slice containing NaN, or whose max is +inf or -inf (all -inf), comes out all NaN
 give 0 when the slice has a finite max. Results agree with scipy in float64 to about 1e-6 relative
 (the CPU kernel's vector exp is within 2 ulp).
 
-Dtypes: float32, float16 and bfloat16 (ml_dtypes) run as they are on the CPU, computed in float32 and
+Dtypes: float32, float16 and bfloat16 (ml_dtypes) run as they are on both backends, computed in float32 and
 rounded once to the input dtype, which is the result's (float16 past 65504 becomes inf, as NumPy's and
 PyTorch's conversion makes it). Other real types convert to float32; add's a and b of two different
 float dtypes promote to float32, as NumPy and PyTorch promote them, but a Python scalar b takes a's
-dtype (NumPy's rule for Python scalars, NEP 50). The GPU takes float32 only, so half calls run on the
-CPU."""
+dtype (NumPy's rule for Python scalars, NEP 50)."""
 from __future__ import annotations
 
 import math
@@ -63,6 +62,10 @@ def _split_softmax(call):
           split=lambda call: split_rows(call, same_shape_only=True),
           sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
 def prepare_add(a, b) -> Call:
+    """Elementwise a + b. b has a's shape, or a trailing part of it (a bias repeated over a's leading
+    axes; a 0-d b or a Python number is a scalar). float32, float16 or bfloat16, computed in float32 and
+    rounded once to the result's dtype: a's and b's when they agree, float32 for a mix of float dtypes
+    (a Python scalar b takes a's dtype); other real types convert to float32."""
     a = as_float(a, "add", "a")
     if type(b) is float or type(b) is int:
         # a Python scalar is weak, as in NumPy: it takes a's dtype rather than widening a half a
@@ -95,6 +98,9 @@ def _real_scalar(value, op: str, name: str) -> float:
           split=split_rows,
           sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})))
 def prepare_scale(x, alpha) -> Call:
+    """alpha * x, alpha any real scalar (rounded to float32 as NumPy does; NaN and inf propagate). x
+    float32, float16 or bfloat16, the result in x's dtype (computed in float32, rounded once); other real
+    types convert to float32."""
     x = as_float(x, "scale", "x")
     alpha = _real_scalar(alpha, "scale", "alpha")
     dtype = dtype_name(x)
@@ -107,6 +113,9 @@ def prepare_scale(x, alpha) -> Call:
           split=_split_softmax,
           sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})))
 def prepare_softmax(x, axis=-1) -> Call:
+    """Numerically stable softmax along `axis`: exp(x - max) / sum, scipy.special.softmax's formula (a
+    slice holding NaN, or whose max is infinite, comes out all NaN). x float32, float16 or bfloat16, the
+    result in x's dtype (computed in float32, rounded once); other real types convert to float32."""
     x = as_float(x, "softmax", "x")
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"softmax: axis must be an integer, got {axis!r}")

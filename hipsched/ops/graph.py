@@ -106,6 +106,10 @@ def _sweep(rng, degree=8):
 @register(OP, cpu=(_CPU, "spread_activation"), gpu=("hipsched.gpu.ops_graph", "spread_activation"),
           sweep=_sweep)
 def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
+    """Spreading activation over a weighted directed graph (a SciPy sparse matrix or an (indptr,
+    indices, weights) CSR tuple, n x n) from `seeds` (a dense (n,) array or a {node: activation} dict):
+    each of `steps` steps sets a = clip(a + decay * A^T a, 0, 1), then zeroes activations below
+    `threshold`. Returns float32 activations (n,)."""
     indptr, indices, weights, cols = _csr_parts(graph)
     indptr, indices = _index_pair(_index_array(indptr, "indptr"), _index_array(indices, "indices"))
     weights = as_f32(weights, OP, "weights", allow_device=False)

@@ -2,10 +2,9 @@
 both sides or present on one side only (what both backends implement). The CPU side is NumPy's BLAS.
 Call.size = batch * m * n * k.
 
-Dtypes: float32, float16, bfloat16 on the CPU; the result has the inputs' dtype and is accumulated in
+Dtypes: float32, float16, bfloat16 on both backends; the result has the inputs' dtype and is accumulated in
 float32 (half operands are widened exactly, a row panel at a time, for the float32 BLAS; the result is
-rounded once, to nearest even). A mix promotes to float32, as NumPy and PyTorch do (ops.base.promote).
-On a device: float32 only."""
+rounded once, to nearest even). A mix promotes to float32, as NumPy and PyTorch do (ops.base.promote)."""
 from __future__ import annotations
 
 import math
@@ -68,6 +67,9 @@ def matmul_shapes(sa: tuple, sb: tuple):
 @register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.ops_basic", "matmul"),
           cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare_matmul(a, b) -> Call:
+    """a @ b with np.matmul's shape rules (leading batch axes equal on both sides or present on one side
+    only); the CPU side is NumPy's BLAS. float32, float16 or bfloat16, accumulated in float32 and rounded
+    once to the inputs' dtype; a mix of float dtypes promotes to float32."""
     a = as_float(a, "matmul", "a")
     b = as_float(b, "matmul", "b")
     on_device = any_on_device(a, b)

@@ -5,10 +5,10 @@ weight, with weight of shape (x.shape[-1],) and eps a finite number > 0. Both ba
 squares and each product in float64 and round once to float32, so results are the float64 formula
 within float32 rounding; NaN and inf go through the formula (a row holding inf comes out NaN where x is
 inf and 0 elsewhere, a NaN makes its row NaN). Empty inputs give empty results.
-Dtypes: float32, float16 and bfloat16 (ml_dtypes) run as they are on the CPU, the result in x's dtype,
-rounded to it once from the float32 value (float16 past 65504 becomes inf); x and weight of two
-different float dtypes promote to float32, as NumPy and PyTorch promote them, and other real types
-convert to float32. The GPU takes float32 only, so half calls run on the CPU."""
+Dtypes: float32, float16 and bfloat16 (ml_dtypes) run as they are on both backends (host or device
+arrays), the result in x's dtype, rounded to it once from the float32 value (float16 past 65504 becomes
+inf); x and weight of two different float dtypes promote to float32, as NumPy and PyTorch promote them,
+and other real types convert to float32."""
 from __future__ import annotations
 
 import math

@@ -84,6 +84,7 @@ def _sweep(with_x):
 @register("dequantize", cpu=(_CPU, "dequantize"), gpu=(_GPU, "dequantize"), cpu_dtypes=QTYPES, gpu_dtypes=QTYPES,
           sweep=_sweep(False))
 def prepare_dequantize(w) -> Call:
+    """QuantizedTensor (GGUF Q8_0 or Q4_0 blocks) -> float32 array of its shape."""
     _check_qt(w, "dequantize")
     n, k = w.shape
     check_result_fits("dequantize", n, k)
@@ -93,11 +94,12 @@ def prepare_dequantize(w) -> Call:
 @register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QMATMUL_DTYPES,
           gpu_dtypes=QMATMUL_DTYPES, split=_split_qmatmul, sweep=_sweep(True))
 def prepare_qmatmul(w, x) -> Call:
-    """w (n, k) quantized times x (k,) or (k, m). Both backends dequantize each weight in registers
-    (bit-exact to `dequantize`), so the result is the float32 product of the dequantized matrix and x
-    up to summation order: no 8-bit quantization of x. x float16 or bfloat16 (host or device) is widened
-    exactly (in registers on the GPU; the CPU widens it once, small next to w), the sums are float32,
-    and the result is rounded once to x's dtype. Call.dtype is `qmatmul_dtype(w.qtype, x's dtype)`."""
+    """Quantized weights w (n, k), a QuantizedTensor, times x (k,) or (k, m) -> (n,) or (n, m). Both
+    backends dequantize each weight in registers (bit-exact to `dequantize`), so the result is the
+    float32 product of the dequantized matrix and x up to summation order: no 8-bit quantization of x.
+    x float32, float16 or bfloat16 (host or device); a half x is widened exactly (in registers on the
+    GPU; the CPU widens it once, small next to w), the sums are float32, and the result is rounded once
+    to x's dtype. Call.dtype is `qmatmul_dtype(w.qtype, x's dtype)`."""
     _check_qt(w, "qmatmul")
     x = as_float(x, "qmatmul", "x")
     check_ndim(x, (1, 2), "qmatmul", "x")

@@ -97,6 +97,10 @@ def _sweep(*extra, queries=1):
 @register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           scratch=_scratch_cosine, split=_split_cosine, sweep=_sweep(queries=32))
 def prepare_cosine(q, T) -> Call:
+    """Cosine similarity of q (d,) or (m, d) against the rows of T (n, d) -> (n,) or (m, n) float32. A
+    zero vector has similarity 0 against any finite vector; NaN or inf gives NaN. q and T each float32,
+    float16 or bfloat16 (other real types convert to float32); the scores are float32 whatever the
+    inputs."""
     q, T, m, n, d, on_device = _queries_targets("cosine_similarity", q, T)
     check_result_fits("cosine_similarity", m, n)
     return Call("cosine_similarity", (q, T), {}, size=n * d * m, nbytes=_bytes(q, T) + 4 * m * n,
@@ -106,6 +110,10 @@ def prepare_cosine(q, T) -> Call:
 @register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, scratch=_scratch_top_k, split=_split_top_k,
           sweep=_sweep(10))
 def prepare_top_k(q, T, k) -> Call:
+    """The exact k nearest rows of T (n, d) to q by cosine -> (indices int64, scores float32), scores
+    descending, ties to the lower index, NaN scores last; k > n gives n results, k < 1 is a ValueError;
+    q (d,) gives (k,) arrays, q (m, d) gives (m, k) arrays. q and T each float32, float16 or bfloat16
+    (other real types convert to float32); the scores are float32 whatever the inputs."""
     q, T, m, n, d, on_device = _queries_targets("top_k", q, T)
     k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
     kk = min(k, n)

@@ -1,0 +1,68 @@
+"""Each op's Executor method and module-level function are generated from its spec: the signature is
+the prepare's parameters followed by keyword-only backend and stream, the docstring the prepare's."""
+import inspect
+
+import pytest
+
+import hipsched as hs
+from hipsched.executor import Executor
+from hipsched.ops import OPS
+
+P = inspect.Parameter
+
+
+def _expected(op):
+    return list(inspect.signature(OPS[op].prepare).parameters.values())
+
+
+def _check(params, op):
+    prep = _expected(op)
+    assert [(p.name, p.kind, p.default) for p in params[:len(prep)]] == \
+        [(p.name, p.kind, p.default) for p in prep]
+    rest = params[len(prep):]
+    assert [(p.name, p.kind, p.default) for p in rest] == \
+        [("backend", P.KEYWORD_ONLY, "auto"), ("stream", P.KEYWORD_ONLY, None)]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_executor_method_signature_and_doc(op):
+    method = getattr(Executor, op)
+    params = list(inspect.signature(method).parameters.values())
+    assert params[0].name == "self"
+    _check(params[1:], op)
+    assert OPS[op].prepare.__doc__, f"{op}'s prepare has no docstring"
+    assert method.__doc__ == OPS[op].prepare.__doc__
+    assert method.__name__ == op and method.__qualname__ == f"Executor.{op}"
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_module_function_signature_and_doc(op):
+    fn = getattr(hs, op)
+    _check(list(inspect.signature(fn).parameters.values()), op)
+    assert fn.__doc__ == OPS[op].prepare.__doc__
+
+
+def test_generated_method_passes_arguments_as_written():
+    """Required parameters go positionally and those with a default by keyword, straight to _run."""
+    seen = []
+
+    class Fake:
+        def _run(self, *args, **kwargs):
+            seen.append((args, kwargs))
+            return "ran"
+
+        def _run_on_stream(self, *args, **kwargs):
+            seen.append(("stream", args, kwargs))
+            return "streamed"
+
+    f = Fake()
+    assert Executor.add(f, 1, 2) == "ran"
+    assert Executor.softmax(f, 3, 0, backend="cpu") == "ran"
+    assert Executor.attention(f, 1, 2, 3) == "ran"
+    assert Executor.top_k(f, 1, 2, 3, stream="s") == "streamed"
+    assert seen == [(("add", "auto", None, 1, 2), {}),
+                    (("softmax", "cpu", None, 3), {"axis": 0}),
+                    (("attention", "auto", None, 1, 2, 3), {"causal": False, "scale": None}),
+                    ("stream", ("top_k", "auto", "s", 1, 2, 3), {})]
+    with pytest.raises(TypeError):
+        Executor.add(f, 1, 2, 3)
