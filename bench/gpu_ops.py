@@ -10,7 +10,7 @@ reads + writes, so `peer time / our time` is the share of the copy bandwidth the
 targets are >= 0.7 for cosine_similarity, softmax, add, scale, dequantize and >= 0.6 for the Q8_0
 mat-vec. matmul's target is >= 0.9x torch.matmul, attention's >= 0.5x torch SDPA.
 
-bench/gpu_cases_extra.py, when present, adds cases through `cases(env) -> list[Case]`, env being the
+bench/gpu_cases_quant_attention.py, when present, adds cases through `cases(env) -> list[Case]`, env being the
 GpuBench below (backend, torch/cupy or None, device(), call(), copy_peer(), sync())."""
 from __future__ import annotations
 
@@ -295,11 +295,11 @@ def main(argv):
     except GpuError as e:   # bfloat16 needs ml_dtypes (np_dtype says so): keep the float32 rows
         print(f"bench/gpu_ops.py: half-precision rows skipped: {e}")
     try:
-        import gpu_cases_extra
+        import gpu_cases_quant_attention
     except ImportError:
-        gpu_cases_extra = None
-    if gpu_cases_extra is not None:
-        cases += gpu_cases_extra.cases(env)
+        gpu_cases_quant_attention = None
+    if gpu_cases_quant_attention is not None:
+        cases += gpu_cases_quant_attention.cases(env)
     run_cases(cases, title, "gpu_ops.md", repeat=5)
     backend.close()
     return 0

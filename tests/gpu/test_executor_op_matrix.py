@@ -194,7 +194,7 @@ def _check_attention(out, args, kwargs, dtype):
     torch = need("torch", reason="PyTorch CPU is the attention reference (test extra)")
     q, k, v = (torch.from_numpy(f64(a)) for a in args)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=kwargs["causal"]).numpy()
-    # float32's error (2e-5 relative and absolute: test_gpu_ops_extra.py), then the result's rounding
+    # float32's error (2e-5 relative and absolute: test_gpu_quant_attention_spread.py), then the result's rounding
     within(out, ref, UNIT[elem(dtype)] * np.abs(ref) + 2e-5 * (1 + np.abs(ref)) + TINY[elem(dtype)], "attention")
 
 

@@ -218,7 +218,7 @@ def test_attention_head_classes(emu, rng, hd):
         # ThreadSanitizer (CI's racecheck step), which aborts on torch's OpenMP threads (libgomp's
         # synchronisation is invisible to it); the Executor-level matrix compares with torch
         ref = _attention_f64(q, k, v, causal)
-        np.testing.assert_array_less(np.abs(g - ref), 2e-5 * (1 + np.abs(ref)))   # test_gpu_ops_extra's bound
+        np.testing.assert_array_less(np.abs(g - ref), 2e-5 * (1 + np.abs(ref)))   # test_gpu_quant_attention_spread.py's bound
 
 
 @pytest.mark.parametrize("index", [np.int32, np.int64])   # the _i32 and _i64 push kernels
