@@ -14,7 +14,7 @@ own interpreter (this file run as a script) and the test compares what comes bac
 - reductions (softmax's row sum, dot products, rms_norm's sum of squares) add in an order that depends
   on the lane width: within the bounds the per-family tests state against float64 (test_cpu_elementwise:
   softmax rtol 1e-5; test_cpu_similarity: cosine atol 2e-6, its half section: (2d + 8) 2^-24;
-  test_cpu_norm / test_cpu_half: the result is float64's rounded, so two levels differ by at most one
+  test_cpu_norm and the half sections: the result is float64's rounded, so two levels differ by at most one
   unit in the last place of the output type), hence within twice those of each other.
 - attention: each level is within the bound _attention_bound derives from float32's unit roundoff and
   the two reduction lengths (head_dim for a score, seq_k for the softmax sum and the P V product), hence

@@ -14,6 +14,8 @@ import hipsched
 from hipsched.cpu import _norm as N
 from hipsched.ops import OPS
 
+from half_formats import F32_U, HALVES, from_torch, half_ulp, ml_dtypes, npdt, random_half, to_torch, torch
+
 EXAMPLES = 15 if os.environ.get("HIPSCHED_CPU_FEATURES") == "scalar" else 60
 
 
@@ -152,7 +154,7 @@ def test_spec_splits_rows_and_its_sweep_prepares(rng):
 
 
 def test_half_calls_carry_their_dtype_and_bytes():
-    """Half inputs stay half (values: test_cpu_half.py); the Call names the dtype and counts 2-byte
+    """Half inputs stay half (values: the half section below); the Call names the dtype and counts 2-byte
     elements; a mix of dtypes promotes to float32. The GPU side takes float32 only."""
     ml_dtypes = need("ml_dtypes")
     for dt in (np.float16, ml_dtypes.bfloat16):
@@ -162,3 +164,61 @@ def test_half_calls_carry_their_dtype_and_bytes():
     mixed = OPS["rms_norm"].prepare(np.ones((4, 8), np.float16), np.ones(8, ml_dtypes.bfloat16))
     assert mixed.dtype == "float32" and all(a.dtype == np.float32 for a in mixed.args)
     assert "bfloat16" in OPS["rms_norm"].gpu_dtypes and "bfloat16" in OPS["rms_norm"].cpu_dtypes
+
+
+# ==================================================================================================
+# Half precision (float16, bfloat16): formerly in tests/cpu/test_cpu_half.py
+#
+# rms_norm in float16 and bfloat16 on the CPU kernel (rerun on the scalar path by test_simd_paths.py),
+# against PyTorch CPU in the same dtype and a float64 reference. The kernel forms each result in float64,
+# rounds it to float32 and then to the half type once, at the store: the bound is half a unit in the last
+# place of the half format at the value (relative 2^-11 for float16, 2^-8 for bfloat16 for normal values,
+# absolute 2^-25 in float16's subnormal range) plus the float32 rounding (helpers: tests/support/half_formats.py;
+# add, scale, softmax and the ops layer's half tests: test_cpu_elementwise.py).
+
+
+def rms64(x, w, eps):
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        return x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * w.astype(np.float64)
+
+
+def rms_bound(ref, name):
+    """The kernel forms each result in float64, rounds it to float32 (half a float32 ulp: 2^-24 relative)
+    and then to the half type at the store: half_ulp(|ref| (1 + 2^-24)) + 2^-24 |ref|, with 1e-6 of
+    relative slack for float64's own rounding of the sum of squares and the square root."""
+    a = np.abs(ref)
+    return (half_ulp(a * (1 + F32_U), name) + F32_U * a) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("shape", [(1,), (7,), (8,), (9,), (13,), (31,), (33,), (3, 5), (4, 33), (2, 3, 64),
+                                   (5, 1000), (300, 4096), (2, 70001)])
+def test_rms_norm_vs_float64_and_torch(rng, name, shape):
+    x, w = random_half(rng, shape, name, 3), random_half(rng, shape[-1], name)
+    for eps in (1e-6, 1e-2):
+        out = N.rms_norm(x, w, eps)
+        assert out.dtype == npdt(name) and out.shape == x.shape
+        ref = rms64(x, w, eps)
+        bound = rms_bound(ref, name)
+        assert (np.abs(out.astype(np.float64) - ref) <= bound).all()
+        # torch.nn.functional.rms_norm computes in float32 (sum of len squares: (len + 4) u relative) and
+        # rounds once to the half type: within half_ulp + (len + 4) u of ref; the two add.
+        tb = half_ulp(np.abs(ref) * (1 + (shape[-1] + 4) * F32_U), name) + (shape[-1] + 4) * F32_U * np.abs(ref)
+        t = from_torch(torch.nn.functional.rms_norm(to_torch(x), (shape[-1],), to_torch(w), eps=eps), name)
+        assert (np.abs(out.astype(np.float64) - t.astype(np.float64)) <= bound + tb).all()
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_rms_norm_overflow_nan_inf(name):
+    big = float(ml_dtypes.finfo(npdt(name)).max)
+    # [1, 0, 0, 0] / rms 0.5 = [2, 0, 0, 0]; times the format's max, 2 * max overflows to inf
+    x = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, np.inf, 2.0, 0.0], [np.nan, 1.0, 2.0, 3.0]], npdt(name))
+    w = np.array([big, 1.0, 1.0, 1.0], npdt(name))
+    out = N.rms_norm(x, w, 1e-6).astype(np.float64)
+    ref = rms64(x, w, 1e-6)
+    assert out[0, 0] == np.inf and ref[0, 0] < np.inf  # past the half format's range, not float64's
+    np.testing.assert_array_equal(np.isnan(out[1:]), np.isnan(ref[1:]))
+    np.testing.assert_array_equal(out[1][~np.isnan(ref[1])], ref[1][~np.isnan(ref[1])])  # finite / inf = 0
+    assert np.isnan(out[2]).all()
+

@@ -13,7 +13,7 @@ ex = hipsched.Executor(force_cpu_mode=True, persist_model=False)
 T8 = np.arange(24, dtype=np.float32).reshape(6, 4)
 
 
-# float16 is not here: the ops that read half precision keep it (tests/cpu/test_cpu_half*.py)
+# float16 is not here: the ops that read half precision keep it (the half-precision sections of tests/cpu/test_cpu_*.py)
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint16, np.float64, np.bool_])
 def test_numeric_dtypes_convert_as_numpy_does(dtype):
     a = (np.arange(12) % 5).astype(dtype).reshape(3, 4)
