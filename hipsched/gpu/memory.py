@@ -19,6 +19,7 @@ from ..device_arrays import GPU_DEVICE_TYPES, dlpack_device, is_device_array
 from ..errors import GpuError
 from ..resident import immutable
 from . import dlpack
+from .streams import _retired_streams, as_stream_handle, retire_stream, revive_stream  # noqa: F401 (re-exported)
 
 # The stream the current call will read foreign arrays on (see consumer_stream); None: not known.
 _consumer = contextvars.ContextVar("hipsched_consumer_stream", default=None)
@@ -29,7 +30,6 @@ def consumer_stream(stream):
     """Within the block, DeviceArray.from_external takes foreign arrays for reading on `stream` (any
     object as_stream_handle accepts): the Executor sets it for a call given a stream, so a DLPack
     producer orders exactly that stream after its pending writes."""
-    from .streams import as_stream_handle
     token = _consumer.set(as_stream_handle(stream))
     try:
         yield
@@ -89,22 +89,6 @@ class _Allocation:
         s = int(stream or 0)
         if s not in self.streams:
             self.streams.append(s)
-
-
-# Streams StreamPool destroyed after their work finished: an allocation last used on one is freed on
-# the null stream instead (a destroyed handle must not reach the driver). A set of ints: add, discard
-# and membership need no lock, and finalizers read it.
-_retired_streams: set = set()
-
-
-def retire_stream(stream) -> None:
-    """`stream` was synchronised and destroyed: frees due on it go to the null stream."""
-    _retired_streams.add(int(stream))
-
-
-def revive_stream(stream) -> None:
-    """A new stream got a handle a destroyed one had (drivers reuse them)."""
-    _retired_streams.discard(int(stream))
 
 
 def _release(runtime, ptr, streams):
@@ -470,7 +454,6 @@ def _dlpack_device(obj):
 
 
 def _stream_int(stream) -> int:
-    from .streams import as_stream_handle
     return as_stream_handle(stream)
 
 
