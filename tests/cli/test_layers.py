@@ -303,3 +303,39 @@ def test_checker_reports_a_cycle_closed_inside_a_function():
     assert import_cycles(bad) == [["hipsched.gpu.memory", "hipsched.gpu.streams"]]
     bad["hipsched/gpu/streams.py"] = "def close():\n    pass\n"
     assert import_cycles(bad) == []
+
+
+def undocumented_deferred_imports(sources):
+    """(file, line) of each import inside a function (.py) that gives no reason: a comment on its line,
+    or above the run of imports it belongs to. An import is deferred only to put off a heavy or optional
+    dependency (or the GPU layer, which may be missing or broken), never to hide a cycle."""
+    found = []
+    for rel, text in sources.items():
+        if not rel.endswith(".py"):
+            continue
+        text = open(os.path.join(os.path.dirname(PKG), rel)).read() if text is None else text
+        lines = text.split("\n")
+        tree = ast.parse(text)
+
+        def visit(node, local):
+            for child in ast.iter_child_nodes(node):
+                inner = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                if local and isinstance(child, (ast.Import, ast.ImportFrom)):
+                    i = child.lineno - 1
+                    while "#" not in lines[i] and i > 0 and re.match(r"\s+(from|import) ", lines[i]):
+                        i -= 1
+                    if "#" not in lines[i]:
+                        found.append((rel, child.lineno))
+                visit(child, inner)
+        visit(tree, False)
+    return found
+
+
+def test_every_deferred_import_says_why():
+    assert undocumented_deferred_imports(_tree()) == []
+
+
+def test_checker_reports_a_deferred_import_without_a_reason():
+    bad = {"hipsched/gpu/_bad.py": "def f():\n    import json  # deferred: a reason\n    from . import a\n"
+                                   "    from . import b\n\n\ndef g():\n    x = 1\n    from . import c\n"}
+    assert undocumented_deferred_imports(bad) == [("hipsched/gpu/_bad.py", 9)]
