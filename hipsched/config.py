@@ -149,6 +149,7 @@ class HybridConfig:
             if not ok:
                 bad(key, allowed)
         if self.fault_inject:
+            # deferred: only with fault injection asked for; config is on log analysis's path, which loads nothing more
             from .faults import parse_fault_spec
             try:
                 parse_fault_spec(self.fault_inject)

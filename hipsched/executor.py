@@ -6,23 +6,29 @@ allow_fallback is False: the call reruns on the CPU and the event records the er
 from __future__ import annotations
 
 import collections
+import inspect
 import logging
 import math
 import sys
 import threading
 import time
 import weakref
+from contextlib import nullcontext
 
 import numpy as np
 
 from . import _dispatch, _sched
 from .backends.cpu import CpuBackend
+from .calibration import calibrate
 from .chunking import chunkable, run_chunked
 from .config import HybridConfig
 from .errors import GpuError
+from .faults import FaultInjectingBackend
 from .gguf_blocks import QuantizedTensor
+from .model_store import ModelPersistence
 from .ops import OPS
 from .ops.base import Call
+from .resident import ResidentArray
 from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
                          PerformanceTracker, us_or_none)
 
@@ -94,6 +100,7 @@ class _NoGpu:
 
 def _create_gpu(config):
     try:
+        # deferred: the GPU side loads only when an Executor looks for a GPU (it may be missing or broken)
         from .backends.gpu import create_gpu_backend
     except Exception as e:  # the GPU layer is optional: its absence must not break the CPU path
         return _NoGpu(f"hipsched.backends.gpu cannot load: {type(e).__name__}: {e}")
@@ -107,6 +114,7 @@ def _create_telemetry(config, device):
     if not config.telemetry_enabled:
         return None
     try:
+        # deferred and guarded: a telemetry that cannot load costs the event log only
         from .telemetry import Telemetry, path_from_env
     except ImportError as e:
         log.warning("hipsched: telemetry unavailable (%s); only counters are kept", e)
@@ -139,7 +147,6 @@ class Executor:
         gpu = gpu_backend if gpu_backend is not None else _create_gpu(cfg)
         self._injector = None
         if cfg.fault_inject and getattr(gpu, "available", False):
-            from .faults import FaultInjectingBackend
             gpu = self._injector = FaultInjectingBackend(gpu, cfg.fault_inject)
         self._gpu = gpu
         self._gpu_present = bool(getattr(gpu, "available", False))
@@ -181,7 +188,6 @@ class Executor:
                                      self._tel.recorder if self._tel is not None else None, cfg.gpu_min_batch_size,
                                      cfg.allow_fallback, _REASON_STR)
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
-        from .model_store import ModelPersistence
         version = getattr(sys.modules.get("hipsched"), "__version__", "0")
         self._model = ModelPersistence(self._core, cfg.cache_dir,
                                        getattr(gpu, "device_name", None) if self._gpu_present else None, version)
@@ -197,6 +203,7 @@ class Executor:
         """`_run` for a call given a stream: foreign device arrays among its arguments are taken with
         that stream as the consumer (DeviceArray.from_external), so their producer orders exactly the
         stream that reads them after its pending writes."""
+        # deferred: the GPU layer loads only for a call given a stream (it may be missing or broken)
         from .gpu.memory import consumer_stream
         with consumer_stream(stream):
             return self._run(op, backend, stream, *args, **kwargs)
@@ -507,7 +514,6 @@ class Executor:
         `handle.release()` or a `with` block. `array` is registered in place when it is a C-contiguous
         NumPy array that owns its memory (or is already read-only), else (or with `copy=True`) a copy is.
         Without a GPU, or when the upload fails (logged), the handle works on the host alone."""
-        from .resident import ResidentArray
         handle = ResidentArray.register(array, copy=copy)
         keep = getattr(self._gpu, "keep_resident", None)
         if keep is not None and self._gpu_present and getattr(self._gpu, "available", False):
@@ -545,7 +551,7 @@ class Executor:
         return BackendSelection(BACKENDS[be], REASONS[reason], {"cpu": us_or_none(pc), "gpu": us_or_none(pg)}, detail)
 
     def capabilities(self) -> ExecutorCapabilities:
-        from . import cpu_features
+        from . import cpu_features  # deferred: the package's, which reports an unbuilt _features as BuildMissingError
         feats = cpu_features()
         ops = [OpCapability(op, "cpu", spec.cpu_dtypes, sys.maxsize, None) for op, spec in OPS.items()]
         reasons = ()
@@ -580,7 +586,7 @@ class Executor:
             return self._tel.stats()
         c = self._core.counters()
         try:
-            from .telemetry import BackendStats
+            from .telemetry import BackendStats  # deferred and guarded: without telemetry, the counters as a dict
             return BackendStats(**c)
         except ImportError:
             return c
@@ -613,7 +619,6 @@ class Executor:
     def scope(self, phase=None, **tags):
         if self._tel is not None:
             return self._tel.scope(phase, **tags)
-        from contextlib import nullcontext
         return nullcontext()
 
     # ------------------------------------------------------------------ calibration and lifecycle
@@ -621,7 +626,6 @@ class Executor:
         """Sweeps sizes of each op on both backends (forced), feeding the model; saves it. Returns a
         {op: [(size, cpu_us, gpu_us or None)]} table of medians; `dtypes` adds float16/bfloat16 sweeps
         (keyed "op[dtype]") for the ops that take them."""
-        from .calibration import calibrate
         table = calibrate(self, ops=ops, progress=progress, repeats=repeats, max_seconds_per_op=max_seconds_per_op,
                           dtypes=dtypes)
         if self.config.persist_model:
@@ -663,7 +667,6 @@ _OP_METHOD_NAMES = ("self", "backend", "stream")
 
 def _op_method(name, spec):
     """The Executor method of op `name`, compiled from the signature of its spec's prepare."""
-    import inspect
     P = inspect.Parameter
     params, call_args, ns = [], [], {}
     kw_only, last_positional_only = False, 0

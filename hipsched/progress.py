@@ -46,7 +46,7 @@ def progress(total: int, desc: str, enabled: bool = True, file=None):
     if not (hasattr(file, "isatty") and file.isatty()):
         return _PlainBar(total, desc, file)  # tqdm's carriage returns make a mess of logs
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: tqdm is optional (ImportError: the plain bar)
         return tqdm(total=total, desc=desc, file=file, leave=True, dynamic_ncols=True)
     except ImportError:
         return _PlainBar(total, desc, file)

@@ -8,6 +8,7 @@ device inputs (torch tensors for torch tensors, CuPy arrays for CuPy arrays, els
 `create_gpu_backend` never raises: with no GPU the backend says so in `unavailable_reason`."""
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -17,6 +18,8 @@ import numpy as np
 from ..device_arrays import is_device_array
 from ..errors import GpuError
 from ..gpu import runtime as _rt
+from ..gpu import detect
+from ..gpu.streams import as_stream_handle
 from ..ops import OPS
 
 # Views of the op specs (hipsched/ops), which are the one place these are declared:
@@ -51,7 +54,6 @@ def _config_value(config, name, default=None):
 
 def _no_runtime_reason() -> str:
     try:
-        from ..gpu import detect
         attempts = detect.attempts()
         reasons = [f"{a.name}: {a.reason}" for a in attempts if not a.ok]
         return "; ".join(reasons) or "no GPU runtime was selected"
@@ -79,11 +81,11 @@ class GpuBackend:
         self._fork_gen = _rt.fork_generation()
         self.device_index: int | None = None
         try:
-            from ..gpu import detect
             rt = runtime if runtime is not None else detect.get_runtime()
             if rt is None:
                 self.unavailable_reason = _no_runtime_reason()
                 return
+            # deferred: the GPU glue loads only once a runtime is found (it may be broken)
             from ..gpu.context import GpuContext
             self._ctx = GpuContext(rt, device_index=int(_config_value(config, "gpu_device_id", 0) or 0),
                                    # kernels: HIPSCHED_CACHE_DIR or ~/.cache/hipsched/kernels, the
@@ -218,7 +220,6 @@ class GpuBackend:
         if self.available:   # the first reason stays; a racing second one says the same thing
             self.available = False
             self.unavailable_reason = reason
-            import logging
             logging.getLogger("hipsched").warning("hipsched: the GPU is no longer used, every op runs on the "
                                                   "CPU: %s", reason)
 
@@ -268,7 +269,6 @@ class GpuBackend:
             raise GpuError("unavailable", self.unavailable_reason or "no GPU")
         s = start = None
         try:
-            from ..gpu.streams import as_stream_handle
             s = as_stream_handle(stream)
             if call.on_device:
                 self._check_devices(call.args)

@@ -2,12 +2,12 @@
 speedup by size, crossovers, routing accuracy and regret, fallbacks and advice (telemetry/analysis.py)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 
 def _positive(text):
-    import argparse
     try:
         v = float(text)
     except ValueError:
@@ -31,6 +31,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    # deferred: __main__ imports every command, so this loads only when the command runs (monitor needs neither)
     from ..telemetry import analysis, report
     opts = dict(min_samples=args.min_samples, tie_band=args.tie_band, pcie_gbps=args.pcie_gbps)
     try:
@@ -42,7 +43,7 @@ def run(args) -> int:
     if args.trace:
         notes.append(f"trace written: {args.trace} (open in https://ui.perfetto.dev or chrome://tracing)")
     if args.plot:
-        from ..telemetry.plots import write_plots
+        from ..telemetry.plots import write_plots  # deferred: plots need matplotlib, optional and heavy
         try:
             notes += write_plots(res, args.plot)
         except OSError as e:

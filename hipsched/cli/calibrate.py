@@ -17,6 +17,7 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
+    # deferred: __main__ imports every command, so this loads only when the command runs (compiled modules)
     from ..executor import Executor
     ops = [o for item in (args.ops or []) for o in item.split(",") if o] or None
     if args.repeats < 1:

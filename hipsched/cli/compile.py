@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+from ..errors import GpuError
+
 
 def add_arguments(parser):
     parser.add_argument("--arch", action="append", required=True, metavar="TARGET",
@@ -23,7 +25,7 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    from ..errors import GpuError
+    # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
     from ..gpu.compilers import get_compiler
     from ..gpu.kernels import KernelCache, compile_all
 
@@ -81,7 +83,7 @@ def run(args) -> int:
 
 def _report(compiler, arch, rows, cache_dir):
     """(text lines, ReportRows) for the compiled sources of one target."""
-    from ..errors import GpuError
+    # deferred: the GPU layer, loaded only when the command runs (__main__ imports every command)
     from ..gpu.codeobject import kernel_resources, with_ptxas_spills
     from ..gpu.kernels import KernelCache
     from ..gpu.report import format_report, glue_launches, kernel_report

@@ -15,11 +15,15 @@ regret is (auto time - oracle-best time) / oracle-best time over all calls (see 
 "Routing accuracy")."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
+
+from ..config import HybridConfig
 
 
 # The self-checks' bounds. float32 results: the cosine of 768-d vectors is within ~1e-6 of a float64
@@ -32,7 +36,6 @@ TIE_BAND = 0.05
 
 
 def _seed(text):
-    import argparse
     try:
         v = int(text)
     except ValueError:
@@ -56,8 +59,6 @@ def add_arguments(p):
 
 
 def _default_log():
-    import tempfile
-    from ..config import HybridConfig
     name = time.strftime("demo-%Y%m%dT%H%M%S.jsonl", time.gmtime())
     d = os.path.join(HybridConfig().cache_dir, "logs")
     try:
@@ -102,6 +103,7 @@ class _Workload:
             yield f"search n={n}", step
 
     def transformer_steps(self):
+        # deferred: __main__ imports every command, so this loads only when the command runs (compiled modules)
         import hipsched as hs
         d, h, seq = self.d_model, self.heads, self.seq
         rng = self.rng
@@ -365,6 +367,7 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
     (Executor keyword arguments: gpu_backend, cpu_backend, e.g. a simulated machine from tests/support)
     and `executor_options` (config fields) are for benchmarks and tests; the oracle's executor needs
     backends of its own when they are given."""
+    # deferred: __main__ imports every command, so this loads only when the command runs (compiled modules)
     import hipsched as hs
     from ..telemetry import analysis, path_from_env
 
@@ -388,6 +391,7 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
         phases = [("search", list(w.search_steps())), ("transformer", list(w.transformer_steps())),
                   ("graph", list(w.graph_steps()))]
         total = sum(len(steps) for _, steps in phases)
+        # deferred: __main__ imports every command, so this loads only when the command runs
         from ..progress import progress
         bar = progress(total, "demo", enabled=not args.no_progress)
         t0 = time.perf_counter()

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+from ..config import HybridConfig
+from ..errors import GpuError
+
 
 def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -13,7 +16,7 @@ def add_arguments(parser):
 
 def _cpu():
     try:
-        import hipsched
+        import hipsched  # deferred and guarded: the compiled CPU extension may be unbuilt, which info reports
         return hipsched.cpu_features()
     except Exception as e:   # the CPU extension not built: say so rather than fail the whole report
         return {"error": f"{type(e).__name__}: {e}"}
@@ -32,7 +35,7 @@ def _devices(rt):
 
 
 def _compilers():
-    from ..errors import GpuError
+    # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
     from ..gpu.compilers import get_compiler
     out = {}
     for platform in ("amd", "nvidia"):
@@ -42,6 +45,7 @@ def _compilers():
         except GpuError as e:
             out[platform] = {"error": str(e)}
     try:
+        # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
         from ..gpu.compilers import nvrtc_candidates
         found = nvrtc_candidates()
         if len(found) > 1:   # which one a driver gets depends on its version (see "kernels")
@@ -53,7 +57,7 @@ def _compilers():
 
 def _kernels(rt):
     """What this runtime's kernels are compiled with and for, or why nothing compiled would load."""
-    from ..errors import GpuError
+    # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
     from ..gpu.compilers import load_target
     driver = rt.driver_version()
     out = {"driver_version": driver, "loader": rt.loader_tag()}
@@ -69,7 +73,7 @@ def _kernels(rt):
 def _resident(rt):
     """What the GPU backend would keep resident on this device: its budget and where the figure comes
     from, and which host arrays qualify (a fresh process holds none yet)."""
-    from ..config import HybridConfig
+    # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer, NumPy)
     from ..gpu.memory import resident_budget
     try:
         configured = HybridConfig().resident_bytes
@@ -82,7 +86,7 @@ def _resident(rt):
 
 
 def gather() -> dict:
-    from ..errors import GpuError
+    # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
     from ..gpu import detect
     from ..gpu.kernels import default_cache_dir
     info = {"cpu": _cpu(), "runtimes": [], "devices": [], "compilers": _compilers(),

@@ -64,6 +64,7 @@ def _matcher(args):
 
 class Summary:
     def __init__(self):
+        # deferred: __main__ imports every command, so this loads only when the command runs (log analysis)
         from ..telemetry.events import op_label
         from ..telemetry.quantiles import LogHistogram
         self._hist = LogHistogram
@@ -92,6 +93,7 @@ class Summary:
 
 
 def run(args) -> int:
+    # deferred: __main__ imports every command, so this loads only when the command runs (log analysis)
     from ..telemetry.follow import Follower
     from ..telemetry.reader import DropCounter, ReadStats, iter_records
     ok = _matcher(args)

@@ -19,10 +19,13 @@ import asyncio
 import logging
 import threading
 import time
+import traceback
 
 import dask
 import dask.array as da
 import numpy as np
+from distributed import futures_of
+from distributed.protocol import to_serialize
 
 from ..ops.base import as_float, finite_scalar
 from .ops import SPLIT_EVERY, _corpus, check_split_every, held_chunk, held_plans, merged, scan_top_k, top_k
@@ -67,7 +70,6 @@ async def _serve_top_k(worker, q=None, k=None, groups=(), split_every=SPLIT_EVER
     more threads scan than the worker has; the event loop stays free), one candidate list per group, or
     None when a planned chunk is not in this worker's memory; and how long the handler and each group's
     scan took here (durations only: the worker's clock need not agree with the client's)."""
-    from distributed.protocol import to_serialize
     t0 = time.perf_counter()
     loop = asyncio.get_running_loop()
     pool = worker.executors["default"]
@@ -143,7 +145,6 @@ def search(q, T, k, *, split_every: int = SPLIT_EVERY, timeout: float | None = N
 
 
 def _refuse_asynchronous(T):
-    from distributed import futures_of
     futs = futures_of(T)
     client = futs[0].client if futs else None
     if client is not None and getattr(client, "asynchronous", False):
@@ -154,7 +155,6 @@ def _refuse_asynchronous(T):
 async def _ask_all(client, requests, timeout):
     """{worker: reply} for {worker: message}, all at once: straight to each worker when the client
     talks to workers directly, else relayed by the scheduler."""
-    from distributed.protocol import to_serialize
 
     async def ask(address, msg):
         msg = {key: to_serialize(v) if isinstance(v, np.ndarray) else v for key, v in msg.items()}
@@ -202,7 +202,6 @@ def _direct(q, T, k, split_every, p, futs, timeout=None):
         forget_workers(client)
         return None
     except Exception as e:   # anything else is a defect: said loudly, and the graph still answers
-        import traceback
         logger.warning("hipsched.dask.search: the direct path failed; this query runs as the task graph\n%s",
                        "".join(traceback.format_exception(e)))
         forget_placements(T)

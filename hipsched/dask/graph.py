@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 
 from ..ops.base import as_f32, check_ndim, finite_scalar, shape_mismatch
-from ..ops.graph import MAX_STEPS, OP, _index_array, _index_pair, _seed_array
+from ..ops.graph import MAX_STEPS, OP, _csr_parts, _index_array, _index_pair, _seed_array
 
 SPLIT_EVERY = 8      # fan-in of the tree that sums the partitions' partial vectors
 MAX_GRAPH_STEPS = 10_000   # the task graph grows with steps; far beyond the few steps spreading uses
@@ -154,7 +154,6 @@ def partition_graph(graph, rows_per_part) -> PartitionedGraph:
     """A single-machine graph (SciPy sparse or an (indptr, indices, weights) CSR tuple, as
     hipsched.spread_activation takes) cut into partitions of `rows_per_part` rows (the last may be
     shorter). The blocks share the arrays' memory until scattered."""
-    from ..ops.graph import _csr_parts
     if isinstance(rows_per_part, (bool, np.bool_)) or not isinstance(rows_per_part, numbers.Integral) or rows_per_part < 1:
         raise ValueError(f"hipsched.dask.partition_graph: rows_per_part must be an integer >= 1, got {rows_per_part!r}")
     indptr, indices, weights, cols = _csr_parts(graph)

@@ -4,13 +4,21 @@ is built. See docs/distributed.md for what each op moves and what equality to ex
 from __future__ import annotations
 
 import numbers
+import uuid
 
 import dask
 import dask.array as da
 import numpy as np
+from dask.core import get_dependencies, istask
+from dask.highlevelgraph import HighLevelGraph
+from dask.local import get_sync
+from dask.sizeof import sizeof
+from distributed import Future, get_worker, worker_client
+from distributed.client import default_client
 from distributed.spill import SpillBuffer
 
 from ..ops.base import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
+from ..ops.elementwise import _real_scalar
 from .placement import PLACEMENT_TOPIC, placement, runs
 from .workers import executor
 
@@ -162,7 +170,6 @@ class ChunkGroup:
             if kind == "arg":
                 yield off, args[ref]
             else:
-                from dask.local import get_sync
                 yield off, get_sync(self.graph[ref], ref)
 
 
@@ -225,7 +232,6 @@ def _topk_held(q, k, group, split_every, first, _keep=None):
     A chunk that is not here (moved, or lost with a worker and not yet recomputed) is scanned where it
     is by a task of its own (_rescue) and only its k candidates come back; the placement is then
     reported stale. Same result as _topk_group over the same chunks."""
-    from distributed import get_worker
     try:
         worker = get_worker()
     except ValueError:
@@ -257,9 +263,8 @@ def _rescue(q, k, group, missing, split_every):
     """The top k of the chunks `missing` (indices into the group) where they are: one task per chunk,
     each depending on its chunk's key, so Dask runs it on a holder (or recomputes a lost chunk first);
     submitted from this task through worker_client, which frees this worker's thread while it waits."""
-    import uuid
+    # deferred: dask._task_spec is private and newer than the oldest dask the extra allows
     from dask._task_spec import Task, TaskRef
-    from distributed import worker_client
     tag = uuid.uuid4().hex
     dsk = {}
     for j in missing:
@@ -283,7 +288,6 @@ def _default_threads():
     """Worker threads of the default distributed client, else this machine's CPU count (the threaded
     scheduler's pool)."""
     try:
-        from distributed.client import default_client
         return max(1, sum(default_client().nthreads().values()))
     except (ImportError, ValueError, OSError):
         return max(1, int(dask.system.CPU_COUNT or 1))
@@ -297,9 +301,6 @@ def _lazy_sources(T, live):
     needs is its own (no other chunk shares it) and no input is a Future (persisted data); shared
     inputs that are plain data of at most EMBED_SHARED_BYTES (a zarr array handle, say) are copied in.
     The other chunks are left to Dask (computed as the array's own tasks, passed to the group)."""
-    from dask.core import get_dependencies, istask
-    from dask.sizeof import sizeof
-    from distributed import Future
     dsk = dict(T.__dask_graph__())
     keys = T.__dask_keys__()
     closure, users = {}, {}
@@ -417,6 +418,7 @@ def held_plans(T, p):
     chunk keys and offsets each group reads, built once per placement (top_k's graph and search's
     requests both read them)."""
     if p.plans is None:
+        # deferred: dask._task_spec is private and newer than the oldest dask the extra allows
         from dask._task_spec import TaskRef
         keys = T.__dask_keys__()
         offsets = _offsets(T)
@@ -435,8 +437,8 @@ def _top_k_held(q, qd, T, k, split_every, out_shape, token, p, futs):
     group over the chunk keys its worker holds, the merge tree, one root per output whose key is the
     output array's chunk), without who_has, delayed objects or per-chunk handles: about a millisecond
     on the client whatever the chunking."""
+    # deferred: dask._task_spec is private and newer than the oldest dask the extra allows
     from dask._task_spec import Task, TaskRef
-    from dask.highlevelgraph import HighLevelGraph
     deps = []
     if isinstance(q, da.Array):
         q_arg = TaskRef(qd.__dask_keys__()[0] if qd.ndim == 1 else qd.__dask_keys__()[0][0])
@@ -521,7 +523,6 @@ def _scale_block(xb, alpha):
 
 def scale(x, alpha):
     """hipsched.scale on a Dask array, chunk by chunk; bit-identical to the single-machine op."""
-    from ..ops.elementwise import _real_scalar
     x = _dask(x, "scale", "x")
     _dtype_ok(x, "scale", "x")
     alpha = _real_scalar(alpha, "scale", "alpha")

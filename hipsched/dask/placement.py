@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 import dask
 import numpy as np
+from distributed import futures_of
 
 
 def runs(items, rows, parts):
@@ -136,7 +137,6 @@ def _follow_workers(client, addresses):
 def _persisted_client(T, live):
     """The synchronous client holding every live chunk of T as a future, else None (a lazy corpus, or an
     asynchronous client, whose calls would return coroutines: it is grouped as a lazy corpus)."""
-    from distributed import futures_of
     keys = T.__dask_keys__()
     futs = {f.key: f for f in futures_of(T)}
     if not futs or any(keys[i][0] not in futs for i in live):

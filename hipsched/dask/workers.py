@@ -7,7 +7,7 @@ import re
 import time
 import uuid
 
-from distributed import WorkerPlugin
+from distributed import WorkerPlugin, get_worker
 
 from ..config import ConfigError, HybridConfig, _layered
 
@@ -103,6 +103,7 @@ class HipschedWorkerPlugin(WorkerPlugin):
         if self.executor_factory is not None:
             ex = self.executor_factory(config)
         else:
+            # deferred: the compiled executor loads on a worker setting up, not on a client
             from ..executor import Executor
             ex = Executor(config)
         caps = ex.capabilities()
@@ -158,7 +159,6 @@ def executor():
     worker's; anywhere else (the threaded or synchronous scheduler, a worker without the plugin, plain
     Python) the process's default executor, so the same task code runs everywhere."""
     try:
-        from distributed import get_worker
         worker = get_worker()
     except ValueError:   # not inside a distributed task
         worker = None
@@ -172,7 +172,7 @@ def executor_of(worker):
         ex = p.executor if p is not None else None
         if ex is not None:
             return ex
-    from .. import default_executor
+    from .. import default_executor  # deferred: hipsched.default_executor loads the compiled executor, only when asked
     return default_executor()
 
 
@@ -180,7 +180,6 @@ def worker_info(dask_worker=None) -> dict | None:
     """What setup() built on this worker (name, job, pin, device, telemetry path, model file), or None.
     From the client: `client.run(hipsched.dask.worker_info)` gives it for every worker."""
     if dask_worker is None:
-        from distributed import get_worker
         dask_worker = get_worker()
     p = _plugin_of(dask_worker)
     return dict(p.info) if p is not None and p.info is not None else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 _STT_FUNC, _STB_GLOBAL, _SHT_SYMTAB = 2, 1, 2
 _ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_]\w*)")
@@ -266,7 +266,6 @@ _PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 def with_ptxas_spills(resources: dict[str, KernelResources], log: str) -> dict[str, KernelResources]:
     """`resources` with spill bytes filled in from an NVRTC log compiled with `--ptxas-options=-v`
     (a CUBIN does not record spills; ptxas prints them per entry function)."""
-    from dataclasses import replace
     out = dict(resources)
     current = None
     for line in log.splitlines():

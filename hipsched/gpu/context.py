@@ -17,11 +17,19 @@ import collections
 import ctypes
 import functools
 import itertools
+import logging
 import math
 import threading
 from typing import NamedTuple
 
 import numpy as np
+
+from ..errors import GpuError
+from .blas import last_reasons, load_blas
+from .codeobject import kernel_resources
+from .kernels import KernelCache
+from .memory import DeviceArray, ResidentCache, callers_arrays, to_device
+from .targets import check_launch, target_for
 
 # Temporaries up to this size are kept per stream and reused (see GpuContext.scratch).
 SCRATCH_KEEP_BYTES = 64 << 20
@@ -93,9 +101,6 @@ class GpuContext:
     """Launch helper bound to one runtime and its current device."""
 
     def __init__(self, rt, device_index: int = 0, cache_dir=None, resident_bytes: int | None = None):
-        from .kernels import KernelCache
-        from .memory import ResidentCache
-
         # Its own view of the runtime on its own device (Runtime.for_device), not set_device on the shared
         # one: that would move every other context's work in this process to this device.
         bind = getattr(rt, "for_device", None)
@@ -109,7 +114,6 @@ class GpuContext:
         self.arch = self.device.arch
         self.platform = self.device.platform
         self.cache = KernelCache(rt.compiler, cache_dir=cache_dir)
-        from .targets import target_for
         self.target = target_for(self.arch, self.warp_size)
         self._kernels: dict[int, tuple] = {}    # function handle -> (kernel name, KernelResources | None)
         self._launches_fit: set = set()         # (function, grid, block, shared) that check() passed
@@ -148,8 +152,6 @@ class GpuContext:
             source += ".hip"
         got = self._resources.get(source)
         if got is None:
-            from ..errors import GpuError
-            from .codeobject import kernel_resources
             try:   # the very code object `function` loads: same target and loader, so a cache hit
                 loader = getattr(self.rt, "loader_tag", lambda: "")()
                 got = kernel_resources(self.cache.code_object(source, self.cache.target(self.rt), (), loader))
@@ -167,12 +169,10 @@ class GpuContext:
         if not self._blas_tried:
             with self._blas_lock:
                 if not self._blas_tried:
-                    from .blas import last_reasons, load_blas
                     driver = getattr(self.rt, "driver_version", lambda: 0)()
                     self._blas = load_blas(self.platform, driver_version=driver or None)
                     self._blas_tried = True
                     if self._blas is None and last_reasons():
-                        import logging
                         logging.getLogger("hipsched").warning(
                             "hipsched: no vendor BLAS for GPU %d, matmul uses the tiled kernel: %s",
                             self.device.index, "; ".join(last_reasons()))
@@ -345,12 +345,10 @@ class GpuContext:
 
     def upload_raw(self, arr: np.ndarray, stream):
         """A fresh device copy of any host array (uint8 blocks, int32 indices, ...), not cached."""
-        from .memory import to_device
         return to_device(np.ascontiguousarray(arr), runtime=self.rt, stream=stream)
 
     def empty(self, shape, dtype, stream):
         """An uninitialised device array owned by hipsched (freed with its last reference)."""
-        from .memory import DeviceArray
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         return DeviceArray.empty(shape, dtype, runtime=self.rt, stream=stream)
 
@@ -361,7 +359,6 @@ class GpuContext:
         threads sharing a stream would interleave, hence per thread). `name` tells apart the
         temporaries alive at the same time. A buffer replaced by a larger one, or one too large to
         keep, is freed in stream order after the kernels already queued on it."""
-        from .memory import DeviceArray
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -383,7 +380,6 @@ class GpuContext:
         key = (fn, _as_dim3(grid), _as_dim3(block), shared)
         if key in self._launches_fit:   # plans repeat call after call: each is judged once
             return
-        from .targets import check_launch
         kernel, res = self._kernels.get(fn, (None, None))
         check_launch(self.target, kernel or f"kernel {fn:#x}", res, key[1], key[2], shared, self.warp_size)
         if len(self._launches_fit) < 4096:
@@ -443,7 +439,6 @@ class GpuContext:
         (torch in, torch out: memory.callers_arrays; the work stays queued on `stream`), NumPy otherwise
         (one synchronising download per output). `out` may be a tuple."""
         if call.on_device:
-            from .memory import callers_arrays
             return callers_arrays(out, call.args)
         if isinstance(out, tuple):
             return tuple(o.get(stream=stream) for o in out)

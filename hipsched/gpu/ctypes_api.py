@@ -14,6 +14,7 @@ import threading
 from ..errors import GpuError
 from . import libs
 from . import runtime as _rt
+from .compilers import get_compiler
 from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params
 from .status import gpu_error
 
@@ -264,7 +265,6 @@ class CtypesRuntime(Runtime):
     @property
     def compiler(self):
         if self._compiler is None:
-            from .compilers import get_compiler
             # NVRTC: the one whose code this driver loads (see compilers.select_nvrtc)
             self._compiler = get_compiler(self.platform, driver_version=self._driver_version or None
                                           if self.vendor == "cuda" else None)

@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import GpuError
+from .runtime import forked_error
 
 ORDER = ("hip-python", "hip", "cuda")
 CHOICES = ("auto", "none") + ORDER
@@ -27,9 +28,9 @@ _state: dict = {}
 
 def _construct(name: str):
     if name == "hip-python":
-        from .hip_python import HipPythonRuntime
+        from .hip_python import HipPythonRuntime  # deferred: only the binding chosen loads (hip-python is optional)
         return HipPythonRuntime()
-    from .ctypes_api import CtypesRuntime
+    from .ctypes_api import CtypesRuntime  # deferred: only the binding chosen loads
     return CtypesRuntime("hip" if name == "hip" else "cuda")
 
 
@@ -127,7 +128,6 @@ def _after_fork_in_child():
     _lock = threading.Lock()
     runtime = _state.get("runtime")
     if runtime is not None:
-        from .runtime import forked_error
         reason = forked_error(runtime.name).message
         _state["runtime"] = None
         _state["attempts"] = [RuntimeAttempt(runtime.name, False, reason)]

@@ -84,7 +84,7 @@ kDLBfloat = 4
 def bfloat16_dtype() -> np.dtype:
     """ml_dtypes' bfloat16, the NumPy dtype for DLPack's kDLBfloat 16 (imported only when one comes)."""
     try:
-        import ml_dtypes
+        import ml_dtypes  # deferred: ml_dtypes is optional, needed only for bfloat16
     except ImportError as e:
         raise GpuError("unsupported", "a bfloat16 device array needs the ml_dtypes package for its NumPy dtype "
                                       "(pip install ml_dtypes)") from e

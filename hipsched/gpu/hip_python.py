@@ -11,6 +11,7 @@ import ctypes
 
 from ..errors import GpuError
 from . import runtime as _rt
+from .compilers import get_compiler
 from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params
 from .status import gpu_error
 
@@ -39,12 +40,12 @@ def point_hiprtc_at(library_path: str) -> None:
     libamdhip64.so.5, where hip-python looks for libhiprtc.so). Must run before its first hiprtc call.
     Older hip-python exposes `hip.chiprtc.DLL`; newer resolves paths in rocm.bindings.util.paths."""
     try:
-        import hip as hip_pkg
+        import hip as hip_pkg  # deferred: hip-python is optional
         chiprtc = getattr(hip_pkg, "chiprtc", None)
         if chiprtc is not None and hasattr(chiprtc, "DLL"):
             chiprtc.DLL = library_path.encode() if isinstance(chiprtc.DLL, bytes) else library_path
             return
-        from rocm.bindings.util import paths
+        from rocm.bindings.util import paths  # deferred: hip-python is optional
         original = paths.get_library_path
         if getattr(original, "_hipsched_patched", False):
             return
@@ -135,7 +136,6 @@ class HipPythonRuntime(Runtime):
     @property
     def compiler(self):
         if self._compiler is None:
-            from .compilers import get_compiler
             self._compiler = get_compiler("amd")
             point_hiprtc_at(getattr(self._compiler, "library_path", "libamdhip64.so.5"))
         return self._compiler

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from ..atomic_file import atomic_write
 from ..errors import GpuError
+from .codeobject import kernel_symbols
+from .compilers import load_target
 
 FORMAT_VERSION = 1
 _MAGIC = b"HSCHKO01"
@@ -185,7 +187,6 @@ class KernelCache:
     def target(self, runtime, device=None) -> str:
         """What to compile for the runtime's device so that its driver loads it (compilers.load_target):
         the device's arch, or a PTX target for an NVIDIA driver older than the compiler's CUBINs."""
-        from .compilers import load_target
         device = runtime.current_device() if device is None else device
         driver = getattr(runtime, "driver_version", lambda: 0)()
         return load_target(self.compiler, runtime.device_info(device).arch, driver or None)
@@ -251,7 +252,6 @@ def compile_all(compiler, arch: str, cache_dir=None, options=()) -> list[tuple]:
     """Compile every kernel source for `arch` through the disk cache. Returns one row per source:
     (source, kernel names, code-object bytes or the GpuError, seconds, compiler version). Kernel names
     come from the code object's symbol table (so macro-generated kernels count), else the source."""
-    from .codeobject import kernel_symbols
     cache = KernelCache(compiler, cache_dir)
     rows = []
     for name, text in cache.sources.items():

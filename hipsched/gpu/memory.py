@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import logging
 import math
 import os
 import sys
@@ -18,7 +19,8 @@ from .. import resident as _resident
 from ..device_arrays import GPU_DEVICE_TYPES, dlpack_device, is_device_array
 from ..errors import GpuError
 from ..resident import immutable
-from . import dlpack
+from . import detect, dlpack
+from .streams import _retired_streams, as_stream_handle, retire_stream, revive_stream  # noqa: F401 (re-exported)
 
 # The stream the current call will read foreign arrays on (see consumer_stream); None: not known.
 _consumer = contextvars.ContextVar("hipsched_consumer_stream", default=None)
@@ -29,7 +31,6 @@ def consumer_stream(stream):
     """Within the block, DeviceArray.from_external takes foreign arrays for reading on `stream` (any
     object as_stream_handle accepts): the Executor sets it for a call given a stream, so a DLPack
     producer orders exactly that stream after its pending writes."""
-    from .streams import as_stream_handle
     token = _consumer.set(as_stream_handle(stream))
     try:
         yield
@@ -40,11 +41,9 @@ def consumer_stream(stream):
 def _runtime_or_default(runtime):
     if runtime is not None:
         return runtime
-    from .detect import get_runtime
-    rt = get_runtime()
+    rt = detect.get_runtime()
     if rt is None:
-        from .detect import unavailable_reason
-        raise GpuError("unavailable", f"no GPU runtime: {unavailable_reason()}", name="no-runtime")
+        raise GpuError("unavailable", f"no GPU runtime: {detect.unavailable_reason()}", name="no-runtime")
     return rt
 
 
@@ -89,22 +88,6 @@ class _Allocation:
         s = int(stream or 0)
         if s not in self.streams:
             self.streams.append(s)
-
-
-# Streams StreamPool destroyed after their work finished: an allocation last used on one is freed on
-# the null stream instead (a destroyed handle must not reach the driver). A set of ints: add, discard
-# and membership need no lock, and finalizers read it.
-_retired_streams: set = set()
-
-
-def retire_stream(stream) -> None:
-    """`stream` was synchronised and destroyed: frees due on it go to the null stream."""
-    _retired_streams.add(int(stream))
-
-
-def revive_stream(stream) -> None:
-    """A new stream got a handle a destroyed one had (drivers reuse them)."""
-    _retired_streams.discard(int(stream))
 
 
 def _release(runtime, ptr, streams):
@@ -242,8 +225,7 @@ class DeviceArray:
             raise GpuError("unsupported", f"non-contiguous device array (shape {tuple(shape)}, strides "
                                           f"{tuple(strides_bytes)} bytes): make it contiguous first")
         if runtime is None:
-            from .detect import get_runtime
-            runtime = get_runtime()
+            runtime = detect.get_runtime()
         runtime, device = _on_own_device(runtime, ptr, device)
         return cls(ptr, shape, dtype, runtime, owner=owner, stream=stream, device=device)
 
@@ -435,7 +417,6 @@ def callers_arrays(out, args):
     except Exception as e:   # the results are right and on the device: a refusal must not lose them
         if library not in _unconvertible:
             _unconvertible.add(library)
-            import logging
             logging.getLogger("hipsched").warning("hipsched: %s.from_dlpack refused a result (%s: %s); results of "
                                                   "%s arrays come back as DeviceArray", library,
                                                   type(e).__name__, e, library)
@@ -470,7 +451,6 @@ def _dlpack_device(obj):
 
 
 def _stream_int(stream) -> int:
-    from .streams import as_stream_handle
     return as_stream_handle(stream)
 
 
@@ -536,7 +516,6 @@ def resident_budget(runtime, configured: int | None = None) -> tuple[int, str]:
         try:
             return int(raw), "HIPSCHED_RESIDENT_BYTES"
         except ValueError:   # a bad value must not cost the GPU: the config check reports it too
-            import logging
             logging.getLogger("hipsched").warning("hipsched: HIPSCHED_RESIDENT_BYTES=%r is not a byte count; "
                                                   "using the default resident budget", raw)
     try:
@@ -578,7 +557,6 @@ class _Pin:
                 rt.memcpy_htod(self.dev.ptr + lo * row, host.ctypes.data + lo * row, (hi - lo) * row, 0)
             rt.stream_synchronize(0)
         except Exception as e:
-            import logging
             logging.getLogger("hipsched").warning("hipsched: updating a resident array's device copy failed (%s); "
                                                   "the copy is dropped and uploaded again on next use", e)
             self.release()

@@ -46,7 +46,7 @@ def np_dtype(name: str) -> np.dtype:
     comes, and only the holder of a bfloat16 array needs it)."""
     if name == "bfloat16":
         try:
-            import ml_dtypes
+            import ml_dtypes  # deferred: ml_dtypes is optional, needed only for bfloat16
         except ImportError as e:
             raise GpuError("unsupported", "bfloat16 on the GPU needs the ml_dtypes package for its NumPy "
                                           "dtype (pip install ml_dtypes)") from e

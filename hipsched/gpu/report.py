@@ -4,7 +4,9 @@ block sizes the launch glue really uses, on that target (limits and occupancy mo
 hipsched/gpu/targets.py), with what bounds it."""
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 from dataclasses import dataclass
 
 
@@ -40,8 +42,6 @@ def glue_launches(warp: int, multiprocessors: int = 100) -> dict[str, dict[int, 
     """{kernel: {threads per block: the most dynamic shared memory}} over what the launch glue plans
     for shapes that reach every kernel and every block size it uses."""
     # Each glue module (ops_*.py beside this one) lists its own: a new op's glue needs no entry here.
-    import importlib
-    import pkgutil
     plans = []
     for info in pkgutil.iter_modules([os.path.dirname(os.path.abspath(__file__))]):
         if info.name.startswith("ops_"):

@@ -39,7 +39,6 @@ def fork_generation() -> int:
 
 def forked_error(name: str):
     """The GpuError a runtime created before a fork() raises in the child instead of calling the driver."""
-    from ..errors import GpuError
     return GpuError("unavailable", f"forked child (pid {os.getpid()}): the {name} runtime was initialised in the "
                                    f"parent process and the driver cannot be used again after fork(); start "
                                    f"GPU workers with multiprocessing's 'spawn' or 'forkserver' method",
@@ -101,7 +100,6 @@ class Runtime(ABC):
         backends on two devices) never retarget each other's work, whatever thread runs it."""
         if index == self.current_device():
             return self
-        from ..errors import GpuError
         if not hasattr(self, "_device"):
             raise GpuError("unavailable", f"the {self.name} runtime cannot bind device {index}", name="invalid-device")
         if not 0 <= index < self.device_count():
@@ -283,7 +281,6 @@ def pack_kernel_params(args) -> ctypes.Array:
     """The `void**` kernelParams array for `args` (ctypes scalars, in the kernel's parameter order).
     The array points into the ctypes objects, so keep `args` alive until the launch call returns.
     Raises GpuError(kind="launch") for anything that is not a ctypes scalar."""
-    from ..errors import GpuError
     pointers = []
     for i, a in enumerate(args):
         if not isinstance(a, ctypes._SimpleCData):

@@ -7,6 +7,22 @@ import threading
 
 from ..errors import GpuError
 
+# Streams a StreamPool destroyed after their work finished: an allocation last used on one is freed on
+# the null stream instead (a destroyed handle must not reach the driver). A set of ints: add, discard
+# and membership need no lock, and gpu.memory's finalizers read it
+# (memory.py imports it from here: streams.py imports nothing of gpu/).
+_retired_streams: set = set()
+
+
+def retire_stream(stream) -> None:
+    """`stream` was synchronised and destroyed: frees due on it go to the null stream."""
+    _retired_streams.add(int(stream))
+
+
+def revive_stream(stream) -> None:
+    """A new stream got a handle a destroyed one had (drivers reuse them)."""
+    _retired_streams.discard(int(stream))
+
 
 def as_stream_handle(obj) -> int:
     """A raw stream handle from an int, None (the null stream, 0), or an object with `.ptr` (CuPy),
@@ -55,7 +71,6 @@ class StreamPool:
         self._phase_index: dict = {}
         self._events: list[int] = []
         self.streams: list[int] = [] if self.sequential else [runtime.stream_create() for _ in range(int(n))]
-        from .memory import revive_stream
         for s in self.streams:
             revive_stream(s)
         self._closed = False
@@ -95,7 +110,6 @@ class StreamPool:
         if self._closed:
             return
         self._closed = True
-        from .memory import retire_stream
         errors = []
         for s in self.streams:
             try:

@@ -147,6 +147,7 @@ def as_device_array(x, op, arg, dtypes=F32):
     must be one of `dtypes` (names, see FLOATS): a device array is never converted behind the caller's
     back."""
     try:
+        # deferred: the GPU layer is optional, and the specs load no kernel module at import
         from ..gpu.memory import DeviceArray
     except ImportError as e:  # pragma: no cover - only when the GPU layer is broken
         raise GpuError("unavailable", f"{op}: argument {arg!r} is a device array but hipsched's GPU layer cannot load: {e}")

@@ -368,7 +368,7 @@ class Analyzer:
                                    "assumed_gbps": self.pcie_gbps}
                                   for op, (by, t) in sorted(self.gpu_bytes.items(), key=lambda kv: str(kv[0]))],
         }
-        from .advice import advice
+        from .advice import advice  # deferred: loaded only when advice is asked for (log analysis loads what it uses)
         res["advice"] = advice(res)
         return res
 
@@ -379,6 +379,7 @@ def analyze(paths, trace=None, rotated=True, **options) -> dict:
     an = Analyzer(**options)
     tw = None
     if trace:
+        # deferred: loaded only when a trace is asked for (log analysis loads what it uses)
         from .trace import TraceWriter
         tw = TraceWriter(trace)
     try:
@@ -393,12 +394,12 @@ def analyze(paths, trace=None, rotated=True, **options) -> dict:
 
 def report(paths, trace=None, plot_dir=None, **options) -> str:
     """The analyzer's text report (what the demo prints); also writes the trace and plots if asked."""
-    from .report import render
+    from .report import render  # deferred: loaded only when a report is rendered (log analysis loads what it uses)
     res = analyze(paths, trace=trace, **options)
     notes = []
     if trace:
         notes.append(f"trace written: {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
     if plot_dir:
-        from .plots import write_plots
+        from .plots import write_plots  # deferred: plots need matplotlib, optional and heavy
         notes += write_plots(res, plot_dir)
     return render(res) + ("\n" + "\n".join(notes) if notes else "")

@@ -11,9 +11,9 @@ def write_plots(res: dict, out_dir) -> list[str]:
     """Writes DIR/<op>.png for every op with size buckets; returns lines saying what was written (or why
     nothing was)."""
     try:
-        import matplotlib
+        import matplotlib  # deferred: matplotlib is optional and heavy
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: matplotlib is optional and heavy
     except ImportError:
         return ["plots skipped: matplotlib is not installed (pip install matplotlib)"]
     os.makedirs(out_dir, exist_ok=True)

@@ -46,7 +46,7 @@ class Telemetry:
             self._writer = JsonlWriter(path, ev.LineFormatter(self.run_id, self.host, self.device, self._extra),
                                        queue_size=queue_size, rotate_bytes=rotate_bytes, keep=rotate_keep,
                                        interval=flush_interval)
-        from ._record import Recorder
+        from ._record import Recorder  # deferred: compiled, so log analysis (no Telemetry made) needs no build
         w = self._writer
         self.recorder = Recorder(int(ring_size), w.queue if w is not None else None, w.queue_size if w is not None else 0,
                                  w.drop_counter if w is not None else None, self._counters.cells,
