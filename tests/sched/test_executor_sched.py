@@ -57,7 +57,10 @@ def test_every_reason_end_to_end(x, rng):
     # an op the GPU does not have
     assert ex.select_backend("spread_activation", size=10 ** 6).reason is R.GPU_UNAVAILABLE
     # exploration: a fresh executor sends an under-sampled bucket's calls to learn
-    fresh = make(min_samples=3, exploration_share=0.5)
+    # (over a free link: a GPU whose upload alone takes 1.5x the CPU's whole run is not tried, and this
+    # 16 KB scale's CPU time, a few microseconds, is under that on an idle machine's default link)
+    free_link = {"h2d_latency_us": 0.0, "h2d_gbps": 1e6, "d2h_latency_us": 0.0, "d2h_gbps": 1e6}
+    fresh = make(FakeGpuBackend(transfer=free_link), min_samples=3, exploration_share=0.5)
     for _ in range(6):
         fresh.scale(x, 2.0)
     assert ("gpu", "exploring") in reasons(fresh)
