@@ -49,8 +49,8 @@ _TIME_EVERY = 8
 # the calls that reuse them (Executor._amortized_h2d); smaller uploads cost little next to a launch.
 _REUSE_MIN_BYTES = 1 << 20
 _REUSE_MAX_TRACKED = 4096   # arrays whose uses are counted at once (dead ones go first when full)
-# how many calls the last inputs passed in their lifetime (the prediction of a new input's uses), and
-# how many of them make a prediction
+# how many of the last inputs' predicted savings are kept (their median predicts a new input's worth),
+# and how many make a prediction
 _USE_HISTORY = 32
 _USE_HISTORY_MIN = 3
 
@@ -173,9 +173,9 @@ class Executor:
         # id(host array) -> [weakref, calls that passed it, a GPU run took it, predicted us those calls
         # would save on the GPU with it resident]
         self._uses = {}
-        # (calls passed, predicted time saved on the GPU) of each of the last new inputs by the time the
-        # next new one came (see _amortized_h2d), and the entry of the newest
-        self._use_history = collections.deque(maxlen=_USE_HISTORY)
+        # predicted time saved on the GPU by the calls that passed each of the last new inputs, by the
+        # time the next new one came (see _amortized_h2d), and the entry of the newest
+        self._gain_history = collections.deque(maxlen=_USE_HISTORY)
         self._newest_use = None
         self._uses_lock = threading.Lock()
         self._tls = threading.local()   # .what_if: deciding for select_backend; .h2d: (id(call), real bytes)
@@ -284,8 +284,9 @@ class Executor:
     def _amortized_h2d(self, call, h2d):
         """The upload a decision charges this call: an input the GPU would keep resident (the backend's
         `would_keep`: bytes that cannot change unseen, within the resident budget) and that earlier
-        calls already passed is charged its upload divided by its uses so far, this one included. Charging every call the whole upload made the scheduler keep
-        a reused corpus on the CPU for good, since only a GPU run makes it resident (on the H100, 64
+        calls already passed is charged its upload divided by its uses so far, this one included.
+        Charging every call the whole upload made the scheduler keep a reused corpus on the CPU for
+        good, since only a GPU run makes it resident (on the H100, 64
         top_k calls over one 231 MB corpus ran on the CPU at 7.7 ms, against 0.33 ms resident). With
         this rule the upload is paid once the CPU time lost by not paying it would exceed it (the
         ski-rental rule: at most twice the best of either choice in hindsight). The reduction is
@@ -314,8 +315,8 @@ class Executor:
         gain = self._resident_gain(call)
         with self._uses_lock:
             uses = self._uses
-            history = self._use_history
-            worth = sorted(h[1] for h in history)[len(history) // 2] if len(history) >= _USE_HISTORY_MIN else 0.0
+            history = self._gain_history
+            worth = sorted(history)[len(history) // 2] if len(history) >= _USE_HISTORY_MIN else 0.0
             for a, trusted in arrays:
                 e = uses.get(id(a))
                 if e is not None and e[0]() is not a:   # a dead array's id, reused
@@ -343,7 +344,7 @@ class Executor:
                             continue
                         uses[id(a)] = entry
                         if self._newest_use is not None:
-                            history.append((self._newest_use[1], self._newest_use[3]))
+                            history.append(self._newest_use[3])
                         self._newest_use = entry
                     else:
                         e[1] += 1
