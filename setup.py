@@ -31,7 +31,8 @@ def core_extension(pyx):
 
 
 extensions = [cpu_extension(p) for p in sorted(glob.glob("hipsched/cpu/_*.pyx"))]
-extensions += [core_extension(p) for p in sorted(glob.glob("hipsched/_*.pyx") + glob.glob("hipsched/telemetry/_*.pyx"))]
+extensions += [core_extension(p) for p in sorted(glob.glob("hipsched/_*.pyx") + glob.glob("hipsched/telemetry/_*.pyx")
+                                                  + glob.glob("hipsched/gpu/_*.pyx"))]
 if only:
     extensions = [e for e in extensions if e.name.rsplit(".", 1)[-1].lstrip("_") in only]
 

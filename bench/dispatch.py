@@ -124,6 +124,78 @@ def decision_overhead_general_path():
     return t_prep, t_decide, t_sel
 
 
+# ---------------------------------------------------------------- 2b. a GPU call's host time, no-op driver
+_SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "support")
+
+
+def _python_calls(fn):
+    """Python function calls fn() makes, fn's own frame not counted (sys.setprofile's 'call' events)."""
+    n = [0]
+
+    def prof(frame, event, arg):
+        if event == "call":
+            n[0] += 1
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n[0] - 1
+
+
+def gpu_call_host_time():
+    """The host time of one GPU call on device arrays with every driver call returning at once (the C
+    fake libcuda of tests/support, under the real ctypes CUDA binding), through the compiled call path
+    (the launch plan replayed) and, for comparison, through the Python launch glue it replaces; peer:
+    torch CPU eager `x + y` on 8 floats (NumPy's `a + b` where torch is missing), in the same run.
+    None when the fake cannot be built (no C compiler)."""
+    sys.path.insert(0, _SUPPORT)
+    import fake_libcuda
+    if not fake_libcuda.available():
+        return None
+    saved = dict(os.environ)
+    fake_libcuda.install_env()
+    try:
+        from hipsched.backends.gpu import GpuBackend
+        from hipsched.gpu.memory import to_device
+        be = GpuBackend({"kernel_cache_dir": fake_libcuda.kernel_cache_dir()}, runtime=fake_libcuda.make_runtime())
+        glue = GpuBackend({"kernel_cache_dir": fake_libcuda.kernel_cache_dir()}, runtime=fake_libcuda.make_runtime())
+        glue.callpath = None   # the same backend without its compiled path: every call runs the glue
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    ex = hs.Executor(gpu_backend=be, persist_model=False)
+    ex_glue = hs.Executor(gpu_backend=glue, persist_model=False)
+    rt = be._ctx.rt
+    x = to_device(np.ones(8, np.float32), runtime=rt)
+    y = to_device(np.ones(8, np.float32), runtime=rt)
+    q = to_device(np.ones(64, np.float32), runtime=rt)
+    T = to_device(np.ones((1000, 64), np.float32), runtime=rt)
+    try:
+        import torch
+        tx, ty = torch.ones(8), torch.ones(8)
+        peer_name, peer = "torch CPU eager `x + y` (8 floats)", lambda: tx + ty
+    except ImportError:
+        a = np.ones(8, np.float32)
+        peer_name, peer = "NumPy `a + b` (8 floats; torch not installed)", lambda: a + a
+    rows = []
+    for name, fast, slow, target in [
+            ("ex.add(x, y, backend='gpu'), 8-float device arrays", lambda: ex.add(x, y, backend="gpu"),
+             lambda: ex_glue.add(x, y, backend="gpu"), 8e-6),
+            ("ex.top_k(q, T, 10, backend='gpu'), q 64, T 1000x64 device arrays",
+             lambda: ex.top_k(q, T, 10, backend="gpu"), lambda: ex_glue.top_k(q, T, 10, backend="gpu"), 12e-6)]:
+        fast()
+        slow()   # plans recorded, kernels "loaded"
+        t_fast, t_peer = time_pair(fast, peer, repeat=9)
+        t_slow, _ = time_pair(slow, peer, repeat=9)
+        rows.append((name, t_fast, t_slow, t_peer, target, _python_calls(fast), _python_calls(slow)))
+    ex.close()
+    ex_glue.close()
+    be.close()
+    glue.close()
+    return peer_name, rows
+
+
 # ---------------------------------------------------------------- 3. routing accuracy on known costs
 def routing_accuracy(calls=20_000, warmup=2_000, noise=0.05, spike_rate=0.002, seed=3):
     """Two backends with known cost curves (crossover near 8e3 work units), 5% noise and rare 100x
@@ -244,6 +316,21 @@ def main(argv=None):
         f"prepare {fmt_time(t_prep)} + decide with GPU terms {fmt_time(t_decide)}, / 1 ms) | "
         f"{(t_prep + t_decide) / 1e-3 * 100:.2f}% | < 1% {'ok' if t_prep + t_decide < 1e-5 else 'MISSED'} |")
     out(f"| - select_backend of the same call (adds building its answer) | {fmt_time(t_sel)} | |")
+
+    got = gpu_call_host_time()
+    if got is None:
+        out("| GPU call host time on a no-op driver | not measured: no C compiler to build tests/support's "
+            "fake libcuda | |")
+    else:
+        peer_name, gpu_rows = got
+        for name, t_fast, t_slow, t_peer, target, calls_fast, calls_slow in gpu_rows:
+            out(f"| {name}, no-op driver (C fake libcuda): compiled path vs {peer_name} | {fmt_time(t_fast)} vs "
+                f"{fmt_time(t_peer)} = {t_fast / t_peer:.2f}x | <= {target * 1e6:.0f} us "
+                f"{'ok' if t_fast <= target else 'MISSED'} |")
+            out(f"| - the same call through the Python launch glue (compiled path off) | {fmt_time(t_slow)} = "
+                f"{t_slow / t_fast:.1f}x the compiled path | |")
+            out(f"| - Python function calls per call: compiled path / glue | {calls_fast} / {calls_slow} | "
+                f"<= 25 {'ok' if calls_fast <= 25 else 'MISSED'} |")
 
     acc, judged, explored = routing_accuracy()
     out(f"| routing accuracy, known costs, 5% noise + 0.2% 100x spikes ({judged} calls judged) | {acc * 100:.2f}% "

@@ -26,7 +26,8 @@ cpdef enum Reason:
     R_EXPLORING = 8
     R_GPU_UNSUPPORTED = 9
 
-cdef enum:                   # backends, as the model's array index (scheduling.BACKENDS names them)
+cdef enum:                   # backends, as the model's array index (scheduling.BACKENDS names them;
+                             # Python reads them as _sched.BACKEND_CPU, BACKEND_GPU)
     CPU = 0
     GPU = 1
 

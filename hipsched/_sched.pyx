@@ -48,6 +48,11 @@ DEF UNSURE_COPY_BYTES = 67108864.0
 DEF COPY_DOMINATED_SHARE = 0.5
 
 
+# The backends' indices, for Python callers of SchedCore's methods (a cpdef enum, which Python could
+# read, cannot index the model's C arrays)
+BACKEND_CPU = CPU
+BACKEND_GPU = GPU
+
 cdef class SchedCore:
     """Owns the C state (declared in _sched.pxd); the dispatcher (_dispatch.FastPath) decides and
     records through its C methods, Python code through `decide` and `record`."""

@@ -29,6 +29,16 @@ kDLCUDAManaged = 13
 GPU_DEVICE_TYPES = (kDLCUDA, kDLROCM, kDLCUDAManaged)
 
 
+def dlpack_stream(stream: int, device_type: int) -> int:
+    """The `stream` argument of `__dlpack__(stream=...)` for a consumer reading on `stream` (a handle; 0
+    is our null stream, the legacy default stream). The protocol spells CUDA's legacy default stream 1
+    (0 is not allowed there) and ROCm's 0; None would tell the producer not to synchronise at all
+    (PyTorch then orders nothing, and a tensor written on a side stream could be read half-written)."""
+    if stream:
+        return stream
+    return 0 if device_type in (kDLROCM,) else 1
+
+
 def dlpack_device(x):
     """`x.__dlpack_device__()` as a tuple, or None when x has none or it fails (a producer that cannot
     say where its data is gets no zero-copy path)."""

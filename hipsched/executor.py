@@ -23,6 +23,7 @@ from .calibration import calibrate
 from .chunking import chunkable, run_chunked
 from .config import HybridConfig
 from .errors import GpuError
+from .backends.interface import GpuBackendBase
 from .faults import FaultInjectingBackend
 from .gguf_blocks import QuantizedTensor
 from .model_store import ModelPersistence
@@ -37,8 +38,8 @@ log = logging.getLogger("hipsched")
 _perf_ns = time.perf_counter_ns
 _F_PRESENT, _F_SUPPORTS, _F_FITS = _sched.F_GPU_PRESENT, _sched.F_GPU_SUPPORTS, _sched.F_FITS
 _F_WANT_CPU, _F_WANT_GPU, _F_UNSUPPORTED = _sched.F_WANT_CPU, _sched.F_WANT_GPU, _sched.F_CALL_UNSUPPORTED
+_CPU, _GPU, _R_FALLBACK = _sched.BACKEND_CPU, _sched.BACKEND_GPU, _sched.R_CPU_FALLBACK
 _REASON_STR = tuple(r.value for r in REASONS)
-_FREE_MEMORY_TTL_NS = 10_000_000  # free device memory is re-read at most every 10 ms
 # Device-data GPU runs timed by events (two records, a query and a reading: a few microseconds of a
 # ~170 us launch path on an H100): every one of an (op, dtype)'s first _TIME_FIRST, then 1 in
 # _TIME_EVERY, which still refills a model window every few hundred calls.
@@ -82,20 +83,11 @@ def _bounded_put(d, key, value):
     d[key] = value
 
 
-class _NoGpu:
+class _NoGpu(GpuBackendBase):
     """Stands in when no GPU backend can be created (its module missing or broken)."""
-    name = "gpu"
-    available = False
-    runtime_name = device_name = device_arch = None
 
     def __init__(self, reason):
         self.unavailable_reason = reason
-
-    def supports(self, op, dtype):
-        return False
-
-    def close(self):
-        pass
 
 
 def _create_gpu(config):
@@ -146,13 +138,13 @@ class Executor:
         self._device_copy_bytes = getattr(self._cpu, "device_copy_bytes", CpuBackend.device_copy_bytes)
         gpu = gpu_backend if gpu_backend is not None else _create_gpu(cfg)
         self._injector = None
-        if cfg.fault_inject and getattr(gpu, "available", False):
+        if cfg.fault_inject and gpu.available:
             gpu = self._injector = FaultInjectingBackend(gpu, cfg.fault_inject)
         self._gpu = gpu
-        self._gpu_present = bool(getattr(gpu, "available", False))
+        self._gpu_present = bool(gpu.available)
         # GPU runs on device data return with their work queued: they are timed by events on their
         # stream, read on a later call (see _learn_gpu_times); a backend without them is not
-        self._run_timed = getattr(gpu, "run_timed", None) if self._gpu_present else None
+        self._run_timed = gpu.run_timed if self._gpu_present else None
         self._timed = {}            # ticket -> (slot, size, host us) of such runs not yet learned from
         # ticket -> device us of readings that came before their run stored its entry (another thread
         # polled in between); bounded, like _timed, so a reading or an entry that never meets its
@@ -166,10 +158,9 @@ class Executor:
             breaker_failures=cfg.breaker_failures, health_min_samples=cfg.health_min_samples,
             success_threshold=cfg.gpu_success_rate_threshold, speedup_threshold=cfg.gpu_speedup_threshold,
             cooldown_s=cfg.breaker_cooldown_s)
-        self._tel = _create_telemetry(cfg, getattr(gpu, "device_name", None) if self._gpu_present else "cpu")
+        self._tel = _create_telemetry(cfg, gpu.device_name if self._gpu_present else "cpu")
         self._slots = {}            # (op, dtype) -> (core slot, capability flags, GPU max size, CPU fn, HotOp)
         self._prepare = {name: spec.prepare for name, spec in OPS.items()}
-        self._free = (0, 0)         # (read at ns, bytes)
         # id(host array) -> [weakref, calls that passed it, a GPU run took it, predicted us those calls
         # would save on the GPU with it resident]
         self._uses = {}
@@ -186,11 +177,13 @@ class Executor:
         self._fast = _dispatch.FastPath(self._core, self._prepare, self._slots, self._slot, self._prepare_missing,
                                      self._gpu_terms, self._run_gpu, self._run_other,
                                      self._tel.recorder if self._tel is not None else None, cfg.gpu_min_batch_size,
-                                     cfg.allow_fallback, _REASON_STR)
+                                     cfg.allow_fallback, _REASON_STR,
+                                     gpu.callpath if self._gpu_present else None,
+                                     self._compiled_gpu_failed)
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
         version = getattr(sys.modules.get("hipsched"), "__version__", "0")
         self._model = ModelPersistence(self._core, cfg.cache_dir,
-                                       getattr(gpu, "device_name", None) if self._gpu_present else None, version)
+                                       gpu.device_name if self._gpu_present else None, version)
         self._save_at_exit = None
         if cfg.persist_model:
             self._model.load()
@@ -244,35 +237,28 @@ class Executor:
             s = self._slots[key] = (self._core.slot(op, dtype), flags, max_size, fn, hot)
         return s
 
-    def _free_memory(self):
-        now = _perf_ns()
-        t, free = self._free
-        if now - t > _FREE_MEMORY_TTL_NS:
-            free = int(self._gpu.free_memory())
-            self._free = (now, free)
-        return free
-
     def _gpu_terms(self, call, flags, max_size):
         """(capability flags, host->device bytes, device->host bytes, detail) for a call that could go
-        to the GPU. A refusal (a shape the kernels do not take, a launch past this target's limits) is
-        found here, before anything is uploaded or launched; detail is its text, or, when these queries
-        find the GPU gone (a driver that refuses our code, a forked child), why."""
+        to the GPU, from the backend's judgement of it (GpuBackendBase.judge). A refusal (a shape the
+        kernels do not take, a launch past this target's limits) is found there, before anything is
+        uploaded or launched; detail is its text, or, when the queries find the GPU gone (a driver that
+        refuses our code, a forked child), why."""
         gpu = self._gpu
-        if not getattr(gpu, "available", True):  # it went away since (forked child, driver refused our code)
+        if not gpu.available:  # it went away since (forked child, driver refused our code)
             return flags & ~_F_PRESENT, 0, 0, None
         if call.size > max_size:
             return flags & ~_F_SUPPORTS, 0, 0, None
-        refusal = getattr(gpu, "unsupported", None)
         try:
-            why = refusal(call) if refusal is not None else None
+            why, fits, h2d, d2h = gpu.judge(call)
             if why is not None:
                 return flags | _F_UNSUPPORTED, 0, 0, why
-            if gpu.device_bytes_needed(call) > self._free_memory() or not getattr(gpu, "available", True):
-                if not getattr(gpu, "available", True):  # a query found the GPU gone
-                    return flags & ~_F_PRESENT, 0, 0, getattr(gpu, "unavailable_reason", None)
+            if not gpu.available:  # a query found the GPU gone
+                return flags & ~_F_PRESENT, 0, 0, gpu.unavailable_reason
+            if not fits:
                 flags &= ~_F_FITS
             # device data: the copies the CPU would make (the core charges them to the CPU side)
-            h2d, d2h = self._device_copy_bytes(call) if call.on_device else gpu.transfer_bytes(call)
+            if call.on_device:
+                h2d, d2h = self._device_copy_bytes(call)
         except Exception as e:  # a failing query means the GPU cannot be trusted with this call
             log.debug("hipsched: GPU query failed for %s: %s", call.op, e)
             return flags & ~_F_SUPPORTS, 0, 0, None
@@ -303,10 +289,7 @@ class Executor:
         layer) is noted short of its total, so the prediction errs towards the plain rule. A writable array
         is uploaded by every GPU call that takes it (a change to it could not be seen), so its upload
         is never shared, and neither is any on a backend that cannot say what it keeps."""
-        keeps = getattr(self._gpu, "would_keep", None)
-        if keeps is None:
-            return h2d
-        resident = getattr(self._gpu, "is_resident", None)
+        keeps, resident = self._gpu.would_keep, self._gpu.is_resident
         arrays = _large_host_arrays(call.args, [])
         if not arrays:
             return h2d
@@ -326,7 +309,7 @@ class Executor:
                 # (a backend without a resident cache, or evicted): its uploads are not shared
                 kept = e is None or not e[2] or h2d < a.nbytes
                 # an input already resident is not in h2d: nothing of it to spread
-                if kept and keeps(a, trusted) and not (resident is not None and resident(a)):
+                if kept and keeps(a, trusted) and not resident(a):
                     share = 1.0 / (k + 1)
                     if worth > 0.0 and gain > 0.0:
                         share = min(share, gain / worth)
@@ -370,12 +353,12 @@ class Executor:
                 raise GpuError("unsupported", f"{call.op}: backend='gpu' was asked for but the GPU cannot run this "
                                f"call: {detail}")
             raise GpuError("unavailable", f"{call.op}: backend='gpu' was asked for but the GPU cannot take this "
-                           f"call ({_REASON_STR[reason]}; {getattr(self._gpu, 'unavailable_reason', None)})")
+                           f"call ({_REASON_STR[reason]}; {self._gpu.unavailable_reason})")
         if call.on_device:
             return self._run_cpu_device(call, slot, reason, pc, pg, stream, detail=detail)
         t0 = _perf_ns()
         out = self._cpu.run(call)  # raises the CPU family's ImportError when it is not built
-        self._finish(call, slot, 0, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, detail=detail)
+        self._finish(call, slot, _CPU, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, detail=detail)
         return out
 
     def _prepare_missing(self, op):
@@ -391,7 +374,7 @@ class Executor:
         out = self._cpu.run_device_data(call)
         dur = (_perf_ns() - t0) * 1e-3
         up, down = self._device_copy_bytes(call)
-        self._finish(call, slot, 0, reason, dur, pc, pg, stream, fallback, up, down, detail=detail)
+        self._finish(call, slot, _CPU, reason, dur, pc, pg, stream, fallback, up, down, detail=detail)
         return out
 
     def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0, detail=None,
@@ -399,7 +382,7 @@ class Executor:
         # A GPU run on device data returns with the work still queued on the stream: its wall time is
         # not a completion time, so it counts here (-1: no sample) and is learned from once its timing
         # events have been read (_learn_gpu_times)
-        sample = -1.0 if be == 1 and call.on_device else dur
+        sample = -1.0 if be == _GPU and call.on_device else dur
         self._core.record(slot, be, call.size, sample, h2d, d2h, True, True, fallback is not None)
         if self._tel is not None:
             self._tel.record(call.op, BACKENDS[be], _REASON_STR[reason], call.size, call.dtype, call.nbytes, dur,
@@ -421,7 +404,7 @@ class Executor:
                     _bounded_put(self._early, ticket, device_us)
             elif device_us is not None:
                 slot, size, host_us = entry
-                self._core.learn(slot, 1, size, max(host_us, device_us))
+                self._core.learn(slot, _GPU, size, max(host_us, device_us))
 
     def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
         # the decision may have charged an amortized upload; the copies this run makes are the real one
@@ -436,8 +419,7 @@ class Executor:
                     if e is not None and e[0]() is a:
                         e[2] = True
         timed = ticket = None
-        totals = None if call.on_device else getattr(self._gpu, "transfer_totals", None)
-        before = totals() if totals is not None else None
+        before = None if call.on_device else self._gpu.transfer_totals()
         if call.on_device:
             h2d = d2h = 0   # the decision's copies were the CPU's: on the GPU device data moves nowhere
             n = self._timed_runs[slot] = self._timed_runs.get(slot, 0) + 1
@@ -453,7 +435,7 @@ class Executor:
             except GpuError as e:
                 if e.kind != "oom" or not chunkable(call):
                     raise
-                self._free = (0, 0)
+                self._gpu.forget_free_memory()
                 out = run_chunked(self._gpu, call, stream, e)
         except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
             dur = (_perf_ns() - t0) * 1e-3
@@ -463,27 +445,42 @@ class Executor:
                 # the GPU's health, so the breaker does not see it; the call still reruns on the CPU
                 self._core.release_probe(slot)
             else:
-                self._core.record(slot, 1, call.size, dur, h2d, d2h, False, False, False)
+                self._core.record(slot, _GPU, call.size, dur, h2d, d2h, False, False, False)
             if err.kind == "oom":
-                self._free = (0, 0)
+                self._gpu.forget_free_memory()
             return self._fallback(call, slot, err, pc, pg, stream)
         except BaseException:  # interrupted (KeyboardInterrupt, SystemExit): the run has no outcome, but
             # the GPU health must still see one, or a half-open probe would keep the breaker wedged
-            self._core.record(slot, 1, call.size, -1.0, h2d, d2h, False, False, False)
+            self._core.record(slot, _GPU, call.size, -1.0, h2d, d2h, False, False, False)
             raise
         dur = (_perf_ns() - t0) * 1e-3
         if ticket is not None:
             device_us = self._early.pop(ticket, None)
             if device_us is not None:   # read by another thread's call before this line
-                self._core.learn(slot, 1, call.size, max(dur, device_us))
+                self._core.learn(slot, _GPU, call.size, max(dur, device_us))
             else:
                 _bounded_put(self._timed, ticket, (slot, call.size, dur))
         resident = None
         if before is not None:   # host inputs: what the call uploaded and what it read from kept copies
-            after = totals()
+            after = self._gpu.transfer_totals()
             resident = {"uploaded": after[0] - before[0], "reused": after[1] - before[1]}
-        self._finish(call, slot, 1, reason, dur, pc, pg, stream, None, h2d, d2h, resident=resident)
+        self._finish(call, slot, _GPU, reason, dur, pc, pg, stream, None, h2d, d2h, resident=resident)
         return out
+
+    def _compiled_gpu_failed(self, e, op, args, kwargs, slot, reason, pc, pg, stream, dur):
+        """A launch plan replayed by the compiled GPU path (hipsched._dispatch) failed: as a failed run of
+        _run_gpu, the failure is recorded against the GPU's health and the call reruns on the CPU."""
+        call = (self._prepare.get(op) or self._prepare_missing(op))(*args, **kwargs)
+        err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
+        if err.kind == "unsupported":
+            self._core.release_probe(slot)
+        else:
+            self._core.record(slot, _GPU, call.size, dur, 0, 0, False, False, False)
+        if err.kind == "oom":
+            self._gpu.forget_free_memory()
+        elif err.kind == "unavailable":
+            self._gpu.disable(err.message)
+        return self._fallback(call, slot, err, pc, pg, stream)
 
     def _fallback(self, call, slot, err, pc, pg, stream):
         if not self.config.allow_fallback:  # no result, so no event; the op's GPU health saw the failure
@@ -496,12 +493,12 @@ class Executor:
             if first:  # logged outside the lock: a handler may run code that calls this executor
                 log.warning("hipsched: %s failed on the GPU (%s); rerunning on the CPU. Later %s failures "
                             "of this op fall back silently (see telemetry 'fallback').", call.op, err, err.kind)
-        reason = 2  # cpu_fallback
+        reason = _R_FALLBACK
         if call.on_device:
             return self._run_cpu_device(call, slot, reason, pc, pg, stream, ("gpu", str(err)))
         t0 = _perf_ns()
         out = self._cpu.run(call)
-        self._finish(call, slot, 0, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, ("gpu", str(err)))
+        self._finish(call, slot, _CPU, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, ("gpu", str(err)))
         return out
 
     # ------------------------------------------------------------------ residency
@@ -516,10 +513,9 @@ class Executor:
         NumPy array that owns its memory (or is already read-only), else (or with `copy=True`) a copy is.
         Without a GPU, or when the upload fails (logged), the handle works on the host alone."""
         handle = ResidentArray.register(array, copy=copy)
-        keep = getattr(self._gpu, "keep_resident", None)
-        if keep is not None and self._gpu_present and getattr(self._gpu, "available", False):
+        if self._gpu_present and self._gpu.available:
             try:
-                keep(handle)
+                self._gpu.keep_resident(handle)
             except Exception as e:  # the host side still works; the GPU uploads it on first use if it can
                 log.warning("hipsched: could not keep an array of %d bytes on the GPU (%s); it is uploaded "
                             "when a GPU call needs it", handle.nbytes, e)
@@ -556,7 +552,7 @@ class Executor:
         feats = cpu_features()
         ops = [OpCapability(op, "cpu", spec.cpu_dtypes, sys.maxsize, None) for op, spec in OPS.items()]
         reasons = ()
-        present = self._gpu_present and bool(getattr(self._gpu, "available", True))
+        present = self._gpu_present and bool(self._gpu.available)
         if present:
             for op, spec in OPS.items():
                 try:
@@ -566,14 +562,14 @@ class Executor:
                 except Exception:
                     continue
         else:
-            r = getattr(self._gpu, "unavailable_reason", None) or "no GPU backend"
+            r = self._gpu.unavailable_reason or "no GPU backend"
             reasons = tuple(p.strip() for p in str(r).split(";") if p.strip())
         if self.config.force_cpu_mode:
             reasons += ("force_cpu_mode is set",)
         return ExecutorCapabilities(
-            gpu_available=present, gpu_device_name=getattr(self._gpu, "device_name", None),
+            gpu_available=present, gpu_device_name=self._gpu.device_name,
             cpu_simd_level=feats.get("simd", "scalar"), reasons=reasons,
-            gpu_runtime=getattr(self._gpu, "runtime_name", None), gpu_arch=getattr(self._gpu, "device_arch", None),
+            gpu_runtime=self._gpu.runtime_name, gpu_arch=self._gpu.device_arch,
             cpu_threads=int(feats.get("threads", 1)), ops=tuple(ops))
 
     def gpu_health(self, op) -> dict:
@@ -640,6 +636,7 @@ class Executor:
         self._closed = True
         if self._timed:
             self._learn_gpu_times()   # what has run by now still counts for the saved model
+        self._fast.forget_plans()
         if self._save_at_exit is not None:
             self._save_at_exit()  # saves now, and not again at exit
         if self._tel is not None:

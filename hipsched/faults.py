@@ -45,13 +45,17 @@ class FaultInjectingBackend:
     """Delegates everything to `inner`; `run` first draws from the seeded generator and raises the
     chosen GpuError (before touching the device, as a failed launch or allocation would)."""
 
+    # Every call goes through `run`, where the faults are drawn: the compiled call path, which
+    # replays launches without it, is not offered
+    callpath = None
+
     def __init__(self, inner, spec: str):
         self._inner = inner
         self.rates, self.seed = parse_fault_spec(spec)
         self._rng = random.Random(self.seed)
         self._lock = threading.Lock()
         self.injected = {k: 0 for k in self.rates}
-        if not hasattr(inner, "run_timed"):
+        if getattr(inner, "run_timed", None) is None:
             self.run_timed = None   # as the inner backend: the executor then uses run
 
     def __getattr__(self, name):  # everything but run and run_timed: the real backend

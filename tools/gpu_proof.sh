@@ -3,9 +3,10 @@
 #
 # Builds hipsched in place (no build isolation: such machines reach no package registry), then runs the
 # GPU tests, the same tests again under compute-sanitizer's memcheck and racecheck, the GPU benchmark
-# table (against CuPy/torch and a device-to-device copy in the same run) and the demo. Writes
+# table (against CuPy/torch and a device-to-device copy in the same run), the call path's host time
+# (bench/device_data.py) and the demo. Writes
 # OUT_DIR/summary.md (one line per step, the test counts and the benchmark table) and one log per step:
-# eight files in all, so the whole folder comes back from a lent machine. Every step has its own time
+# nine files in all, so the whole folder comes back from a lent machine. Every step has its own time
 # limit; the limits add up to 10 minutes, the most one command may take on a lent H100. Exit status: 0 when every step passed.
 #
 # Wheels the machine lacks (faiss-cpu, gguf, jsonschema: their tests skip without them) are installed
@@ -57,7 +58,7 @@ if [ -d .whl ] && compgen -G ".whl/*.whl" >/dev/null; then
   step "wheels from .whl" 120 "$BUILD_LOG" "$PY" -m pip install -q --no-index --no-deps --target /tmp/hipsched-site .whl/*.whl
   export PYTHONPATH=/tmp/hipsched-site${PYTHONPATH:+:$PYTHONPATH}
 fi
-step "build in place" "${HIPSCHED_PROOF_BUILD_S:-180}" "$BUILD_LOG" \
+step "build in place" "${HIPSCHED_PROOF_BUILD_S:-150}" "$BUILD_LOG" \
   "$PY" setup.py -q build_ext --inplace -j "$HIPSCHED_CYTHON_JOBS" || { echo "build failed: see $BUILD_LOG"; exit 1; }
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 # a GPU must be taken, or everything after this proves nothing
@@ -80,6 +81,7 @@ step "memcheck" 90 "$OUT/memcheck.log" "${SAN[@]}" --tool memcheck --leak-check 
   tests/gpu/test_gpu_half_ops.py
 step "racecheck" 60 "$OUT/racecheck.log" "${SAN[@]}" --tool racecheck "${SAN_TESTS[@]}" -x
 step "GPU benchmark" 60 "$OUT/bench.log" "$PY" bench/gpu_ops.py --quick
+step "call path benchmark" 30 "$OUT/device-data.log" "$PY" bench/device_data.py --calls 40 --repeat 5
 step "demo" 30 "$OUT/demo.log" "$PY" -m hipsched demo --quick --no-progress --log "$OUT/demo.jsonl"
 
 {
@@ -90,6 +92,10 @@ step "demo" 30 "$OUT/demo.log" "$PY" -m hipsched demo --quick --no-progress --lo
   echo
   table=$(ls -t bench/results/gpu_ops*.md 2>/dev/null | head -1)
   if [ -n "$table" ]; then cat "$table"; else tail -40 "$OUT/bench.log"; fi
+  echo
+  echo "## Call path: device and host arrays against torch"
+  echo
+  cat bench/results/device_data.md 2>/dev/null || tail -20 "$OUT/device-data.log"
   echo
   echo "## Demo: where calls ran"
   echo

@@ -19,6 +19,8 @@ from ..device_arrays import is_device_array
 from ..errors import GpuError
 from ..gpu import runtime as _rt
 from ..gpu import detect
+from ..gpu.recording import PlanRecorder
+from .interface import GpuBackendBase
 from ..gpu.streams import as_stream_handle
 from ..ops import OPS
 
@@ -61,9 +63,40 @@ def _no_runtime_reason() -> str:
         return f"GPU detection failed: {type(e).__name__}: {e}"
 
 
-class GpuBackend:
-    name = "gpu"
+def _array_leaves(x, out):
+    """(pointer, bytes, is a host array) of the arrays among a call's arguments, in order."""
+    for a in x:
+        if isinstance(a, (tuple, list)):
+            _array_leaves(a, out)
+        elif isinstance(a, np.ndarray):
+            out.append((int(a.__array_interface__["data"][0]), int(a.nbytes), True))
+        elif hasattr(a, "ptr") and hasattr(a, "nbytes"):
+            out.append((int(a.ptr), int(a.nbytes), False))
+    return out
+
+
+def _compiled_path(ctx):
+    """The compiled call path (gpu/_callpath.pyx) of a context whose runtime has C entry points, or
+    None: the glue then serves every call, as it does for an emulator or a test double."""
+    try:
+        # deferred: compiled modules of the GPU layer, loaded once a runtime is found
+        from ..gpu._callpath import GpuPath
+        from ..gpu._driver import driver_for
+    except ImportError as e:
+        logging.getLogger("hipsched").warning("hipsched: the compiled GPU call path is not built (%s); GPU "
+                                              "calls take the Python launch glue", e)
+        return None
+    drv = driver_for(ctx.rt)
+    if drv is None:
+        return None
+    return GpuPath(drv, ctx.rt, ctx.device.index, ctx.platform)
+
+
+class GpuBackend(GpuBackendBase):
     _fork_gen = 0
+    # The compiled call path (hipsched/gpu/_callpath.pyx's GpuPath), or None. The dispatcher replays
+    # through it the launch plans it recorded (see _run) for calls on device data.
+    callpath = None
     device_index = None
     device_name = None
     runtime_name = None
@@ -104,6 +137,7 @@ class GpuBackend:
                 self.unavailable_reason = e.message
                 return
             self.available = True
+            self.callpath = _compiled_path(self._ctx)
         except Exception as e:
             self.available = False
             self.unavailable_reason = f"GPU initialisation failed: {type(e).__name__}: {e}"
@@ -129,7 +163,7 @@ class GpuBackend:
             self._ctx.check_launches(planner(self._ctx, call))
         except GpuError as e:
             if e.kind == "unavailable":   # loading the planned kernels met a dead driver: as run() would
-                self._disable(e.message)
+                self.disable(e.message)
             return str(e) if e.kind == "unsupported" else None
         except Exception:
             return None
@@ -142,7 +176,7 @@ class GpuBackend:
             return int(self._ctx.rt.mem_info()[0])
         except GpuError as e:   # the scheduler's first question often meets a dead driver first
             if e.kind == "unavailable":
-                self._disable(e.message)
+                self.disable(e.message)
             return 0
         except Exception:
             return 0
@@ -213,10 +247,12 @@ class GpuBackend:
             self._fns[key] = fn
         return fn
 
-    def _disable(self, reason: str) -> None:
+    def disable(self, reason: str) -> None:
         """The GPU is gone for this backend (a forked child, a driver that refuses our code objects,
         a driver that stopped answering): every later run fails at once with this one reason, never
         reaching the runtime again."""
+        if self.callpath is not None:
+            self.callpath.enabled = False
         if self.available:   # the first reason stays; a racing second one says the same thing
             self.available = False
             self.unavailable_reason = reason
@@ -225,7 +261,7 @@ class GpuBackend:
 
     def _still_available(self) -> bool:
         if self.available and self._fork_gen != _rt._fork_generation:
-            self._disable(_rt.forked_error(self.runtime_name or "GPU").message)
+            self.disable(_rt.forked_error(self.runtime_name or "GPU").message)
         return self.available
 
     def _check_devices(self, args):
@@ -274,14 +310,23 @@ class GpuBackend:
                 self._check_devices(call.args)
             if timed:
                 start = self._ctx.start_timing(s)
-            out = self._impl(call.op)(self._ctx, call, s)
+            ctx = recorder = None
+            if self.callpath is not None:
+                wanted = self.callpath.recording_request()
+                # only a run of the whole call the request was made for (not a piece of it after an
+                # out-of-memory split, nor inputs prepare converted): its arrays are the ones it names
+                if wanted is not None and sorted(wanted) == sorted(_array_leaves(call.args, [])):
+                    ctx = recorder = PlanRecorder(self._ctx, wanted, s)
+            out = self._impl(call.op)(ctx or self._ctx, call, s)
+            if recorder is not None:
+                self.callpath.recorded(recorder.plan())
             ticket = None
             if start is not None:
                 ticket, start = self._ctx.stop_timing(start, s), None
             return out, ticket
         except GpuError as e:
             if e.kind == "unavailable":
-                self._disable(e.message)
+                self.disable(e.message)
             elif e.kind == "oom":
                 self._trim_resident()
             raise
@@ -336,6 +381,12 @@ class GpuBackend:
 
     def close(self) -> None:
         with self._lock:
+            if self.callpath is not None:
+                self.callpath.enabled = False
+                try:
+                    self.callpath.release_held()
+                except Exception:
+                    pass
             if self._ctx is not None:
                 try:
                     self._ctx.close()

@@ -108,6 +108,11 @@ _EVENT_DEFAULT = 0
 _GFX_RE = re.compile(rb"gfx[0-9a-f]+(?::[a-z]+[+-])*")
 
 
+def _address(fn) -> int:
+    """The C address of a ctypes function (the library's own entry point)."""
+    return ctypes.cast(fn, c_void_p).value or 0
+
+
 class CtypesRuntime(Runtime):
     """HIP or CUDA through ctypes. Construct with `CtypesRuntime("hip")` or `("cuda")`; the
     constructor initialises the driver and raises GpuError(kind="unavailable") if there is no
@@ -277,6 +282,22 @@ class CtypesRuntime(Runtime):
         if self.vendor == "cuda":
             return f"cuda-driver {self._driver_version}"
         return f"hip-driver {self._driver_version} hip-runtime {self._runtime_version}"
+
+    def c_entry_points(self):
+        if self._fork_gen != _rt._fork_generation or self._no_free_async or \
+                any(name not in self._fns for name in self.C_ENTRY_POINTS):
+            return None   # a driver without stream-ordered allocation: the Python path handles it
+        table = {name: _address(self._fns[name]) for name in self.C_ENTRY_POINTS}
+        table["get_current"] = _address(self._get_current)
+        table["set_current"] = _address(self._set_current)
+        # page-locked staging for host arrays (optional: without it host arrays take the glue)
+        for name, symbol in zip(("host_alloc", "host_free"), ("cuMemAllocHost_v2", "cuMemFreeHost") if
+                                self.vendor == "cuda" else ("hipHostMalloc", "hipHostFree")):
+            fn = getattr(self._lib, symbol, None)
+            if fn is not None:
+                table[name] = _address(fn)
+        context = self._primary_context(self._device) if self.vendor == "cuda" else 0
+        return table, self.vendor, context, self._device
 
     def pointer_device(self, ptr: int) -> int | None:
         if not ptr:

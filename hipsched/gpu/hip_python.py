@@ -86,6 +86,30 @@ class HipPythonRuntime(Runtime):
         self._versions = (self._version("hipDriverGetVersion"), self._version("hipRuntimeGetVersion"))
         self.set_device(0)
 
+    # hip-python keeps no C function pointers of its own: the same symbols, looked up in the library it
+    # loaded (libamdhip64)
+    _C_SYMBOLS = {"launch": "hipModuleLaunchKernel", "memcpy_htod": "hipMemcpyHtoDAsync",
+                  "memcpy_dtoh": "hipMemcpyDtoHAsync", "event_create": "hipEventCreateWithFlags",
+                  "event_destroy": "hipEventDestroy", "event_record": "hipEventRecord",
+                  "event_synchronize": "hipEventSynchronize", "event_elapsed": "hipEventElapsedTime",
+                  "stream_wait_event": "hipStreamWaitEvent", "stream_synchronize": "hipStreamSynchronize",
+                  "mem_info": "hipMemGetInfo", "malloc_async": "hipMallocAsync", "free_async": "hipFreeAsync",
+                  "event_query": "hipEventQuery", "get_current": "hipGetDevice", "set_current": "hipSetDevice",
+                  "host_alloc": "hipHostMalloc", "host_free": "hipHostFree"}
+
+    def c_entry_points(self):
+        if self._fork_gen != _rt._fork_generation:
+            return None
+        from . import libs   # deferred: the library is opened by name only for the compiled call path
+        lib = libs.open_library("hip")[0]
+        table = {}
+        for name, symbol in self._C_SYMBOLS.items():
+            fn = getattr(lib, symbol, None)
+            if fn is None:
+                return None
+            table[name] = ctypes.cast(fn, ctypes.c_void_p).value or 0
+        return table, "hip", 0, self._device
+
     def _version(self, fname) -> int:
         try:
             return int(self._do(fname))

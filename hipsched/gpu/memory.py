@@ -16,10 +16,11 @@ import weakref
 import numpy as np
 
 from .. import resident as _resident
-from ..device_arrays import GPU_DEVICE_TYPES, dlpack_device, is_device_array
+from ..device_arrays import GPU_DEVICE_TYPES, dlpack_device, dlpack_stream, is_device_array
 from ..errors import GpuError
 from ..resident import immutable
-from . import detect, dlpack
+from . import _driver, detect, dlpack
+from ._driver import DeviceMemory
 from .streams import _retired_streams, as_stream_handle, retire_stream, revive_stream  # noqa: F401 (re-exported)
 
 # The stream the current call will read foreign arrays on (see consumer_stream); None: not known.
@@ -63,38 +64,9 @@ def _is_c_contiguous(shape, strides_bytes, itemsize) -> bool:
     return all(n <= 1 or s == e for n, s, e in zip(shape, strides_bytes, expected))
 
 
-class _Allocation:
-    """Owns one device allocation, freed when the last DeviceArray viewing it goes: in stream order,
-    after the work queued on every stream it was used on (see _release), since kernels that read it
-    may still be queued when the last Python reference goes."""
-
-    def __init__(self, runtime, nbytes: int, stream=None):
-        self.runtime = runtime
-        self.nbytes = nbytes
-        # Made for a stream: in that stream's order, from the device's pool (microseconds, where a
-        # synchronous malloc costs 100 us or more). Made for no stream: usable by anyone at once.
-        if not nbytes:
-            self.ptr = 0
-        elif stream is None or not hasattr(runtime, "malloc_async"):
-            self.ptr = runtime.malloc(nbytes)
-        else:
-            self.ptr = runtime.malloc_async(nbytes, int(stream))
-        # the stream it was made for first; record_stream adds the others work on it ran on
-        self.streams = [int(stream or 0)]
-        fin = weakref.finalize(self, _release, runtime, self.ptr, self.streams)
-        fin.atexit = False   # the runtime may be torn down first; the driver reclaims it at exit anyway
-
-    def used_on(self, stream) -> None:
-        s = int(stream or 0)
-        if s not in self.streams:
-            self.streams.append(s)
-
-
 def _release(runtime, ptr, streams):
-    """Finalizer of an _Allocation. cuMemFree/hipFree give no promise about kernels still queued that
-    read the memory (and where they wait, they stall the whole device, here from a finalizer), so the
-    free is stream-ordered: on the stream the memory was made for, after events that order it behind
-    the work of every other stream it was used on. Nothing blocks and no lock is taken."""
+    """How DeviceMemory (gpu/_driver.pyx) frees memory of a runtime without C entry points (an emulator,
+    a test double): stream-ordered as there, through the runtime's Python methods."""
     if not ptr:
         return
     try:
@@ -114,6 +86,9 @@ def _release(runtime, ptr, streams):
         free_async(ptr, home)
     except Exception:
         pass
+
+
+_driver.python_release = _release
 
 
 class DeviceArray:
@@ -148,7 +123,7 @@ class DeviceArray:
         runtime = _runtime_or_default(runtime)
         shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        alloc = _Allocation(runtime, nbytes, stream)
+        alloc = DeviceMemory(runtime, nbytes, stream)
         return cls(alloc.ptr, shape, dtype, runtime, owner=alloc, stream=stream)
 
     @classmethod
@@ -167,7 +142,7 @@ class DeviceArray:
             stream = _consumer.get()
         dev = _dlpack_device(obj)
         if dev is not None and dev[0] in GPU_DEVICE_TYPES:
-            arr = cls._from_dlpack(obj, runtime, stream)
+            arr = cls._from_dlpack(obj, runtime, stream, dev[0])
         else:
             cai = getattr(obj, "__cuda_array_interface__", None)
             if cai is None:
@@ -181,12 +156,12 @@ class DeviceArray:
         return arr
 
     @classmethod
-    def _from_dlpack(cls, obj, runtime, stream):
-        # The stream is passed as the protocol spells it: None for our null stream (the legacy default
-        # stream on CUDA and ROCm alike), else the handle.
+    def _from_dlpack(cls, obj, runtime, stream, device_type):
+        # The stream is passed as the protocol spells it (dlpack_stream: our null stream, the legacy
+        # default stream, is CUDA's 1 and ROCm's 0), else the handle.
         reader = None if stream is None else int(stream)
         try:
-            capsule = obj.__dlpack__() if not reader else obj.__dlpack__(stream=reader)
+            capsule = obj.__dlpack__(stream=dlpack_stream(reader or 0, device_type))
         except TypeError:   # a producer that predates the stream argument orders the legacy stream
             capsule, reader = obj.__dlpack__(), None
         tensor = dlpack.ConsumedTensor(capsule)
@@ -272,7 +247,7 @@ class DeviceArray:
         owner = self.owner
         while isinstance(owner, DeviceArray):
             owner = owner.owner
-        return owner if isinstance(owner, _Allocation) else None
+        return owner if isinstance(owner, DeviceMemory) else None
 
     @property
     def owns_memory(self) -> bool:
@@ -460,7 +435,7 @@ def to_device(np_array, runtime=None, stream=0, dtype=None) -> DeviceArray:
     runtime = _runtime_or_default(runtime)
     host = np.ascontiguousarray(np_array, dtype=dtype)
     s = _stream_int(stream)
-    alloc = _Allocation(runtime, host.nbytes, s)   # complete when returned (stream None), made on s
+    alloc = DeviceMemory(runtime, host.nbytes, s)   # complete when returned (stream None), made on s
     out = DeviceArray(alloc.ptr, host.shape, host.dtype, runtime, owner=alloc)
     if host.nbytes:
         runtime.memcpy_htod(out.ptr, host.ctypes.data, host.nbytes, s)

@@ -108,6 +108,22 @@ class Runtime(ABC):
         view._device = index
         return view
 
+    # What the compiled call path (gpu/_driver.pyx) calls, by the ctypes binding's canonical names; each
+    # entry has the CUDA driver API's C signature (HIP's module API mirrors it argument for argument),
+    # plus "get_current"/"set_current": cuCtxGetCurrent/cuCtxSetCurrent, or hipGetDevice/hipSetDevice, and
+    # optionally "host_alloc"/"host_free" for page-locked staging: cuMemAllocHost_v2/cuMemFreeHost, or
+    # hipHostMalloc (its third argument, flags, 0)/hipHostFree.
+    C_ENTRY_POINTS = ("launch", "memcpy_htod", "memcpy_dtoh", "event_create", "event_destroy", "event_record",
+                      "event_synchronize", "event_elapsed", "stream_wait_event", "stream_synchronize", "mem_info",
+                      "malloc_async", "free_async", "event_query")
+
+    def c_entry_points(self):
+        """(table, vendor, context, device) for the compiled call path: {name: address} of every
+        C_ENTRY_POINTS entry and the current-device pair, "cuda" or "hip", the primary context to make
+        current (CUDA) and the device index (HIP); None when this runtime has no C functions to offer
+        (the Python methods then serve every call)."""
+        return None
+
     def pointer_device(self, ptr: int) -> int | None:
         """The device a device pointer was allocated on, or None when the driver cannot say."""
         return None

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from hipsched.backends.cpu import CpuBackend
+from hipsched.backends.interface import GpuBackendBase
 from hipsched.errors import GpuError
 from hipsched.ops.base import Call
 
@@ -48,7 +49,7 @@ def sleep_us(us: float):
         time.sleep(left * 1e-9)
 
 
-class FakeGpuBackend:
+class FakeGpuBackend(GpuBackendBase):
     name = "gpu"
 
     def __init__(self, ops=("add", "scale", "softmax", "cosine_similarity", "top_k", "matmul", "attention"),

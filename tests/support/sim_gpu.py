@@ -42,6 +42,7 @@ import weakref
 import numpy as np
 
 from hipsched.backends.cpu import CpuBackend
+from hipsched.backends.interface import GpuBackendBase
 from hipsched.resident import handle_of, immutable
 
 from h100_latency import (CPU_US, GPU_US, LARGE_UPLOAD_BYTES, LARGE_UPLOAD_GBPS,  # noqa: E402
@@ -149,7 +150,7 @@ class SimulatedCpu:
         return self.run(call)
 
 
-class SimulatedGpu:
+class SimulatedGpu(GpuBackendBase):
     """GpuBackend with the H100's times (see the module docstring)."""
     name = "gpu"
 

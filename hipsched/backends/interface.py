@@ -1,0 +1,146 @@
+"""What the Executor asks of a GPU backend, declared once: `GpuBackendInterface` (a Protocol, for readers
+and type checkers) and `GpuBackendBase`, the answers of a backend that lacks a capability, which every
+implementation inherits: the real one (backends/gpu.py), the stand-in when none loads (executor's
+_NoGpu), and the test doubles (tests/support). The Executor then calls each member directly instead of
+probing for it.
+
+The split follows ggml's supports_op / offload_op: `supports(op, dtype)` is a table (can this device
+run the op at all), `judge(call)` looks at one call (its shapes against the launch limits, its memory
+against what is free, what it would copy), and `run` runs it."""
+from __future__ import annotations
+
+import time
+from typing import Protocol, runtime_checkable
+
+from ..errors import GpuError
+
+# Free device memory is re-read at most every 10 ms: a decision must not cost a driver query.
+FREE_MEMORY_TTL_NS = 10_000_000
+
+
+@runtime_checkable
+class GpuBackendInterface(Protocol):
+    name: str
+    available: bool                 # a working device (False: every call stays on the CPU)
+    unavailable_reason: str | None  # why not, for capabilities() and errors
+    device_name: str | None
+    runtime_name: str | None
+    device_arch: str | None
+    callpath: object                # the compiled call path (gpu/_callpath.pyx's GpuPath), or None
+
+    def supports(self, op: str, dtype: str) -> bool: ...
+    def max_elements(self, op: str) -> int: ...
+    def judge(self, call) -> tuple[str | None, bool, int, int]: ...
+    def forget_free_memory(self) -> None: ...
+    def disable(self, reason: str) -> None: ...
+    def run(self, call, stream=None): ...
+    def run_timed(self, call, stream=None): ...
+    def gpu_times(self) -> list: ...
+    def keep_resident(self, handle) -> None: ...
+    def would_keep(self, host, trusted: bool = False) -> bool: ...
+    def is_resident(self, host) -> bool: ...
+    def transfer_totals(self) -> tuple[int, int] | None: ...
+    def measure_transfer(self) -> dict: ...
+    def close(self) -> None: ...
+
+
+class GpuBackendBase:
+    """The interface's members with the answers of a backend that lacks the capability: no device, no
+    timing events, no resident copies. `judge` is composed from `unsupported`, `device_bytes_needed`,
+    `free_memory` and `transfer_bytes`, which an implementation overrides."""
+
+    name = "gpu"
+    available = False
+    unavailable_reason: str | None = None
+    device_name: str | None = None
+    runtime_name: str | None = None
+    device_arch: str | None = None
+    callpath = None
+    _free_read = (0, 0)   # (when, bytes) of the last free-memory reading
+
+    # ------------------------------------------------------------------ what the device takes
+    def supports(self, op: str, dtype: str) -> bool:
+        return False
+
+    def max_elements(self, op: str) -> int:
+        return 0
+
+    def unsupported(self, call) -> str | None:
+        """Why this device cannot run `call` (None: it can)."""
+        return None
+
+    def device_bytes_needed(self, call) -> int:
+        return int(call.nbytes)
+
+    def free_memory(self) -> int:
+        return 0
+
+    def transfer_bytes(self, call) -> tuple[int, int]:
+        """(host->device, device->host) bytes a run of `call` copies (device data: none)."""
+        return (0, 0) if call.on_device else (int(call.nbytes), 0)
+
+    def judge(self, call) -> tuple[str | None, bool, int, int]:
+        """(refusal, fits, h2d, d2h) of a call the scheduler could send here: why the device cannot run
+        it (None: it can; judged on shapes and parameters before anything is uploaded), whether its
+        device memory fits what is free now, and the bytes a run would copy each way. May raise: a
+        failing query means the device cannot be trusted with the call."""
+        why = self.unsupported(call)
+        if why is not None:
+            return why, False, 0, 0
+        fits = self.device_bytes_needed(call) <= self._free_bytes()
+        h2d, d2h = self.transfer_bytes(call)
+        return None, fits, int(h2d), int(d2h)
+
+    def _free_bytes(self) -> int:
+        now = time.perf_counter_ns()
+        when, free = self._free_read
+        if now - when > FREE_MEMORY_TTL_NS or not when:
+            free = int(self.free_memory())
+            self._free_read = (now, free)
+        return free
+
+    def forget_free_memory(self) -> None:
+        """The device ran out of memory: the next judgement reads the free memory anew."""
+        self._free_read = (0, 0)
+
+    def disable(self, reason: str) -> None:
+        """The device is gone for this backend (a forked child, a driver that stopped answering): every
+        later call stays on the CPU, and `unavailable_reason` says why."""
+        if self.available:
+            self.available = False
+            self.unavailable_reason = reason
+
+    # ------------------------------------------------------------------ running
+    def run(self, call, stream=None):
+        raise GpuError("unavailable", self.unavailable_reason or "no GPU")
+
+    # A backend whose runs on device data can be timed by events (see GpuBackend.run_timed) sets this
+    # to its method; None: such runs are not timed.
+    run_timed = None
+
+    def gpu_times(self) -> list:
+        return []
+
+    def measure_transfer(self) -> dict:
+        raise GpuError("unavailable", self.unavailable_reason or "no GPU")
+
+    # ------------------------------------------------------------------ residency
+    def keep_resident(self, handle) -> None:
+        """Keep a ResidentArray on the device (no device: it works on the host alone)."""
+
+    def would_keep(self, host, trusted: bool = False) -> bool:
+        return False
+
+    def is_resident(self, host) -> bool:
+        return False
+
+    def transfer_totals(self) -> tuple[int, int] | None:
+        """(bytes uploaded, bytes read from kept copies) by this thread's calls so far; None when the
+        backend does not keep count."""
+        return None
+
+    def resident_summary(self) -> dict | None:
+        return None
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,624 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled GPU call path: what a GPU call on device data does after its first time, in C.
+
+A call's first GPU run with given arguments goes through the op's Python launch glue
+(hipsched/gpu/ops_*.py) with a `PlanRecorder` (gpu/recording.py) in place of the GpuContext: the glue
+runs as always and the recorder writes down its kernels, grids, parameters, outputs and scratch as a
+`Plan`. A later call whose arguments have the same key (op; each device array's type, shape, dtype,
+strides and 16-byte alignment; each scalar's type and value; which inputs overlap) is one the glue
+would plan the same way, so the dispatcher (hipsched/_dispatch.pyx) replays the plan here: the
+arguments are read in C (a hipsched DeviceArray's attributes, or a DLPack capsule's DLTensor, the
+stream handshake done once), outputs and scratch come from the device's stream-ordered pool, and the
+launches go straight to the driver through `Driver`'s function pointers. No Python function runs
+between the Executor's method and the driver.
+
+Lifetimes without per-call Python work: hipsched's own inputs are marked as used on the call's stream
+(their frees are ordered after it); foreign ones (a consumed DLPack tensor, a DeviceArray over foreign
+memory) are held with a pooled event until their work has run, and let go in batches by later calls."""
+from libc.stdint cimport uintptr_t, int64_t, uint8_t, uint16_t, int32_t
+from libc.string cimport memcpy
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer, PyCapsule_SetName
+
+cimport numpy as cnp
+
+import sys
+import threading
+
+import numpy as np
+
+from hipsched.gpu._driver cimport Driver, DeviceMemory, adopt, NOT_READY
+from ..device_arrays import GPU_DEVICE_TYPES, dlpack_stream, kDLCUDA, kDLROCM
+from ..errors import GpuError
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    typedef struct { int32_t device_type; int32_t device_id; } HsDLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } HsDLDataType;
+    typedef struct {
+        void *data; HsDLDevice device; int32_t ndim; HsDLDataType dtype;
+        int64_t *shape; int64_t *strides; uint64_t byte_offset;
+    } HsDLTensor;
+    typedef struct HsDLManagedTensor {
+        HsDLTensor dl_tensor; void *manager_ctx; void (*deleter)(struct HsDLManagedTensor *);
+    } HsDLManagedTensor;
+    """
+    ctypedef struct HsDLDevice:
+        int32_t device_type
+        int32_t device_id
+    ctypedef struct HsDLDataType:
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
+    ctypedef struct HsDLTensor:
+        void *data
+        HsDLDevice device
+        int32_t ndim
+        HsDLDataType dtype
+        int64_t *shape
+        int64_t *strides
+        unsigned long long byte_offset
+    ctypedef struct HsDLManagedTensor:
+        HsDLTensor dl_tensor
+        void *manager_ctx
+        void (*deleter)(HsDLManagedTensor *) noexcept nogil
+
+# Calls whose foreign inputs are held before the oldest is waited for: a caller that never
+# synchronises must not make the list grow without bound.
+cdef int MAX_HELD = 256
+# Free device memory is re-read at most every 10 ms.
+cdef long long FREE_TTL_NS = 10000000
+
+cdef object _NONE_PART = ("none",)
+# gpu.memory's DeviceArray, bound when the first GpuPath is made: importing this module (the dispatcher
+# cimports it) loads no more of the GPU layer than the driver table
+DeviceArray = None
+cdef object _new = object.__new__
+_libraries = {}    # type -> the top-level module that can make its arrays from DLPack, or None
+
+
+cdef inline long long _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1000000000LL + ts.tv_nsec
+
+
+def _library_of(t):
+    """The library a foreign array's results go back to (its `from_dlpack`), as memory.callers_arrays."""
+    lib = _libraries.get(t, False)
+    if lib is False:
+        name = t.__module__.partition(".")[0]
+        module = sys.modules.get(name)
+        lib = _libraries[t] = name if callable(getattr(module, "from_dlpack", None)) else None
+    return lib
+
+
+cdef class DLPackHold:
+    """A consumed DLPack tensor and its producer's object, kept until the work reading it has run; the
+    producer's deleter runs when this goes."""
+    cdef HsDLManagedTensor *m
+    cdef object obj
+    cdef readonly object library
+
+    def __dealloc__(self):
+        if self.m != NULL and self.m.deleter != NULL:
+            self.m.deleter(self.m)
+        self.m = NULL
+
+
+cdef class Pinned:
+    """Page-locked host memory, freed with this object."""
+    cdef void *ptr
+    cdef size_t nbytes
+    cdef Driver drv
+
+    def __dealloc__(self):
+        if self.ptr != NULL and self.drv is not None and self.drv.usable():
+            self.drv.host_free(self.ptr)
+        self.ptr = NULL
+
+
+cdef class Plan:
+    """One glue run's launches, replayable for calls with the same key. Built by `Plan.build` from a
+    PlanRecorder's record."""
+
+    @staticmethod
+    def build(inputs, outputs, scratch, launches, results, bint single, bint to_host):
+        """inputs: [(bytes, is a host array)] in the key's order; outputs: [nbytes]; scratch: [nbytes] of
+        distinct buffers; launches: [(function handle, grid, block, shared, params)], each parameter
+        ('value', 8 bytes) or ('ptr', kind, index, delta) with kind 0 input, 1 output, 2 scratch;
+        results: [(output, delta, shape, dtype, strides)]; to_host: results are copied to host arrays.
+        None when it does not fit the plan's fixed limits (the glue then serves those calls)."""
+        cdef Plan p = Plan.__new__(Plan)
+        cdef int i, k
+        cdef size_t off = 0, nbytes
+        offsets = []
+        if len(outputs) > MAX_OUTPUTS or len(launches) > MAX_LAUNCHES or len(inputs) > MAX_INPUTS:
+            return None
+        p.nin, p.nout = len(inputs), len(outputs)
+        p.nhost = 0
+        for i, (nbytes, host) in enumerate(inputs):   # staged one after the other, 256-byte aligned
+            p.in_off[i] = off
+            if host:
+                p.nhost += 1
+                off += (nbytes + 255) & ~(<size_t>255)
+        p.staged_in = off
+        off = 0
+        for i in range(p.nout):
+            p.out_bytes[i] = outputs[i]
+        for nbytes in scratch:   # one block, each buffer 256-byte aligned as the allocator's are
+            offsets.append(off)
+            off += (<size_t>nbytes + 255) & ~(<size_t>255)
+        p.scratch_bytes = off
+        p.device_bytes = sum(outputs) + off
+        p.nslots = p.npatch = 0
+        p.nlaunch = len(launches)
+        for i, (fn, grid, block, shared, params) in enumerate(launches):
+            if p.nslots + len(params) > MAX_SLOTS:
+                return None
+            p.launches[i].fn = <void *><uintptr_t>fn
+            for k in range(3):
+                p.launches[i].grid[k] = grid[k]
+                p.launches[i].block[k] = block[k]
+            p.launches[i].shared = shared
+            p.launches[i].first = p.nslots
+            p.launches[i].count = len(params)
+            for param in params:
+                if param[0] == "value":
+                    p.slots[p.nslots] = int.from_bytes(param[1], "little")
+                else:
+                    p.slots[p.nslots] = 0
+                    p.patches[p.npatch].slot = p.nslots
+                    p.patches[p.npatch].kind = param[1]
+                    p.patches[p.npatch].index = param[2]
+                    p.patches[p.npatch].delta = param[3] + (offsets[param[2]] if param[1] == 2 else 0)
+                    p.npatch += 1
+                p.nslots += 1
+        p.to_host = to_host
+        p.staged_out = 0
+        rs = []
+        for r in results:
+            nbytes = r[3].itemsize
+            for n in r[2]:
+                nbytes *= n
+            rs.append(tuple(r) + (p.staged_out,))
+            p.staged_out += (nbytes + 255) & ~(<size_t>255)
+        p.results = tuple(rs)
+        p.single = single
+        if (p.nhost or to_host) and p.staged_in + p.staged_out > 16 * STAGE_MAX:
+            return None
+        return p
+
+    @property
+    def launch_count(self):
+        return self.nlaunch
+
+
+cdef class GpuPath:
+    """The compiled call path of one GPU backend (one device): reads a call's arguments, replays plans,
+    holds foreign inputs while their work runs, and keeps the device's free memory (re-read at most every
+    10 ms). Made by GpuBackend when its runtime has C entry points (`_driver.driver_for`)."""
+
+    def __init__(self, Driver drv, runtime, int device_index, str platform):
+        global DeviceArray
+        from .memory import DeviceArray   # deferred: see the module-level binding
+        self.drv = drv
+        self.runtime = runtime
+        self.enabled = True
+        self.device_type = kDLROCM if platform == "amd" else kDLCUDA
+        self.device_index = device_index
+        self.device = (self.device_type, device_index)
+        self.held = []
+        self.tls = threading.local()
+        self.free_at_ns = 0
+        self.free_bytes_cached = 0.0
+
+    # ------------------------------------------------------------------ arguments
+    cdef object read_args(self, str op, tuple args, dict kwargs, size_t reader, Inputs *ins, list keep):
+        """The call's plan key, or None when the compiled path does not take it (no device array, a host
+        array, another device's array, an argument of another kind). Fills `ins` with the device inputs
+        in order and `keep` with what holds each (the DeviceArray, or the DLPackHold of a consumed
+        tensor)."""
+        cdef Py_ssize_t i, j
+        ins.n = 0
+        parts = [op]
+        for a in args:
+            part = self._part(a, reader, ins, keep)
+            if part is None:
+                return None
+            parts.append(part)
+        if kwargs:
+            for k, v in kwargs.items():
+                part = self._part(v, reader, ins, keep)
+                if part is None:
+                    return None
+                parts.append(k)
+                parts.append(part)
+        if ins.n == 0:
+            return None
+        for i in range(ins.n):   # inputs that overlap: a plan knows only the pattern it was made with
+            for j in range(i):
+                if ins.ptr[i] < ins.ptr[j] + ins.nbytes[j] and ins.ptr[j] < ins.ptr[i] + ins.nbytes[i]:
+                    parts.append((i, j, <long long>ins.ptr[i] - <long long>ins.ptr[j]))
+        return tuple(parts)
+
+    cdef object _part(self, a, size_t reader, Inputs *ins, list keep):
+        t = type(a)
+        if t is float or t is int or t is bool or t is str:
+            return (t, a)
+        if a is None:
+            return _NONE_PART
+        if isinstance(a, DeviceArray):
+            return self._device_array(a, ins, keep)
+        if t is np.ndarray:
+            return self._host_array(a, ins)
+        if ins.n >= MAX_INPUTS or not hasattr(t, "__dlpack__"):
+            return None
+        return self._dlpack(a, t, reader, ins, keep)
+
+    cdef object _device_array(self, a, Inputs *ins, list keep):
+        cdef Py_ssize_t n
+        cdef size_t nbytes
+        if ins.n >= MAX_INPUTS:
+            return None
+        device = a.device
+        if device[1] != self.device_index:
+            return None   # another device's memory: the general path refuses it by name
+        shape = a.shape
+        dtype = a.dtype
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+        ptr = a.ptr
+        stream = a.stream
+        ins.ptr[ins.n] = ptr
+        ins.nbytes[ins.n] = nbytes
+        ins.producer[ins.n] = -1 if stream is None else stream
+        ins.host[ins.n] = 0
+        ins.n += 1
+        keep.append(a)
+        return (DeviceArray, shape, dtype, a.strides, (ptr & 15) == 0)
+
+    cdef object _dlpack(self, a, t, size_t reader, Inputs *ins, list keep):
+        cdef HsDLManagedTensor *m
+        cdef HsDLTensor *d
+        cdef DLPackHold hold
+        cdef size_t nbytes, ptr
+        cdef int i
+        try:
+            dev = a.__dlpack_device__()
+        except Exception:
+            return None
+        if dev[0] not in GPU_DEVICE_TYPES or dev[1] != self.device_index:
+            return None
+        # the protocol's handshake, once: the producer orders the reading stream after its pending writes
+        try:
+            capsule = a.__dlpack__(stream=dlpack_stream(reader, dev[0]))
+        except TypeError:   # a producer that predates the stream argument orders the legacy stream
+            if reader:
+                return None
+            capsule = a.__dlpack__()
+        if not PyCapsule_IsValid(capsule, b"dltensor"):
+            return None
+        m = <HsDLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor")
+        PyCapsule_SetName(capsule, b"used_dltensor")   # ours now: the producer's destructor must not free it
+        hold = DLPackHold.__new__(DLPackHold)
+        hold.m = m
+        hold.obj = a
+        hold.library = _library_of(t)
+        d = &m.dl_tensor
+        if d.dtype.lanes != 1 or d.ndim > 32:
+            return None
+        shape = tuple([d.shape[i] for i in range(d.ndim)])
+        strides = None if d.strides == NULL else tuple([d.strides[i] for i in range(d.ndim)])
+        nbytes = d.dtype.bits // 8
+        for i in range(d.ndim):
+            nbytes *= <size_t>d.shape[i]
+        ptr = <size_t>d.data + d.byte_offset
+        ins.ptr[ins.n] = ptr
+        ins.nbytes[ins.n] = nbytes
+        ins.producer[ins.n] = -1   # the handshake made it ready for the reader
+        ins.host[ins.n] = 0
+        ins.n += 1
+        keep.append(hold)
+        return (t, shape, (d.dtype.code, d.dtype.bits), strides, (ptr & 15) == 0)
+
+    cdef object _host_array(self, a, Inputs *ins):
+        """A small writable host array, staged up on each call. Read-only (and registered) arrays may be
+        kept resident on the device, and larger ones have their uploads shared across calls: those take
+        the glue, which asks the resident cache."""
+        cdef size_t nbytes
+        if ins.n >= MAX_INPUTS or not self.drv.has_host:
+            return None
+        if not cnp.PyArray_ISWRITEABLE(a) or not cnp.PyArray_ISCARRAY(a):
+            return None
+        nbytes = cnp.PyArray_NBYTES(a)
+        if nbytes >= STAGE_MAX:
+            return None
+        ins.ptr[ins.n] = <size_t>cnp.PyArray_DATA(a)
+        ins.nbytes[ins.n] = nbytes
+        ins.producer[ins.n] = -1
+        ins.host[ins.n] = 1
+        ins.n += 1
+        return (np.ndarray, a.shape, a.dtype)
+
+    cdef void *_staging(self, size_t nbytes) except? NULL:
+        """This thread's page-locked staging buffer, at least `nbytes`. One per thread: every call that
+        uses it waits for its copies before returning, so the next may reuse it."""
+        cdef Pinned pin = self.tls.__dict__.get("staging")
+        if pin is None or pin.nbytes < nbytes:
+            pin = Pinned.__new__(Pinned)
+            pin.drv = self.drv
+            pin.nbytes = max(nbytes, <size_t>65536)
+            if self.drv.alloc_host(&pin.ptr, pin.nbytes) != 0:
+                pin.ptr = NULL
+                raise GpuError("oom", f"cannot allocate {pin.nbytes} bytes of page-locked staging memory")
+            self.tls.staging = pin
+        return pin.ptr
+
+    # ------------------------------------------------------------------ replay
+    cdef object replay(self, Plan plan, Inputs *ins, list keep, size_t stream):
+        """Run `plan` on `ins` on `stream`: the results, as DeviceArrays or, when the first device input
+        came from a library that makes its arrays from DLPack, as that library's arrays."""
+        cdef Driver drv = self.drv
+        cdef void *outp[MAX_OUTPUTS]
+        cdef void *scratch = NULL
+        cdef unsigned long long buf[MAX_SLOTS]
+        cdef void *kp[MAX_SLOTS]
+        cdef size_t base
+        cdef int i, status = 0
+        cdef LaunchSpec *l
+        cdef Patch *p
+        cdef void *s = <void *>stream
+        cdef void *stage = NULL
+        cdef void *dev_in = NULL
+        cdef char *src
+        cdef size_t in_ptr[MAX_INPUTS]
+        if not drv.usable():
+            self.enabled = False
+            raise GpuError("unavailable", "forked child: the GPU driver cannot be used after fork()",
+                           name="forked-child")
+        status = drv.current()
+        if status != 0:
+            drv.fail(status, "make the device current")
+        for i in range(ins.n):
+            if ins.producer[i] >= 0 and <size_t>ins.producer[i] != stream:
+                status = drv.order_after(<void *><size_t>ins.producer[i], s)
+                if status != 0:
+                    drv.fail(status, "stream_wait_event")
+        for i in range(ins.n):
+            in_ptr[i] = ins.ptr[i]
+        if plan.nhost or plan.to_host:
+            stage = self._staging(plan.staged_in + plan.staged_out)
+        if plan.nhost:
+            # every host input into the staging buffer, then one asynchronous copy of them all
+            for i in range(ins.n):
+                if ins.host[i]:
+                    memcpy(<char *>stage + plan.in_off[i], <void *>ins.ptr[i], ins.nbytes[i])
+            status = drv.alloc_async(&dev_in, plan.staged_in, s)
+            if status != 0:
+                drv.fail(status, "malloc_async")
+            status = drv.htod(dev_in, stage, plan.staged_in, s)
+            if status != 0:
+                drv.free_async(dev_in, s)
+                drv.fail(status, "memcpy_htod")
+            for i in range(ins.n):
+                if ins.host[i]:
+                    in_ptr[i] = <size_t>dev_in + plan.in_off[i]
+        mems = []
+        for i in range(plan.nout):
+            outp[i] = NULL
+            status = drv.alloc_async(&outp[i], plan.out_bytes[i] if plan.out_bytes[i] else 1, s)
+            if status != 0:
+                if dev_in != NULL:
+                    drv.free_async(dev_in, s)
+                drv.fail(status, "malloc_async")
+            mems.append(adopt(drv, outp[i], plan.out_bytes[i], stream))
+        if plan.scratch_bytes:
+            status = drv.alloc_async(&scratch, plan.scratch_bytes, s)
+            if status != 0:
+                if dev_in != NULL:
+                    drv.free_async(dev_in, s)
+                drv.fail(status, "malloc_async")
+        memcpy(buf, plan.slots, plan.nslots * sizeof(unsigned long long))
+        for i in range(plan.npatch):
+            p = &plan.patches[i]
+            if p.kind == 0:
+                base = in_ptr[p.index]
+            elif p.kind == 1:
+                base = <size_t>outp[p.index]
+            else:
+                base = <size_t>scratch
+            buf[p.slot] = base + p.delta
+        for i in range(plan.nslots):
+            kp[i] = &buf[i]
+        for i in range(plan.nlaunch):
+            l = &plan.launches[i]
+            status = drv.launch(l.fn, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2],
+                                l.shared, s, &kp[l.first], NULL)
+            if status != 0:
+                break
+        if scratch != NULL:
+            drv.free_async(scratch, s)   # in stream order: after the launches that use it
+        if dev_in != NULL:
+            drv.free_async(dev_in, s)
+        if status != 0:
+            drv.fail(status, "launch")
+        if plan.to_host:
+            return self._download(plan, outp, stage, stream)
+        self._hold(keep, stream)
+        out = []
+        for r in plan.results:
+            a = _new(DeviceArray)
+            a.ptr = <size_t>outp[<int>r[0]] + <size_t>r[1]
+            a.shape = r[2]
+            a.dtype = r[3]
+            a.strides = r[4]
+            a.runtime = self.runtime
+            a.owner = mems[<int>r[0]]
+            a.stream = stream
+            a.device = self.device
+            out.append(a)
+        library = keep[0].library if type(keep[0]) is DLPackHold else keep[0].origin
+        if library is not None:
+            from_dlpack = sys.modules[library].from_dlpack
+            try:
+                out = [from_dlpack(o) for o in out]
+            except Exception:   # as memory.callers_arrays: the results are right, keep them as they are
+                pass
+        return out[0] if plan.single else tuple(out)
+
+    cdef object _download(self, Plan plan, void **outp, void *stage, size_t stream):
+        """Host results: every output copied into the staging buffer, one wait for the stream, then into
+        new NumPy arrays. The device outputs are let go at once (their frees are in stream order)."""
+        cdef Driver drv = self.drv
+        cdef void *s = <void *>stream
+        cdef int status = 0
+        cdef size_t nbytes
+        for r in plan.results:
+            nbytes = r[3].itemsize
+            for n in r[2]:
+                nbytes *= n
+            if nbytes and status == 0:
+                status = drv.dtoh(<char *>stage + <size_t>r[5], <char *>outp[<int>r[0]] + <size_t>r[1], nbytes, s)
+        if status == 0:
+            status = drv.stream_sync(s)
+        if status != 0:
+            drv.fail(status, "memcpy_dtoh")
+        out = []
+        for r in plan.results:
+            a = np.empty(r[2], r[3])
+            nbytes = cnp.PyArray_NBYTES(a)
+            if nbytes:
+                memcpy(cnp.PyArray_DATA(a), <char *>stage + <size_t>r[5], nbytes)
+            out.append(a)
+        return out[0] if plan.single else tuple(out)
+
+    cdef void _hold(self, list keep, size_t stream):
+        """Inputs' lifetimes: hipsched's own memory is marked as used on `stream` (its free waits for
+        it); anything else is held, with an event, until the work queued so far has run."""
+        cdef Driver drv = self.drv
+        cdef void *e
+        foreign = None
+        for a in keep:
+            if type(a) is not DLPackHold:
+                owner = a.owner
+                while isinstance(owner, DeviceArray):
+                    owner = owner.owner
+                if isinstance(owner, DeviceMemory):
+                    streams = (<DeviceMemory>owner).streams
+                    if stream not in streams:
+                        streams.append(stream)
+                    continue
+                if hasattr(owner, "used_on"):
+                    owner.used_on(stream)
+                    continue
+            if foreign is None:
+                foreign = []
+            foreign.append(a)
+        self._reap(False)
+        if foreign is None:
+            return
+        e = drv.event()
+        if e == NULL or drv.event_record(e, <void *>stream) != 0:
+            drv.spare(e)
+            drv.stream_sync(<void *>stream)   # no event: wait now rather than let go of memory in use
+            return
+        self.held.append((<size_t>e, foreign))
+        if len(self.held) > MAX_HELD:
+            self._reap(True)
+
+    cdef void _reap(self, bint wait_oldest):
+        """Let go of held inputs whose work has run (oldest first: one stream's work runs in order, so
+        this stops at the first still queued)."""
+        cdef Driver drv = self.drv
+        cdef void *e
+        cdef int status
+        held = self.held
+        while held:
+            e = <void *><size_t>held[0][0]
+            status = drv.event_sync(e) if wait_oldest else drv.event_query(e)
+            wait_oldest = False
+            if status == NOT_READY:
+                return
+            del held[0]
+            drv.spare(e)
+
+    def release_held(self, bint wait=True):
+        """Let go of every held input (waiting for its work when `wait`); the backend's close calls it."""
+        cdef Driver drv = self.drv
+        if not drv.usable() or drv.current() != 0:
+            self.held = []
+            return
+        while self.held:
+            e, _ = self.held.pop(0)
+            if wait:
+                drv.event_sync(<void *><size_t>e)
+            drv.spare(<void *><size_t>e)
+
+    # ------------------------------------------------------------------ memory and timing
+    cdef double free_bytes(self):
+        cdef long long now = _now_ns()
+        if now - self.free_at_ns > FREE_TTL_NS:
+            try:
+                self.free_bytes_cached = self.drv.free_bytes()
+            except GpuError:
+                self.free_bytes_cached = 0.0
+            self.free_at_ns = now
+        return self.free_bytes_cached
+
+    def forget_free_memory(self):
+        """The device ran out of memory: the next decision reads the free memory anew."""
+        self.free_at_ns = 0
+
+    cdef void *time_mark(self, size_t stream) noexcept:
+        """An event recorded on `stream` now (NULL: none could be)."""
+        cdef void *e
+        if self.drv.current() != 0:   # (the first call on a thread may find another context current)
+            return NULL
+        e = self.drv.event()
+        if e != NULL and self.drv.event_record(e, <void *>stream) != 0:
+            self.drv.spare(e)
+            return NULL
+        return e
+
+    cdef double elapsed_us(self, void *start, void *end) noexcept:
+        """Microseconds between two marks once `end` has run; -1 while it has not, -2 if lost."""
+        cdef float ms = 0
+        cdef int status = self.drv.current()
+        if status != 0:
+            return -2.0
+        status = self.drv.event_query(end)
+        if status == NOT_READY:
+            return -1.0
+        if status != 0 or self.drv.event_elapsed(&ms, start, end) != 0:
+            return -2.0
+        return ms * 1e3
+
+    cdef void release_event(self, void *event) noexcept:
+        self.drv.spare(event)
+
+    # ------------------------------------------------------------------ recording
+    def request_recording(self, inputs):
+        """The next glue run on this thread is recorded: `inputs` are the call's device inputs as
+        (pointer, bytes), in the key's order."""
+        self.tls.request = inputs
+        self.tls.plan = None
+
+    def recording_request(self):
+        """What the glue run about to start should record for (taken once), or None."""
+        d = self.tls.__dict__
+        return d.pop("request", None)
+
+    def recorded(self, plan):
+        self.tls.plan = plan
+
+    def take_recorded(self):
+        """The plan the last recorded glue run on this thread made (taken once), or None; a request no
+        glue run took goes too (a run that failed before its glue)."""
+        d = self.tls.__dict__
+        d.pop("request", None)
+        return d.pop("plan", None)
+
