@@ -1,22 +1,83 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The per-call path: an Executor call's validation, decision, run and record, compiled. It drives the
+"""The per-call path: an Executor call's validation, decision, run, fallback and record. It drives the
 scheduler core (_sched.SchedCore) through its C methods, an op's compiled common case (its HotOp)
-through a C vtable, and the telemetry recorder through C."""
-from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_SUPPORTS, F_ON_DEVICE, F_WANT_CPU,
-                              F_WANT_GPU, R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED, ST_BACKEND_ONLY, Params, SchedCore,
-                              hs_lock, hs_unlock, now_ns)
+through a C vtable, the GPU's compiled call path (gpu/_callpath.pyx) through C, and the telemetry
+recorder through C; the general path (an op's prepare, a GPU run through its glue, device data on the
+CPU, a failed GPU run rerun on the CPU) is here too, so a call never leaves this module until it has
+its result."""
+from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
+                              F_WANT_CPU, F_WANT_GPU, R_CPU_FALLBACK, R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED,
+                              ST_BACKEND_ONLY, Params, SchedCore, hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
 from hipsched.gpu._callpath cimport GpuPath, Inputs, Plan
 from hipsched.telemetry._record cimport Recorder
 
-# Device-data GPU runs on the compiled path are timed by events (they return with their work queued, so
-# the host cannot time them): every one of a slot's first TIME_FIRST, then 1 in TIME_EVERY, which still
-# refills a model window every few hundred calls (as Executor's _TIME_FIRST/_TIME_EVERY).
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+
+import numpy as np
+
+from .backends.cpu import CpuBackend
+from .chunking import chunkable, run_chunked
+from .errors import GpuError
+from .gguf_blocks import QuantizedTensor
+from .ops import OPS
+
+log = logging.getLogger("hipsched")
+# the general path's clock (a module global: tests/support/sim_gpu.py runs it on a simulated clock)
+_perf_ns = time.perf_counter_ns
+_BACKENDS = ("cpu", "gpu")
+
+# Device-data GPU runs are timed by events (they return with their work queued, so the host cannot time
+# them; two records, a query and a reading cost a few microseconds): every one of a slot's first
+# TIME_FIRST, then 1 in TIME_EVERY, which still refills a model window every few hundred calls. The
+# compiled path and the glue count their runs apart.
 cdef enum:
     TIME_FIRST = 64
     TIME_EVERY = 8
     PENDING = 64           # timed runs whose events are not read yet
     MAX_PLANS = 4096       # plan cache entries (a program makes the same calls again and again)
+
+
+# Host inputs at least this large have their uses counted, so that their upload can be spread over
+# the calls that reuse them (FastPath._amortized_h2d); smaller uploads cost little next to a launch.
+_REUSE_MIN_BYTES = 1 << 20
+_REUSE_MAX_TRACKED = 4096   # arrays whose uses are counted at once (dead ones go first when full)
+# how many of the last inputs' predicted savings are kept (their median predicts a new input's worth),
+# and how many make a prediction
+_USE_HISTORY = 32
+_USE_HISTORY_MIN = 3
+
+
+def _large_host_arrays(x, out):
+    """(array, trusted) for the host NumPy arrays among a call's arguments of at least _REUSE_MIN_BYTES;
+    trusted: a QuantizedTensor's block bytes, which its contract says never change."""
+    if isinstance(x, np.ndarray):
+        if x.nbytes >= _REUSE_MIN_BYTES:
+            out.append((x, False))
+    elif isinstance(x, (tuple, list)):
+        for item in x:
+            _large_host_arrays(item, out)
+    elif isinstance(x, QuantizedTensor) and x.data.nbytes >= _REUSE_MIN_BYTES:
+        out.append((x.data, True))
+    return out
+
+
+_MAX_PENDING = 1024   # entries of FastPath.timed / early: far more than the device keeps readings for
+
+
+def _bounded_put(d, key, value):
+    """d[key] = value, dropping the oldest entry past _MAX_PENDING (a sample lost, never a wrong one)."""
+    if len(d) >= _MAX_PENDING:
+        try:
+            del d[next(iter(d))]
+        except (StopIteration, KeyError, RuntimeError):   # emptied or changed by another thread
+            pass
+    d[key] = value
+
 
 
 ctypedef struct Timing:
@@ -63,8 +124,17 @@ cdef class FastPath:
     cdef dict prepare
     cdef dict slots
     cdef dict hot           # op -> its float32 entry, for calls its HotOp accepts
-    cdef object slot_miss, prepare_missing, gpu_terms, run_gpu, run_other, gpu_failed
-    cdef GpuPath gpu                # the GPU backend's compiled call path, or None
+    cdef object cpu, gpu            # the backends (gpu: the GpuBackendBase interface)
+    cdef bint gpu_present
+    cdef object device_copy_bytes   # call -> (up, down) bytes a CPU run of device data copies
+    cdef object run_timed_fn        # the GPU backend's run_timed, or None
+    cdef dict timed, early, glue_runs   # event-timed glue runs on device data (see _learn_gpu_times)
+    cdef dict uses                  # host inputs whose uploads are shared (see _amortized_h2d)
+    cdef object gain_history, newest_use, uses_lock
+    cdef object tls                 # per thread: .what_if (select_backend), .h2d (id(call), real bytes)
+    cdef set warned
+    cdef object warn_lock
+    cdef GpuPath path               # the GPU backend's compiled call path, or None
     cdef dict plans                 # plan key -> Compiled
     cdef long long timed_runs[512]  # per slot: compiled device-data GPU runs so far (which to time)
     cdef Timing pending[PENDING]
@@ -72,17 +142,43 @@ cdef class FastPath:
     cdef public Recorder tel        # the executor's telemetry recorder, or None
     cdef double min_batch
     cdef bint allow_fallback
+    cdef bint learning      # _learn_timings is running (a driver call may let another thread in)
     cdef tuple reason_str
 
-    def __init__(self, SchedCore core, dict prepare, dict slots, slot_miss, prepare_missing, gpu_terms, run_gpu,
-                 run_other, Recorder tel, double min_batch, bint allow_fallback, tuple reason_str, gpu=None,
-                 gpu_failed=None):
+    def __init__(self, SchedCore core, dict prepare, dict slots, cpu, gpu, Recorder tel, double min_batch,
+                 bint allow_fallback, tuple reason_str):
+        """`cpu`: CpuBackend or a stand-in with its run(call) and run_device_data(call); `gpu`: a
+        GpuBackendBase (backends/interface.py)."""
         self.core, self.prepare, self.slots = core, prepare, slots
-        # a backend's compiled path is taken when it is the real one (test doubles have none, or another)
-        self.gpu = gpu if isinstance(gpu, GpuPath) else None
-        self.gpu_failed, self.plans, self.npending = gpu_failed, {}, 0
-        self.slot_miss, self.prepare_missing, self.gpu_terms = slot_miss, prepare_missing, gpu_terms
-        self.run_gpu, self.run_other, self.tel = run_gpu, run_other, tel
+        self.cpu, self.gpu, self.tel = cpu, gpu, tel
+        self.gpu_present = bool(gpu.available)
+        # what a CPU run of device data copies: the backend's own count, else CpuBackend's (it depends on
+        # the call alone)
+        self.device_copy_bytes = getattr(cpu, "device_copy_bytes", CpuBackend.device_copy_bytes)
+        # GPU runs on device data return with their work queued: they are timed by events on their
+        # stream, read on a later call (see _learn_gpu_times); a backend without them is not
+        self.run_timed_fn = gpu.run_timed if self.gpu_present else None
+        self.timed = {}             # ticket -> (slot, size, host us) of such runs not yet learned from
+        # ticket -> device us of readings that came before their run stored its entry (another thread
+        # polled in between); bounded, like timed, so a reading or an entry that never meets its
+        # other half cannot grow them for the life of the process
+        self.early = {}
+        self.glue_runs = {}         # slot -> device-data GPU runs through the glue so far (which to time)
+        # id(host array) -> [weakref, calls that passed it, a GPU run took it, predicted us those calls
+        # would save on the GPU with it resident]
+        self.uses = {}
+        # predicted time saved on the GPU by the calls that passed each of the last new inputs, by the
+        # time the next new one came (see _amortized_h2d), and the entry of the newest
+        self.gain_history = deque(maxlen=_USE_HISTORY)
+        self.newest_use = None
+        self.uses_lock = threading.Lock()
+        self.tls = threading.local()
+        self.warned = set()
+        self.warn_lock = threading.Lock()
+        # a backend's compiled path is taken when it is the real one (test doubles have none)
+        path = gpu.callpath if self.gpu_present else None
+        self.path = path if isinstance(path, GpuPath) else None
+        self.plans, self.npending = {}, 0
         self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
         self.hot = {}
 
@@ -90,7 +186,7 @@ cdef class FastPath:
         """(core slot, capability flags, GPU max size, CPU function or None, HotOp or None)."""
         entry = self.slots.get((op, dtype))
         if entry is None:
-            entry = self.slot_miss(op, dtype)
+            entry = self._slot(op, dtype)
         return entry
 
     cdef inline int _want(self, str op, backend) except -1:
@@ -124,7 +220,7 @@ cdef class FastPath:
         d.h2d = d.d2h = 0.0
         detail = None
         if self._asks_gpu(flags, want, size):
-            flags_o, h2d_o, d2h_o, detail = self.gpu_terms(call, flags, entry[2])
+            flags_o, h2d_o, d2h_o, detail = self._gpu_terms(call, flags, entry[2])
             flags, d.h2d, d.d2h = flags_o, h2d_o, d2h_o
         hs_lock(&self.core.lock)
         r = self.core._decide(self.core.slots[d.slot], size, d.h2d, d.d2h, flags, &d.pc, &d.pg, commit)
@@ -137,8 +233,12 @@ cdef class FastPath:
         """(backend, reason index, predicted cpu us, predicted gpu us, detail) the call would get now,
         changing nothing."""
         cdef Decision d
-        detail = self._decide_call(call, call.size, self._want(call.op, backend),
-                                   self._entry(call.op, call.dtype), False, &d)
+        self.tls.what_if = True   # a question, not a call: the inputs' uses are not counted
+        try:
+            detail = self._decide_call(call, call.size, self._want(call.op, backend),
+                                       self._entry(call.op, call.dtype), False, &d)
+        finally:
+            self.tls.what_if = False
         return d.backend, d.reason, d.pc, d.pg, detail
 
     cdef object _record_cpu(self, str op, Decision *d, double dur, size, dtype, nbytes, stream, detail):
@@ -152,7 +252,7 @@ cdef class FastPath:
     def run(self, str op, backend, stream, *args, **kwargs):
         cdef Decision d
         cdef Inputs ins
-        cdef GpuPath gp = self.gpu
+        cdef GpuPath gp = self.path
         cdef double dur, size, nbytes
         cdef long long t0
         cdef HotOp hot
@@ -190,18 +290,18 @@ cdef class FastPath:
         # 3. everything else: the op's prepare validates and converts
         prep = self.prepare.get(op)
         if prep is None:
-            prep = self.prepare_missing(op)
+            prep = self._prepare_missing(op)
         call = prep(*args, **kwargs)
         dtype = call.dtype
         entry = self._entry(op, dtype)
         detail = self._decide_call(call, call.size, self._want(op, backend), entry, True, &d)
         if d.backend == GPU:
             if key is None:
-                return self.run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)
+                return self._run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)
             # the first GPU run with this key: the glue's run is recorded as a plan for the next ones
             recorded = [(ins.ptr[i], ins.nbytes[i], ins.host[i]) for i in range(ins.n)]
             gp.request_recording(recorded)
-            out = self.run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)
+            out = self._run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)
             plan = gp.take_recorded()
             if plan is not None:
                 self._keep_plan(key, plan, entry, call, &d, recorded)
@@ -215,7 +315,7 @@ cdef class FastPath:
         cdef double dur
         fn = entry[3]
         if fn is None or call.on_device or (d.want == F_WANT_GPU and not self.allow_fallback):
-            return self.run_other(call, d.slot, d.reason, d.pc, d.pg, d.want, detail, stream)
+            return self._run_other(call, d.slot, d.reason, d.pc, d.pg, d.want, detail, stream)
         t0 = now_ns()
         out = fn(*call.args, **call.params)  # the lock is not held while the kernel runs
         dur = (now_ns() - t0) * 1e-3
@@ -243,7 +343,7 @@ cdef class FastPath:
         cdef double dur
         cdef void *start = NULL
         cdef size_t s = 0 if stream is None else <size_t>stream
-        cdef GpuPath gp = self.gpu
+        cdef GpuPath gp = self.path
         entry = c.entry
         d.want = want
         d.slot = entry[0]
@@ -265,7 +365,7 @@ cdef class FastPath:
             keep.clear()   # the CPU path imports the arguments itself
             prep = self.prepare.get(op)
             if prep is None:
-                prep = self.prepare_missing(op)
+                prep = self._prepare_missing(op)
             return self._run_cpu(prep(*args, **kwargs), entry, &d, None, stream)
         t0 = now_ns()
         if c.on_device:   # host calls wait for their results: their time is their completion time
@@ -279,7 +379,7 @@ cdef class FastPath:
         except Exception as e:
             if start != NULL:
                 gp.release_event(start)
-            return self.gpu_failed(e, op, args, kwargs, d.slot, d.reason, d.pc, d.pg, stream, (now_ns() - t0) * 1e-3)
+            return self._compiled_gpu_failed(e, op, args, kwargs, d.slot, d.reason, d.pc, d.pg, stream, (now_ns() - t0) * 1e-3)
         dur = (now_ns() - t0) * 1e-3
         if start != NULL:
             self._pend(gp, d.slot, c.size, dur, start, gp.time_mark(s))
@@ -299,8 +399,11 @@ cdef class FastPath:
 
     cdef void _pend(self, GpuPath gp, int slot, double size, double host_us, void *start, void *end) noexcept:
         cdef Timing *t
-        if end == NULL:
+        # _run_compiled saw room before its replay, but other threads' calls may have pended since (the
+        # replay can run Python: a library's from_dlpack, a finalizer, a driver reached through Python)
+        if end == NULL or self.npending >= PENDING:
             gp.release_event(start)
+            gp.release_event(end)
             return
         t = &self.pending[self.npending]
         t.slot, t.size, t.host_us, t.start, t.end = slot, size, host_us, start, end
@@ -309,10 +412,13 @@ cdef class FastPath:
     cdef void _learn_timings(self, GpuPath gp) noexcept:
         """Learn from the timed compiled runs whose work has run by now (never waits). A run's completion
         time is the larger of its host time and the device time between its events (see
-        Executor._learn_gpu_times)."""
+        _learn_gpu_times)."""
         cdef int i = 0, j
         cdef double us
         cdef Timing *t
+        if self.learning:   # another thread is in here (the driver call let it in): it does the reading
+            return
+        self.learning = True
         while i < self.npending:
             t = &self.pending[i]
             us = gp.elapsed_us(t.start, t.end)
@@ -330,6 +436,7 @@ cdef class FastPath:
             for j in range(i, self.npending):
                 self.pending[j - i] = self.pending[j]
             self.npending -= i
+        self.learning = False
 
     def forget_plans(self):
         """Drop every kept plan (the GPU context they name was closed)."""
@@ -338,3 +445,299 @@ cdef class FastPath:
     @property
     def plan_count(self):
         return len(self.plans)
+
+    # ------------------------------------------------------------------ the general path
+    def _slot(self, op, dtype):
+        """(core slot, capability flags, GPU max size, CPU function or None, HotOp or None) of (op, dtype),
+        cached."""
+        key = (op, dtype)
+        s = self.slots.get(key)
+        if s is None:
+            flags, max_size = 0, 0
+            if self.gpu_present:
+                flags |= F_GPU_PRESENT
+                try:
+                    if self.gpu.supports(op, dtype):
+                        flags |= F_GPU_SUPPORTS
+                        max_size = int(self.gpu.max_elements(op))
+                except Exception as e:
+                    log.warning("hipsched: GPU capability query for %s/%s failed (%s); using the CPU", op, dtype, e)
+            try:
+                fn = self.cpu._fns.get(op) or self.cpu._load(op)
+            except (ImportError, KeyError, AttributeError):
+                fn = None  # reported when a call needs it (select_backend works without it)
+            spec = OPS.get(op)
+            hot = spec.hot_op() if spec is not None and dtype == "float32" and fn is not None else None
+            s = self.slots[key] = (self.core.slot(op, dtype), flags, max_size, fn, hot)
+        return s
+
+    def _gpu_terms(self, call, flags, max_size):
+        """(capability flags, host->device bytes, device->host bytes, detail) for a call that could go
+        to the GPU, from the backend's judgement of it (GpuBackendBase.judge). A refusal (a shape the
+        kernels do not take, a launch past this target's limits) is found there, before anything is
+        uploaded or launched; detail is its text, or, when the queries find the GPU gone (a driver that
+        refuses our code, a forked child), why."""
+        gpu = self.gpu
+        if not gpu.available:  # it went away since (forked child, driver refused our code)
+            return flags & ~F_GPU_PRESENT, 0, 0, None
+        if call.size > max_size:
+            return flags & ~F_GPU_SUPPORTS, 0, 0, None
+        try:
+            why, fits, h2d, d2h = gpu.judge(call)
+            if why is not None:
+                return flags | F_CALL_UNSUPPORTED, 0, 0, why
+            if not gpu.available:  # a query found the GPU gone
+                return flags & ~F_GPU_PRESENT, 0, 0, gpu.unavailable_reason
+            if not fits:
+                flags &= ~F_FITS
+            # device data: the copies the CPU would make (the core charges them to the CPU side)
+            if call.on_device:
+                h2d, d2h = self.device_copy_bytes(call)
+        except Exception as e:  # a failing query means the GPU cannot be trusted with this call
+            log.debug("hipsched: GPU query failed for %s: %s", call.op, e)
+            return flags & ~F_GPU_SUPPORTS, 0, 0, None
+        self.tls.h2d = (id(call), h2d)   # the id, not the call: holding it would keep its inputs alive
+        if not call.on_device:
+            h2d = self._amortized_h2d(call, h2d)
+        return flags, h2d, d2h, None
+
+    def _amortized_h2d(self, call, h2d):
+        """The upload a decision charges this call: an input the GPU would keep resident (the backend's
+        `would_keep`: bytes that cannot change unseen, within the resident budget) and that earlier
+        calls already passed is charged its upload divided by its uses so far, this one included.
+        Charging every call the whole upload made the scheduler keep a reused corpus on the CPU for
+        good, since only a GPU run makes it resident (on the H100, 64
+        top_k calls over one 231 MB corpus ran on the CPU at 7.7 ms, against 0.33 ms resident). With
+        this rule the upload is paid once the CPU time lost by not paying it would exceed it (the
+        ski-rental rule: at most twice the best of either choice in hindsight). The reduction is
+        capped at the call's upload, which counts only inputs not already resident.
+        The rule also learns what inputs are worth: for each of the last new inputs it notes what the
+        calls that passed it would have saved on the GPU with it resident (the model's predictions), by
+        the time the next new input came. With a few noted, a call is charged the upload in proportion
+        to its own saving over the median of those totals, when that is less: the upload is then worth
+        paying exactly when the calls over an input are predicted to save more than it costs, and each
+        call gains (how the oracle of `hipsched demo --oracle` shares an upload, learned from the calls
+        so far instead of known in hindsight; a search that runs each new corpus slice through 8 top_k
+        queries and then a 32-query cosine pays the slice's upload at its first query, which the
+        cosine would pay anyway). An input still in use when the next comes (weights reused by every
+        layer) is noted short of its total, so the prediction errs towards the plain rule. A writable array
+        is uploaded by every GPU call that takes it (a change to it could not be seen), so its upload
+        is never shared, and neither is any on a backend that cannot say what it keeps."""
+        keeps, resident = self.gpu.would_keep, self.gpu.is_resident
+        arrays = _large_host_arrays(call.args, [])
+        if not arrays:
+            return h2d
+        commit = not getattr(self.tls, "what_if", False)
+        saved = 0.0
+        gain = self._resident_gain(call)
+        with self.uses_lock:
+            uses = self.uses
+            history = self.gain_history
+            worth = sorted(history)[len(history) // 2] if len(history) >= _USE_HISTORY_MIN else 0.0
+            for a, trusted in arrays:
+                e = uses.get(id(a))
+                if e is not None and e[0]() is not a:   # a dead array's id, reused
+                    e = None
+                k = e[1] if e is not None else 0
+                # an input a GPU run already took and that this call would upload again was not kept
+                # (a backend without a resident cache, or evicted): its uploads are not shared
+                kept = e is None or not e[2] or h2d < a.nbytes
+                # an input already resident is not in h2d: nothing of it to spread
+                if kept and keeps(a, trusted) and not resident(a):
+                    share = 1.0 / (k + 1)
+                    if worth > 0.0 and gain > 0.0:
+                        share = min(share, gain / worth)
+                    saved += a.nbytes * (1.0 - share)
+                if commit:
+                    if e is None:
+                        if len(uses) >= _REUSE_MAX_TRACKED:
+                            for key in [key for key, v in uses.items() if v[0]() is None]:
+                                del uses[key]
+                            if len(uses) >= _REUSE_MAX_TRACKED:
+                                uses.clear()
+                        try:
+                            entry = [weakref.ref(a), 1, False, gain]
+                        except TypeError:
+                            continue
+                        uses[id(a)] = entry
+                        if self.newest_use is not None:
+                            history.append(self.newest_use[3])
+                        self.newest_use = entry
+                    else:
+                        e[1] += 1
+                        e[3] += gain
+        return max(0.0, h2d - saved)
+
+    def _resident_gain(self, call) -> float:
+        """Microseconds the model predicts this call saves on the GPU with its inputs resident (0 when
+        it would not, or a side is not known yet): a what-if decision, which changes nothing."""
+        entry = self.slots.get((call.op, call.dtype))
+        if entry is None:
+            return 0.0
+        pc, pg = self.core.decide(entry[0], call.size, 0.0, 0.0, 0, False)[2:]
+        gain = pc - pg
+        return gain if gain > 0.0 else 0.0   # NaN (a side unknown) compares false: no gain
+
+    def _run_other(self, call, slot, reason, pc, pg, want, detail, stream):
+        """CPU runs off the compiled common path (hipsched._dispatch.FastPath.run, which is `_run`, and
+        which decided the call): device data, a CPU family that is not built, or backend='gpu' without
+        fallback."""
+        if want == F_WANT_GPU and not self.allow_fallback:
+            if detail is not None:
+                raise GpuError("unsupported", f"{call.op}: backend='gpu' was asked for but the GPU cannot run this "
+                               f"call: {detail}")
+            raise GpuError("unavailable", f"{call.op}: backend='gpu' was asked for but the GPU cannot take this "
+                           f"call ({self.reason_str[reason]}; {self.gpu.unavailable_reason})")
+        if call.on_device:
+            return self._run_cpu_device(call, slot, reason, pc, pg, stream, detail=detail)
+        t0 = _perf_ns()
+        out = self.cpu.run(call)  # raises the CPU family's ImportError when it is not built
+        self._finish(call, slot, CPU, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, detail=detail)
+        return out
+
+    def _prepare_missing(self, op):
+        if op in OPS:  # registered after this executor was built
+            self.prepare[op] = OPS[op].prepare
+            return self.prepare[op]
+        raise NotImplementedError(f"hipsched: op {op!r} is not available (its family is not built or registered)")
+
+    def _run_cpu_device(self, call, slot, reason, pc, pg, stream, fallback=None, detail=None):
+        """CPU run of device inputs: its time includes the copies both ways, which the model takes
+        off the sample (it holds the kernel's time; a decision on device data adds them back)."""
+        t0 = _perf_ns()
+        out = self.cpu.run_device_data(call)
+        dur = (_perf_ns() - t0) * 1e-3
+        up, down = self.device_copy_bytes(call)
+        self._finish(call, slot, CPU, reason, dur, pc, pg, stream, fallback, up, down, detail=detail)
+        return out
+
+    def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0, detail=None,
+                resident=None):
+        # A GPU run on device data returns with the work still queued on the stream: its wall time is
+        # not a completion time, so it counts here (-1: no sample) and is learned from once its timing
+        # events have been read (_learn_gpu_times)
+        sample = -1.0 if be == GPU and call.on_device else dur
+        self.core.record(slot, be, call.size, sample, h2d, d2h, True, True, fallback is not None)
+        if self.tel is not None:
+            self.tel.record(call.op, _BACKENDS[be], self.reason_str[reason], call.size, call.dtype, call.nbytes, dur,
+                             pc, pg, stream, fallback, detail, resident)
+        if self.timed:
+            self._learn_gpu_times()
+
+    def _learn_gpu_times(self):
+        """Learn from the timed device-data GPU runs whose work has run by now (never waits). Such a
+        run's completion time is the larger of its host time (launching, which its caller waited for)
+        and the device time between its events: recorded before its first launch and after its last
+        kernel, that span already holds the launch gaps an idle device waited through, and on a device
+        busy with earlier work only this call's own share. A reading that arrives before its run has
+        stored its entry (another thread polled in between) waits for it in _early."""
+        for ticket, device_us in self.gpu.gpu_times():
+            entry = self.timed.pop(ticket, None)
+            if entry is None:
+                if device_us is not None:
+                    _bounded_put(self.early, ticket, device_us)
+            elif device_us is not None:
+                slot, size, host_us = entry
+                self.core.learn(slot, GPU, size, max(host_us, device_us))
+
+    def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
+        # the decision may have charged an amortized upload; the copies this run makes are the real one
+        real = getattr(self.tls, "h2d", None)
+        if real is not None and real[0] == id(call):
+            h2d = real[1]
+        self.tls.h2d = None
+        if h2d and not call.on_device:
+            with self.uses_lock:
+                for a, _ in _large_host_arrays(call.args, []):
+                    e = self.uses.get(id(a))
+                    if e is not None and e[0]() is a:
+                        e[2] = True
+        timed = ticket = None
+        before = None if call.on_device else self.gpu.transfer_totals()
+        if call.on_device:
+            h2d = d2h = 0   # the decision's copies were the CPU's: on the GPU device data moves nowhere
+            n = self.glue_runs[slot] = self.glue_runs.get(slot, 0) + 1
+            if n <= TIME_FIRST or n % TIME_EVERY == 0:
+                timed = self.run_timed_fn
+        t0 = _perf_ns()
+        try:
+            try:
+                if timed is not None:
+                    out, ticket = timed(call, stream)
+                else:
+                    out = self.gpu.run(call, stream)
+            except GpuError as e:
+                if e.kind != "oom" or not chunkable(call):
+                    raise
+                self.gpu.forget_free_memory()
+                out = run_chunked(self.gpu, call, stream, e)
+        except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
+            dur = (_perf_ns() - t0) * 1e-3
+            err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
+            if err.kind == "unsupported":
+                # the device cannot run this call (refused before any launch): a fact about the call, not
+                # the GPU's health, so the breaker does not see it; the call still reruns on the CPU
+                self.core.release_probe(slot)
+            else:
+                self.core.record(slot, GPU, call.size, dur, h2d, d2h, False, False, False)
+            if err.kind == "oom":
+                self.gpu.forget_free_memory()
+            return self._fallback(call, slot, err, pc, pg, stream)
+        except BaseException:  # interrupted (KeyboardInterrupt, SystemExit): the run has no outcome, but
+            # the GPU health must still see one, or a half-open probe would keep the breaker wedged
+            self.core.record(slot, GPU, call.size, -1.0, h2d, d2h, False, False, False)
+            raise
+        dur = (_perf_ns() - t0) * 1e-3
+        if ticket is not None:
+            device_us = self.early.pop(ticket, None)
+            if device_us is not None:   # read by another thread's call before this line
+                self.core.learn(slot, GPU, call.size, max(dur, device_us))
+            else:
+                _bounded_put(self.timed, ticket, (slot, call.size, dur))
+        resident = None
+        if before is not None:   # host inputs: what the call uploaded and what it read from kept copies
+            after = self.gpu.transfer_totals()
+            resident = {"uploaded": after[0] - before[0], "reused": after[1] - before[1]}
+        self._finish(call, slot, GPU, reason, dur, pc, pg, stream, None, h2d, d2h, resident=resident)
+        return out
+
+    def _compiled_gpu_failed(self, e, op, args, kwargs, slot, reason, pc, pg, stream, dur):
+        """A launch plan replayed by the compiled GPU path (hipsched._dispatch) failed: as a failed run of
+        _run_gpu, the failure is recorded against the GPU's health and the call reruns on the CPU."""
+        call = (self.prepare.get(op) or self._prepare_missing(op))(*args, **kwargs)
+        err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
+        if err.kind == "unsupported":
+            self.core.release_probe(slot)
+        else:
+            self.core.record(slot, GPU, call.size, dur, 0, 0, False, False, False)
+        if err.kind == "oom":
+            self.gpu.forget_free_memory()
+        elif err.kind == "unavailable":
+            self.gpu.disable(err.message)
+        return self._fallback(call, slot, err, pc, pg, stream)
+
+    def _fallback(self, call, slot, err, pc, pg, stream):
+        if not self.allow_fallback:  # no result, so no event; the op's GPU health saw the failure
+            raise err
+        key = (call.op, err.kind)
+        if key not in self.warned:
+            with self.warn_lock:
+                first = key not in self.warned
+                self.warned.add(key)
+            if first:  # logged outside the lock: a handler may run code that calls this executor
+                log.warning("hipsched: %s failed on the GPU (%s); rerunning on the CPU. Later %s failures "
+                            "of this op fall back silently (see telemetry 'fallback').", call.op, err, err.kind)
+        reason = R_CPU_FALLBACK
+        if call.on_device:
+            return self._run_cpu_device(call, slot, reason, pc, pg, stream, ("gpu", str(err)))
+        t0 = _perf_ns()
+        out = self.cpu.run(call)
+        self._finish(call, slot, CPU, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, ("gpu", str(err)))
+        return out
+
+    def learn_pending(self):
+        """Learn from every timed GPU run whose work has run by now (the executor's close calls it)."""
+        if self.timed:
+            self._learn_gpu_times()
+        if self.npending and self.path is not None:
+            self._learn_timings(self.path)

@@ -538,13 +538,17 @@ cdef class GpuPath:
         cdef int status
         held = self.held
         while held:
-            e = <void *><size_t>held[0][0]
+            entry = held[0]
+            e = <void *><size_t>entry[0]
             status = drv.event_sync(e) if wait_oldest else drv.event_query(e)
             wait_oldest = False
             if status == NOT_READY:
                 return
-            del held[0]
-            drv.spare(e)
+            # another thread may have let it go while the driver was asked (a driver reached through
+            # Python lets one in): then held[0] is a later call's, whose work may still be queued
+            if held and held[0] is entry:
+                del held[0]
+                drv.spare(e)
 
     def release_held(self, bint wait=True):
         """Let go of every held input (waiting for its work when `wait`); the backend's close calls it."""

@@ -42,6 +42,7 @@ SHIM = r"""
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 // A barrier that orders only its own participants. std::barrier parks waiters on a process-wide table
 // of 16 atomics shared by address hash, so to ThreadSanitizer two warps waiting on different barriers
@@ -117,6 +118,14 @@ unsigned char* emu_dyn_smem;
 static EmuBarrier* emu_block_bar;
 struct EmuSmemFree { void operator()(unsigned char* p) const { ::operator delete(p, std::align_val_t(16)); } };
 void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+// Each kernel's parameters as the build saw them (emu_params_<kernel>: count, then a kind and a size
+// per parameter; kind 'p' pointer, 'f' floating, 'i'/'u' signed/unsigned integer, 'b' anything else),
+// for callers that hold only a `void **kernelParams` (EmuRuntime.param_types).
+template <class T> constexpr unsigned char emu_param_kind() {
+    using U = std::remove_cv_t<T>;
+    return std::is_pointer_v<U> ? 'p' : std::is_floating_point_v<U> ? 'f'
+         : (std::is_integral_v<U> || std::is_enum_v<U>) ? (std::is_signed_v<U> ? 'i' : 'u') : 'b';
+}
 extern "C" int emu_launch(void (*thunk)(void**), void** params, unsigned gx, unsigned gy, unsigned gz,
                           unsigned bx, unsigned by, unsigned bz, unsigned shared) {
     if (by != 1 || bz != 1 || bx % EMU_WARP) return 1;  // 1-D blocks of whole warps only
@@ -301,8 +310,11 @@ class EmuCompiler(Compiler):
             body = re.sub(r"extern __shared__ (\w+) (\w+)\[\];", r"\1* \2 = (\1*)emu_dyn_smem;", body)
             thunks = []
             for kernel, sig in _KERNEL.findall(source):
-                args = ", ".join(f"*({t}*)p[{i}]" for i, t in enumerate(_param_types(sig)))
+                types = _param_types(sig)
+                args = ", ".join(f"*({t}*)p[{i}]" for i, t in enumerate(types))
                 thunks.append(f'extern "C" void emu_{kernel}(void** p) {{ {kernel}({args}); }}')
+                codes = "".join(f", emu_param_kind<{t}>(), (unsigned char)sizeof({t})" for t in types)
+                thunks.append(f'extern "C" const unsigned char emu_params_{kernel}[] = {{{len(types)}{codes}}};')
             text = (f"#define EMU_WARP {self.warp}\n{SHIM}\n#define {_MARK}\n{body}\n"
                     f"#line 1 \"gpu_emulator.LAUNCHER\"\n{LAUNCHER}\n"
                     + "\n".join(thunks) + "\n")
@@ -340,6 +352,14 @@ _POISON = 0xFF
 
 def _nothing():
     pass
+
+
+# (kind, size) of a kernel parameter (LAUNCHER's emu_param_kind) -> the ctypes scalar that holds it; a
+# parameter of another kind ('b') travels as the unsigned integer of its size, bit for bit
+_PARAM_CTYPES = {("p", ctypes.sizeof(ctypes.c_void_p)): ctypes.c_void_p, ("f", 4): ctypes.c_float,
+                 ("f", 8): ctypes.c_double, ("i", 1): ctypes.c_int8, ("i", 2): ctypes.c_int16,
+                 ("i", 4): ctypes.c_int32, ("i", 8): ctypes.c_int64, ("u", 1): ctypes.c_uint8,
+                 ("u", 2): ctypes.c_uint16, ("u", 4): ctypes.c_uint32, ("u", 8): ctypes.c_uint64}
 
 
 class _Op:
@@ -738,6 +758,26 @@ class EmuRuntime(Runtime):
         self._fns[fn] = lib
         self._names[fn] = name
         return fn
+
+    def param_types(self, function) -> tuple:
+        """The ctypes type of each parameter of the kernel `function` (a module_function handle), in
+        order, from the descriptor its build records (LAUNCHER's emu_param_kind): what a caller holding
+        only a kernelParams array needs to read the values."""
+        known = self.__dict__.setdefault("_param_types", {})
+        if function in known:
+            return known[function]
+        lib, name = self._fns[function], self._names[function]
+        n = ctypes.c_ubyte.in_dll(lib, "emu_params_" + name).value
+        raw = bytes((ctypes.c_ubyte * (1 + 2 * n)).in_dll(lib, "emu_params_" + name))[1:]
+        types = []
+        for kind, size in zip(raw[0::2], raw[1::2]):
+            t = _PARAM_CTYPES.get((chr(kind), size)) or _PARAM_CTYPES.get(("u", size))
+            if t is None:
+                raise GpuError("launch", f"emulator: {name}: a {size}-byte kernel parameter has no ctypes scalar",
+                               name="hipErrorInvalidValue")
+            types.append(t)
+        known[function] = tuple(types)
+        return known[function]
 
     def launch(self, function, grid, block, args, shared_bytes=0, stream=0):
         grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)

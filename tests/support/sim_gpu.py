@@ -105,14 +105,14 @@ class SimClock:
 
     @contextlib.contextmanager
     def executor_clock(self):
-        """Within the block, executors time calls on this clock."""
-        import hipsched.executor as executor_module
-        saved = executor_module._perf_ns
-        executor_module._perf_ns = self.clock_ns
+        """Within the block, executors time calls on this clock (the general path's, hipsched._dispatch)."""
+        import hipsched._dispatch as dispatch_module
+        saved = dispatch_module._perf_ns
+        dispatch_module._perf_ns = self.clock_ns
         try:
             yield self
         finally:
-            executor_module._perf_ns = saved
+            dispatch_module._perf_ns = saved
 
 
 class _Noise:

@@ -1,0 +1,540 @@
+"""The compiled GPU call path with kernels that really run: the kernel emulator (tests/support/gpu_emulator.py)
+given C entry points (tests/support/emu_c_driver.py), so a GPU call on device data is recorded as a plan
+on its first run (gpu/recording.py) and replayed by the dispatcher in C on later ones (_dispatch.pyx,
+gpu/_callpath.pyx) through the same function pointers a real driver gives.
+
+- every op with a GPU side x every dtype it declares (the op specs, as test_executor_op_matrix.py,
+  whose builders, reference checks and bounds are used here): called twice; an op the recorder can
+  replay makes one plan and its second call reaches no glue, launches the very kernels with the very
+  grids and scalar parameters through the C launch entry, and gives the first call's bits; every op's
+  result matches the CPU's. Which ops replay is data here (REPLAYED / NOT_REPLAYED), so a change shows;
+- replay keys: aliasing between inputs, shapes, alignment and scalar parameters each select a plan of
+  their own;
+- lifetimes on the asynchronous emulator: inputs (hipsched's own, on any stream, and a foreign
+  library's) dropped while their kernels are queued are freed after them (its memcheck sees every use
+  of freed memory), and results stay valid;
+- threads sharing one Executor replay at once (in a child process: the failure is a crash);
+- a replayed launch that fails falls back to the CPU with the right answer and the failure in the
+  telemetry event, and leaks nothing.
+The C launch entry reads each kernel parameter with the type the kernel's emulator build records
+(EmuRuntime.param_types), so a plan whose slots hold the wrong bytes gives wrong results here."""
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+import emu_c_driver
+import fake_array_lib
+import gpu_emulator
+from call_counts import count_calls
+from hipsched import Executor
+from hipsched.backends.gpu import GpuBackend
+from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.ops import OPS
+
+# the op matrix's builders, reference checks and bounds (tests/gpu is on the path: rootdir-relative imports)
+from test_executor_op_matrix import CASES, NP, assert_same_bits, to_host  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
+
+GPU_OPS = {op for op, spec in OPS.items() if spec.gpu is not None}
+
+# Ops whose glue run the recorder (gpu/recording.py) turns into a plan, for device inputs.
+REPLAYED = {"add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "attention"}
+# The others, and why: they still run through the glue every time, with the right answer.
+NOT_REPLAYED = {
+    "matmul": "its planner asks ctx.blas() (the vendor BLAS, even when there is none): the recorder refuses",
+    "qmatmul": "W is a QuantizedTensor: host block bytes, uploaded as kept (immutable) weights",
+    "dequantize": "its only input is a QuantizedTensor: host block bytes, uploaded as kept weights",
+    "spread_activation": "host CSR arrays and seeds only, and the glue zeroes its accumulator with ctx.rt.memset",
+}
+# Results that may differ in their last bits between two runs of the same kernels: float atomics
+# (graph.hip's push adds along edges in whatever order the block's threads get there).
+NONDETERMINISTIC = {"spread_activation"}
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+def emu(**kw):
+    rt = gpu_emulator.EmuRuntime(32, **kw)
+    emu_c_driver.attach(rt)   # before anything asks driver_for(rt): the answer is kept on the runtime
+    return rt
+
+
+@pytest.fixture(scope="module")
+def rt():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HIPSCHED_BLAS", "none")   # the emulator has no vendor BLAS: matmul is the tiled kernel
+    runtime = emu()
+    yield runtime
+    runtime.close()
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernels")
+
+
+def make_executor(runtime, kernel_dir, tmp_path, **overrides):
+    gpu = GpuBackend({"kernel_cache_dir": str(kernel_dir)}, runtime=runtime)
+    assert gpu.available, gpu.unavailable_reason
+    assert gpu.callpath is not None, "the emulator's C entry points gave no compiled call path"
+    return gpu, Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), **overrides)
+
+
+@pytest.fixture
+def executor(rt, kernel_dir, tmp_path):
+    """(Executor, GpuBackend) on the module's emulator, fallback off: a GPU failure, replayed or not,
+    cannot hide behind a CPU rerun."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path, allow_fallback=False)
+    with ex:
+        yield ex, gpu
+    gpu.close()
+
+
+@pytest.fixture
+def launches(rt, monkeypatch):
+    """Every kernel launch the emulator gets (from the glue's Python calls and the C launch entry alike),
+    as (function, grid, block, shared, stream, args)."""
+    seen = []
+    real = rt.launch
+
+    def launch(function, grid, block, args, shared_bytes=0, stream=0):
+        seen.append((int(function), tuple(grid), tuple(block), int(shared_bytes), int(stream or 0), tuple(args)))
+        return real(function, grid, block, args, shared_bytes, stream)
+    monkeypatch.setattr(rt, "launch", launch)
+    return seen
+
+
+def describe(launch, inputs):
+    """A launch with its pointers into the call's inputs as (input, offset), other device pointers (the
+    call's outputs and scratch, new each run) as "device", and every other parameter as its bytes."""
+    fn, grid, block, shared, stream, args = launch
+    params = []
+    for a in args:
+        if isinstance(a, ctypes.c_void_p):
+            p = a.value or 0
+            where = [("input", i, p - base) for i, (base, n) in enumerate(inputs) if base <= p < base + max(n, 1)]
+            params.append(where[0] if where else ("device",) if p else ("null",))
+        else:
+            params.append((type(a).__name__, bytes(a)))
+    return fn, grid, block, shared, stream, tuple(params)
+
+
+def device_inputs(args):
+    return [(a.ptr, a.nbytes) for a in args if isinstance(a, DeviceArray)]
+
+
+# ------------------------------------------------------------------------------ the op matrix
+
+def matrix():
+    """(op, dtype, form) for every op with a GPU side and every dtype its spec declares for the GPU."""
+    params = []
+    for op, spec in OPS.items():
+        if spec.gpu is None:
+            continue
+        case = CASES.get(op)
+        if case is None:
+            params.append(pytest.param(op, None, None, id=f"{op}-has-no-builder"))
+            continue
+        for dtype in spec.gpu_dtypes:
+            for form in case.forms:
+                params.append(pytest.param(op, dtype, form, id=f"{op}-{dtype.replace('/', '-')}-{form}"))
+    return params
+
+
+def test_which_ops_replay_is_stated_for_every_op():
+    assert REPLAYED | set(NOT_REPLAYED) == GPU_OPS and not REPLAYED & set(NOT_REPLAYED), (
+        f"state whether each op with a GPU side replays: unlisted {sorted(GPU_OPS - REPLAYED - set(NOT_REPLAYED))}")
+
+
+@pytest.mark.parametrize("op,dtype,form", matrix())
+def test_second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype, form):
+    case = CASES.get(op)
+    if case is None:
+        pytest.fail(f"{op} has a GPU side but test_executor_op_matrix.CASES has no builder for it")
+    ex, gpu = executor
+    rng = np.random.default_rng(zlib.crc32(f"{op} {dtype} {form}".encode()))
+    host_args, kwargs = case.make(rng, dtype, form)
+    args = tuple(to_device(a, runtime=rt) if i in case.device else a for i, a in enumerate(host_args))
+    inputs = device_inputs(args)
+    fn = getattr(ex, op)
+    replays = op in REPLAYED
+
+    c = to_host(fn(*host_args, backend="cpu", **kwargs))
+    assert ex.events[-1]["backend"] == "cpu"
+
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    c_entry = emu_c_driver.calls(rt)
+    c_launches = c_entry["launch"]
+    plans = ex._fast.plan_count
+    first = fn(*args, backend="gpu", **kwargs)
+    event = ex.events[-1]
+    assert (event["op"], event["backend"], event["fallback"], event["dtype"]) == (op, "gpu", None, dtype)
+    assert glue["_run"] == 1
+    assert ex._fast.plan_count == plans + replays, (
+        f"{op}: {'no plan was recorded' if replays else 'a plan was recorded'} (REPLAYED says "
+        f"{'it replays' if replays else 'it does not'})")
+    glue_launches = [describe(l, inputs) for l in launches]
+    assert glue_launches and c_entry["launch"] == c_launches   # the glue launches through Python
+
+    del launches[:]
+    second = fn(*args, backend="gpu", **kwargs)
+    event = ex.events[-1]
+    assert (event["op"], event["backend"], event["fallback"], event["dtype"]) == (op, "gpu", None, dtype)
+    if replays:
+        assert glue["_run"] == 1, f"{op}: the second call went through the glue, not the plan"
+        # the plan's launches went through the C entry point, as the glue made them: same kernels, grids,
+        # blocks, shared memory, stream, scalar parameters to the byte, and input pointers
+        assert c_entry["launch"] - c_launches == len(glue_launches)
+        assert [describe(l, inputs) for l in launches] == glue_launches
+    else:
+        assert glue["_run"] == 2 and c_entry["launch"] == c_launches
+    assert emu_c_driver.take_errors(rt) == []
+
+    lives = DeviceArray if case.device else np.ndarray
+    for o in (first + second) if isinstance(first, tuple) else (first, second):
+        assert isinstance(o, lives), (op, type(o))
+    g1, g2 = to_host(first), to_host(second)
+    if op in NONDETERMINISTIC:
+        g1 = g2
+    for a, b in zip(g1 if isinstance(g1, tuple) else (g1,), g2 if isinstance(g2, tuple) else (g2,)):
+        assert_same_bits(b, a)   # the replay is the glue's run again, bit for bit
+
+    # and right: as test_executor_op_matrix compares the GPU with the CPU and an outside reference
+    out_dtype = NP[case.out_dtype(dtype)]
+    if op == "top_k":
+        (gi, gs), (ci, cs) = g2, c
+        assert gs.dtype == cs.dtype == out_dtype and gi.dtype == ci.dtype
+        np.testing.assert_array_equal(gi, ci)
+        np.testing.assert_allclose(gs, cs, rtol=0, atol=5e-6)
+    else:
+        assert (g2.dtype, g2.shape) == (c.dtype, c.shape) and g2.dtype == out_dtype
+        if case.exact:
+            assert_same_bits(g2, c)
+    case.check(g2, host_args, kwargs, dtype)
+
+
+# ------------------------------------------------------------------------------ replay keys
+
+def dev(rt, host):
+    return to_device(np.ascontiguousarray(host), runtime=rt)
+
+
+def view(x, start, n):
+    """Elements [start, start + n) of a 1-d device array, sharing its memory."""
+    return DeviceArray(x.ptr + start * x.itemsize, (n,), x.dtype, x.runtime, owner=x)
+
+
+def test_aliasing_between_inputs_is_part_of_the_key(executor, rt, monkeypatch):
+    ex, gpu = executor
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((2, 256), dtype=np.float32)
+    x, y = dev(rt, a), dev(rt, b)
+    np.testing.assert_array_equal(ex.add(x, x, backend="gpu").get(), a + a)
+    np.testing.assert_array_equal(ex.add(x, y, backend="gpu").get(), a + b)   # not x + x's plan
+    assert ex._fast.plan_count == 2 and glue["_run"] == 2
+    np.testing.assert_array_equal(ex.add(x, x, backend="gpu").get(), a + a)
+    np.testing.assert_array_equal(ex.add(y, x, backend="gpu").get(), b + a)
+    np.testing.assert_array_equal(ex.add(y, y, backend="gpu").get(), b + b)
+    assert ex._fast.plan_count == 2 and glue["_run"] == 2   # each replayed its own pattern's plan
+    # overlapping views of one buffer: their offset is part of the pattern
+    big = np.arange(512, dtype=np.float32)
+    z = dev(rt, big)
+    for (i, j), plans in (((0, 128), 3), ((0, 64), 4), ((128, 256), 4)):   # the last one: the first's pattern
+        got = ex.add(view(z, i, 256), view(z, j, 256), backend="gpu").get()
+        np.testing.assert_array_equal(got, big[i:i + 256] + big[j:j + 256])
+        assert ex._fast.plan_count == plans
+    assert ex._fast.plan_count == 4 and glue["_run"] == 4
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_shapes_and_alignment_make_plans_of_their_own(executor, rt, monkeypatch):
+    ex, gpu = executor
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(2)
+    for n in (256, 64, 257, 256):   # the last one replays the first one's plan
+        a, b = rng.standard_normal((2, n), dtype=np.float32)
+        np.testing.assert_array_equal(ex.add(dev(rt, a), dev(rt, b), backend="gpu").get(), a + b)
+    assert ex._fast.plan_count == 3 and glue["_run"] == 3
+    # a (rows, n) x with an n bias: other kernels, other plans
+    for shape_a, shape_b in (((4, 64), (64,)), ((8, 32), (32,)), ((4, 64), (64,)), ((4, 64), (4, 64))):
+        a, b = rng.standard_normal(shape_a, dtype=np.float32), rng.standard_normal(shape_b, dtype=np.float32)
+        np.testing.assert_array_equal(ex.add(dev(rt, a), dev(rt, b), backend="gpu").get(), a + b)
+    assert ex._fast.plan_count == 6 and glue["_run"] == 6
+    # an input 4 bytes off 16-byte alignment: the glue's scalar (not 4-wide) kernel, in a plan of its own
+    base = rng.standard_normal(260, dtype=np.float32)
+    x = dev(rt, base)
+    for start in (1, 1, 0):
+        got = ex.scale(view(x, start, 256), 3.0, backend="gpu").get()
+        np.testing.assert_array_equal(got, base[start:start + 256] * np.float32(3.0))
+    assert ex._fast.plan_count == 8 and glue["_run"] == 8
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_a_scalar_parameter_selects_its_own_plan(executor, rt, monkeypatch):
+    ex, gpu = executor
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(256, dtype=np.float32)
+    x = dev(rt, a)
+    for alpha in (2.0, -0.5, 2.0, -0.5, 2):   # 2 (an int) is a key of its own, with the same answer
+        np.testing.assert_array_equal(ex.scale(x, alpha, backend="gpu").get(), a * np.float32(alpha))
+    assert ex._fast.plan_count == 3 and glue["_run"] == 3
+    np.testing.assert_array_equal(ex.scale(x, alpha=7.5, backend="gpu").get(), a * np.float32(7.5))
+    q, T = rng.standard_normal(16, dtype=np.float32), rng.standard_normal((300, 16), dtype=np.float32)
+    dq, dT = dev(rt, q), dev(rt, T)
+    for k in (3, 5, 3, 5, 1):
+        idx, scores = ex.top_k(dq, dT, k, backend="gpu")
+        want_idx, want_scores = ex.top_k(q, T, k, backend="cpu")
+        assert idx.shape == (k,) and scores.shape == (k,)
+        np.testing.assert_array_equal(idx.get(), want_idx)
+        np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+    assert ex._fast.plan_count == 3 + 1 + 3 and glue["_run"] == 3 + 1 + 3
+    # rms_norm's eps travels as a double: a new eps is a new plan with the new answer
+    xs, w = rng.standard_normal((4, 64), dtype=np.float32), rng.standard_normal(64, dtype=np.float32)
+    dx, dw = dev(rt, xs), dev(rt, w)
+    for eps in (1e-5, 10.0, 1e-5):
+        got = ex.rms_norm(dx, dw, eps=eps, backend="gpu").get()
+        np.testing.assert_array_equal(got, ex.rms_norm(xs, w, eps=eps, backend="cpu"))
+    assert ex._fast.plan_count == 9 and glue["_run"] == 9
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_runs_the_recorder_refuses_keep_going_through_the_glue(executor, rt, monkeypatch):
+    """A glue run that reaches past what a plan can redo (here ctx.rt.memset for zero-length vectors:
+    every score 0) records nothing, and every such call runs the glue, with the right answer; an empty
+    call (no launch at all) replays."""
+    ex, gpu = executor
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    for n in (1, 2):
+        scores = ex.cosine_similarity(dev(rt, np.ones((3, 0), np.float32)), dev(rt, np.ones((5, 0), np.float32)),
+                                      backend="gpu")
+        np.testing.assert_array_equal(scores.get(), np.zeros((3, 5), np.float32))
+        idx, top = ex.top_k(dev(rt, np.ones((2, 0), np.float32)), dev(rt, np.ones((5, 0), np.float32)), 2,
+                            backend="gpu")
+        np.testing.assert_array_equal(top.get(), np.zeros((2, 2), np.float32))
+        assert idx.get().shape == (2, 2)
+        assert ex._fast.plan_count == 0 and glue["_run"] == 2 * n
+    for _ in range(2):
+        out = ex.add(dev(rt, np.ones(0, np.float16)), dev(rt, np.ones(0, np.float16)), backend="gpu")
+        assert (out.shape, out.dtype, ex.events[-1]["backend"]) == ((0,), np.float16, "gpu")
+        assert out.get().shape == (0,)
+    assert ex._fast.plan_count == 1 and glue["_run"] == 5
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_a_replayed_result_feeds_a_replayed_call(executor, rt, monkeypatch):
+    """Results of the compiled path (DeviceArrays it makes without their constructor) as the inputs of
+    the next calls: chains of replays, on the null stream and on a stream of their own."""
+    ex, gpu = executor
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((2, 4, 64), dtype=np.float32)
+    x, y = dev(rt, a), dev(rt, b)
+    s = rt.stream_create()   # not destroyed: results made on it are freed on it (the runtime's close ends it)
+    for stream in (None, None, s):
+        h = ex.add(x, y, backend="gpu", stream=stream)
+        h = ex.softmax(h, backend="gpu", stream=stream)
+        h = ex.scale(h, 4.0, backend="gpu", stream=stream)
+        got = h.get()
+    want = ex.scale(ex.softmax(a + b, backend="cpu"), 4.0, backend="cpu")
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert glue["_run"] == 3 and ex._fast.plan_count == 3
+    assert emu_c_driver.take_errors(rt) == []
+
+
+# ------------------------------------------------------------------------------ lifetimes
+
+@pytest.fixture
+def async_rt(monkeypatch):
+    """The asynchronous emulator (every stream a worker, each item 5 ms late: a caller's next line runs
+    long before its kernels), C entry points attached, and the fake array library on it."""
+    from hipsched.gpu import detect
+    runtime = emu(asynchronous=True, delay=0.005)
+    monkeypatch.setattr(detect, "get_runtime", lambda: runtime)   # foreign arrays are wrapped with it
+    lib = fake_array_lib.install(runtime)
+    yield runtime, lib
+    fake_array_lib.uninstall()
+    runtime.close()   # AssertionError if its memcheck found anything
+
+
+def test_inputs_dropped_while_replayed_work_is_queued_are_freed_after_it(async_rt, kernel_dir, tmp_path,
+                                                                         monkeypatch):
+    rt, lib = async_rt
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal(16, dtype=np.float32)
+    T = rng.standard_normal((300, 16), dtype=np.float32)
+    s = rt.stream_create()
+    with ex:
+        # the plans: add, and top_k (scratch, several launches)
+        ex.add(dev(rt, q), dev(rt, q), backend="gpu")
+        ex.top_k(dev(rt, q), dev(rt, T), 4, backend="gpu")
+        rt.synchronize()
+        recorded = glue["_run"]
+        assert ex._fast.plan_count == 2
+        results = []
+        for stream in (None, s, None, s):
+            a, b = rng.standard_normal((2, 16), dtype=np.float32)
+            x, y = dev(rt, a), dev(rt, b)          # made on the null stream, read on `stream`
+            out = ex.add(x, y, backend="gpu", stream=stream)
+            del x, y                                # the caller lets go at once: the kernel is still queued
+            dq, dT = dev(rt, a), dev(rt, T)
+            idx, scores = ex.top_k(dq, dT, 4, backend="gpu", stream=stream)
+            del dq, dT
+            gc.collect()
+            results.append((a, b, out, idx, scores))
+        # a foreign library's arrays, dropped at once: held by the compiled path until their work ran
+        ex.add(lib.tensor(q), lib.tensor(q), backend="gpu")   # its own key (the array type): recorded
+        recorded_foreign = glue["_run"]
+        a, b = rng.standard_normal((2, 16), dtype=np.float32)
+        ta, tb = lib.tensor(a), lib.tensor(b)
+        foreign = ex.add(ta, tb, backend="gpu")
+        del ta, tb
+        gc.collect()
+        assert glue["_run"] == recorded_foreign == recorded + 1, "the calls were not replayed"
+        assert type(foreign) is fake_array_lib.Tensor
+        np.testing.assert_array_equal(foreign.numpy(), a + b)
+        for a, b, out, idx, scores in results:
+            np.testing.assert_array_equal(out.get(), a + b)
+            want_idx, want_scores = ex.top_k(a, T, 4, backend="cpu")
+            np.testing.assert_array_equal(idx.get(), want_idx)
+            np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+        rt.synchronize()
+    gpu.close()
+    del results, out, idx, scores, foreign
+    gc.collect()
+    rt.synchronize()
+    assert rt.take_memcheck_errors() == []
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_an_input_made_on_another_stream_is_read_after_its_producer(async_rt, kernel_dir, tmp_path, monkeypatch):
+    """A replayed call on the null stream whose input a replayed call on another stream is still
+    writing (behind a stall there): the replay orders its stream after the producer's (an event), so
+    it reads the finished values, not the never-written (NaN) memory."""
+    rt, _ = async_rt
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(7)
+    s = rt.stream_create()
+    with ex:
+        for _ in range(3):   # recorded, then replayed twice
+            a, b = rng.standard_normal((2, 256), dtype=np.float32)
+            rt.stall(s, 0.1)
+            h = ex.add(dev(rt, a), dev(rt, b), backend="gpu", stream=s)
+            out = ex.scale(h, 2.0, backend="gpu")
+            np.testing.assert_array_equal(out.get(), (a + b) * np.float32(2.0))
+        assert glue["_run"] == 2 and ex._fast.plan_count == 2
+        del h, out
+        rt.synchronize()
+    gpu.close()
+    gc.collect()
+    assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
+
+
+THREADS_SCRIPT = """
+import gc, sys, threading
+sys.path.insert(0, {support!r})
+import numpy as np
+import emu_c_driver, gpu_emulator
+from hipsched import Executor
+from hipsched.backends.gpu import GpuBackend
+from hipsched.gpu.memory import to_device
+
+def main():
+    rt = gpu_emulator.EmuRuntime(32, asynchronous=True, delay=0.002)
+    emu_c_driver.attach(rt)
+    gpu = GpuBackend({{"kernel_cache_dir": {kernels!r}}}, runtime=rt)
+    ex = Executor(gpu_backend=gpu, persist_model=False, cache_dir={cache!r}, allow_fallback=False)
+    a = np.arange(64, dtype=np.float32)
+    x = to_device(a, runtime=rt)
+    ex.add(x, x, backend="gpu")            # the plan
+    rt.synchronize()
+    sys.setswitchinterval(1e-6)            # every driver call (Python here) may let another thread in
+    outs, errors = [], []
+
+    def work():
+        s = rt.stream_create()
+        try:
+            for _ in range(100):
+                out = ex.add(x, x, backend="gpu", stream=s)
+            outs.append(out)
+        except BaseException as e:
+            errors.append(repr(e))
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert ex._fast.plan_count == 1 and emu_c_driver.calls(rt)["launch"] >= 400
+    for out in outs:
+        assert np.array_equal(out.get(), a + a)
+    rt.synchronize()
+    assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
+    del outs, out, x
+    gc.collect()
+    ex.close()
+    gpu.close()
+    rt.close()
+    print("ok")
+
+main()
+"""
+
+
+def test_threads_sharing_an_executor_replay_at_once(kernel_dir, tmp_path):
+    """Four threads replaying one plan through one Executor on the asynchronous emulator, whose timing
+    events stay pending (in a child process: the failure this guards against is a crash)."""
+    support = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+    code = THREADS_SCRIPT.format(support=support, kernels=str(kernel_dir), cache=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (
+        f"exit status {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+
+
+# ------------------------------------------------------------------------------ failures
+
+def test_a_failed_replayed_launch_falls_back_to_the_cpu(rt, kernel_dir, tmp_path, monkeypatch):
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)   # fallback allowed (the default)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal(256, dtype=np.float32)
+    x = dev(rt, a)
+    with ex:
+        ex.scale(x, 2.0, backend="gpu")
+        assert ex._fast.plan_count == 1
+        live = set(rt.live)
+        emu_c_driver.fail_next(rt, "launch", code=701)   # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, once
+        launches = emu_c_driver.calls(rt)["launch"]
+        out = ex.scale(x, 2.0, backend="gpu")
+        assert emu_c_driver.calls(rt)["launch"] == launches + 1   # the replay reached the C launch
+        assert glue["_run"] == 1                                  # and not the glue
+        event = ex.events[-1]
+        assert (event["op"], event["backend"], event["reason"]) == ("scale", "cpu", "cpu_fallback")
+        assert event["fallback"]["backend"] == "gpu"
+        assert "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" in event["fallback"]["error"]
+        assert isinstance(out, DeviceArray)   # where the inputs live, as any device-data call
+        np.testing.assert_array_equal(out.get(), a * np.float32(2.0))
+        # nothing the failed replay allocated is left once the (CPU's) result is gone
+        del out
+        gc.collect()
+        assert set(rt.live) <= live
+        # the next call replays again
+        out = ex.scale(x, 2.0, backend="gpu")
+        assert ex.events[-1]["backend"] == "gpu" and ex.events[-1]["fallback"] is None and glue["_run"] == 1
+        np.testing.assert_array_equal(out.get(), a * np.float32(2.0))
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []

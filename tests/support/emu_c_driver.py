@@ -1,0 +1,224 @@
+"""C entry points for the kernel emulator (tests/support/gpu_emulator.py), so the compiled GPU call path
+(hipsched/gpu/_driver.pyx's Driver, _callpath.pyx's plan replay) runs in CI with kernels that really run.
+
+`attach(rt)` gives an EmuRuntime (synchronous or asynchronous) what a real binding's
+`Runtime.c_entry_points` gives: C function pointers with the CUDA driver API's signatures (cuLaunchKernel,
+cuMemAllocAsync, cuEventQuery, ...; the typedefs at the top of hipsched/gpu/_driver.pxd), here ctypes
+callbacks into the emulator's Python methods. Each returns 0, or a CUDA-like code for the GpuError the
+method raised (600 for an event not ready); nothing raises through C. `rt._error_name` names the codes
+back as the CUDA driver does, so a failure replayed through the Driver is classified as the Python
+binding's would be.
+
+The launch callback gets `void **kernelParams` without types: it reads each parameter with the type the
+kernel's build recorded (EmuRuntime.param_types), copying the values at once (they live on the caller's
+C stack), and launches through `rt.launch`.
+
+Attach before anything asks `driver_for(rt)` (a GpuBackend, a DeviceArray made on rt): the answer is
+cached on the runtime. `fail_next(rt, name)` makes the next call(s) of one entry point fail, and
+`calls(rt)` counts what each entry point was asked."""
+from __future__ import annotations
+
+import collections
+import ctypes
+import threading
+import weakref
+
+from hipsched.errors import GpuError
+from hipsched.gpu.runtime import Runtime
+from hipsched.gpu.status import classify
+
+c_int, c_uint, c_size_t, c_float, c_void_p = (ctypes.c_int, ctypes.c_uint, ctypes.c_size_t, ctypes.c_float,
+                                              ctypes.c_void_p)
+P = ctypes.POINTER
+
+NOT_READY = 600
+
+# The CUDA driver's codes for the errors that matter to hipsched (status.classify reads their names);
+# another error is picked by its GpuError kind below.
+CUDA_NAMES = {
+    1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY", 3: "CUDA_ERROR_NOT_INITIALIZED",
+    200: "CUDA_ERROR_INVALID_IMAGE", 201: "CUDA_ERROR_INVALID_CONTEXT", 400: "CUDA_ERROR_INVALID_HANDLE",
+    600: "CUDA_ERROR_NOT_READY", 700: "CUDA_ERROR_ILLEGAL_ADDRESS", 701: "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+    702: "CUDA_ERROR_LAUNCH_TIMEOUT", 719: "CUDA_ERROR_LAUNCH_FAILED", 999: "CUDA_ERROR_UNKNOWN",
+}
+_BY_KIND = {"oom": 2, "unavailable": 3, "compile": 200, "launch": 701, "timeout": 702, "lost": 700, "runtime": 1}
+_BY_NAME = {"hipErrorNotReady": NOT_READY, "hipErrorInvalidValue": 1, "hipErrorOutOfMemory": 2,
+            "hipErrorIllegalAddress": 700, "hipErrorInvalidHandle": 400}
+
+# cuLaunchKernel(f, grid xyz, block xyz, sharedMemBytes, hStream, kernelParams, extra)
+LAUNCH_T = ctypes.CFUNCTYPE(c_int, c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
+                            P(c_void_p), P(c_void_p))
+SIGNATURES = {
+    "launch": LAUNCH_T,
+    "malloc_async": ctypes.CFUNCTYPE(c_int, P(c_void_p), c_size_t, c_void_p),   # cuMemAllocAsync
+    "free_async": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p),                   # cuMemFreeAsync
+    "memcpy_htod": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t, c_void_p),
+    "memcpy_dtoh": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t, c_void_p),
+    "event_create": ctypes.CFUNCTYPE(c_int, P(c_void_p), c_uint),
+    "event_destroy": ctypes.CFUNCTYPE(c_int, c_void_p),
+    "event_query": ctypes.CFUNCTYPE(c_int, c_void_p),
+    "event_synchronize": ctypes.CFUNCTYPE(c_int, c_void_p),
+    "event_record": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p),
+    "event_elapsed": ctypes.CFUNCTYPE(c_int, P(c_float), c_void_p, c_void_p),
+    "stream_wait_event": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_uint),
+    "stream_synchronize": ctypes.CFUNCTYPE(c_int, c_void_p),
+    "mem_info": ctypes.CFUNCTYPE(c_int, P(c_size_t), P(c_size_t)),
+    "get_current": ctypes.CFUNCTYPE(c_int, P(c_void_p)),                        # cuCtxGetCurrent
+    "set_current": ctypes.CFUNCTYPE(c_int, c_void_p),                           # cuCtxSetCurrent
+}
+assert set(SIGNATURES) == set(Runtime.C_ENTRY_POINTS) | {"get_current", "set_current"}
+
+
+def error_code(e: BaseException) -> int:
+    """The CUDA-like code a callback returns for `e`: by the GpuError's name where it has a code of its
+    own, else by its kind; 1 (invalid value) for anything that is not a GpuError."""
+    if not isinstance(e, GpuError):
+        return 1
+    code = _BY_NAME.get(e.name or "")
+    if code is None and e.name:
+        code = _BY_KIND.get(classify(e.name))
+    return code if code is not None else _BY_KIND.get(e.kind, 1)
+
+
+class _State:
+    """What attach() keeps on the runtime: the callbacks (never freed: see attach), the thread-local
+    current context, call counts, scripted failures and the exceptions callbacks turned into codes."""
+
+    def __init__(self, rt):
+        self.context = (id(rt) << 4) | 0xC   # nonzero, distinct per runtime, never a real pointer
+        self.tls = threading.local()
+        self.calls = collections.Counter()
+        self.fail = collections.defaultdict(collections.deque)   # name -> codes to return, in order
+        self.errors = []                                         # (name, exception) of failed calls
+        self.lock = threading.Lock()
+        self.callbacks = {}
+        self.table = {}
+
+
+def _launch_args(rt, function, params):
+    """The launch's arguments as fresh ctypes scalars, read now from the caller's kernelParams."""
+    types = rt.param_types(function)
+    return tuple(t(t.from_address(params[i]).value) for i, t in enumerate(types))
+
+
+def attach(rt):
+    """Give `rt` (an EmuRuntime) C entry points; returns the table {name: address}."""
+    got = rt.__dict__.get("_c_driver", None)
+    if got is not None:
+        raise RuntimeError("emu_c_driver.attach: this runtime already has a Driver; attach before anything "
+                           "asks driver_for(rt)")
+    rt.__dict__.pop("_c_driver", None)   # an earlier "no C entry points" answer
+    st = _State(rt)
+    # The callbacks reach the runtime weakly and are never freed: the Driver calls them from its
+    # finalizer (and DeviceMemory from theirs), which the collector may run after the runtime and this
+    # state are gone, and a freed ctypes thunk is a jump into freed memory. A call after the runtime
+    # went fails with CUDA_ERROR_NOT_INITIALIZED.
+    ref = weakref.ref(rt)
+    del rt
+
+    def guarded(name, body):
+        def cb(*a):
+            rt = ref()
+            if rt is None:
+                return 3
+            try:
+                with st.lock:
+                    st.calls[name] += 1
+                    scripted = st.fail[name].popleft() if st.fail[name] else None
+                if scripted is not None:
+                    return scripted
+                return body(rt, *a) or 0
+            except BaseException as e:   # never through C: a code, and the exception kept for the test
+                try:
+                    st.errors.append((name, e.with_traceback(None)))   # its frames would hold the runtime
+                    return error_code(e)
+                except BaseException:
+                    return 999
+        cb.__name__ = f"emu_c_{name}"
+        return SIGNATURES[name](cb)
+
+    def launch(rt, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        args = _launch_args(rt, f, params)
+        rt.launch(f, (gx, gy, gz), (bx, by, bz), args, shared, stream or 0)
+
+    def malloc_async(rt, out, nbytes, stream):
+        out[0] = rt.malloc_async(nbytes, stream or 0)
+
+    def free_async(rt, ptr, stream):
+        rt.free_async(ptr or 0, stream or 0)
+
+    def memcpy_htod(rt, dst, src, nbytes, stream):
+        rt.memcpy_htod(dst or 0, src or 0, nbytes, stream or 0)
+
+    def memcpy_dtoh(rt, dst, src, nbytes, stream):
+        rt.memcpy_dtoh(dst or 0, src or 0, nbytes, stream or 0)
+
+    def event_create(rt, out, flags):
+        out[0] = rt.event_create()
+
+    def event_destroy(rt, event):
+        rt.event_destroy(event or 0)
+
+    def event_query(rt, event):
+        return 0 if rt.event_query(event or 0) else NOT_READY
+
+    def event_synchronize(rt, event):
+        rt.event_synchronize(event or 0)
+
+    def event_record(rt, event, stream):
+        rt.event_record(event or 0, stream or 0)
+
+    def event_elapsed(rt, ms, start, end):
+        ms[0] = float(rt.event_elapsed_ms(start or 0, end or 0))
+
+    def stream_wait_event(rt, stream, event, flags):
+        rt.stream_wait_event(stream or 0, event or 0)
+
+    def stream_synchronize(rt, stream):
+        rt.stream_synchronize(stream or 0)
+
+    def mem_info(rt, free, total):
+        f, t = rt.mem_info()
+        free[0], total[0] = f, t
+
+    def get_current(rt, out):
+        out[0] = getattr(st.tls, "context", None)
+
+    def set_current(rt, context):
+        st.tls.context = context
+
+    bodies = dict(launch=launch, malloc_async=malloc_async, free_async=free_async, memcpy_htod=memcpy_htod,
+                  memcpy_dtoh=memcpy_dtoh, event_create=event_create, event_destroy=event_destroy,
+                  event_query=event_query, event_synchronize=event_synchronize, event_record=event_record,
+                  event_elapsed=event_elapsed, stream_wait_event=stream_wait_event,
+                  stream_synchronize=stream_synchronize, mem_info=mem_info, get_current=get_current,
+                  set_current=set_current)
+    for name, body in bodies.items():
+        cb = st.callbacks[name] = guarded(name, body)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(cb))   # immortal: see above
+        st.table[name] = ctypes.cast(cb, c_void_p).value
+    rt = ref()
+    rt._emu_c = st
+    rt._error_name = lambda code: CUDA_NAMES.get(code)
+    rt.c_entry_points = lambda: (dict(st.table), "cuda", st.context, 0)
+    return dict(st.table)
+
+
+def calls(rt) -> collections.Counter:
+    """How often each entry point was called (a live Counter: copy it to compare later)."""
+    return rt._emu_c.calls
+
+
+def fail_next(rt, name: str, code: int = 1, times: int = 1) -> None:
+    """The next `times` calls of entry point `name` return `code` without reaching the emulator."""
+    if name not in SIGNATURES:
+        raise KeyError(name)
+    with rt._emu_c.lock:
+        rt._emu_c.fail[name].extend([code] * times)
+
+
+def take_errors(rt) -> list:
+    """(entry point, exception) of the calls that failed in the emulator since the last take, cleared."""
+    st = rt._emu_c
+    errors, st.errors = st.errors, []
+    return errors
