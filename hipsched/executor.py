@@ -68,7 +68,7 @@ def _create_telemetry(config, device):
 class Executor:
     """Runs each op on the backend predicted to finish first. `config` is a HybridConfig (None: read
     the TOML file and HIPSCHED_* variables); keyword `overrides` set config fields; `gpu_backend`
-    replaces the GPU backend (an object implementing the GpuBackend interface); `cpu_backend` replaces
+    replaces the GPU backend (a hipsched.backends.interface.GpuBackendBase); `cpu_backend` replaces
     the CPU engine with an object that has CpuBackend's `run(call)` and `run_device_data(call)` (a
     simulated machine in tests/support): every call then takes the general path, none the compiled
     kernels directly."""
