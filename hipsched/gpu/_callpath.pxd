@@ -69,6 +69,7 @@ cdef class GpuPath:
     cdef object _host_array(self, a, Inputs *ins)
     cdef void *_staging(self, size_t nbytes) except? NULL
     cdef object _download(self, Plan plan, void **outp, void *stage, size_t stream)
+    cdef void _mark_busy(self, void *stage, size_t stream)
     cdef object replay(self, Plan plan, Inputs *ins, list keep, size_t stream)
     cdef double free_bytes(self)
     cdef void *time_mark(self, size_t stream) noexcept

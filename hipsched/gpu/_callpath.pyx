@@ -109,13 +109,27 @@ cdef class DLPackHold:
 
 
 cdef class Pinned:
-    """Page-locked host memory, freed with this object."""
+    """Page-locked host memory, freed with this object. `busy`: an event recorded after the last copy
+    out of it that the call did not wait for (a call whose results stay on the device returns with its
+    upload queued), waited for before the memory is written again."""
     cdef void *ptr
     cdef size_t nbytes
     cdef Driver drv
+    cdef void *busy
+
+    cdef int settle(self) noexcept:
+        """Wait until no queued copy reads this memory."""
+        cdef int status = 0
+        if self.busy != NULL:
+            status = self.drv.event_sync(self.busy)
+            self.drv.spare(self.busy)
+            self.busy = NULL
+        return status
 
     def __dealloc__(self):
         if self.ptr != NULL and self.drv is not None and self.drv.usable():
+            if self.drv.current() == 0:
+                self.settle()
             self.drv.host_free(self.ptr)
         self.ptr = NULL
 
@@ -345,9 +359,11 @@ cdef class GpuPath:
         return (np.ndarray, a.shape, a.dtype)
 
     cdef void *_staging(self, size_t nbytes) except? NULL:
-        """This thread's page-locked staging buffer, at least `nbytes`. One per thread: every call that
-        uses it waits for its copies before returning, so the next may reuse it."""
+        """This thread's page-locked staging buffer, at least `nbytes`, once no copy queued by an earlier
+        call reads it any more (see Pinned.busy)."""
         cdef Pinned pin = self.tls.__dict__.get("staging")
+        if pin is not None and pin.settle() != 0:
+            self.tls.staging = pin = None   # a failed device: a new buffer rather than one a copy may read
         if pin is None or pin.nbytes < nbytes:
             pin = Pinned.__new__(Pinned)
             pin.drv = self.drv
@@ -404,6 +420,10 @@ cdef class GpuPath:
             if status != 0:
                 drv.free_async(dev_in, s)
                 drv.fail(status, "memcpy_htod")
+            if not plan.to_host:
+                # the call returns with the upload queued: the next call on this thread waits for it
+                # before it writes the staging buffer again
+                self._mark_busy(stage, stream)
             for i in range(ins.n):
                 if ins.host[i]:
                     in_ptr[i] = <size_t>dev_in + plan.in_off[i]
@@ -445,6 +465,8 @@ cdef class GpuPath:
         if dev_in != NULL:
             drv.free_async(dev_in, s)
         if status != 0:
+            if dev_in != NULL and plan.to_host:
+                self._mark_busy(stage, stream)   # the upload may still be queued: see _staging
             drv.fail(status, "launch")
         if plan.to_host:
             return self._download(plan, outp, stage, stream)
@@ -470,6 +492,19 @@ cdef class GpuPath:
                 pass
         return out[0] if plan.single else tuple(out)
 
+    cdef void _mark_busy(self, void *stage, size_t stream):
+        cdef Pinned pin = self.tls.__dict__.get("staging")
+        cdef void *e
+        if pin is None or pin.ptr != stage:
+            return
+        e = self.drv.event()
+        if e == NULL or self.drv.event_record(e, <void *>stream) != 0:
+            self.drv.spare(e)
+            self.drv.stream_sync(<void *>stream)   # no event: wait now
+            return
+        pin.settle()
+        pin.busy = e
+
     cdef object _download(self, Plan plan, void **outp, void *stage, size_t stream):
         """Host results: every output copied into the staging buffer, one wait for the stream, then into
         new NumPy arrays. The device outputs are let go at once (their frees are in stream order)."""
@@ -486,6 +521,7 @@ cdef class GpuPath:
         if status == 0:
             status = drv.stream_sync(s)
         if status != 0:
+            self._mark_busy(stage, stream)   # copies into it may still be queued: see _staging
             drv.fail(status, "memcpy_dtoh")
         out = []
         for r in plan.results:

@@ -444,6 +444,33 @@ def test_an_input_made_on_another_stream_is_read_after_its_producer(async_rt, ke
     assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
 
 
+def test_a_host_input_staged_for_a_call_left_queued_is_not_overwritten(async_rt, kernel_dir, tmp_path, monkeypatch):
+    """A host array beside a device array: the result stays on the device and the call returns with its
+    upload from the thread's staging buffer still queued (behind a stall). The next call's host array
+    must not overwrite the staging buffer before that upload has read it."""
+    rt, _ = async_rt
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(9)
+    b = rng.standard_normal(64, dtype=np.float32)
+    d = dev(rt, b)
+    with ex:
+        outs = []
+        for _ in range(4):   # recorded, then replayed three times
+            a = rng.standard_normal(64, dtype=np.float32)
+            rt.stall(0, 0.05)
+            outs.append((a.copy(), ex.add(a, d, backend="gpu")))
+            a[:] = np.nan   # the caller reuses its array at once, as a loop over a buffer does
+        assert glue["_run"] == 1 and ex._fast.plan_count == 1
+        for a, out in outs:
+            np.testing.assert_array_equal(out.get(), a + b)
+        del outs, out, d
+        rt.synchronize()
+    gpu.close()
+    gc.collect()
+    assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
+
+
 THREADS_SCRIPT = """
 import gc, sys, threading
 sys.path.insert(0, {support!r})

@@ -65,8 +65,10 @@ SIGNATURES = {
     "mem_info": ctypes.CFUNCTYPE(c_int, P(c_size_t), P(c_size_t)),
     "get_current": ctypes.CFUNCTYPE(c_int, P(c_void_p)),                        # cuCtxGetCurrent
     "set_current": ctypes.CFUNCTYPE(c_int, c_void_p),                           # cuCtxSetCurrent
+    "host_alloc": ctypes.CFUNCTYPE(c_int, P(c_void_p), c_size_t),                # cuMemAllocHost_v2
+    "host_free": ctypes.CFUNCTYPE(c_int, c_void_p),                             # cuMemFreeHost
 }
-assert set(SIGNATURES) == set(Runtime.C_ENTRY_POINTS) | {"get_current", "set_current"}
+assert set(SIGNATURES) == set(Runtime.C_ENTRY_POINTS) | {"get_current", "set_current", "host_alloc", "host_free"}
 
 
 def error_code(e: BaseException) -> int:
@@ -92,6 +94,7 @@ class _State:
         self.errors = []                                         # (name, exception) of failed calls
         self.lock = threading.Lock()
         self.callbacks = {}
+        self.pinned = {}                                         # page-locked host memory: address -> bytes
         self.table = {}
 
 
@@ -148,6 +151,14 @@ def attach(rt):
         rt.free_async(ptr or 0, stream or 0)
 
     def memcpy_htod(rt, dst, src, nbytes, stream):
+        if any(p <= (src or 0) < p + n for p, n in list(st.pinned.items())):
+            # from page-locked memory a driver reads the source when the copy runs, not when it is
+            # queued (the emulator's own copy stages pageable memory at once): a buffer written again
+            # before the copy ran would send the new bytes
+            def run():
+                ctypes.memmove(dst, src, nbytes)
+            rt.enqueue(stream or 0, run, "memcpy_htod from page-locked memory")
+            return
         rt.memcpy_htod(dst or 0, src or 0, nbytes, stream or 0)
 
     def memcpy_dtoh(rt, dst, src, nbytes, stream):
@@ -187,12 +198,27 @@ def attach(rt):
     def set_current(rt, context):
         st.tls.context = context
 
+    # page-locked staging is plain host memory here (the emulator's copies read any host pointer)
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = c_void_p, [c_size_t]
+    libc.free.restype, libc.free.argtypes = None, [c_void_p]
+
+    def host_alloc(rt, out, nbytes):
+        out[0] = libc.malloc(max(int(nbytes), 1))
+        if not out[0]:
+            return 2
+        st.pinned[out[0]] = max(int(nbytes), 1)
+
+    def host_free(rt, ptr):
+        st.pinned.pop(ptr, None)
+        libc.free(ptr)
+
     bodies = dict(launch=launch, malloc_async=malloc_async, free_async=free_async, memcpy_htod=memcpy_htod,
                   memcpy_dtoh=memcpy_dtoh, event_create=event_create, event_destroy=event_destroy,
                   event_query=event_query, event_synchronize=event_synchronize, event_record=event_record,
                   event_elapsed=event_elapsed, stream_wait_event=stream_wait_event,
                   stream_synchronize=stream_synchronize, mem_info=mem_info, get_current=get_current,
-                  set_current=set_current)
+                  set_current=set_current, host_alloc=host_alloc, host_free=host_free)
     for name, body in bodies.items():
         cb = st.callbacks[name] = guarded(name, body)
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(cb))   # immortal: see above
