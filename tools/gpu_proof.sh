@@ -74,11 +74,12 @@ step "pytest -m gpu" 150 "$OUT/gpu-tests.log" "${PYTEST[@]}" -m gpu tests
 # The sanitizers slow kernels 10-100x: the op tests on their own (small shapes), without the deliberate
 # out-of-memory test whose failed allocation the sanitizer would report as an API error.
 SAN=(compute-sanitizer --error-exitcode 99 --report-api-errors no --print-limit 50)
-SAN_TESTS=("${PYTEST[@]}" -m gpu tests/gpu/test_gpu_ops.py tests/gpu/test_gpu_quant_attention_spread.py -k "not out_of_memory")
+SAN_TESTS=("${PYTEST[@]}" -m gpu tests/gpu/device/test_gpu_ops.py tests/gpu/device/test_gpu_quant_attention_spread.py
+           -k "not out_of_memory")
 # memcheck also takes the half kernels (2-byte addressing); racecheck leaves them out, as CI's emulator
 # racecheck does: they are the float32 templates' barriers and shared memory, and its limit is spent
 step "memcheck" 90 "$OUT/memcheck.log" "${SAN[@]}" --tool memcheck --leak-check no "${SAN_TESTS[@]}" \
-  tests/gpu/test_gpu_half_ops.py
+  tests/gpu/device/test_gpu_half_ops.py
 step "racecheck" 60 "$OUT/racecheck.log" "${SAN[@]}" --tool racecheck "${SAN_TESTS[@]}" -x
 step "GPU benchmark" 60 "$OUT/bench.log" "$PY" bench/gpu_ops.py --quick
 step "call path benchmark" 30 "$OUT/device-data.log" "$PY" bench/device_data.py --calls 40 --repeat 5

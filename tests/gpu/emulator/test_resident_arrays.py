@@ -2,7 +2,7 @@
 (`immutable`), quantized weights by their contract, explicitly ResidentArray handles (Executor.resident)
 whose updates reach every device copy; the budget (a share of free device memory unless configured);
 what the scheduler and the telemetry are told. Device memory is host memory here (HostMemoryRuntime)
-or the kernel emulator; tests/gpu/test_resident_stale.py holds the 10M-element stale-data proofs."""
+or the kernel emulator; tests/gpu/emulator/test_resident_stale.py holds the 10M-element stale-data proofs."""
 import ctypes
 import json
 import mmap

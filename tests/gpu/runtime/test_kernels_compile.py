@@ -21,7 +21,7 @@ SOURCES = sorted(kernel_sources())
 
 def test_sources_are_found_with_prelude():
     assert SOURCES, "no src_c/hip/*.hip found"
-    prelude = open(os.path.join(os.path.dirname(__file__), "..", "..", "src_c", "hip", "prelude.h")).read()
+    prelude = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src_c", "hip", "prelude.h")).read()
     for name, text in kernel_sources().items():
         assert name.endswith(".hip")
         assert text.startswith(prelude)

@@ -19,7 +19,7 @@ from hipsched.gpu.kernels import kernel_names
 from hipsched.ops import OpType
 from hipsched.ops.base import Call
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _gpu_present():

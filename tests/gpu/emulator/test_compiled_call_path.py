@@ -39,7 +39,7 @@ from hipsched.backends.gpu import GpuBackend
 from hipsched.gpu.memory import DeviceArray, to_device
 from hipsched.ops import OPS
 
-# the op matrix's builders, reference checks and bounds (tests/gpu is on the path: rootdir-relative imports)
+# the op matrix's builders, reference checks and bounds (tests/gpu/emulator is on the path: rootdir-relative imports)
 from test_executor_op_matrix import CASES, NP, assert_same_bits, to_host  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
@@ -525,7 +525,7 @@ main()
 def test_threads_sharing_an_executor_replay_at_once(kernel_dir, tmp_path):
     """Four threads replaying one plan through one Executor on the asynchronous emulator, whose timing
     events stay pending (in a child process: the failure this guards against is a crash)."""
-    support = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+    support = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "support")
     code = THREADS_SCRIPT.format(support=support, kernels=str(kernel_dir), cache=str(tmp_path))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (

@@ -2,7 +2,7 @@
 whatever thread allocates, in the middle of whatever that thread was doing, so a callback that takes a
 non-reentrant lock deadlocks the thread on itself when the allocation happened while it held that lock.
 Each test runs the collector exactly there, in a child process that dumps its stack and exits if it
-hangs (tests/gpu/test_resident_cache.py does the same for the resident cache)."""
+hangs (tests/gpu/runtime/test_resident_cache.py does the same for the resident cache)."""
 import gc
 import os
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from host_memory import run_bounded
 
-TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "support")
 
 
 def test_dlpack_capsule_dying_while_an_export_is_registered():

@@ -13,6 +13,9 @@ Bounds of the tests below: UNIT is the half format's unit roundoff (2^-11 float1
 - torch in, torch out: our result and torch's are each within one half rounding of the same float32
   value, so they may differ by one unit in the last place: |ours - torch| <= 2 * UNIT * |torch| + 2e-6
   (the absolute term for softmax's exponentials below float32's resolution)."""
+import os
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -20,7 +23,9 @@ from requires import need
 
 from hipsched.ops import OPS
 
-from test_gpu_kernels_emulated import (  # noqa: F401  (collected here, with this module's `emu`)
+# the emulator's half tests live in tests/gpu/emulator, which pytest puts on the path only when it collects there
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "emulator"))
+from test_gpu_kernels_emulated import (  # noqa: E402, F401  (collected here, with this module's `emu`)
     test_half_add_scale, test_half_attention_head_classes, test_half_cosine, test_half_device_in_device_out,
     test_half_dtype_without_kernels_is_refused, test_half_matmul_tiled_kernel, test_half_overflow_nan_inf,
     test_half_qmatmul, test_half_qmatmul_device_x,

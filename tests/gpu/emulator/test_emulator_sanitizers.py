@@ -19,8 +19,8 @@ import gpu_emulator
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 
-TESTS = Path(__file__).resolve().parents[1] / "support"   # gpu_emulator.py and its helpers
-PRELUDE = (Path(__file__).resolve().parents[2] / "src_c" / "hip" / "prelude.h").read_text()
+TESTS = Path(__file__).resolve().parents[2] / "support"   # gpu_emulator.py and its helpers
+PRELUDE = (Path(__file__).resolve().parents[3] / "src_c" / "hip" / "prelude.h").read_text()
 
 PLANTED = r"""
 // y[i] = x[i] over n elements; `over` extra iterations run past the end (the planted overflow)
