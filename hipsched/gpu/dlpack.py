@@ -3,6 +3,7 @@ one from another library (CuPy, PyTorch, JAX). Only the legacy unversioned DLMan
 which every producer still accepts when `max_version` is not passed."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 
 import numpy as np
@@ -77,6 +78,18 @@ def _capsule_destructor_impl(capsule_ptr):
 
 _capsule_destructor = _CapsuleDestructor(_capsule_destructor_impl)
 
+# Set at interpreter exit, before modules are torn down: a ConsumedTensor still alive then (a foreign
+# tensor kept in a module global) must not call a deleter whose ctypes thunk may already be freed (our
+# own exports' _deleter lives in this module), which would crash the exit. The process is ending: the
+# memory goes with it.
+_exiting = False
+
+
+@atexit.register
+def _at_exit():
+    global _exiting
+    _exiting = True
+
 
 kDLBfloat = 4
 
@@ -150,6 +163,8 @@ class ConsumedTensor:
     def release(self):
         if not self._released:
             self._released = True
+            if _exiting:   # the deleter may be one of this module's, torn down before this object
+                return
             deleter = self._managed.contents.deleter
             if deleter:
                 deleter(self._managed)

@@ -47,6 +47,14 @@ class PlanRecorder:
             self._refuse(f"the glue used ctx.{name}")
         return getattr(self._ctx, name)
 
+    def blas(self):
+        """The vendor BLAS: its calls go through Python, so a run that uses one is not replayable; a
+        context without one (the glue then launches its own kernels) is."""
+        blas = self._ctx.blas()
+        if blas is not None:
+            self._refuse("the vendor BLAS")
+        return blas
+
     # ------------------------------------------------------------------ what a plan redoes
     def upload(self, x, stream, immutable=False):
         dev = self._ctx.upload(x, stream, immutable)

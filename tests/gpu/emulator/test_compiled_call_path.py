@@ -46,11 +46,11 @@ pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ 
 
 GPU_OPS = {op for op, spec in OPS.items() if spec.gpu is not None}
 
-# Ops whose glue run the recorder (gpu/recording.py) turns into a plan, for device inputs.
-REPLAYED = {"add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "attention"}
+# Ops whose glue run the recorder (gpu/recording.py) turns into a plan, for device inputs (matmul:
+# without a vendor BLAS, as here; with one, its calls go through Python and the recorder refuses).
+REPLAYED = {"add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "attention", "matmul"}
 # The others, and why: they still run through the glue every time, with the right answer.
 NOT_REPLAYED = {
-    "matmul": "its planner asks ctx.blas() (the vendor BLAS, even when there is none): the recorder refuses",
     "qmatmul": "W is a QuantizedTensor: host block bytes, uploaded as kept (immutable) weights",
     "dequantize": "its only input is a QuantizedTensor: host block bytes, uploaded as kept weights",
     "spread_activation": "host CSR arrays and seeds only, and the glue zeroes its accumulator with ctx.rt.memset",
