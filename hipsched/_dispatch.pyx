@@ -6,7 +6,7 @@ from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_SUPPOR
                               F_WANT_GPU, R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED, ST_BACKEND_ONLY, Params, SchedCore,
                               hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
-from hipsched.gpu._callpath cimport GpuPath, Inputs, Plan
+from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan
 from hipsched.telemetry._record cimport Recorder
 
 # Device-data GPU runs on the compiled path are timed by events (they return with their work queued, so
