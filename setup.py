@@ -32,12 +32,13 @@ def core_extension(pyx):
 
 extensions = [cpu_extension(p) for p in sorted(glob.glob("hipsched/cpu/_*.pyx"))]
 extensions += [core_extension(p) for p in sorted(glob.glob("hipsched/_*.pyx") + glob.glob("hipsched/telemetry/_*.pyx")
-                                                  + glob.glob("hipsched/gpu/_*.pyx"))]
+                                                  + glob.glob("hipsched/gpu/*/_*.pyx"))]
 if only:
     extensions = [e for e in extensions if e.name.rsplit(".", 1)[-1].lstrip("_") in only]
 
 setup(
-    packages=["hipsched", "hipsched.ops", "hipsched.backends", "hipsched.cpu", "hipsched.gpu",
+    packages=["hipsched", "hipsched.ops", "hipsched.backends", "hipsched.cpu", "hipsched.gpu", "hipsched.gpu.bindings",
+              "hipsched.gpu.compilation", "hipsched.gpu.memory", "hipsched.gpu.launch", "hipsched.gpu.ops",
               "hipsched.telemetry", "hipsched.cli", "hipsched.hip_src", "hipsched.dask"],
     package_dir={"hipsched.hip_src": "src_c/hip"},
     package_data={"hipsched.hip_src": ["*.hip", "*.h"], "hipsched.telemetry": ["*.json"]},

@@ -157,7 +157,7 @@ def gpu_call_host_time():
     fake_libcuda.install_env()
     try:
         from hipsched.backends.gpu import GpuBackend
-        from hipsched.gpu.memory import to_device
+        from hipsched.gpu.memory.device_array import to_device
         be = GpuBackend({"kernel_cache_dir": fake_libcuda.kernel_cache_dir()}, runtime=fake_libcuda.make_runtime())
         glue = GpuBackend({"kernel_cache_dir": fake_libcuda.kernel_cache_dir()}, runtime=fake_libcuda.make_runtime())
         glue.callpath = None   # the same backend without its compiled path: every call runs the glue

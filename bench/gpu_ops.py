@@ -53,7 +53,7 @@ class GpuBench:
         self.rt.synchronize()
 
     def device(self, x):
-        from hipsched.gpu.memory import to_device
+        from hipsched.gpu.memory.device_array import to_device
         return to_device(np.ascontiguousarray(x, dtype=np.float32), runtime=self.rt)
 
     def call(self, op, *args, **kwargs):
@@ -68,8 +68,8 @@ class GpuBench:
 
     def device_as(self, x, dtype: str):
         """A device copy of x in a half dtype ("float16", or "bfloat16" through ml_dtypes)."""
-        from hipsched.gpu.memory import to_device
-        from hipsched.gpu.ops_basic import np_dtype
+        from hipsched.gpu.memory.device_array import to_device
+        from hipsched.gpu.ops.common import np_dtype
         return to_device(np.ascontiguousarray(np.asarray(x, np.float32).astype(np_dtype(dtype))), runtime=self.rt)
 
     def half_call(self, op, dtype, args, params, size=0):

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The per-call path: an Executor call's validation, decision, run, fallback and record. It drives the
 scheduler core (_sched.SchedCore) through its C methods, an op's compiled common case (its HotOp)
-through a C vtable, the GPU's compiled call path (gpu/_callpath.pyx) through C, and the telemetry
+through a C vtable, the GPU's compiled call path (gpu/launch/_callpath.pyx) through C, and the telemetry
 recorder through C; the general path (an op's prepare, a GPU run through its glue, device data on the
 CPU, a failed GPU run rerun on the CPU) is here too, so a call never leaves this module until it has
 its result."""
@@ -9,7 +9,7 @@ from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESEN
                               F_WANT_CPU, F_WANT_GPU, R_CPU_FALLBACK, R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED,
                               ST_BACKEND_ONLY, Params, SchedCore, hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
-from hipsched.gpu._callpath cimport GpuPath, Inputs, Plan
+from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan
 from hipsched.telemetry._record cimport Recorder
 
 import logging

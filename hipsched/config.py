@@ -65,7 +65,7 @@ class HybridConfig:
     # GPU
     gpu_device_id: int = 0                       # which device the GPU backend binds
     # device bytes the GPU backend may keep as a resident cache; None ("auto"): half the device memory
-    # free when the backend starts (hipsched.gpu.memory.DEFAULT_RESIDENT_SHARE)
+    # free when the backend starts (hipsched.gpu.memory.resident_cache.DEFAULT_RESIDENT_SHARE)
     resident_bytes: int | None = None
     # read-only mirror of HIPSCHED_NUM_THREADS (the CPU kernels read it once at import)
     num_threads: int = field(default_factory=_num_threads, init=False)

@@ -1,7 +1,8 @@
 """Which arrays live on a GPU: the DLPack device types and the one `is_device_array` test.
 
-A leaf: it imports nothing of hipsched, so the op specs (ops/base.py), the GPU layer (gpu/memory.py,
-gpu/dlpack.py) and the executor all ask the same question the same way without pointing at each other.
+A leaf: it imports nothing of hipsched, so the op specs (ops/base.py), the GPU layer
+(gpu/memory/device_array.py, gpu/memory/dlpack.py) and the executor all ask the same question the same way
+without pointing at each other.
 
 "A device array" here means: hand it to a GPU kernel as it is, and copy it to the host before a CPU
 kernel reads it. That decides the set:

@@ -121,7 +121,7 @@ class Executor:
         that stream as the consumer (DeviceArray.from_external), so their producer orders exactly the
         stream that reads them after its pending writes."""
         # deferred: the GPU layer loads only for a call given a stream (it may be missing or broken)
-        from .gpu.memory import consumer_stream
+        from .gpu.memory.device_array import consumer_stream
         with consumer_stream(stream):
             return self._run(op, backend, stream, *args, **kwargs)
 

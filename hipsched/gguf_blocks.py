@@ -1,6 +1,6 @@
 """The GGUF block format of quantized weights, as a leaf every layer may import: the block constants,
 the pure layout checks and QuantizedTensor, the immutable container of the raw blocks. It imports
-nothing of hipsched, so the op specs (ops/quant.py), the GPU glue (gpu/ops_quant.py) and hipsched.dask
+nothing of hipsched, so the op specs (ops/quant.py), the GPU glue (gpu/ops/quant.py) and hipsched.dask
 share one definition of the layout without pointing at each other. The kernels that read the blocks
 (src_c/cpu/quant*.c, src_c/hip/quant.hip) spell the same layout in C; a test checks they agree.
 

@@ -3,7 +3,7 @@ is `update`, which writes the host array and every device copy of it together.
 
 A leaf (imports nothing of hipsched): the op specs accept a handle wherever they accept a host array
 (it converts to its host array through `__array__`), the GPU memory layer keeps the device copies
-(`hipsched.gpu.memory.ResidentCache.pin` attaches one per GPU context) and the Executor hands out
+(`hipsched.gpu.memory.resident_cache.ResidentCache.pin` attaches one per GPU context) and the Executor hands out
 handles (`Executor.resident`). Without a GPU a handle is just its host array, so the CPU side runs the
 same op on the same bytes either way.
 

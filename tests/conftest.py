@@ -40,7 +40,7 @@ def gpu():
 
 def _gpu_present() -> bool:
     try:
-        from hipsched.gpu import detect
+        from hipsched.gpu.bindings import detect
         return detect.gpu_available()
     except Exception:
         return False

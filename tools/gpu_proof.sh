@@ -63,7 +63,7 @@ step "build in place" "${HIPSCHED_PROOF_BUILD_S:-150}" "$BUILD_LOG" \
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 # a GPU must be taken, or everything after this proves nothing
 step "GPU detected" 30 "$BUILD_LOG" "$PY" -c "
-import sys, hipsched.gpu.detect as d
+import sys, hipsched.gpu.bindings.detect as d
 ok = d.gpu_available()
 for a in d.attempts(): print(a)
 print('GPU available' if ok else 'no GPU'); sys.exit(0 if ok else 1)" || { echo "no GPU: see $BUILD_LOG"; exit 1; }

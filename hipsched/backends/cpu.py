@@ -35,9 +35,9 @@ class CpuBackend:
     def run_device_data(self, call):
         """Download the device inputs, run, and upload the result (each array of a tuple) onto the
         inputs' own runtime, their device, not whichever runtime the process would pick first; results
-        come back as the inputs' library's arrays (hipsched.gpu.memory.callers_arrays)."""
+        come back as the inputs' library's arrays (hipsched.gpu.memory.device_array.callers_arrays)."""
         # deferred: the GPU layer only for device arrays; the CPU backend loads where it is missing or broken
-        from ..gpu.memory import callers_arrays, is_device_array, to_device, to_host
+        from ..gpu.memory.device_array import callers_arrays, to_device, to_host
         host_args = tuple(to_host(a) if is_device_array(a) else a for a in call.args)
         out = self.run(Call(call.op, host_args, call.params, call.size, call.nbytes, call.dtype, False))
         rt = next((getattr(a, "runtime", None) for a in call.args if is_device_array(a)), None)

@@ -1,7 +1,7 @@
 """GpuBackend: runs a validated Call on the GPU through the detected runtime and the compiled kernels.
 
 What the scheduler asks of it (capabilities, free memory, transfer volume) is answered without touching
-the device where possible. `run` calls the launch glue its op spec names (`hipsched.gpu.ops_<family>.<op>(ctx,
+the device where possible. `run` calls the launch glue its op spec names (`hipsched.gpu.ops.<family>.<op>(ctx,
 call, stream)`) and turns ANY failure into GpuError, so the executor can always fall
 back to the CPU. Results come back where the inputs live: NumPy for host inputs, device arrays for
 device inputs (torch tensors for torch tensors, CuPy arrays for CuPy arrays, else DeviceArray).
@@ -17,12 +17,12 @@ import numpy as np
 
 from ..device_arrays import is_device_array
 from ..errors import GpuError
-from ..gpu import runtime as _rt
-from ..gpu import detect
-from ..gpu.recording import PlanRecorder
-from .interface import GpuBackendBase
-from ..gpu.streams import as_stream_handle
+from ..gpu.bindings import detect
+from ..gpu.bindings import runtime as _rt
+from ..gpu.launch.recording import PlanRecorder
+from ..gpu.memory.streams import as_stream_handle
 from ..ops import OPS
+from .interface import GpuBackendBase
 
 # Views of the op specs (hipsched/ops), which are the one place these are declared:
 # op -> (module, function) of the launch glue, and op -> dtypes (Call.dtype) with a GPU path
@@ -76,12 +76,12 @@ def _array_leaves(x, out):
 
 
 def _compiled_path(ctx):
-    """The compiled call path (gpu/_callpath.pyx) of a context whose runtime has C entry points, or
+    """The compiled call path (gpu/launch/_callpath.pyx) of a context whose runtime has C entry points, or
     None: the glue then serves every call, as it does for an emulator or a test double."""
     try:
         # deferred: compiled modules of the GPU layer, loaded once a runtime is found
-        from ..gpu._callpath import GpuPath
-        from ..gpu._driver import driver_for
+        from ..gpu.launch._callpath import GpuPath
+        from ..gpu.bindings._driver import driver_for
     except ImportError as e:
         logging.getLogger("hipsched").warning("hipsched: the compiled GPU call path is not built (%s); GPU "
                                               "calls take the Python launch glue", e)
@@ -94,7 +94,7 @@ def _compiled_path(ctx):
 
 class GpuBackend(GpuBackendBase):
     _fork_gen = 0
-    # The compiled call path (hipsched/gpu/_callpath.pyx's GpuPath), or None. The dispatcher replays
+    # The compiled call path (hipsched/gpu/launch/_callpath.pyx's GpuPath), or None. The dispatcher replays
     # through it the launch plans it recorded (see _run) for calls on device data.
     callpath = None
     device_index = None
@@ -119,7 +119,7 @@ class GpuBackend(GpuBackendBase):
                 self.unavailable_reason = _no_runtime_reason()
                 return
             # deferred: the GPU glue loads only once a runtime is found (it may be broken)
-            from ..gpu.context import GpuContext
+            from ..gpu.launch.context import GpuContext
             self._ctx = GpuContext(rt, device_index=int(_config_value(config, "gpu_device_id", 0) or 0),
                                    # kernels: HIPSCHED_CACHE_DIR or ~/.cache/hipsched/kernels, the
                                    # place `python -m hipsched compile` fills ahead of time

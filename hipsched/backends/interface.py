@@ -26,7 +26,7 @@ class GpuBackendInterface(Protocol):
     device_name: str | None
     runtime_name: str | None
     device_arch: str | None
-    callpath: object                # the compiled call path (gpu/_callpath.pyx's GpuPath), or None
+    callpath: object                # the compiled call path (gpu/launch/_callpath.pyx's GpuPath), or None
 
     def supports(self, op: str, dtype: str) -> bool: ...
     def max_elements(self, op: str) -> int: ...

@@ -3,7 +3,7 @@ kernel source ahead of time into the code-object cache, with no GPU needed (cont
 Prints one line per source: its kernels, code-object size, compile (or cache) time and the compiler.
 --report adds, per kernel, what its code object needs (registers, spills, static shared memory,
 scratch) and its theoretical occupancy on that target at the block sizes the launch glue uses, with
-what limits it (hipsched/gpu/report.py). Exit status 1 if any source failed for any target."""
+what limits it (hipsched/gpu/compilation/report.py). Exit status 1 if any source failed for any target."""
 from __future__ import annotations
 
 import json
@@ -26,8 +26,8 @@ def add_arguments(parser):
 
 def run(args) -> int:
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-    from ..gpu.compilers import get_compiler
-    from ..gpu.kernels import KernelCache, compile_all
+    from ..gpu.compilation.compilers import get_compiler
+    from ..gpu.compilation.kernels import KernelCache, compile_all
 
     failed = 0
     rows_out = []
@@ -84,10 +84,10 @@ def run(args) -> int:
 def _report(compiler, arch, rows, cache_dir):
     """(text lines, ReportRows) for the compiled sources of one target."""
     # deferred: the GPU layer, loaded only when the command runs (__main__ imports every command)
-    from ..gpu.codeobject import kernel_resources, with_ptxas_spills
-    from ..gpu.kernels import KernelCache
-    from ..gpu.report import format_report, glue_launches, kernel_report
-    from ..gpu.targets import target_for
+    from ..gpu.compilation.codeobject import kernel_resources, with_ptxas_spills
+    from ..gpu.compilation.kernels import KernelCache
+    from ..gpu.compilation.report import format_report, glue_launches, kernel_report
+    from ..gpu.compilation.targets import target_for
 
     cache = KernelCache(compiler, cache_dir)
     resources = {}

@@ -36,7 +36,7 @@ def _devices(rt):
 
 def _compilers():
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-    from ..gpu.compilers import get_compiler
+    from ..gpu.compilation.compilers import get_compiler
     out = {}
     for platform in ("amd", "nvidia"):
         try:
@@ -46,7 +46,7 @@ def _compilers():
             out[platform] = {"error": str(e)}
     try:
         # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-        from ..gpu.compilers import nvrtc_candidates
+        from ..gpu.compilation.compilers import nvrtc_candidates
         found = nvrtc_candidates()
         if len(found) > 1:   # which one a driver gets depends on its version (see "kernels")
             out["nvidia"]["found"] = [{"version": c.version(), "library": c.library_path} for c in found]
@@ -58,7 +58,7 @@ def _compilers():
 def _kernels(rt):
     """What this runtime's kernels are compiled with and for, or why nothing compiled would load."""
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-    from ..gpu.compilers import load_target
+    from ..gpu.compilation.compilers import load_target
     driver = rt.driver_version()
     out = {"driver_version": driver, "loader": rt.loader_tag()}
     try:
@@ -74,7 +74,7 @@ def _resident(rt):
     """What the GPU backend would keep resident on this device: its budget and where the figure comes
     from, and which host arrays qualify (a fresh process holds none yet)."""
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer, NumPy)
-    from ..gpu.memory import resident_budget
+    from ..gpu.memory.resident_cache import resident_budget
     try:
         configured = HybridConfig().resident_bytes
     except Exception:   # a broken config file is reported by the commands that use it
@@ -87,8 +87,8 @@ def _resident(rt):
 
 def gather() -> dict:
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-    from ..gpu import detect
-    from ..gpu.kernels import default_cache_dir
+    from ..gpu.bindings import detect
+    from ..gpu.compilation.kernels import default_cache_dir
     info = {"cpu": _cpu(), "runtimes": [], "devices": [], "compilers": _compilers(),
             "kernel_cache_dir": str(default_cache_dir())}
     info["runtimes"] = [{"name": a.name, "ok": a.ok, "reason": a.reason} for a in detect.attempts()]

@@ -148,7 +148,7 @@ def as_device_array(x, op, arg, dtypes=F32):
     back."""
     try:
         # deferred: the GPU layer is optional, and the specs load no kernel module at import
-        from ..gpu.memory import DeviceArray
+        from ..gpu.memory.device_array import DeviceArray
     except ImportError as e:  # pragma: no cover - only when the GPU layer is broken
         raise GpuError("unavailable", f"{op}: argument {arg!r} is a device array but hipsched's GPU layer cannot load: {e}")
     arr = DeviceArray.from_external(x)

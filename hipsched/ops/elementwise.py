@@ -25,7 +25,7 @@ from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, dtyp
     register, shape_mismatch, split_rows
 
 _CPU = "hipsched.cpu._elementwise"
-_GPU = "hipsched.gpu.ops_basic"
+_GPU = "hipsched.gpu.ops.elementwise"
 
 
 def _elements(op: str, shape, itemsize: int = 4) -> int:

@@ -24,7 +24,7 @@ from .base import FLOATS, Call, any_on_device, as_float, check_ndim, check_resul
     rand_f32, register, shape_mismatch
 
 _CPU = "hipsched.cpu._similarity"
-_GPU = "hipsched.gpu.ops_basic"
+_GPU = "hipsched.gpu.ops.similarity"
 
 
 def _queries_targets(op, q, T):

@@ -1,4 +1,4 @@
-// hipsched kernel prelude: prepended (by hipsched.gpu.kernels) to every src_c/hip/*.hip source, so one
+// hipsched kernel prelude: prepended (by hipsched.gpu.compilation.kernels) to every src_c/hip/*.hip source, so one
 // source compiles with hiprtc (AMD) and NVRTC (NVIDIA, HIP's NVIDIA path). NVRTC sees no headers at all,
 // so everything a kernel needs beyond the compiler built-ins is spelled out here. Kernels must not
 // #include anything; they are `HS_KERNEL` (extern "C" __global__) so their names are stable.
@@ -171,5 +171,5 @@ template <class T> HS_DEV float4 hs_ld4(const T* x, hs_i64 i) {
 template <class T> HS_DEV void hs_st4(T* y, hs_i64 i, float4 v) { ((typename HsPack4<T>::P*)y)[i] = HsPack4<T>::st(v); }
 
 // Stamps a kernel family once per element type: M(S, T) with the name suffix S (kernels are named
-// hs_<op>_##S[##_<variant>], which hipsched.gpu.kernels.kernel_names expands) and the element type T.
+// hs_<op>_##S[##_<variant>], which hipsched.gpu.compilation.kernels.kernel_names expands) and the element type T.
 #define HS_FOR_EACH_FLOAT(M) M(f32, float) M(f16, hs_half) M(bf16, hs_bf16)

@@ -271,11 +271,11 @@ def test_one_block_format_for_every_layer():
     name hold the same objects, and the C kernels' block sizes agree with it (and with GGUF's)."""
     from hipsched import gguf_blocks
     from hipsched.cpu import _quant
-    from hipsched.gpu import ops_quant
+    from hipsched.gpu.ops import quant as quant_glue
     from hipsched.ops import quant
     assert QuantizedTensor is quant.QuantizedTensor is gguf_blocks.QuantizedTensor
-    assert ops_quant.BLOCK_BYTES is gguf_blocks.BLOCK_BYTES  # ops.quant uses the leaf; it keeps no copy
-    assert ops_quant.QK == gguf_blocks.QK == 32
+    assert quant_glue.BLOCK_BYTES is gguf_blocks.BLOCK_BYTES  # the glue uses the leaf; it keeps no copy
+    assert quant_glue.QK == gguf_blocks.QK == 32
     assert _quant.BLOCK_BYTES == gguf_blocks.BLOCK_BYTES == BLOCK_BYTES
     assert {qt: gguf.constants.GGML_QUANT_SIZES[QTYPES[qt]] for qt in QTYPES} == \
         {qt: (gguf_blocks.QK, b) for qt, b in gguf_blocks.BLOCK_BYTES.items()}

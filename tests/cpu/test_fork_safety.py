@@ -92,9 +92,9 @@ GPU_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     import hipsched as hs
     from hipsched.errors import GpuError
-    from hipsched.gpu import detect, libs
-    from hipsched.gpu.ctypes_api import CtypesRuntime
-    from hipsched.gpu.memory import to_device
+    from hipsched.gpu.bindings import detect, libs
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
+    from hipsched.gpu.memory.device_array import to_device
     from fake_cuda_driver import FakeCudaDriver, fake_nvrtc
 
     driver = FakeCudaDriver(version=13000, devices=1)
@@ -171,7 +171,7 @@ def test_driver_not_initialized_is_one_reason_not_a_retry_storm(monkeypatch, tmp
 
     import hipsched as hs
     from hipsched.backends.gpu import GpuBackend
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
     from fake_cuda_driver import FakeCudaDriver, fake_nvrtc, install
     driver = install(monkeypatch, FakeCudaDriver(version=13000, devices=1))
     rt = CtypesRuntime("cuda")

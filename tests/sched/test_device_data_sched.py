@@ -145,7 +145,7 @@ def fake_h100(rt, launch_us=H100_LAUNCH_US):
 def test_a_device_pipeline_runs_on_the_gpu_from_a_cold_model(emu, tmp_path):
     """The H100 run that found the issue: 40 adds of two 1M-element device arrays, auto, cold model, ran
     32 of them on the CPU (download, add, upload: ~1.4 ms each where the GPU takes ~0.18 ms)."""
-    from hipsched.gpu.memory import DeviceArray, to_device
+    from hipsched.gpu.memory.device_array import DeviceArray, to_device
     rng = np.random.default_rng(19)
     a, b = rng.standard_normal((2, ELEMENTS), dtype=np.float32)
     da, db = to_device(a, runtime=emu), to_device(b, runtime=emu)
@@ -169,7 +169,7 @@ def test_a_device_pipeline_runs_on_the_gpu_from_a_cold_model(emu, tmp_path):
 def test_device_data_the_gpu_is_slow_for_moves_to_the_cpu(emu, tmp_path):
     """Device data does not stay on the GPU whatever it costs: with a launch path of 20 ms the GPU's
     learned time loses to the CPU's (copies included) and the calls move there."""
-    from hipsched.gpu.memory import DeviceArray, to_device
+    from hipsched.gpu.memory.device_array import DeviceArray, to_device
     a = np.arange(4096, dtype=np.float32)
     da = to_device(a, runtime=emu)
     gpu = fake_h100(emu, launch_us=20_000.0)

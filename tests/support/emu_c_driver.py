@@ -1,9 +1,9 @@
 """C entry points for the kernel emulator (tests/support/gpu_emulator.py), so the compiled GPU call path
-(hipsched/gpu/_driver.pyx's Driver, _callpath.pyx's plan replay) runs in CI with kernels that really run.
+(hipsched/gpu/bindings/_driver.pyx's Driver, gpu/launch/_callpath.pyx's plan replay) runs in CI with kernels that really run.
 
 `attach(rt)` gives an EmuRuntime (synchronous or asynchronous) what a real binding's
 `Runtime.c_entry_points` gives: C function pointers with the CUDA driver API's signatures (cuLaunchKernel,
-cuMemAllocAsync, cuEventQuery, ...; the typedefs at the top of hipsched/gpu/_driver.pxd), here ctypes
+cuMemAllocAsync, cuEventQuery, ...; the typedefs at the top of hipsched/gpu/bindings/_driver.pxd), here ctypes
 callbacks into the emulator's Python methods. Each returns 0, or a CUDA-like code for the GpuError the
 method raised (600 for an event not ready); nothing raises through C. `rt._error_name` names the codes
 back as the CUDA driver does, so a failure replayed through the Driver is classified as the Python
@@ -24,8 +24,8 @@ import threading
 import weakref
 
 from hipsched.errors import GpuError
-from hipsched.gpu.runtime import Runtime
-from hipsched.gpu.status import classify
+from hipsched.gpu.bindings.runtime import Runtime
+from hipsched.gpu.bindings.status import classify
 
 c_int, c_uint, c_size_t, c_float, c_void_p = (ctypes.c_int, ctypes.c_uint, ctypes.c_size_t, ctypes.c_float,
                                               ctypes.c_void_p)

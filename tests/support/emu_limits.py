@@ -1,7 +1,7 @@
 """What a real device refuses at launch, for the kernel emulator (tests/support/gpu_emulator.py): the emulator
 runs any launch it can, so without this a launch that sm_90 or gfx90a would refuse would pass in CI.
 
-This models the drivers' own launch validation, independently of hipsched/gpu/targets.py (which it
+This models the drivers' own launch validation, independently of hipsched/gpu/compilation/targets.py (which it
 exists to check), with the driver's own error names:
 - CUDA, cuLaunchKernel: CUDA_ERROR_INVALID_VALUE for a block or grid beyond the device limits
   (block (1024, 1024, 64), 1024 threads, grid (2^31-1, 65535, 65535)) and for more than the 48 KB of
@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 
 from hipsched.errors import GpuError
-from hipsched.gpu.status import classify
+from hipsched.gpu.bindings.status import classify
 
 _lock = threading.Lock()
 _resources: dict[str, dict] = {}
@@ -35,9 +35,9 @@ def _kernel_resources(arch: str) -> dict:
         if arch not in _resources:
             found = {}
             try:
-                from hipsched.gpu.codeobject import kernel_resources
-                from hipsched.gpu.compilers import get_compiler
-                from hipsched.gpu.kernels import KernelCache
+                from hipsched.gpu.compilation.codeobject import kernel_resources
+                from hipsched.gpu.compilation.compilers import get_compiler
+                from hipsched.gpu.compilation.kernels import KernelCache
                 cache = KernelCache(get_compiler(arch))
                 for source in cache.sources:
                     found.update(kernel_resources(cache.code_object(source, arch)))
@@ -89,6 +89,6 @@ def refuse(arch: str, platform: str, kernel: str | None, grid, block, shared: in
     if found is not None:
         name, why = found
         api = "cuLaunchKernel" if platform == "nvidia" else "hipModuleLaunchKernel"
-        # the kind hipsched's bindings give this error name (hipsched/gpu/status.py)
+        # the kind hipsched's bindings give this error name (hipsched/gpu/bindings/status.py)
         raise GpuError(classify(name), f"emulated {api}({kernel or 'kernel'}) on {arch} failed: {name} ({why})",
                        name=name)

@@ -12,8 +12,8 @@ import types
 
 import numpy as np
 
-from hipsched.gpu import dlpack
-from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.gpu.memory import dlpack
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 NAME = "fakearraylib"
 

@@ -1,4 +1,4 @@
-"""A fake libcuda for the real ctypes CUDA binding (hipsched.gpu.ctypes_api.CtypesRuntime), for tests
+"""A fake libcuda for the real ctypes CUDA binding (hipsched.gpu.bindings.ctypes_api.CtypesRuntime), for tests
 only. It keeps the rules of the driver that the binding must respect, so a test fails where a real GPU
 would:
 
@@ -361,7 +361,7 @@ class FakeCudaDriver:
 
 def install(monkeypatch, driver: FakeCudaDriver):
     """Make the ctypes binding open `driver` as libcuda."""
-    from hipsched.gpu import libs
+    from hipsched.gpu.bindings import libs
     real = libs.open_library
 
     def open_library(kind):
@@ -375,7 +375,7 @@ def install(monkeypatch, driver: FakeCudaDriver):
 def fake_nvrtc(major: int, minor: int, archs=(75, 80, 86, 89, 90)):
     """An NvrtcCompiler of version major.minor that needs no library: a CUBIN is an ELF stub with the
     ABI version that NVRTC release writes (8 from CUDA 13 on, else 7), PTX declares the ISA it writes."""
-    from hipsched.gpu.compilers import NvrtcCompiler
+    from hipsched.gpu.compilation.compilers import NvrtcCompiler
 
     class FakeNvrtc(NvrtcCompiler):
         def __init__(self):

@@ -135,7 +135,7 @@ class FakeGpuBackend(GpuBackendBase):
 
     def _queue_on_device(self, call, stream):
         """The call's result as a device array whose values the stream writes when it gets there."""
-        from hipsched.gpu.memory import DeviceArray, callers_arrays
+        from hipsched.gpu.memory.device_array import DeviceArray, callers_arrays
         rt, x = self.runtime, call.args[0]
         out = DeviceArray.empty(x.shape, x.dtype, runtime=rt, stream=stream)
         args = call.args

@@ -126,7 +126,7 @@ def use(monkeypatch) -> str:
 
 def install_env() -> str:
     """`use` for scripts without pytest: sets os.environ for good; returns the library's path. Call it
-    before hipsched's detection first runs (or call hipsched.gpu.detect.reset() after)."""
+    before hipsched's detection first runs (or call hipsched.gpu.bindings.detect.reset() after)."""
     path = build()
     os.environ.update(_environment(path))
     return path
@@ -135,7 +135,7 @@ def install_env() -> str:
 def make_runtime():
     """A CtypesRuntime("cuda") on the fake (the environment must point at it: use or install_env),
     with a stub NVRTC 13.0 whose CUBINs the fake loads."""
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
 
     from fake_cuda_driver import fake_nvrtc
     rt = CtypesRuntime("cuda")
@@ -158,7 +158,7 @@ def backend(monkeypatch, **config):
 
 
 def _lib() -> ctypes.CDLL:
-    from hipsched.gpu import libs
+    from hipsched.gpu.bindings import libs
     lib, path = libs.open_library("cuda")
     if not hasattr(lib, "fake_libcuda_launches"):
         raise RuntimeError(f"the CUDA library hipsched opens is {path}, not the fake: call use() or install_env()")

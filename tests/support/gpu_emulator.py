@@ -27,7 +27,7 @@ import threading
 import time
 
 from hipsched.errors import GpuError
-from hipsched.gpu.runtime import Compiler, DeviceInfo, Runtime
+from hipsched.gpu.bindings.runtime import Compiler, DeviceInfo, Runtime
 
 import emu_limits
 
@@ -229,8 +229,8 @@ if sanitize_from_env() == "address":
     # The glue's scratch buffers are kept per stream and reused when large enough (256 bytes at least), so
     # a kernel overrunning a temporary would land in the slack; under memcheck each is its own exact-size
     # allocation instead. Only the sanitizer steps set the variable, so scratch reuse is tested elsewhere.
-    import hipsched.gpu.context
-    hipsched.gpu.context.SCRATCH_KEEP_BYTES = -1
+    import hipsched.gpu.launch.context
+    hipsched.gpu.launch.context.SCRATCH_KEEP_BYTES = -1
 
 _BUILT: dict[tuple, bytes] = {}
 _GXX_VERSION: list[str] = []

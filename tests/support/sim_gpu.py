@@ -9,7 +9,7 @@ What it models, and why that much:
   log-log slope clamped to [0, 1] (a kernel's time never falls with work nor grows faster than it).
   The GPU times were measured with the inputs resident and include the launch and the copy of the
   output back, so only uploads are added to them.
-- Residency: the real backend's rule (hipsched.gpu.memory.ResidentCache): a host array uploaded once
+- Residency: the real backend's rule (hipsched.gpu.memory.resident_cache.ResidentCache): a host array uploaded once
   stays on the device only when its bytes cannot change unseen (read-only through its base chain,
   registered, or a QuantizedTensor's blocks), LRU by bytes within RESIDENT_BYTES; writable arrays,
   arrays larger than the budget and non-contiguous ones are uploaded on every call. transfer_bytes()

@@ -36,7 +36,7 @@ def test_a_device_pipeline_from_a_cold_model_runs_on_the_gpu(ex):
     if torch is not None:
         x, y = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
     else:
-        from hipsched.gpu.memory import to_device
+        from hipsched.gpu.memory.device_array import to_device
         x, y = to_device(a), to_device(b)
     outs = [ex.add(x, y) for _ in range(40)]
     picks = collections.Counter((e["backend"], e["reason"]) for e in ex.events)

@@ -32,12 +32,12 @@ def run(backend, op, *args, **kwargs):
 
 
 def on_device(x):
-    from hipsched.gpu.memory import to_device
+    from hipsched.gpu.memory.device_array import to_device
     return to_device(np.ascontiguousarray(x, dtype=np.float32))
 
 
 def as_host(x):
-    from hipsched.gpu.memory import DeviceArray
+    from hipsched.gpu.memory.device_array import DeviceArray
     assert isinstance(x, DeviceArray), f"device inputs must give a DeviceArray, got {type(x).__name__}"
     return x.get()
 
@@ -52,7 +52,7 @@ def test_add_scale_exact(gpu, rng, n):
     np.testing.assert_array_equal(run(gpu, "scale", a, 1.7), a * np.float32(1.7))
     # a device view 4 bytes past an allocation's start is not 16-byte aligned: the scalar kernels run
     if n > 2:
-        from hipsched.gpu.memory import DeviceArray
+        from hipsched.gpu.memory.device_array import DeviceArray
         da, db = on_device(a), on_device(b)
         va = DeviceArray(da.ptr + 4, (n - 1,), np.float32, da.runtime, owner=da)
         vb = DeviceArray(db.ptr + 4, (n - 1,), np.float32, db.runtime, owner=db)

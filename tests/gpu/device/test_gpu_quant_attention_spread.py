@@ -90,7 +90,7 @@ def test_qmatmul_matches_reference_and_cpu(gpu, rng, qtype, n, k, m):
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 def test_qmatmul_device_inputs_give_device_results(gpu, rng, qtype):
-    from hipsched.gpu.memory import DeviceArray, to_device
+    from hipsched.gpu.memory.device_array import DeviceArray, to_device
     w = quantized(rng, 37, 128, qtype)
     x = rng.standard_normal(128).astype(np.float32)
     out = gpu.run(OPS["qmatmul"].prepare(w, to_device(x)))
@@ -108,7 +108,7 @@ def test_qmatmul_device_inputs_give_device_results(gpu, rng, qtype):
 
 
 def test_qmatmul_weights_stay_resident(gpu, rng):
-    from hipsched.gpu.memory import to_device
+    from hipsched.gpu.memory.device_array import to_device
     w = quantized(rng, 64, 256, "q8_0")
     x = to_device(rng.standard_normal(256).astype(np.float32))  # device x: only w uses the cache
     first = gpu.run(OPS["qmatmul"].prepare(w, x)).get()
@@ -165,7 +165,7 @@ def test_attention_sequence_lengths(gpu, rng, sq, sk, causal):
 
 
 def test_attention_device_arrays_and_large_scores(gpu, rng):
-    from hipsched.gpu.memory import DeviceArray, to_device
+    from hipsched.gpu.memory.device_array import DeviceArray, to_device
     q, k, v = (rng.standard_normal((1, 4, 65, 32)).astype(np.float32) * 4 for _ in range(3))
     out = gpu.run(OPS["attention"].prepare(to_device(q), to_device(k), to_device(v), causal=True, scale=2.0))
     assert isinstance(out, DeviceArray)

@@ -1,7 +1,7 @@
 """The compiled GPU call path with kernels that really run: the kernel emulator (tests/support/gpu_emulator.py)
 given C entry points (tests/support/emu_c_driver.py), so a GPU call on device data is recorded as a plan
-on its first run (gpu/recording.py) and replayed by the dispatcher in C on later ones (_dispatch.pyx,
-gpu/_callpath.pyx) through the same function pointers a real driver gives.
+on its first run (gpu/launch/recording.py) and replayed by the dispatcher in C on later ones (_dispatch.pyx,
+gpu/launch/_callpath.pyx) through the same function pointers a real driver gives.
 
 - every op with a GPU side x every dtype it declares (the op specs, as test_executor_op_matrix.py,
   whose builders, reference checks and bounds are used here): called twice; an op the recorder can
@@ -36,7 +36,7 @@ import gpu_emulator
 from call_counts import count_calls
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
 from hipsched.ops import OPS
 
 # the op matrix's builders, reference checks and bounds (tests/gpu/emulator is on the path: rootdir-relative imports)
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ 
 
 GPU_OPS = {op for op, spec in OPS.items() if spec.gpu is not None}
 
-# Ops whose glue run the recorder (gpu/recording.py) turns into a plan, for device inputs (matmul:
+# Ops whose glue run the recorder (gpu/launch/recording.py) turns into a plan, for device inputs (matmul:
 # without a vendor BLAS, as here; with one, its calls go through Python and the recorder refuses).
 REPLAYED = {"add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "attention", "matmul"}
 # The others, and why: they still run through the glue every time, with the right answer.
@@ -359,7 +359,7 @@ def test_a_replayed_result_feeds_a_replayed_call(executor, rt, monkeypatch):
 def async_rt(monkeypatch):
     """The asynchronous emulator (every stream a worker, each item 5 ms late: a caller's next line runs
     long before its kernels), C entry points attached, and the fake array library on it."""
-    from hipsched.gpu import detect
+    from hipsched.gpu.bindings import detect
     runtime = emu(asynchronous=True, delay=0.005)
     monkeypatch.setattr(detect, "get_runtime", lambda: runtime)   # foreign arrays are wrapped with it
     lib = fake_array_lib.install(runtime)
@@ -478,7 +478,7 @@ import numpy as np
 import emu_c_driver, gpu_emulator
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu.memory import to_device
+from hipsched.gpu.memory.device_array import to_device
 
 def main():
     rt = gpu_emulator.EmuRuntime(32, asynchronous=True, delay=0.002)

@@ -12,7 +12,7 @@ import fake_array_lib
 import gpu_emulator
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 
@@ -28,7 +28,7 @@ def rt():
 
 @pytest.fixture
 def lib(rt, monkeypatch):
-    from hipsched.gpu import detect
+    from hipsched.gpu.bindings import detect
     # foreign arrays are wrapped with the process's runtime (the CPU path copies through it)
     monkeypatch.setattr(detect, "get_runtime", lambda: rt)
     yield fake_array_lib.install(rt)
@@ -156,7 +156,7 @@ def test_the_consumers_stream_is_ordered_after_the_call(lib, tmp_path, monkeypat
     """The library converts on its own current stream, not the call's: DeviceArray.__dlpack__ makes that
     stream wait for the call's kernels (an event, the host does not wait), so a read queued there sees
     the result. On the asynchronous emulator an unordered read finds never-written (NaN) memory."""
-    from hipsched.gpu import detect
+    from hipsched.gpu.bindings import detect
     runtime = gpu_emulator.EmuRuntime(32, asynchronous=True, delay=0.02)
     monkeypatch.setattr(detect, "get_runtime", lambda: runtime)
     lib.runtime = runtime
@@ -183,12 +183,12 @@ def test_numpy_does_not_take_a_device_array_silently(rt):
 
 def test_a_library_that_refuses_the_result_gets_a_device_array_and_a_warning(rt, lib, tmp_path, caplog,
                                                                               monkeypatch):
-    from hipsched.gpu import memory
+    from hipsched.gpu.memory import device_array
 
     def refuse(x):
         raise BufferError("fake: no such dtype")
     monkeypatch.setattr(lib, "from_dlpack", refuse)
-    monkeypatch.setattr(memory, "_unconvertible", set())
+    monkeypatch.setattr(device_array, "_unconvertible", set())
     a = np.arange(300, dtype=np.float32)
     with make_executor(rt, tmp_path) as ex, caplog.at_level("WARNING", logger="hipsched"):
         out = ex.add(lib.tensor(a), lib.tensor(a), backend="gpu")

@@ -1,5 +1,5 @@
 """The kernel emulator refuses what the emulated device (sm_90 / gfx90a) would refuse, with the driver's
-error (tests/support/emu_limits.py), and hipsched's own check (hipsched/gpu/targets.py) refuses the same
+error (tests/support/emu_limits.py), and hipsched's own check (hipsched/gpu/compilation/targets.py) refuses the same
 launches, naming the limit, given the same kernel resources (those of the real compiler's code object:
 the emulator's own code objects are host libraries without any); end to end, a call beyond a launch
 limit is decided for the CPU (reason gpu_unsupported) without a launch, an upload or a mark against the
@@ -15,8 +15,8 @@ from call_counts import count_calls
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
-from hipsched.gpu.context import GpuContext
-from hipsched.gpu.targets import check_launch
+from hipsched.gpu.launch.context import GpuContext
+from hipsched.gpu.compilation.targets import check_launch
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 
@@ -103,7 +103,7 @@ def test_amd_work_items_per_dimension(ctx):
 
 def test_a_launch_within_the_limits_runs(ctx):
     x = np.arange(256, dtype=np.float32)
-    from hipsched.gpu.memory import to_device
+    from hipsched.gpu.memory.device_array import to_device
     dx, dy = to_device(x, runtime=ctx.rt), to_device(np.zeros_like(x), runtime=ctx.rt)
     ctx.launch(ctx.function("elementwise", "hs_scale_f32"), 1, 256,
                (dx, dy, ctypes.c_float(2.0), ctypes.c_int64(256)))

@@ -177,9 +177,11 @@ def test_wrapper_preloads_the_runtime_and_keeps_reports_out_of_pytests_capture(t
                      "def test_probe():\n"
                      "    assert gpu_emulator.sanitizer_loaded('thread') and gpu_emulator.sanitize_from_env() == 'thread'\n"
                      "    assert '--capture=sys' in sys.argv\n")
+    # the caller's PYTHONPATH stays behind the helpers': the child imports the hipsched under test
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     r = subprocess.run([sys.executable, str(TESTS / "gpu_emulator.py"), "thread", "-m", "pytest", "-q", "-p",
                         "no:cacheprovider", str(probe)], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(TESTS)))
+                       env=dict(os.environ, PYTHONPATH=path))
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
 
 
@@ -189,7 +191,7 @@ def test_memcheck_gives_each_scratch_temporary_an_exact_size_allocation(tmp_path
     code = ("import sys, numpy as np\n"
             f"sys.path.insert(0, {str(TESTS)!r})\n"
             "import gpu_emulator\n"
-            "from hipsched.gpu.context import GpuContext\n"
+            "from hipsched.gpu.launch.context import GpuContext\n"
             f"ctx = GpuContext(gpu_emulator.EmuRuntime(32), cache_dir={str(tmp_path)!r})\n"
             "a = ctx.scratch('partial', (30,), np.float32, 0)\n"
             "print('bytes', a.owner.nbytes)\n")

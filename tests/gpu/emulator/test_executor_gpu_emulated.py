@@ -10,7 +10,7 @@ import gpu_emulator
 from graph_data import random_graph
 from hipsched import Executor, quantize
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 

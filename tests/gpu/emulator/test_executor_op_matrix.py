@@ -34,7 +34,7 @@ from graph_data import random_graph
 from hipsched import Executor, quantize
 from hipsched.errors import GpuError
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
 from hipsched.ops import OPS
 
 ml_dtypes = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")

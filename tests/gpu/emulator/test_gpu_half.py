@@ -11,10 +11,10 @@ import pytest
 
 import gpu_emulator
 from hipsched.errors import GpuError
-from hipsched.gpu import dlpack
-from hipsched.gpu.context import GpuContext, Launch
-from hipsched.gpu.kernels import PRELUDE, KernelCache, _source_dir
-from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.gpu.memory import dlpack
+from hipsched.gpu.launch.context import GpuContext, Launch
+from hipsched.gpu.compilation.kernels import PRELUDE, KernelCache, _source_dir
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -165,7 +165,7 @@ def test_gemm_ex_arguments_follow_the_library_signature(flavour):
     C^T = B^T A^T, as for sgemm: B first, then A, with m = N and n = M."""
     import threading
 
-    from hipsched.gpu.blas import FLAVOURS, GEMM_EX, Blas
+    from hipsched.gpu.launch.blas import FLAVOURS, GEMM_EX, Blas
     blas = Blas.__new__(Blas)
     blas.flavour, blas._op_n = flavour, FLAVOURS[flavour][6]
     blas._handle, blas._lock = ctypes.c_void_p(7), threading.Lock()

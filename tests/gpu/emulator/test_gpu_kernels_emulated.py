@@ -151,7 +151,7 @@ def test_matmul_tiled_kernel(emu, rng, sa, sb):
 
 
 def test_device_in_device_out(emu, rng):
-    from hipsched.gpu.memory import DeviceArray, to_device
+    from hipsched.gpu.memory.device_array import DeviceArray, to_device
     rt = emu._ctx.rt
     x = rng.standard_normal((5, 40)).astype(np.float32)
     out = emu.run(OPS["softmax"].prepare(to_device(x, runtime=rt)))
@@ -364,7 +364,7 @@ def test_half_rms_norm(emu, rng, dtype, shape):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_device_in_device_out(emu, rng, dtype):
-    from hipsched.gpu.memory import DeviceArray, to_device
+    from hipsched.gpu.memory.device_array import DeviceArray, to_device
     rt = emu._ctx.rt
     x = rng.standard_normal((5, 40)).astype(HALF[dtype])
     out = emu.run(half_call("softmax", (to_device(x, runtime=rt),), {"axis": -1}, dtype, on_device=True))
@@ -485,7 +485,7 @@ def test_half_qmatmul_device_x(emu, rng, dtype):
     is not 8-byte aligned (a view one element into a buffer: the mat-vec's 4-element loads need 8 bytes)
     goes through the alignment copy, in x's own type."""
     from hipsched import quantize
-    from hipsched.gpu.memory import DeviceArray, to_device
+    from hipsched.gpu.memory.device_array import DeviceArray, to_device
     rt, t = emu._ctx.rt, HALF[dtype]
     W = quantize(rng.standard_normal((37, 64)).astype(np.float32), "q8_0")
     x = rng.standard_normal(64).astype(t)

@@ -19,9 +19,10 @@ import gpu_emulator
 from hipsched import Executor, quantize
 from hipsched.backends.cpu import CpuBackend
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu import context, dlpack
-from hipsched.gpu.memory import DeviceArray, to_device
-from hipsched.gpu.streams import StreamPool
+from hipsched.gpu.launch import context
+from hipsched.gpu.memory import dlpack
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
+from hipsched.gpu.memory.streams import StreamPool
 from hipsched.ops import OPS
 from graph_data import random_graph
 
@@ -246,8 +247,8 @@ def test_foreign_input_of_a_failed_call_is_held_too(rt, kernel_dir, rng, monkeyp
     host = rng.standard_normal(64).astype(np.float32)
     t = TorchLikeTensor(rt, host, 0, write_after=0)
     gone = weakref.ref(t)
-    from hipsched.gpu import ops_basic
-    real = ops_basic.scale
+    from hipsched.gpu.ops import elementwise
+    real = elementwise.scale
 
     def scale_then_fail(ctx, call, stream):
         real(ctx, call, stream)

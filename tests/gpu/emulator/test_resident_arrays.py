@@ -13,10 +13,10 @@ import pytest
 import gpu_emulator
 from hipsched import Executor, HybridConfig, quantize
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu import memory
-from hipsched.gpu.memory import ResidentCache, immutable, resident_budget
+from hipsched.gpu.memory import resident_cache
+from hipsched.gpu.memory.resident_cache import ResidentCache, resident_budget
 from hipsched.ops import OPS
-from hipsched.resident import ResidentArray, handle_of
+from hipsched.resident import ResidentArray, handle_of, immutable
 from host_memory import HostMemoryRuntime
 
 needs_emulator = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
@@ -126,15 +126,15 @@ class _Memory(HostMemoryRuntime):
 def test_the_default_budget_is_a_share_of_free_device_memory(monkeypatch):
     monkeypatch.delenv("HIPSCHED_RESIDENT_BYTES", raising=False)
     c = ResidentCache(_Memory())
-    assert c.max_bytes == int((10 << 30) * memory.DEFAULT_RESIDENT_SHARE) and "free" in c.budget_source
-    assert ResidentCache(HostMemoryRuntime()).max_bytes == memory.FALLBACK_RESIDENT_BYTES   # cannot say
+    assert c.max_bytes == int((10 << 30) * resident_cache.DEFAULT_RESIDENT_SHARE) and "free" in c.budget_source
+    assert ResidentCache(HostMemoryRuntime()).max_bytes == resident_cache.FALLBACK_RESIDENT_BYTES   # cannot say
     monkeypatch.setenv("HIPSCHED_RESIDENT_BYTES", "4096")
     assert resident_budget(_Memory()) == (4096, "HIPSCHED_RESIDENT_BYTES")
     # the config's spellings of the default are the default here too (int("auto") failed the GPU's
     # start: every call then ran on the CPU), and a bad value costs only the budget, not the GPU
     for raw in ("auto", "None", "lots"):
         monkeypatch.setenv("HIPSCHED_RESIDENT_BYTES", raw)
-        assert resident_budget(_Memory())[0] == int((10 << 30) * memory.DEFAULT_RESIDENT_SHARE)
+        assert resident_budget(_Memory())[0] == int((10 << 30) * resident_cache.DEFAULT_RESIDENT_SHARE)
     assert resident_budget(_Memory(), 0) == (0, "configured")
 
 
@@ -236,7 +236,7 @@ def test_updates_reach_every_device_copy_in_runs_and_spans(monkeypatch):
         h.update([3, 4, 5, 9], np.ones((4, 4)))
         assert copies == [3 * 16, 16] * 2          # one copy per run of rows, per device copy
         copies.clear()
-        monkeypatch.setattr(memory, "MAX_ROW_COPIES", 4)
+        monkeypatch.setattr(resident_cache, "MAX_ROW_COPIES", 4)
         rows = np.arange(10, 1000, 10)
         h.update(rows, rng.standard_normal((len(rows), 4)))
         assert copies == [(990 - 10 + 1) * 16] * 2   # many runs: the span, once
@@ -321,7 +321,7 @@ def test_gpu_events_say_what_was_uploaded_and_what_was_reused(emu, tmp_path):
 @needs_emulator
 def test_info_reports_the_resident_budget(emu, monkeypatch, capsys):
     from hipsched.cli import info
-    from hipsched.gpu import detect
+    from hipsched.gpu.bindings import detect
     monkeypatch.delenv("HIPSCHED_RESIDENT_BYTES", raising=False)
     monkeypatch.setattr(detect, "get_runtime", lambda: emu)
     monkeypatch.setattr(info, "_kernels", lambda rt: {"driver_version": 0, "loader": "", "unavailable": "n/a"})

@@ -15,7 +15,7 @@ import pytest
 import gpu_emulator
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend, create_gpu_backend
-from hipsched.gpu.memory import ResidentCache
+from hipsched.gpu.memory.resident_cache import ResidentCache
 from host_memory import HostMemoryRuntime
 
 N = 10_000_000          # elements: 40 MB of float32

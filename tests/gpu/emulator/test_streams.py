@@ -6,7 +6,7 @@ import ctypes
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu.streams import StreamPool, as_stream_handle
+from hipsched.gpu.memory.streams import StreamPool, as_stream_handle
 
 
 class RecordingRuntime:
@@ -108,8 +108,8 @@ def test_bad_arguments():
 @pytest.mark.gpu
 def test_real_streams_with_events():
     import numpy as np
-    from hipsched.gpu import detect
-    from hipsched.gpu.memory import to_device
+    from hipsched.gpu.bindings import detect
+    from hipsched.gpu.memory.device_array import to_device
     rt = detect.get_runtime()
     with StreamPool(rt, n=2) as pool:
         s1, s2 = pool.next(), pool.next()
@@ -131,7 +131,7 @@ import numpy as np
 
 import gpu_emulator
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu.memory import DeviceArray
+from hipsched.gpu.memory.device_array import DeviceArray
 from hipsched.ops import OPS
 
 _needs_emulator = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
@@ -187,7 +187,7 @@ def be(tmp_path, monkeypatch):
 
 
 def _device(rt, host):
-    from hipsched.gpu.memory import to_device
+    from hipsched.gpu.memory.device_array import to_device
     return to_device(host, runtime=rt)
 
 

@@ -1,5 +1,5 @@
 """What a GPU call on device arrays costs the host once its launch plan is known (the compiled call path,
-hipsched/gpu/_callpath.pyx and hipsched/_dispatch.pyx): no Python function between the Executor's method
+hipsched/gpu/launch/_callpath.pyx and hipsched/_dispatch.pyx): no Python function between the Executor's method
 and the driver, one launch per kernel, nothing else asked of the driver that the call does not need.
 Counted on the C fake libcuda (tests/support/fake_libcuda.c), whose calls return at once; times are
 bench/dispatch.py's business, counts are exact and belong here."""
@@ -11,7 +11,7 @@ import pytest
 import fake_libcuda
 
 import hipsched as hs
-from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 pytestmark = pytest.mark.skipif(not fake_libcuda.available(), reason="no C compiler to build the fake libcuda")
 

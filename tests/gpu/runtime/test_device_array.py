@@ -11,8 +11,9 @@ import pytest
 from requires import need
 
 from hipsched.errors import GpuError
-from hipsched.gpu import dlpack
-from hipsched.gpu.memory import DeviceArray, ResidentCache, fingerprint, is_device_array, to_device, to_host
+from hipsched.gpu.memory import dlpack
+from hipsched.gpu.memory.device_array import DeviceArray, is_device_array, to_device, to_host
+from hipsched.gpu.memory.resident_cache import ResidentCache, fingerprint
 
 from host_memory import HostMemoryRuntime
 
@@ -152,9 +153,9 @@ class OnDlDevice:
 
 def test_one_device_array_test_and_one_set_of_device_types():
     import hipsched.device_arrays as leaf
-    from hipsched.gpu import memory
+    from hipsched.gpu.memory import device_array
     from hipsched.ops import base
-    assert base.is_device_array is memory.is_device_array is leaf.is_device_array
+    assert base.is_device_array is device_array.is_device_array is leaf.is_device_array
     assert dlpack.GPU_DEVICE_TYPES is leaf.GPU_DEVICE_TYPES
     assert (dlpack.kDLCPU, dlpack.kDLCUDA, dlpack.kDLCUDAHost, dlpack.kDLROCM, dlpack.kDLROCMHost,
             dlpack.kDLCUDAManaged) == (1, 2, 3, 10, 11, 13)    # dlpack.h's numbers
@@ -281,7 +282,7 @@ def test_resident_cache_size_from_environment(rt, monkeypatch):
 
 
 def test_no_runtime_is_a_clear_error(monkeypatch):
-    from hipsched.gpu import detect
+    from hipsched.gpu.bindings import detect
     monkeypatch.setenv("HIPSCHED_GPU_RUNTIME", "none")
     detect.reset()
     try:
@@ -295,7 +296,7 @@ def test_no_runtime_is_a_clear_error(monkeypatch):
 # ---------------------------------------------------------------------- on a real GPU
 @pytest.mark.gpu
 def test_gpu_round_trip_and_resident_cache():
-    from hipsched.gpu import detect
+    from hipsched.gpu.bindings import detect
     rt = detect.get_runtime()
     host = np.random.default_rng(2).standard_normal((256, 33)).astype(np.float32)
     d = to_device(host, runtime=rt)
@@ -307,7 +308,7 @@ def test_gpu_round_trip_and_resident_cache():
 
 @pytest.mark.gpu
 def test_gpu_interop_with_torch_or_cupy():
-    from hipsched.gpu import detect
+    from hipsched.gpu.bindings import detect
     rt = detect.get_runtime()
     torch = need("torch")
     if not torch.cuda.is_available():

@@ -15,7 +15,7 @@ if not fake_libcuda.available():
     pytest.skip("no C compiler to build the fake libcuda with (set CC)", allow_module_level=True)
 
 import hipsched  # noqa: E402
-from hipsched.gpu.memory import DeviceArray, to_device  # noqa: E402
+from hipsched.gpu.memory.device_array import DeviceArray, to_device  # noqa: E402
 
 CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE = 3, 201, 400
 
@@ -112,7 +112,7 @@ def _fn(lib, name, restype, argtypes):
 
 
 def test_entry_points_work_by_address(rt):
-    from hipsched.gpu import libs
+    from hipsched.gpu.bindings import libs
     lib = libs.open_library("cuda")[0]
     vp = ctypes.c_void_p
     module, function = rt.module_load(b"any image\0"), vp()
@@ -131,7 +131,7 @@ def test_entry_points_work_by_address(rt):
 
 
 def test_a_thread_without_a_context_is_refused(rt):
-    from hipsched.gpu import libs
+    from hipsched.gpu.bindings import libs
     lib = libs.open_library("cuda")[0]
     alloc = _fn(lib, "cuMemAlloc_v2", ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t])
     result = []
@@ -144,7 +144,7 @@ def test_a_thread_without_a_context_is_refused(rt):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork()")
 def test_after_fork_every_call_but_error_names_is_not_initialized(rt):
-    from hipsched.gpu import libs
+    from hipsched.gpu.bindings import libs
     lib = libs.open_library("cuda")[0]
     sync = _fn(lib, "cuCtxSynchronize", ctypes.c_int, [])
     name = _fn(lib, "cuGetErrorName", ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])

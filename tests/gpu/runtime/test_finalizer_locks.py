@@ -19,8 +19,8 @@ def test_dlpack_capsule_dying_while_an_export_is_registered():
     run_bounded('''
         import gc
         import numpy as np
-        from hipsched.gpu import dlpack
-        from hipsched.gpu.memory import DeviceArray
+        from hipsched.gpu.memory import dlpack
+        from hipsched.gpu.memory.device_array import DeviceArray
 
         class CollectingDict(dict):
             def __setitem__(self, key, value):
@@ -74,7 +74,7 @@ def test_free_async_fallback_from_a_finalizer_inside_a_release():
     """The event-based free list (drivers without cuMemFreeAsync) is reached from finalizers: one that
     runs while its thread is releasing the list (free() ran the collector) must leave its entry for
     later instead of waiting for the releaser, which is itself."""
-    from hipsched.gpu.runtime import Runtime
+    from hipsched.gpu.bindings.runtime import Runtime
 
     class Fallback(_Runtime):
         free_async = Runtime.free_async
@@ -99,7 +99,7 @@ def test_free_async_fallback_from_a_finalizer_inside_a_release():
 
 def test_cached_host_array_collected_mid_call_is_dropped_later():
     from host_memory import HostMemoryRuntime
-    from hipsched.gpu.memory import ResidentCache
+    from hipsched.gpu.memory.resident_cache import ResidentCache
 
     cache = ResidentCache(HostMemoryRuntime(), max_bytes=1 << 20)
     a = np.ones(16, np.float32)
@@ -128,7 +128,7 @@ def test_finalizer_inside_the_primary_context_retain():
                 return FakeCudaDriver.cuDevicePrimaryCtxRetain(self, out, dev)
 
         install(pytest.MonkeyPatch(), CollectingDriver(devices=2))
-        from hipsched.gpu.ctypes_api import CtypesRuntime
+        from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
         rt = CtypesRuntime("cuda")
         second = rt.for_device(1)
         ptrs = []

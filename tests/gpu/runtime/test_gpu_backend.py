@@ -15,7 +15,7 @@ import pytest
 from hipsched.backends import gpu as gpu_backend
 from hipsched.backends.gpu import GPU_IMPLS, create_gpu_backend
 from hipsched.errors import GpuError
-from hipsched.gpu.kernels import kernel_names
+from hipsched.gpu.compilation.kernels import kernel_names
 from hipsched.ops import OpType
 from hipsched.ops.base import Call
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _gpu_present():
     try:
-        from hipsched.gpu import detect
+        from hipsched.gpu.bindings import detect
         return detect.gpu_available()
     except Exception:
         return False
@@ -87,7 +87,7 @@ def test_runtime_none_is_unavailable_everywhere():
 def test_impl_table_covers_every_op():
     assert set(GPU_IMPLS) == {op.value for op in OpType}
     for module, fn in GPU_IMPLS.values():
-        assert module.startswith("hipsched.gpu.ops_") and fn
+        assert module.startswith("hipsched.gpu.ops.") and fn
 
 
 def test_supports_table(backend):
@@ -168,7 +168,7 @@ class _RecordingRuntime:
         name = "nvrtc"
 
     def __init__(self):
-        from hipsched.gpu.runtime import DeviceInfo
+        from hipsched.gpu.bindings.runtime import DeviceInfo
         self.info = DeviceInfo(0, "fake", "sm_90", 1 << 30, "nvidia", 32, 4)
         self.launches = []
         self.next_ptr, self.live = 1 << 20, set()
@@ -189,8 +189,8 @@ class _RecordingRuntime:
 
 
 def test_context_launch_converts_arguments():
-    from hipsched.gpu.context import GpuContext
-    from hipsched.gpu.memory import DeviceArray
+    from hipsched.gpu.launch.context import GpuContext
+    from hipsched.gpu.memory.device_array import DeviceArray
     rt = _RecordingRuntime()
     ctx = GpuContext(rt)
     assert ctx.warp_size == 32 and ctx.arch == "sm_90"
@@ -208,7 +208,7 @@ def test_context_launch_converts_arguments():
 
 
 def test_blas_absent_means_none(monkeypatch):
-    from hipsched.gpu import blas
+    from hipsched.gpu.launch import blas
     monkeypatch.setenv("HIPSCHED_BLAS", "none")
     assert blas.load_blas("nvidia") is None
     monkeypatch.delenv("HIPSCHED_BLAS")
@@ -217,7 +217,7 @@ def test_blas_absent_means_none(monkeypatch):
 
 
 def test_every_kernel_named_by_the_glue_exists():
-    glue = (ROOT / "hipsched" / "gpu" / "ops_basic.py").read_text()
+    glue = "".join(p.read_text() for p in (ROOT / "hipsched" / "gpu" / "ops").glob("*.py"))
     named = re.findall(r'(?:ctx\.function|Launch\.of)\("(\w+)",\s*(?:"(\w+)"|name)', glue)
     sources = {p.stem: p.read_text() for p in (ROOT / "src_c" / "hip").glob("*.hip")}
     # kernel_names: spelled out, or stamped per element type by HS_FOR_EACH_FLOAT (hs_add_##S...)
@@ -227,10 +227,11 @@ def test_every_kernel_named_by_the_glue_exists():
     for src, k in literal:
         assert k in kernels.get(src, ()), f"{k} not in {src}.hip"
     # names built at run time (element type suffix, _v4, query count): every variant the glue forms
-    from hipsched.gpu import ops_basic, ops_norm, ops_quant
+    from hipsched.gpu.ops import elementwise, linalg, norm, quant, similarity
     for warp in (32, 64):
-        for launch in (ops_basic.report_launches(warp, 2) + ops_norm.report_launches(warp, 2)
-                       + ops_quant.report_launches(warp, 2)):
+        for launch in (elementwise.report_launches(warp, 2) + similarity.report_launches(warp, 2)
+                       + linalg.report_launches(warp, 2) + norm.report_launches(warp, 2)
+                       + quant.report_launches(warp, 2)):
             assert launch.kernel in kernels[launch.source], f"{launch.kernel} not in {launch.source}.hip"
     for sfx in ("f32", "f16", "bf16"):
         for base in (f"hs_cosine_{sfx}_q1", f"hs_cosine_{sfx}_q8"):
@@ -238,7 +239,7 @@ def test_every_kernel_named_by_the_glue_exists():
 
 
 def test_glue_matmul_shapes_follow_numpy():
-    from hipsched.gpu.ops_basic import _matmul_shapes
+    from hipsched.gpu.ops.linalg import _matmul_shapes
     cases = [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4, 5)),
              ((3, 4), (2, 4, 5)), ((2, 3, 4), (2, 4, 5)), ((0, 4), (4, 5)), ((3, 0), (0, 5))]
     for sa, sb in cases:
@@ -251,7 +252,7 @@ def test_glue_matmul_shapes_follow_numpy():
 
 def test_context_scratch_reuse_rules():
     import threading
-    from hipsched.gpu.context import SCRATCH_KEEP_BYTES, GpuContext
+    from hipsched.gpu.launch.context import SCRATCH_KEEP_BYTES, GpuContext
     rt = _RecordingRuntime()
     ctx = GpuContext(rt)
     a = ctx.scratch("scores", (10, 10), np.float32, 5)

@@ -15,8 +15,9 @@ import pytest
 import hipsched
 from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
-from hipsched.gpu import detect, dlpack
-from hipsched.gpu.memory import DeviceArray, to_device
+from hipsched.gpu.bindings import detect
+from hipsched.gpu.memory import dlpack
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 from fake_cuda_driver import FakeCudaDriver, fake_nvrtc, install
 
@@ -25,7 +26,7 @@ from fake_cuda_driver import FakeCudaDriver, fake_nvrtc, install
 def two(monkeypatch, tmp_path):
     """(runtime, driver, backend on GPU 0, backend on GPU 1, executor of each), the second created
     after the first, as a user adding a second Executor would."""
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
     driver = install(monkeypatch, FakeCudaDriver(version=13000, devices=2))
     rt = CtypesRuntime("cuda")
     rt._compiler = fake_nvrtc(13, 0)
@@ -154,7 +155,7 @@ def test_with_fallback_an_array_on_another_device_is_computed_on_the_cpu_where_i
 
 
 def test_hip_python_views_make_their_own_device_current(monkeypatch):
-    from hipsched.gpu import hip_python
+    from hipsched.gpu.bindings import hip_python
 
     class FakeHip:
         def __init__(self):

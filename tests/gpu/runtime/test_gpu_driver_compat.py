@@ -12,10 +12,10 @@ import pytest
 import hipsched
 from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
-from hipsched.gpu import compilers
-from hipsched.gpu.compilers import (cuda_version_for_ptx_isa, load_target, ptx_isa_of, ptx_isa_of_nvrtc,
+from hipsched.gpu.compilation import compilers
+from hipsched.gpu.compilation.compilers import (cuda_version_for_ptx_isa, load_target, ptx_isa_of, ptx_isa_of_nvrtc,
                                     select_nvrtc)
-from hipsched.gpu.kernels import KernelCache, cache_key
+from hipsched.gpu.compilation.kernels import KernelCache, cache_key
 
 from fake_cuda_driver import FakeCudaDriver, fake_nvrtc, install
 
@@ -68,7 +68,7 @@ def test_cache_key_changes_with_the_driver():
 
 
 def _runtime(monkeypatch, version, nvrtc, devices=1):
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
     driver = install(monkeypatch, FakeCudaDriver(version=version, devices=devices))
     rt = CtypesRuntime("cuda")
     rt._compiler = nvrtc
@@ -76,7 +76,7 @@ def _runtime(monkeypatch, version, nvrtc, devices=1):
 
 
 def test_runtime_reports_its_driver_and_picks_nvrtc_by_it(monkeypatch):
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
     install(monkeypatch, FakeCudaDriver(version=12040))
     seen = []
     monkeypatch.setattr(compilers, "nvrtc_candidates", lambda: [fake_nvrtc(13, 5), fake_nvrtc(12, 8)])
@@ -188,7 +188,7 @@ def test_real_nvrtc_libraries_chosen_by_driver_write_the_abi_that_driver_loads()
 
 def test_info_says_why_no_kernel_would_load(monkeypatch, capsys):
     from hipsched.cli import info
-    from hipsched.gpu import detect
+    from hipsched.gpu.bindings import detect
     rt, driver = _runtime(monkeypatch, 12040, fake_nvrtc(13, 5))
     monkeypatch.setattr(detect, "get_runtime", lambda: rt)
     monkeypatch.setattr(detect, "attempts", lambda: [detect.RuntimeAttempt("cuda", True, None)])

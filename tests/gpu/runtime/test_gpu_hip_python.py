@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu import hip_python
+from hipsched.gpu.bindings import hip_python
 
 
 def _real_hip():

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu import detect, libs
-from hipsched.gpu.status import classify, gpu_error
+from hipsched.gpu.bindings import detect, libs
+from hipsched.gpu.bindings.status import classify, gpu_error
 
 
 def _lib_present(kind):
@@ -57,7 +57,7 @@ def test_no_device_reasons_from_real_libraries(fresh_detect):
 
 @needs_hip_lib
 def test_ctypes_hip_runtime_raises_gpu_error_with_name():
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
     if detect.gpu_available():
         pytest.skip("a GPU is present")
     with pytest.raises(GpuError) as info:
@@ -67,7 +67,7 @@ def test_ctypes_hip_runtime_raises_gpu_error_with_name():
 
 
 def test_cuda_runtime_missing_driver_is_unavailable(monkeypatch):
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
     monkeypatch.setenv("HIPSCHED_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")
     with pytest.raises(GpuError) as info:
         CtypesRuntime("cuda")
@@ -110,7 +110,8 @@ def test_import_hipsched_without_any_gpu_library():
     env = dict(os.environ, HIPSCHED_HIP_LIBRARY="/nonexistent/libamdhip64.so",
                HIPSCHED_HIPRTC_LIBRARY="/nonexistent/libhiprtc.so", HIPSCHED_CUDA_LIBRARY="/nonexistent/libcuda.so",
                HIPSCHED_NVRTC_LIBRARY="/nonexistent/libnvrtc.so", HIPSCHED_GPU_RUNTIME="hip")
-    code = ("import hipsched\nfrom hipsched.gpu import detect\nfrom hipsched.gpu.compilers import get_compiler\n"
+    code = ("import hipsched\nfrom hipsched.gpu.bindings import detect\n"
+            "from hipsched.gpu.compilation.compilers import get_compiler\n"
             "from hipsched.errors import GpuError\nprint(detect.gpu_available(), detect.unavailable_reason())\n"
             "try:\n    get_compiler('gfx90a')\nexcept GpuError as e:\n    print(e.kind)\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -159,7 +160,7 @@ def test_info_command_reports_runtimes_and_cache(tmp_path):
 @pytest.mark.gpu
 def test_runtime_round_trip_and_launch(tmp_path):
     import ctypes
-    from hipsched.gpu.kernels import KernelCache
+    from hipsched.gpu.compilation.kernels import KernelCache
     rt = detect.get_runtime()
     info = rt.device_info(rt.current_device())
     assert info.total_memory > 0 and info.arch
@@ -203,12 +204,12 @@ def test_hip_python_hiprtc_pointed_at_libamdhip64():
     import importlib.util
     if importlib.util.find_spec("hip") is None:
         pytest.skip("hip-python not installed")
-    from hipsched.gpu.compilers import get_compiler
+    from hipsched.gpu.compilation.compilers import get_compiler
     try:
         path = get_compiler("amd").library_path
     except GpuError as e:
         pytest.skip(str(e))
-    code = ("import sys\nfrom hipsched.gpu.hip_python import point_hiprtc_at\npoint_hiprtc_at(sys.argv[1])\n"
+    code = ("import sys\nfrom hipsched.gpu.bindings.hip_python import point_hiprtc_at\npoint_hiprtc_at(sys.argv[1])\n"
             "from hip import hiprtc\n"
             "err, prog = hiprtc.hiprtcCreateProgram(b'extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }',"
             " b'k.hip', 0, [], [])\nassert int(err) == 0, err\n"
@@ -222,7 +223,7 @@ def test_hip_python_hiprtc_pointed_at_libamdhip64():
 
 def test_kernel_params_pack_ctypes_scalars_only():
     import ctypes
-    from hipsched.gpu.runtime import pack_kernel_params
+    from hipsched.gpu.bindings.runtime import pack_kernel_params
     args = (ctypes.c_void_p(0x1000), ctypes.c_int32(7), ctypes.c_float(2.5), ctypes.c_int64(-3))
     params = pack_kernel_params(args)
     assert len(params) == 4

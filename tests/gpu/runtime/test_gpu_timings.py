@@ -3,14 +3,14 @@
 the pair back without waiting once the work has run, reuses the events, and caps the readings pending."""
 import time
 
-from hipsched.gpu import context
-from hipsched.gpu.context import GpuContext
+from hipsched.gpu.launch import context
+from hipsched.gpu.launch.context import GpuContext
 
 from fake_cuda_driver import FakeCudaDriver, install
 
 
 def _context(monkeypatch):
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
     driver = install(monkeypatch, FakeCudaDriver(version=13000, devices=1))
     return GpuContext(CtypesRuntime("cuda")), driver
 

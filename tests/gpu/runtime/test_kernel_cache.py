@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu import kernels
-from hipsched.gpu.kernels import KernelCache, cache_key, read_entry, write_entry
-from hipsched.gpu.runtime import DeviceInfo
+from hipsched.gpu.compilation import kernels
+from hipsched.gpu.compilation.kernels import KernelCache, cache_key, read_entry, write_entry
+from hipsched.gpu.bindings.runtime import DeviceInfo
 
 SRC = {"a.hip": 'extern "C" __global__ void ka(float* x) { x[0] = 1.0f; }',
        "b.hip": 'extern "C" __global__ void kb(float* x) { x[0] = 2.0f; }'}
@@ -173,7 +173,7 @@ def test_concurrent_writers_threads(tmp_path):
 
 
 def test_concurrent_writers_processes(tmp_path):
-    code = ("import sys, os\nfrom hipsched.gpu.kernels import write_entry, read_entry, cache_key\n"
+    code = ("import sys, os\nfrom hipsched.gpu.compilation.kernels import write_entry, read_entry, cache_key\n"
             f"key = cache_key{BASE!r}\n"
             "p = sys.argv[1]\nfrom pathlib import Path\npayload = bytes(range(256)) * 512\n"
             "for _ in range(30):\n    write_entry(Path(p), key, payload)\n"
@@ -232,7 +232,7 @@ def test_function_loads_each_module_once_per_device(tmp_path):
 
 
 def test_real_hiprtc_round_trip_through_disk(tmp_path):
-    from hipsched.gpu.compilers import get_compiler
+    from hipsched.gpu.compilation.compilers import get_compiler
     try:
         comp = get_compiler("gfx906")
     except GpuError as e:

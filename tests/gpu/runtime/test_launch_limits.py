@@ -1,5 +1,5 @@
-"""Launch limits per target (hipsched/gpu/targets.py), the resources read out of real code objects
-(hipsched/gpu/codeobject.py), the CI sweep of every op's launch configurations over its shape range
+"""Launch limits per target (hipsched/gpu/compilation/targets.py), the resources read out of real code objects
+(hipsched/gpu/compilation/codeobject.py), the CI sweep of every op's launch configurations over its shape range
 for sm_80, sm_90, gfx906, gfx908, gfx90a and gfx1030 with register and shared-memory counts from
 compiling the kernels for that target, and the executor treating "unsupported" (a call the device
 cannot run) as no sign of GPU ill-health."""
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu import ops_attention, ops_basic, ops_graph, ops_norm, ops_quant
-from hipsched.gpu.codeobject import KernelResources, _msgpack, kernel_resources, with_ptxas_spills
-from hipsched.gpu.kernels import KernelCache
-from hipsched.gpu.targets import TARGETS, check_launch, target_for
+from hipsched.gpu.ops import attention, common, elementwise, graph, linalg, norm, quant, similarity
+from hipsched.gpu.compilation.codeobject import KernelResources, _msgpack, kernel_resources, with_ptxas_spills
+from hipsched.gpu.compilation.kernels import KernelCache
+from hipsched.gpu.compilation.targets import TARGETS, check_launch, target_for
 
 from real_compilers import cache_dir, compiler_or_skip  # noqa: F401 (cache_dir is a fixture)
 
@@ -239,7 +239,7 @@ def test_occupancy_against_hand_computed_values():
 # ------------------------------------------------------------------------------------ the CI sweep
 
 BIG = 2**40
-SEG = ops_basic.TOPK_SEG
+SEG = similarity.TOPK_SEG
 
 
 def sweep(warp, cus, amd):
@@ -261,66 +261,66 @@ def sweep(warp, cus, amd):
 
     # the element types only rename the kernel (same grid and block; softmax keeps rows as float32 in
     # shared memory whatever the type), so each shape is planned for each
-    for sfx in ops_basic.KERNEL_SUFFIX.values():
+    for sfx in common.KERNEL_SUFFIX.values():
         for n in (1, 3, 4, 255, 256, 257, 2**20 + 4, 2**31 + 4, BIG):
             for nb in sorted({n, 1, 4, 12}):
                 if n % nb:
                     continue
                 for vec in {False, n % 4 == 0 and nb % 4 == 0}:
-                    yield plan("add", (n, nb, vec, sfx), ops_basic.add_launches, n, nb, vec, cus, sfx)
+                    yield plan("add", (n, nb, vec, sfx), elementwise.add_launches, n, nb, vec, cus, sfx)
             for vec in {False, n % 4 == 0}:
-                yield plan("scale", (n, vec, sfx), ops_basic.scale_launches, n, vec, cus, sfx)
-        cached = ops_basic.SOFTMAX_CACHED_LEN
+                yield plan("scale", (n, vec, sfx), elementwise.scale_launches, n, vec, cus, sfx)
+        cached = elementwise.SOFTMAX_CACHED_LEN
         for length in (1, 3, 4, 63, 64, 511, 512, 2047, 2048, 4095, 4096, cached - 1, cached, cached + 1,
                        16383, 16384, 2**20, 2**31):
             for outer in (1, 7, 2**20, 2**20 + 1, 2**31 - 1):
                 for vec in {False, length % 4 == 0}:
-                    yield plan("softmax", (outer, length, 1, vec, sfx), ops_basic.softmax_launches, outer, length, 1,
+                    yield plan("softmax", (outer, length, 1, vec, sfx), elementwise.softmax_launches, outer, length, 1,
                                vec, cus, sfx)
         for outer, length, inner in ((1, 1, 2), (2**20, 3, 2**10), (1, 2**20, 2**40), (2**31, 2, 2**31)):
-            yield plan("softmax", (outer, length, inner, sfx), ops_basic.softmax_launches, outer, length, inner,
+            yield plan("softmax", (outer, length, inner, sfx), elementwise.softmax_launches, outer, length, inner,
                        False, cus, sfx)
         for rows in (1, 7, 2**20, 2**20 + 1, 2**40):
             for length in (1, 63, 64, 1023, 1024, 16383, 16384, 2**31):
-                yield plan("rms_norm", (rows, length, sfx), ops_norm.rms_norm_launches, rows, length, sfx)
+                yield plan("rms_norm", (rows, length, sfx), norm.rms_norm_launches, rows, length, sfx)
     for m in (1, 2, 8, 9, 65535, 65536, 8 * 65535 + 1, 2**31):
         for n in (1, 2**20, 2**31):
             for d in (1, 4, 4096):
                 for vec in {False, d % 4 == 0}:
-                    for sfx in ops_basic.KERNEL_SUFFIX.values():
-                        yield plan("cosine_similarity", (m, n, d, vec, sfx), ops_basic.cosine_launches, m, n, d, vec,
+                    for sfx in common.KERNEL_SUFFIX.values():
+                        yield plan("cosine_similarity", (m, n, d, vec, sfx), similarity.cosine_launches, m, n, d, vec,
                                    warp, cus, sfx)
     for m in (1, 2, 9, 65535, 65536):
         for n in (1, 2, SEG - 1, SEG, SEG + 1, 2**20, 65535 * SEG, 65535 * SEG + 1):
-            for k in (1, 2, 511, 512, ops_basic.TOPK_MAX_K, ops_basic.TOPK_MAX_K + 1):
+            for k in (1, 2, 511, 512, similarity.TOPK_MAX_K, similarity.TOPK_MAX_K + 1):
                 kout = min(k, n)
                 for d in (0, 3, 4):
-                    expect = ("glue" if kout > ops_basic.TOPK_MAX_K or n > 65535 * SEG
+                    expect = ("glue" if kout > similarity.TOPK_MAX_K or n > 65535 * SEG
                               else {"grid-y"} if m > 65535 else None)
                     # the element type renames only the scoring kernels, which cosine_similarity sweeps
                     sfx = ("f32", "f16", "bf16")[(m + d) % 3]
-                    yield plan("top_k", (m, n, d, kout, sfx), ops_basic.top_k_launches, m, n, d, kout, d % 4 == 0,
+                    yield plan("top_k", (m, n, d, kout, sfx), similarity.top_k_launches, m, n, d, kout, d % 4 == 0,
                                warp, cus, sfx, expect=expect)
     for batch, M, N, K, expect in ((1, 1, 1, 1, None), (1, 65535 * 64, 1, 7, None), (65535, 64, 64, 64, None),
                                    (1, 1, 2**30 - 64, 1, None), (1, 1, 2**30, 1, work_items(2**24, 256)),
                                    (1, 1, 2**31 - 1, 1, work_items(2**25, 256)), (3, 1000, 1000, 2**31 - 1, None),
                                    (65536, 1, 1, 1, {"grid-z"}), (1, 65535 * 64 + 1, 1, 1, {"grid-y"}),
                                    (1, 2**31, 1, 1, "glue")):
-        for sfx in ops_basic.KERNEL_SUFFIX.values():
-            yield plan("matmul", (batch, M, N, K, sfx), ops_basic.matmul_launches, batch, M, N, K, sfx, expect=expect)
+        for sfx in common.KERNEL_SUFFIX.values():
+            yield plan("matmul", (batch, M, N, K, sfx), linalg.matmul_launches, batch, M, N, K, sfx, expect=expect)
     for hd in (1, 16, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257):
         for b, h, sq in ((1, 1, 1), (1, 1, 2**20), (8, 64, 32768), (2**16, 2**10, 2**20)):
-            expect = "glue" if hd > ops_attention.MAX_HEAD_DIM else (
+            expect = "glue" if hd > attention.MAX_HEAD_DIM else (
                 {"grid-x", "work-items"} if b * h * sq >= 2**34 else None)
-            for sfx in ops_basic.KERNEL_SUFFIX.values():
-                yield plan("attention", (b, h, sq, hd, sfx), ops_attention.attention_launches, b, h, sq, hd, sfx,
+            for sfx in common.KERNEL_SUFFIX.values():
+                yield plan("attention", (b, h, sq, hd, sfx), attention.attention_launches, b, h, sq, hd, sfx,
                            expect=expect)
     for n in (1, 255, 2**20, 2**31, BIG):
         for dtype in (np.int32, np.int64):
-            yield plan("spread_activation", (n, dtype.__name__), ops_graph.spread_launches, n, dtype, cus)
+            yield plan("spread_activation", (n, dtype.__name__), graph.spread_launches, n, dtype, cus)
     for qtype in ("q8_0", "q4_0"):
         for nblocks in (1, 2**20, BIG // 32):
-            yield plan("dequantize", (nblocks, qtype), ops_quant.dequantize_launches, nblocks, qtype, cus)
+            yield plan("dequantize", (nblocks, qtype), quant.dequantize_launches, nblocks, qtype, cus)
         rows_per_block = 128 // warp * 2           # mat-vec: a warp per 2 rows, blocks of 128
         for n in (1, 2, 3, 2**20, 2**25, 2**27 - 4, 2**27, 2**28, 2**30 - 64, 2**30):
             for m in (1, 2, 7, 8, 9, 65, 65535 * 64, 65535 * 64 + 1):
@@ -331,8 +331,8 @@ def sweep(warp, cus, amd):
                 else:
                     expect = work_items(-(-n // 64), 256)
                 # x's element type only renames the kernel (the same grid and block), as above
-                for sfx in ops_basic.KERNEL_SUFFIX.values():
-                    yield plan("qmatmul", (n, m, qtype, sfx), ops_quant.qmatmul_launches, n, m, qtype, warp, sfx,
+                for sfx in common.KERNEL_SUFFIX.values():
+                    yield plan("qmatmul", (n, m, qtype, sfx), quant.qmatmul_launches, n, m, qtype, warp, sfx,
                                expect=expect)
 
 
@@ -376,7 +376,7 @@ class _CompileOnlyRuntime:
     name = "compile-only"
 
     def __init__(self, arch, warp):
-        from hipsched.gpu.runtime import DeviceInfo
+        from hipsched.gpu.bindings.runtime import DeviceInfo
         self.compiler = compiler_or_skip(arch)
         self.platform = self.compiler.platform
         self.info = DeviceInfo(0, "compile-only", arch, 1 << 30, self.platform, warp, 4)
@@ -399,7 +399,7 @@ class _CompileOnlyRuntime:
 ])
 def test_context_refuses_before_the_runtime_sees_the_launch(arch, warp, kernel, block, limit, cache_dir):
     import ctypes
-    from hipsched.gpu.context import GpuContext
+    from hipsched.gpu.launch.context import GpuContext
     rt = _CompileOnlyRuntime(arch, warp)
     ctx = GpuContext(rt, cache_dir=str(cache_dir))
     fn = ctx.function(*kernel)
@@ -415,7 +415,7 @@ def test_context_refuses_before_the_runtime_sees_the_launch(arch, warp, kernel, 
 
 
 def test_grid_stride_kernels_never_exceed_the_grid():
-    from hipsched.gpu.context import grid_stride_blocks
+    from hipsched.gpu.launch.context import grid_stride_blocks
     for cus in CUS:
         for n in (0, 1, 2**31, 2**62):
             assert 1 <= grid_stride_blocks(n, 256, cus) <= 16 * cus
@@ -466,12 +466,12 @@ def test_unsupported_half_open_probe_does_not_wedge_the_breaker():
 # ------------------------------------------------------------------------------------ the report
 
 def test_report_covers_every_kernel_at_the_glues_block_sizes(cache_dir):
-    from hipsched.gpu.report import glue_launches
+    from hipsched.gpu.compilation.report import glue_launches
     for arch in ("sm_90", "gfx90a", "gfx1030"):
         names = set(resources(arch, cache_dir))
         assert set(glue_launches(TARGETS[arch].wavefront)) == names, arch
     sizes = glue_launches(32)
-    assert sizes["hs_softmax_rows_f32"] == {64: 2044, 256: 16380, 512: ops_basic.SOFTMAX_CACHED_LEN * 4}
+    assert sizes["hs_softmax_rows_f32"] == {64: 2044, 256: 16380, 512: elementwise.SOFTMAX_CACHED_LEN * 4}
     assert sizes["hs_attention_d256"] == {128: 0} and sizes["hs_topk_select_f32"] == {256: 0}
 
 

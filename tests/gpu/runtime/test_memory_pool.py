@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu.memory import DeviceArray, to_device
-from hipsched.gpu.runtime import pool_keep_bytes
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
+from hipsched.gpu.bindings.runtime import pool_keep_bytes
 
 from fake_cuda_driver import FakeCudaDriver, install
 
@@ -20,7 +20,7 @@ GIB = 1 << 30
 
 
 def _runtime(monkeypatch, **driver_options):
-    from hipsched.gpu.ctypes_api import CtypesRuntime
+    from hipsched.gpu.bindings.ctypes_api import CtypesRuntime
     driver = install(monkeypatch, FakeCudaDriver(version=13000, devices=1, **driver_options))
     return CtypesRuntime("cuda"), driver
 

@@ -8,7 +8,7 @@ import gc
 
 import numpy as np
 
-from hipsched.gpu.memory import ResidentCache
+from hipsched.gpu.memory.resident_cache import ResidentCache
 
 from host_memory import HostMemoryRuntime, run_bounded  # noqa: F401
 
@@ -24,13 +24,13 @@ def test_host_array_dying_in_a_cycle_while_the_lock_is_held_does_not_deadlock():
     run_bounded('''
         import gc
         import numpy as np
-        from hipsched.gpu import memory
-        from hipsched.gpu.memory import ResidentCache
+        from hipsched.gpu.memory import resident_cache
+        from hipsched.gpu.memory.resident_cache import ResidentCache
 
         class Holder:
             pass
 
-        real = memory.fingerprint
+        real = resident_cache.fingerprint
 
         def fingerprint_that_collects(arr):
             gc.collect()          # what gc.set_threshold(1) makes any allocation here do
@@ -47,11 +47,11 @@ def test_host_array_dying_in_a_cycle_while_the_lock_is_held_does_not_deadlock():
             h.arr.flags.writeable = False
             cache.get(h.arr)
             del h
-            memory.fingerprint = fingerprint_that_collects
+            resident_cache.fingerprint = fingerprint_that_collects
             try:
                 assert cache.get(other) is not None and cache.is_resident(other)   # hits: under the lock
             finally:
-                memory.fingerprint = real
+                resident_cache.fingerprint = real
         assert len(cache) == 1 and cache.bytes == other.nbytes, (len(cache), cache.bytes)
         print("ok")
     ''')
@@ -63,7 +63,7 @@ def test_collector_at_every_allocation_never_deadlocks_the_cache():
     run_bounded('''
         import gc
         import numpy as np
-        from hipsched.gpu.memory import ResidentCache
+        from hipsched.gpu.memory.resident_cache import ResidentCache
 
         class Holder:
             pass

@@ -1,7 +1,7 @@
 """The kernel report of `python -m hipsched compile --arch X --report`: per kernel, what its code object
 says it needs (registers, spills, static shared memory, scratch) and the theoretical occupancy at the
 block sizes the launch glue really uses, on that target (limits and occupancy model:
-hipsched/gpu/targets.py), with what bounds it."""
+hipsched/gpu/compilation/targets.py), with what bounds it."""
 from __future__ import annotations
 
 import importlib
@@ -38,15 +38,26 @@ class ReportRow:
         return d
 
 
+# The launch glue's package (gpu/ops/), whose modules are found by listing its folder, and the one module
+# there that is no op family's glue but what the families share.
+GLUE_PACKAGE = __package__.rpartition(".")[0] + ".ops"
+GLUE_SHARED = "common"
+
+
+def glue_modules() -> list:
+    """Every op family's glue module (gpu/ops/<family>.py), each with its own `report_launches`: a new
+    family's glue needs no entry here."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops")
+    return [importlib.import_module(f"{GLUE_PACKAGE}.{info.name}") for info in pkgutil.iter_modules([folder])
+            if info.name != GLUE_SHARED]
+
+
 def glue_launches(warp: int, multiprocessors: int = 100) -> dict[str, dict[int, int]]:
     """{kernel: {threads per block: the most dynamic shared memory}} over what the launch glue plans
     for shapes that reach every kernel and every block size it uses."""
-    # Each glue module (ops_*.py beside this one) lists its own: a new op's glue needs no entry here.
     plans = []
-    for info in pkgutil.iter_modules([os.path.dirname(os.path.abspath(__file__))]):
-        if info.name.startswith("ops_"):
-            module = importlib.import_module(f"{__package__}.{info.name}")
-            plans += module.report_launches(warp, multiprocessors)
+    for module in glue_modules():
+        plans += module.report_launches(warp, multiprocessors)
     out: dict[str, dict[int, int]] = {}
     for p in plans:
         threads = p.block[0] * p.block[1] * p.block[2]

@@ -16,7 +16,7 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from ..errors import GpuError
+from ...errors import GpuError
 
 # Bumped in a forked child. CUDA and HIP state does not survive fork(): a child that touches the
 # parent's driver gets CUDA_ERROR_NOT_INITIALIZED (or, on ROCm, may hang), so every binding compares
@@ -108,7 +108,7 @@ class Runtime(ABC):
         view._device = index
         return view
 
-    # What the compiled call path (gpu/_driver.pyx) calls, by the ctypes binding's canonical names; each
+    # What the compiled call path (gpu/bindings/_driver.pyx) calls, by the ctypes binding's canonical names; each
     # entry has the CUDA driver API's C signature (HIP's module API mirrors it argument for argument),
     # plus "get_current"/"set_current": cuCtxGetCurrent/cuCtxSetCurrent, or hipGetDevice/hipSetDevice, and
     # optionally "host_alloc"/"host_free" for page-locked staging: cuMemAllocHost_v2/cuMemFreeHost, or

@@ -31,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..errors import GpuError
+from ...errors import GpuError
 
 KB = 1024
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import GpuError
+from ...errors import GpuError
 
 # Ordered: the first rule whose pattern matches the normalised name wins. Names are normalised to
 # lower case without "hiperror"/"cuda_error_"/underscores, so one rule covers HIP and CUDA.

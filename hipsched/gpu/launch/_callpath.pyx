@@ -2,7 +2,7 @@
 """The compiled GPU call path: what a GPU call on device data does after its first time, in C.
 
 A call's first GPU run with given arguments goes through the op's Python launch glue
-(hipsched/gpu/ops_*.py) with a `PlanRecorder` (gpu/recording.py) in place of the GpuContext: the glue
+(hipsched/gpu/ops/<family>.py) with a `PlanRecorder` (gpu/launch/recording.py) in place of the GpuContext: the glue
 runs as always and the recorder writes down its kernels, grids, parameters, outputs and scratch as a
 `Plan`. A later call whose arguments have the same key (op; each device array's type, shape, dtype,
 strides and 16-byte alignment; each scalar's type and value; which inputs overlap) is one the glue
@@ -27,9 +27,9 @@ import threading
 
 import numpy as np
 
-from hipsched.gpu._driver cimport Driver, DeviceMemory, adopt, NOT_READY
-from ..device_arrays import GPU_DEVICE_TYPES, dlpack_stream, kDLCUDA, kDLROCM
-from ..errors import GpuError
+from hipsched.gpu.bindings._driver cimport Driver, DeviceMemory, adopt, NOT_READY
+from ...device_arrays import GPU_DEVICE_TYPES, dlpack_stream, kDLCUDA, kDLROCM
+from ...errors import GpuError
 
 cnp.import_array()
 
@@ -72,8 +72,8 @@ cdef int MAX_HELD = 256
 cdef long long FREE_TTL_NS = 10000000
 
 cdef object _NONE_PART = ("none",)
-# gpu.memory's DeviceArray, bound when the first GpuPath is made: importing this module (the dispatcher
-# cimports it) loads no more of the GPU layer than the driver table
+# gpu/memory/device_array.py's DeviceArray, bound when the first GpuPath is made: importing this module
+# (the dispatcher cimports it) loads no more of the GPU layer than the driver table
 DeviceArray = None
 cdef object _new = object.__new__
 _libraries = {}    # type -> the top-level module that can make its arrays from DLPack, or None
@@ -217,7 +217,7 @@ cdef class GpuPath:
 
     def __init__(self, Driver drv, runtime, int device_index, str platform):
         global DeviceArray
-        from .memory import DeviceArray   # deferred: see the module-level binding
+        from ..memory.device_array import DeviceArray   # deferred: see the module-level binding
         self.drv = drv
         self.runtime = runtime
         self.enabled = True

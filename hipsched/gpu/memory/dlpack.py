@@ -8,9 +8,9 @@ import ctypes
 
 import numpy as np
 
-from ..device_arrays import (GPU_DEVICE_TYPES, kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged,  # noqa: F401
+from ...device_arrays import (GPU_DEVICE_TYPES, kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged,  # noqa: F401
                              kDLROCM, kDLROCMHost)
-from ..errors import GpuError
+from ...errors import GpuError
 
 _CODE = {"i": 0, "u": 1, "f": 2, "b": 6, "c": 5}   # numpy kind -> DLDataTypeCode (kDLBool = 6)
 

@@ -1,5 +1,5 @@
 """PlanRecorder: a GpuContext stand-in that watches one run of an op's launch glue and writes it down as
-a replayable plan (hipsched/gpu/_callpath.pyx's Plan).
+a replayable plan (hipsched/gpu/launch/_callpath.pyx's Plan).
 
 Every call goes through to the real context, so the recorded run is an ordinary run with ordinary
 results. What the glue does through `upload` (of device inputs), `empty`, `scratch`, `run`/`launch` and
@@ -148,7 +148,7 @@ class PlanRecorder:
         return None
 
     def plan(self):
-        """The Plan (gpu/_callpath.py) of the run, or None when it cannot be replayed."""
+        """The Plan (gpu/launch/_callpath.pyx) of the run, or None when it cannot be replayed."""
         if self.refused is not None or self._results is None:
             return None
         from ._callpath import Plan   # deferred: compiled, and loaded only where the fast path is used

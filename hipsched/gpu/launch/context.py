@@ -1,4 +1,4 @@
-"""GpuContext: what the kernel launch glue (hipsched/gpu/ops_*.py) needs from the runtime, in one object
+"""GpuContext: what the kernel launch glue (hipsched/gpu/ops/<family>.py) needs from the runtime, in one object
 per device: compiled functions by (source, kernel) name, uploads through the resident cache, output
 allocation, launches with kernelParams, and handing results back where the inputs live.
 
@@ -9,7 +9,7 @@ Failures surface as GpuError from the runtime; the backend converts anything els
 so the glue stays free of error handling.
 
 Every launch is checked against the limits of the target the kernel was compiled for
-(hipsched/gpu/targets.py) with the resources its code object records: a launch the device would
+(hipsched/gpu/compilation/targets.py) with the resources its code object records: a launch the device would
 refuse raises GpuError("unsupported", name="launch-limit-<limit>") before it is made."""
 from __future__ import annotations
 
@@ -24,12 +24,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import GpuError
+from ...errors import GpuError
+from ..compilation.codeobject import kernel_resources
+from ..compilation.kernels import KernelCache
+from ..compilation.targets import check_launch, target_for
+from ..memory.device_array import DeviceArray, callers_arrays, to_device
+from ..memory.resident_cache import ResidentCache
 from .blas import last_reasons, load_blas
-from .codeobject import kernel_resources
-from .kernels import KernelCache
-from .memory import DeviceArray, ResidentCache, callers_arrays, to_device
-from .targets import check_launch, target_for
 
 # Temporaries up to this size are kept per stream and reused (see GpuContext.scratch).
 SCRATCH_KEEP_BYTES = 64 << 20
@@ -165,7 +166,7 @@ class GpuContext:
         return max(1, int(self.device.multiprocessors))
 
     def blas(self):
-        """The vendor BLAS (hipsched.gpu.blas.Blas) for this device, or None when none can be loaded."""
+        """The vendor BLAS (hipsched.gpu.launch.blas.Blas) for this device, or None when none can be loaded."""
         if not self._blas_tried:
             with self._blas_lock:
                 if not self._blas_tried:

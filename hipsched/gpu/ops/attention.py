@@ -8,9 +8,9 @@ from __future__ import annotations
 import ctypes
 import math
 
-from ..errors import GpuError
-from .context import Launch, pure_plan
-from .ops_basic import KERNEL_SUFFIX, kernel_suffix, np_dtype
+from ...errors import GpuError
+from ..launch.context import Launch, pure_plan
+from .common import KERNEL_SUFFIX, kernel_suffix, np_dtype
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]

@@ -11,10 +11,10 @@ import ctypes
 
 import numpy as np
 
-from ..errors import GpuError
-from ..gguf_blocks import BLOCK_BYTES, QK
-from .context import Launch, grid_stride_blocks, pure_plan
-from .ops_basic import KERNEL_SUFFIX
+from ...errors import GpuError
+from ...gguf_blocks import BLOCK_BYTES, QK
+from ..launch.context import Launch, grid_stride_blocks, pure_plan
+from .common import KERNEL_SUFFIX
 
 _DEQ_BLOCK = 256
 _MATVEC_BLOCK = 128      # threads; each warp/wavefront owns _MATVEC_ROWS rows

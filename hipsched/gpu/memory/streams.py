@@ -5,12 +5,12 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from ..errors import GpuError
+from ...errors import GpuError
 
 # Streams a StreamPool destroyed after their work finished: an allocation last used on one is freed on
 # the null stream instead (a destroyed handle must not reach the driver). A set of ints: add, discard
-# and membership need no lock, and gpu.memory's finalizers read it
-# (memory.py imports it from here: streams.py imports nothing of gpu/).
+# and membership need no lock, and the finalizers of device memory read it (device_array.py,
+# resident_cache.py and bindings/_driver.pyx import it from here: streams.py imports nothing of gpu/).
 _retired_streams: set = set()
 
 

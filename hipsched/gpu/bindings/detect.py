@@ -8,7 +8,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from ..errors import GpuError
+from ...errors import GpuError
 from .runtime import forked_error
 
 ORDER = ("hip-python", "hip", "cuda")

@@ -1,5 +1,5 @@
 # The driver entry points the compiled GPU call path uses, as C function pointers resolved once from the
-# library the ctypes binding already loaded (hipsched/gpu/ctypes_api.py). HIP's module API mirrors the
+# library the ctypes binding already loaded (hipsched/gpu/bindings/ctypes_api.py). HIP's module API mirrors the
 # CUDA driver API argument for argument, so one table serves both; only "make this device current"
 # differs (a context on CUDA, a device index on HIP).
 

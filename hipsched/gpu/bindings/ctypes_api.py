@@ -11,10 +11,10 @@ import ctypes
 import re
 import threading
 
-from ..errors import GpuError
+from ...errors import GpuError
+from ..compilation.compilers import get_compiler
 from . import libs
 from . import runtime as _rt
-from .compilers import get_compiler
 from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params
 from .status import gpu_error
 

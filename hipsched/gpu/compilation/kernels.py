@@ -16,8 +16,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from ..atomic_file import atomic_write
-from ..errors import GpuError
+from ...atomic_file import atomic_write
+from ...errors import GpuError
 from .codeobject import kernel_symbols
 from .compilers import load_target
 
@@ -34,7 +34,7 @@ def _source_dir():
     installed package data. The tree comes first because `hipsched.hip_src` is looked up by name: with
     an editable install of another checkout in the environment, a package imported from this tree (a
     PYTHONPATH run) would otherwise be handed that checkout's kernels."""
-    tree = Path(__file__).resolve().parents[2] / "src_c" / "hip"
+    tree = Path(__file__).resolve().parents[3] / "src_c" / "hip"
     if (tree / PRELUDE).is_file():
         return tree
     try:

@@ -1,14 +1,14 @@
 """GPU launch glue for rms_norm (kernel: src_c/hip/norm.hip): one block per row of the (rows, len) view of
 x, the grid striding over rows past its cap. Same `op(ctx, call, stream)` / `op_plan(ctx, call)` /
-`op_launches(...)` shape as ops_basic.py. float32, float16 and bfloat16 (Call.dtype; x and w of that
-type, y too)."""
+`op_launches(...)` shape as every glue module (common.py). float32, float16 and bfloat16 (Call.dtype; x
+and w of that type, y too)."""
 from __future__ import annotations
 
 import math
 from ctypes import c_double, c_int64
 
-from .context import Launch, pure_plan
-from .ops_basic import KERNEL_SUFFIX, _empty_result, kernel_suffix, np_dtype
+from ..launch.context import Launch, pure_plan
+from .common import KERNEL_SUFFIX, _empty_result, kernel_suffix, np_dtype
 
 MAX_GRID = 1 << 20   # rows per launch before the kernel's row loop takes over
 

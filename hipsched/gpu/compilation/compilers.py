@@ -16,9 +16,9 @@ import subprocess
 import sys
 import threading
 
-from ..errors import GpuError
-from . import libs
-from .runtime import Compiler
+from ...errors import GpuError
+from ..bindings import libs
+from ..bindings.runtime import Compiler
 
 # ROCm 5.x (libamdhip64.so.5) hiprtc: base targets it compiles, and the target features each
 # accepts. Measured on libamdhip64.so.5.2.21153 by compiling a kernel for every combination in a
@@ -331,7 +331,7 @@ def _cuda_text(version: int) -> str:
 
 _PROBE = """
 import sys
-from hipsched.gpu.compilers import HiprtcCompiler
+from hipsched.gpu.compilation.compilers import HiprtcCompiler
 c = HiprtcCompiler()
 c.supports = lambda arch: True
 c.compile('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }', "probe.hip", sys.argv[1])
@@ -340,7 +340,7 @@ c.compile('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }', "
 
 def _probe_in_child(arch: str) -> bool:
     """Compile a one-line kernel for `arch` in a child process: True if it neither failed nor aborted."""
-    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
     try:
         r = subprocess.run([sys.executable, "-c", _PROBE, arch], capture_output=True, timeout=120, env=env)

@@ -10,8 +10,8 @@ import ctypes
 
 import numpy as np
 
-from .context import Launch, grid_stride_blocks, pure_plan
-from .ops_basic import kernel_suffix
+from ..launch.context import Launch, grid_stride_blocks, pure_plan
+from .common import kernel_suffix
 
 _BLOCK = 256
 _GROUP = 8  # HSG_GROUP: lanes per row in the push kernel

@@ -1,6 +1,6 @@
 # The compiled GPU call path: a call's device arguments read in C, and replayable launch plans
-# (hipsched/gpu/_callpath.pyx). hipsched._dispatch cimports it.
-from hipsched.gpu._driver cimport Driver
+# (hipsched/gpu/launch/_callpath.pyx). hipsched._dispatch cimports it.
+from hipsched.gpu.bindings._driver cimport Driver
 
 cdef enum:
     MAX_INPUTS = 8         # device arrays one call may pass to the compiled path

@@ -2,7 +2,7 @@
 """The driver entry points of the compiled GPU call path, and the device memory it owns.
 
 `driver_for(runtime)` takes launch, asynchronous copies and allocation, events and stream waits as C
-function pointers, once, from the library the ctypes binding (gpu/ctypes_api.py) or hip-python already
+function pointers, once, from the library the ctypes binding (gpu/bindings/ctypes_api.py) or hip-python already
 loaded (`Runtime.c_entry_points`): a launch then costs what the driver costs (cuLaunchKernel: about 1.6 us from C against 3 us from
 cuda-python and more through ctypes). The Python bindings stay the way the library is found and
 initialised, and the path for everything this table does not cover.
@@ -12,8 +12,8 @@ after the work of every stream it was used on (see its docstring)."""
 from libc.stdint cimport uintptr_t
 
 
+from ..memory.streams import _retired_streams
 from .status import gpu_error
-from .streams import _retired_streams
 
 
 cdef extern from *:
@@ -198,8 +198,8 @@ cdef class Driver:
         self.nevents = 0
 
 
-# The Python finalizer for memory of runtimes without a Driver (gpu.memory sets it: this module
-# cannot import that one, which imports this)
+# The Python finalizer for memory of runtimes without a Driver (gpu/memory/device_array.py sets it: this
+# module cannot import that one, which imports this)
 python_release = None
 
 

@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 
-from ..errors import GpuError
+from ...errors import GpuError
 
 log = logging.getLogger("hipsched")
 _CUBLAS_MAJOR_VERSION = 0      # libraryPropertyType MAJOR_VERSION

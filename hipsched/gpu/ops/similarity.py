@@ -1,0 +1,174 @@
+"""Launch glue for cosine_similarity and top_k (src_c/hip/similarity.hip), float32, float16 and bfloat16
+(Call.dtype; q and T of one type): the scores come back as float32 whatever the inputs' type."""
+from __future__ import annotations
+
+from ctypes import c_int32, c_int64
+
+import numpy as np
+
+from ...errors import GpuError
+from ..launch.context import Launch, grid_stride_blocks, pure_plan
+from .common import BLOCK, KERNEL_SUFFIX, _aligned, _empty_result, _param, _will_align, kernel_suffix, np_dtype
+
+# Must match HS_TOPK_SEG / HS_TOPK_THREADS in similarity.hip. k above half a segment would make the
+# multi-pass selection stall, so larger k is not offered on the GPU (the CPU takes those calls).
+TOPK_SEG = 2048
+TOPK_THREADS = 256
+TOPK_MAX_K = TOPK_SEG // 2
+# Queries scored per pass over T by the multi-query cosine kernel.
+COSINE_MQ = 8
+
+
+def _queries_of_corpus_dtype(call) -> None:
+    """The similarity kernels read q and T in one element type (the call's, T's). The CPU scores a
+    float32 q against a half T exactly; rounding q to T's type here would give other scores, so a
+    mix is refused before anything runs, and the call stays on the CPU."""
+    q_in = call.args[0]
+    if np.dtype(q_in.dtype) != np_dtype(call.dtype):
+        raise GpuError("unsupported", f"{call.op}: q is {np.dtype(q_in.dtype).name} and T {call.dtype}; the GPU "
+                                      f"kernels read both in one dtype")
+
+
+def _as_queries(q_in):
+    """(m, d) view of q: a 1-d query is one row."""
+    return (1, q_in.shape[0]) if len(q_in.shape) == 1 else tuple(q_in.shape)
+
+
+@pure_plan
+def cosine_launches(m: int, n: int, d: int, vec: bool, warp: int, multiprocessors: int,
+                    suffix: str = "f32") -> list[Launch]:
+    """Query norms (one warp per row), then the scoring kernel, launched once per COSINE_MQ queries
+    (the second launch repeats with the next q0)."""
+    warps_per_block = BLOCK // warp
+    name = f"hs_cosine_{suffix}" + ("_q8" if m > 1 else "_q1") + ("_v4" if vec else "")
+    return [Launch.of("similarity", f"hs_row_inv_norm_{suffix}", max(1, min(-(-m // warps_per_block), 65535)),
+                      BLOCK),
+            Launch.of("similarity", name, grid_stride_blocks(n * warp, BLOCK, multiprocessors), BLOCK)]
+
+
+def _cosine_scores(ctx, q, T, m, n, d, stream, scores, suffix="f32"):
+    """(m, n) float32 cosine scores into the device array `scores`; q and T already on the device."""
+    qinv = ctx.scratch("qinv", (m,), np.float32, stream)
+    vec = d % 4 == 0 and _aligned(q, T)
+    norms, score = cosine_launches(m, n, d, vec, ctx.warp_size, ctx.multiprocessors, suffix)
+    ctx.run(norms, (q, qinv, c_int64(m), c_int64(d)), stream)
+    step = COSINE_MQ if m > 1 else 1
+    for q0 in range(0, m, step):
+        ctx.run(score, (q, qinv, T, scores, c_int64(m), c_int64(n), c_int64(d), c_int64(q0)), stream)
+    return scores
+
+
+def cosine_similarity_plan(ctx, call) -> list[Launch]:
+    suffix = kernel_suffix(call)
+    _queries_of_corpus_dtype(call)
+    q_in, T_in = call.args[0], call.args[1]
+    m, d = _as_queries(q_in)
+    n = T_in.shape[0]
+    if m == 0 or n == 0 or d == 0:
+        return []
+    return cosine_launches(m, n, d, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors,
+                           suffix)
+
+
+def cosine_similarity(ctx, call, stream):
+    q_in, T_in = call.args[0], call.args[1]
+    m, d = _as_queries(q_in)
+    n = T_in.shape[0]
+    out_shape = (n,) if len(q_in.shape) == 1 else (m, n)
+    ctx.check_launches(cosine_similarity_plan(ctx, call))
+    if m == 0 or n == 0:
+        return _empty_result(ctx, call, out_shape, np.float32, stream)
+    if d == 0:  # every vector is a zero vector: similarity 0 by definition
+        out = ctx.empty(out_shape, np.float32, stream)
+        ctx.rt.memset(out.ptr, 0, out.nbytes, int(stream or 0))
+        return ctx.finish(out, call, stream)
+    q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
+    scores = _cosine_scores(ctx, q, T, m, n, d, stream, ctx.empty(out_shape, np.float32, stream), kernel_suffix(call))
+    return ctx.finish(scores, call, stream)
+
+
+@pure_plan
+def top_k_select_launches(m: int, n: int, kout: int) -> list[Launch]:
+    """The selection passes: each keeps the best kout of every TOPK_SEG-candidate segment of each of
+    the m rows (grid (segments, rows)), until one segment per row is left."""
+    if kout > TOPK_MAX_K:
+        raise GpuError("unsupported", f"top_k: k={kout} is above the GPU limit {TOPK_MAX_K}")
+    if n >= 2**31 // TOPK_SEG * TOPK_SEG:  # candidate positions are kept below 2^31
+        raise GpuError("unsupported", f"top_k: {n} targets is above the GPU kernel's limit")
+    passes, length = [], n
+    for _ in range(64):  # kout <= SEG/2 at least halves the candidates each pass
+        nseg = -(-length // TOPK_SEG)
+        if nseg > 65535:
+            raise GpuError("unsupported", f"top_k: {n} targets needs more than 65535 segments")
+        passes.append(Launch.of("similarity", "hs_topk_select_f32", (nseg, m, 1), TOPK_THREADS))
+        if nseg == 1:
+            return passes
+        length = nseg * kout
+    raise GpuError("runtime", "top_k: the selection passes did not converge")
+
+
+@pure_plan
+def top_k_launches(m: int, n: int, d: int, kout: int, vec: bool, warp: int, multiprocessors: int,
+                   suffix: str = "f32") -> list[Launch]:
+    """Everything top_k launches: the cosine scores (unless d == 0: all zero), then the selection (of
+    float32 scores whatever the inputs' type)."""
+    scores = cosine_launches(m, n, d, vec, warp, multiprocessors, suffix) if d else []
+    return scores + top_k_select_launches(m, n, kout)
+
+
+def top_k_plan(ctx, call) -> list[Launch]:
+    suffix = kernel_suffix(call)
+    _queries_of_corpus_dtype(call)
+    q_in, T_in = call.args[0], call.args[1]
+    k = int(_param(call, 2, "k"))
+    m, d = _as_queries(q_in)
+    n = T_in.shape[0]
+    kout = min(k, n)
+    if kout > TOPK_MAX_K:
+        raise GpuError("unsupported", f"top_k: k={k} is above the GPU limit {TOPK_MAX_K}")
+    if m == 0 or kout == 0:
+        return []
+    return top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors,
+                          suffix)
+
+
+def top_k(ctx, call, stream):
+    q_in, T_in = call.args[0], call.args[1]
+    k = int(_param(call, 2, "k"))
+    m, d = _as_queries(q_in)
+    n = T_in.shape[0]
+    kout = min(k, n)
+    one = len(q_in.shape) == 1
+    out_shape = (kout,) if one else (m, kout)
+    if not ctx.check_launches(top_k_plan(ctx, call)):
+        idx = ctx.empty(out_shape, np.int64, stream)
+        return ctx.finish((idx, ctx.empty(out_shape, np.float32, stream)), call, stream)
+    q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
+    scores = ctx.scratch("scores", (m, n), np.float32, stream)
+    if d == 0:
+        ctx.rt.memset(scores.ptr, 0, scores.nbytes, int(stream or 0))
+    else:
+        _cosine_scores(ctx, q, T, m, n, d, stream, scores, kernel_suffix(call))
+    vals, idx, length = scores, None, n
+    passes = top_k_select_launches(m, n, kout)
+    for p, launch in enumerate(passes):
+        nseg = launch.grid[0]
+        if p == len(passes) - 1:  # the last pass (one segment per row) writes the results
+            out_v, out_i = ctx.empty(out_shape, np.float32, stream), ctx.empty(out_shape, np.int64, stream)
+        else:  # partial results of two consecutive passes are alive at once: alternate two scratch pairs
+            out_v = ctx.scratch(f"topk_v{p % 2}", (m, nseg * kout), np.float32, stream)
+            out_i = ctx.scratch(f"topk_i{p % 2}", (m, nseg * kout), np.int64, stream)
+        ctx.run(launch, (vals, idx, c_int64(length), c_int32(kout), out_v, out_i), stream)
+        vals, idx, length = out_v, out_i, nseg * kout
+    return ctx.finish((idx, vals), call, stream)
+
+
+def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
+    """Plans for shapes that reach every kernel here at every block size it is launched with (the
+    compile report's occupancy rows)."""
+    plans = []
+    for vec in (False, True):
+        for m in (1, 9):
+            for sfx in KERNEL_SUFFIX.values():
+                plans += top_k_launches(m, 5000, 64, 10, vec, warp, multiprocessors, sfx)
+    return plans
