@@ -257,6 +257,7 @@ cdef class FastPath:
         cdef long long t0
         cdef HotOp hot
         cdef int want
+        cdef size_t handle = 0
         # 1. the op's common case, compiled end to end
         entry = self.hot.get(op)
         if entry is None and op not in self.hot:
@@ -279,15 +280,40 @@ cdef class FastPath:
                     return out
         # 2. device data whose call the GPU ran before with the same key: its plan, replayed in C
         key = None
-        if gp is not None and gp.enabled and (stream is None or type(stream) is int):
+        if gp is not None and gp.enabled:
+            if stream is not None:
+                handle = <size_t>stream if type(stream) is int and stream >= 0 else self._stream_handle(stream)
             keep = []
-            key = gp.read_args(op, args, kwargs, 0 if stream is None else <size_t>stream, &ins, keep)
+            key = gp.read_args(op, args, kwargs, handle, &ins, keep)
             if key is not None:
                 compiled = self.plans.get(key)
                 if compiled is not None:
-                    return self._run_compiled(<Compiled>compiled, op, backend, stream, args, kwargs, &ins, keep)
+                    return self._run_compiled(<Compiled>compiled, op, backend, stream, handle, args, kwargs, &ins,
+                                              keep)
                 keep = None   # the general path imports the arguments itself
-        # 3. everything else: the op's prepare validates and converts
+        # 3. everything else: the op's prepare validates and converts. A call given a stream takes its
+        # foreign arrays with that stream as the consumer (DeviceArray.from_external), so their producer
+        # orders exactly the stream that reads them after its pending writes
+        if stream is None:
+            return self._general(op, backend, stream, args, kwargs, key, &ins)
+        with self._consumer_stream(stream):
+            return self._general(op, backend, stream, args, kwargs, key, &ins)
+
+    cdef object _stream_handle(self, stream):
+        # deferred: the GPU layer's stream helpers load only for a call given a stream object
+        from .gpu.memory.streams import as_stream_handle
+        return as_stream_handle(stream)
+
+    cdef object _consumer_stream(self, stream):
+        # deferred: as _stream_handle
+        from .gpu.memory.device_array import consumer_stream
+        return consumer_stream(stream)
+
+    cdef object _general(self, str op, backend, stream, tuple args, dict kwargs, key, Inputs *ins):
+        """The general path: the op's prepare, the decision with the GPU's terms, the run (the first GPU
+        run with a plan key recorded for the compiled path)."""
+        cdef Decision d
+        cdef GpuPath gp = self.path
         prep = self.prepare.get(op)
         if prep is None:
             prep = self._prepare_missing(op)
@@ -333,8 +359,8 @@ cdef class FastPath:
             self.plans.clear()
         self.plans[key] = c
 
-    cdef object _run_compiled(self, Compiled c, str op, backend, stream, tuple args, dict kwargs, Inputs *ins,
-                              list keep):
+    cdef object _run_compiled(self, Compiled c, str op, backend, stream, size_t s, tuple args, dict kwargs,
+                              Inputs *ins, list keep):
         """Decide a call the compiled path can replay, and run it there (or, decided for the CPU, through
         the general CPU path for device data)."""
         cdef Decision d
@@ -342,7 +368,6 @@ cdef class FastPath:
         cdef long long t0, n
         cdef double dur
         cdef void *start = NULL
-        cdef size_t s = 0 if stream is None else <size_t>stream
         cdef GpuPath gp = self.path
         entry = c.entry
         d.want = want

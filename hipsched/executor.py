@@ -116,15 +116,6 @@ class Executor:
         if self._gpu_present and not self._model.transfer_known:
             self._measure_transfer()
 
-    def _run_on_stream(self, op, backend, stream, *args, **kwargs):
-        """`_run` for a call given a stream: foreign device arrays among its arguments are taken with
-        that stream as the consumer (DeviceArray.from_external), so their producer orders exactly the
-        stream that reads them after its pending writes."""
-        # deferred: the GPU layer loads only for a call given a stream (it may be missing or broken)
-        from .gpu.memory.device_array import consumer_stream
-        with consumer_stream(stream):
-            return self._run(op, backend, stream, *args, **kwargs)
-
     def _measure_transfer(self):
         try:
             self._core.set_transfer(**self._gpu.measure_transfer())
@@ -332,7 +323,7 @@ def _op_method(name, spec):
     else:
         params += own
     src = (f"def {name}(self, {', '.join(params)}):\n"
-           f"    return (self._run if stream is None else self._run_on_stream)({name!r}, backend, stream"
+           f"    return self._run({name!r}, backend, stream"
            f"{''.join(', ' + a for a in call_args)})\n")
     exec(compile(src, f"<hipsched op method {name}>", "exec"), ns)
     method = ns[name]

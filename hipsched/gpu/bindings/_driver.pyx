@@ -233,13 +233,17 @@ cdef class DeviceMemory:
             ptr = runtime.malloc_async(self.nbytes, int(stream))
         self.ptr = ptr
         self.streams = [int(stream or 0)]
+        _retired_streams.discard(self.streams[0])   # in use again: see used_on
         self.drv = driver_for(runtime)
 
     def used_on(self, stream) -> None:
-        """Work on `stream` uses this memory: the free is ordered after it too."""
+        """Work on `stream` uses this memory: the free is ordered after it too. A handle that a retired
+        stream once had is in use again (drivers reuse handles, and a stream made outside a StreamPool
+        never says so): it is live from here on, or the free would skip it."""
         s = int(stream or 0)
         if s not in self.streams:
             self.streams.append(s)
+        _retired_streams.discard(s)
 
     def __dealloc__(self):
         cdef uintptr_t home, s

@@ -30,6 +30,7 @@ import numpy as np
 from hipsched.gpu.bindings._driver cimport Driver, DeviceMemory, adopt, NOT_READY
 from ...device_arrays import GPU_DEVICE_TYPES, dlpack_stream, kDLCUDA, kDLROCM
 from ...errors import GpuError
+from ..memory.streams import _retired_streams
 
 cnp.import_array()
 
@@ -404,6 +405,9 @@ cdef class GpuPath:
                 status = drv.order_after(<void *><size_t>ins.producer[i], s)
                 if status != 0:
                     drv.fail(status, "stream_wait_event")
+        if stream:
+            # work is queued on it now: a retired stream's handle in use again (see DeviceMemory.used_on)
+            _retired_streams.discard(stream)
         for i in range(ins.n):
             in_ptr[i] = ins.ptr[i]
         if plan.nhost or plan.to_host:

@@ -10,7 +10,8 @@ from ...errors import GpuError
 # Streams a StreamPool destroyed after their work finished: an allocation last used on one is freed on
 # the null stream instead (a destroyed handle must not reach the driver). A set of ints: add, discard
 # and membership need no lock, and the finalizers of device memory read it (device_array.py,
-# resident_cache.py and bindings/_driver.pyx import it from here: streams.py imports nothing of gpu/).
+# resident_cache.py, bindings/_driver.pyx and launch/_callpath.pyx import it from here: streams.py
+# imports nothing of gpu/). A handle in use again leaves it (DeviceMemory.used_on, a replay).
 _retired_streams: set = set()
 
 

@@ -471,6 +471,39 @@ def test_a_host_input_staged_for_a_call_left_queued_is_not_overwritten(async_rt,
     assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
 
 
+@pytest.mark.parametrize("replayed", [False, True])
+def test_a_stream_handle_a_retired_stream_had_is_waited_for(async_rt, kernel_dir, tmp_path, monkeypatch, replayed):
+    """Drivers reuse stream handles: a stream made outside a StreamPool may get the handle of one a pool
+    retired (destroyed after synchronising), which frees skip. Work queued on it makes it live again, so
+    inputs dropped at once are freed after that work, on the glue's path and the compiled one."""
+    from hipsched.gpu.memory.streams import _retired_streams, retire_stream
+    rt, _ = async_rt
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    s = rt.stream_create()
+    rng = np.random.default_rng(11)
+    with ex:
+        if replayed:
+            ex.add(dev(rt, np.ones(64, np.float32)), dev(rt, np.ones(64, np.float32)), backend="gpu", stream=s)
+        retire_stream(s)   # as if a pool had destroyed a stream with this handle before
+        try:
+            a, b = rng.standard_normal((2, 64), dtype=np.float32)
+            rt.stall(s, 0.05)
+            x, y = dev(rt, a), dev(rt, b)
+            out = ex.add(x, y, backend="gpu", stream=s)
+            del x, y
+            gc.collect()
+            np.testing.assert_array_equal(out.get(), a + b)
+            if replayed:
+                assert ex._fast.plan_count == 1   # the call above was the plan's replay
+        finally:
+            _retired_streams.discard(s)
+        del out
+        rt.synchronize()
+    gpu.close()
+    gc.collect()
+    assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
+
+
 THREADS_SCRIPT = """
 import gc, sys, threading
 sys.path.insert(0, {support!r})
