@@ -111,11 +111,12 @@ ctypedef struct Decision:
 
 
 cdef class FastPath:
-    """The Executor's per-call path compiled. For an op's common case (its HotOp accepts the
-    arguments: plain float32 host arrays) validation, decision, the CPU kernel, the model's record and
-    the telemetry event run here without entering Python. Otherwise the op's `prepare` validates, and
-    host data on the CPU still runs, times and records here; GPU runs, fallback, device data and errors
-    to raise go to the executor's methods.
+    """The Executor's per-call path. For an op's common case (its HotOp accepts the arguments: plain
+    float32 host arrays) validation, decision, the CPU kernel, the model's record and the telemetry
+    event run here without entering Python; so does a GPU call whose launch plan is known (the
+    compiled call path, gpu/launch/_callpath.pyx). Otherwise the op's `prepare` validates, host data on
+    the CPU still runs, times and records in C, and GPU runs through the glue, device data on the CPU,
+    fallback and errors to raise are this class's Python-level methods (the general path, below).
 
     `_decide_call` is the only place a call's flags and decision are worked out: both kinds of real
     call (`run`) and `decide_call` (what Executor.select_backend answers) go through it, so a prediction
@@ -336,7 +337,7 @@ cdef class FastPath:
 
     cdef object _run_cpu(self, call, tuple entry, Decision *d, detail, stream):
         """A call decided for the CPU: host data through its compiled kernel here, anything else (device
-        data, a CPU family not built, backend='gpu' without fallback) through the executor."""
+        data, a CPU family not built, backend='gpu' without fallback) through _run_other."""
         cdef long long t0
         cdef double dur
         fn = entry[3]
