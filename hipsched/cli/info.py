@@ -85,6 +85,20 @@ def _resident(rt):
                     "with Executor.resident; writable arrays are uploaded per call"}
 
 
+def _call_path(rt):
+    """How a GPU call reaches the driver on this runtime: through the compiled call path (driver entry
+    points as C function pointers; a call's launch plan replayed from its second time) or only through
+    the Python launch glue (a runtime without C entry points)."""
+    # deferred: __main__ imports every command, so this loads only when the command runs (compiled GPU layer)
+    from ..gpu.bindings._driver import driver_for
+    drv = driver_for(rt)
+    if drv is None:
+        return {"compiled": False, "why": f"the {rt.name} runtime offers no C entry points: every GPU call "
+                                          f"runs the Python launch glue"}
+    return {"compiled": True, "vendor": drv.vendor, "library": getattr(rt, "library_path", None),
+            "host_staging": bool(drv.has_host)}
+
+
 def gather() -> dict:
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
     from ..gpu.bindings import detect
@@ -98,6 +112,7 @@ def gather() -> dict:
             info["devices"] = _devices(rt)
             info["kernels"] = _kernels(rt)
             info["resident"] = _resident(rt)
+            info["call_path"] = _call_path(rt)
         except GpuError as e:
             info["devices_error"] = str(e)
     return info
@@ -126,6 +141,11 @@ def run(args) -> int:
         print(f"Kernels for this driver ({k['loader'] or 'version unknown'}): " +
               (f"unavailable: {k['unavailable']}" if "unavailable" in k else
                f"{k['compiler']} ({k['library']}) -> {k['target']}"))
+    c = info.get("call_path")
+    if c:
+        print("GPU call path: " + (f"compiled ({c['vendor']} driver entry points from {c['library'] or 'its library'}"
+                                   f"{', page-locked staging for host arrays' if c['host_staging'] else ''}; a "
+                                   f"call's launch plan replayed from its second time)" if c["compiled"] else c["why"]))
     r = info.get("resident")
     if r:
         print(f"Resident inputs: up to {r['budget_bytes'] / 2**30:.1f} GiB of device memory ({r['budget_source']}); "

@@ -130,3 +130,25 @@ def test_a_closed_backend_replays_nothing(gpu_ex):
     assert not be.callpath.enabled
     out = ex.add(np.ones(8, np.float32), np.ones(8, np.float32), backend="gpu")   # falls back, no crash
     assert isinstance(out, np.ndarray)
+
+
+def test_info_says_how_gpu_calls_reach_the_driver(monkeypatch, capsys):
+    """`hipsched info` names the call path: compiled on a runtime with C entry points (the fake libcuda
+    under the ctypes binding), the glue only on one without (a test double)."""
+    from hipsched.cli import info
+    from hipsched.gpu.bindings import detect
+    rt = fake_libcuda.runtime(monkeypatch)
+    monkeypatch.setattr(detect, "get_runtime", lambda: rt)
+    monkeypatch.setattr(detect, "attempts", lambda: [detect.RuntimeAttempt("cuda", True, None)])
+    got = info.gather()["call_path"]
+    assert got["compiled"] and got["vendor"] == "cuda" and got["host_staging"]
+    info.run(type("Args", (), {"json": False})())
+    assert "GPU call path: compiled (cuda driver entry points from " in capsys.readouterr().out
+
+    class Double:
+        name = "double"
+
+        def c_entry_points(self):
+            return None
+    assert info._call_path(Double()) == {"compiled": False, "why": "the double runtime offers no C entry points: "
+                                                                    "every GPU call runs the Python launch glue"}
