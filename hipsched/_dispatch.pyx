@@ -23,8 +23,8 @@ import numpy as np
 from .backends.cpu import CpuBackend
 from .chunking import chunkable, run_chunked
 from .errors import GpuError
-from .gguf_blocks import QuantizedTensor
 from .ops import OPS
+from .ops.base import host_arrays
 
 log = logging.getLogger("hipsched")
 # the general path's clock (a module global: tests/support/sim_gpu.py runs it on a simulated clock)
@@ -50,20 +50,6 @@ _REUSE_MAX_TRACKED = 4096   # arrays whose uses are counted at once (dead ones g
 # and how many make a prediction
 _USE_HISTORY = 32
 _USE_HISTORY_MIN = 3
-
-
-def _large_host_arrays(x, out):
-    """(array, trusted) for the host NumPy arrays among a call's arguments of at least _REUSE_MIN_BYTES;
-    trusted: a QuantizedTensor's block bytes, which its contract says never change."""
-    if isinstance(x, np.ndarray):
-        if x.nbytes >= _REUSE_MIN_BYTES:
-            out.append((x, False))
-    elif isinstance(x, (tuple, list)):
-        for item in x:
-            _large_host_arrays(item, out)
-    elif isinstance(x, QuantizedTensor) and x.data.nbytes >= _REUSE_MIN_BYTES:
-        out.append((x.data, True))
-    return out
 
 
 _MAX_PENDING = 1024   # entries of FastPath.timed / early: far more than the device keeps readings for
@@ -550,7 +536,7 @@ cdef class FastPath:
         is uploaded by every GPU call that takes it (a change to it could not be seen), so its upload
         is never shared, and neither is any on a backend that cannot say what it keeps."""
         keeps, resident = self.gpu.would_keep, self.gpu.is_resident
-        arrays = _large_host_arrays(call.args, [])
+        arrays = host_arrays(call.args, _REUSE_MIN_BYTES)
         if not arrays:
             return h2d
         commit = not getattr(self.tls, "what_if", False)
@@ -674,7 +660,7 @@ cdef class FastPath:
         self.tls.h2d = None
         if h2d and not call.on_device:
             with self.uses_lock:
-                for a, _ in _large_host_arrays(call.args, []):
+                for a, _ in host_arrays(call.args, _REUSE_MIN_BYTES):
                     e = self.uses.get(id(a))
                     if e is not None and e[0]() is a:
                         e[2] = True

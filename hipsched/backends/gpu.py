@@ -15,13 +15,13 @@ import time
 
 import numpy as np
 
-from ..device_arrays import is_device_array
 from ..errors import GpuError
 from ..gpu.bindings import detect
 from ..gpu.bindings import runtime as _rt
 from ..gpu.launch.recording import PlanRecorder
 from ..gpu.memory.streams import as_stream_handle
 from ..ops import OPS
+from ..ops.base import host_arrays
 from .interface import GpuBackendBase
 
 # Views of the op specs (hipsched/ops), which are the one place these are declared:
@@ -32,18 +32,6 @@ SUPPORTED_DTYPES = {name: OPS[name].gpu_dtypes for name in GPU_IMPLS}
 # Largest Call.size per op. Every kernel indexes with 64 bits, so the practical limit is device memory,
 # which the scheduler checks separately through device_bytes_needed() and free_memory().
 MAX_ELEMENTS = {op: 2**62 for op in GPU_IMPLS}
-
-
-def _host_arrays(x):
-    """The host NumPy arrays a call argument would upload (QuantizedTensor -> its block bytes)."""
-    if isinstance(x, np.ndarray):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [a for item in x for a in _host_arrays(item)]
-    data = getattr(x, "data", None)
-    if isinstance(data, np.ndarray) and not is_device_array(x):
-        return [data]
-    return []
 
 
 def _config_value(config, name, default=None):
@@ -190,7 +178,7 @@ class GpuBackend(GpuBackendBase):
         """(host->device, device->host) bytes this call copies: inputs not already resident, outputs."""
         if call.on_device:
             return (0, 0)
-        arrays = _host_arrays(call.args)
+        arrays = [a for a, _ in host_arrays(call.args)]
         total_in = sum(a.nbytes for a in arrays)
         resident = self._ctx.resident if self.available else None
         h2d = sum(a.nbytes for a in arrays if resident is None or not resident.is_resident(a))

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from ..config import HybridConfig
+from ..ops.base import host_arrays
 
 
 # The self-checks' bounds. float32 results: the cosine of 768-d vectors is within ~1e-6 of a float64
@@ -205,16 +206,8 @@ def _events_of_last(ex, calls):
 _SHARED_INPUT_BYTES = 1 << 20
 
 
-def _large_inputs(args, out):
-    for a in args:
-        if isinstance(a, np.ndarray):
-            if a.nbytes >= _SHARED_INPUT_BYTES:
-                out.append(a)
-        elif isinstance(a, (tuple, list)):
-            _large_inputs(a, out)
-        elif isinstance(getattr(a, "data", None), np.ndarray) and a.data.nbytes >= _SHARED_INPUT_BYTES:
-            out.append(a.data)
-    return out
+def _large_inputs(args):
+    return [a for a, _ in host_arrays(args, _SHARED_INPUT_BYTES)]
 
 
 def oracle_runs(oracle_ex, calls, bar=None, repeats=3):
@@ -245,7 +238,7 @@ def oracle_runs(oracle_ex, calls, bar=None, repeats=3):
     uses, upload = {}, {}
     rows = []   # per call: [cpu us, gpu us with single-use uploads, key of its shared input or None]
     for (op, args, kwargs), sides in zip(calls, runs):
-        for a in _large_inputs(args, []):
+        for a in _large_inputs(args):
             uses[id(a)] = uses.get(id(a), 0) + 1
     for (op, args, kwargs), sides in zip(calls, runs):
         cpu = float(np.median([e["duration_us"] for e in sides["cpu"]]))
@@ -258,7 +251,7 @@ def oracle_runs(oracle_ex, calls, bar=None, repeats=3):
             continue
         resident = float(np.median([e["duration_us"] for e in g[1:]]))
         extra = max(0.0, g[0]["duration_us"] - resident)
-        big = _large_inputs(args, [])
+        big = _large_inputs(args)
         new = [a for a in big if id(a) not in upload]
         total = sum(a.nbytes for a in new)
         for a in new:

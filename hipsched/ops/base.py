@@ -10,6 +10,7 @@ import numpy as np
 
 from ..device_arrays import is_device_array
 from ..errors import GpuError
+from ..gguf_blocks import QuantizedTensor
 
 
 class Call:
@@ -37,6 +38,25 @@ class Call:
 
 
 F32 = ("float32",)
+
+
+def host_arrays(args, min_bytes: int = 0, out=None) -> list:
+    """(array, trusted) for each host NumPy array a call's arguments hold (nested tuples and lists too) of
+    at least `min_bytes`: what a GPU run of the call uploads. A QuantizedTensor stands for its block
+    bytes, `trusted`: its contract says they never change. The one walker of Call.args for the
+    scheduler's upload accounting, the GPU backend's transfer count and the demo's oracle."""
+    if out is None:
+        out = []
+    for a in args:
+        if type(a) is np.ndarray or isinstance(a, np.ndarray):
+            if a.nbytes >= min_bytes:
+                out.append((a, False))
+        elif isinstance(a, (tuple, list)):
+            host_arrays(a, min_bytes, out)
+        elif isinstance(a, QuantizedTensor):
+            if a.data.nbytes >= min_bytes:
+                out.append((a.data, True))
+    return out
 
 
 def _resolve(path):

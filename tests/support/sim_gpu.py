@@ -43,25 +43,20 @@ import numpy as np
 
 from hipsched.backends.cpu import CpuBackend
 from hipsched.backends.interface import GpuBackendBase
+from hipsched.ops.base import host_arrays
 from hipsched.resident import handle_of, immutable
 
 from h100_latency import (CPU_US, GPU_US, LARGE_UPLOAD_BYTES, LARGE_UPLOAD_GBPS,  # noqa: E402
                           MEASURED_TRANSFER, RESIDENT_BYTES)
 
 
-def _host_arrays(x, trusted=None):
+def _host_arrays(args, trusted=None):
     """The host arrays a call uploads; `trusted` (a set) collects the ids of those whose owner guarantees
     they never change (a QuantizedTensor's blocks), which the real cache keeps whatever their flags."""
-    if isinstance(x, np.ndarray):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [a for item in x for a in _host_arrays(item, trusted)]
-    data = getattr(x, "data", None)
-    if isinstance(data, np.ndarray):
-        if trusted is not None:
-            trusted.add(id(data))
-        return [data]
-    return []
+    found = host_arrays(args)
+    if trusted is not None:
+        trusted.update(id(a) for a, t in found if t)
+    return [a for a, _ in found]
 
 
 def latency_us(table, op, size):
