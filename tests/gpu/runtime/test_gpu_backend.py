@@ -15,6 +15,7 @@ import pytest
 from hipsched.backends import gpu as gpu_backend
 from hipsched.backends.gpu import GPU_IMPLS, create_gpu_backend
 from hipsched.errors import GpuError
+from hipsched.gguf_blocks import QuantizedTensor
 from hipsched.gpu.compilation.kernels import kernel_names
 from hipsched.ops import OpType
 from hipsched.ops.base import Call
@@ -128,10 +129,9 @@ def test_transfer_and_device_bytes_from_the_call(backend):
 
 
 def test_quantized_inputs_count_their_block_bytes(backend):
-    class Blocks:  # the shape of QuantizedTensor the transfer model reads: .data holds the block bytes
-        data = np.zeros(34 * 4, np.uint8)
+    W = QuantizedTensor(np.zeros(34 * 4, np.uint8), (4, 32), "q8_0")   # 4 rows of one Q8_0 block
     x = np.ones(32, np.float32)
-    call = Call("qmatmul", (Blocks(), x), {}, size=4 * 32, nbytes=34 * 4 + 128 + 16, dtype="q8_0")
+    call = Call("qmatmul", (W, x), {}, size=4 * 32, nbytes=34 * 4 + 128 + 16, dtype="q8_0")
     if not backend.available:
         assert backend.transfer_bytes(call) == (34 * 4 + 128, 16)
 
