@@ -7,7 +7,7 @@ CPU, a failed GPU run rerun on the CPU) is here too, so a call never leaves this
 its result."""
 from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
                               F_WANT_CPU, F_WANT_GPU, R_CPU_FALLBACK, R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED,
-                              ST_BACKEND_ONLY, Params, SchedCore, hs_lock, hs_unlock, now_ns)
+                              ST_BACKEND_ONLY, MAX_SLOTS, Params, SchedCore, hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
 from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan
 from hipsched.telemetry._record cimport Recorder
@@ -33,8 +33,8 @@ _BACKENDS = ("cpu", "gpu")
 
 # Device-data GPU runs are timed by events (they return with their work queued, so the host cannot time
 # them; two records, a query and a reading cost a few microseconds): every one of a slot's first
-# TIME_FIRST, then 1 in TIME_EVERY, which still refills a model window every few hundred calls. The
-# compiled path and the glue count their runs apart.
+# TIME_FIRST, then 1 in TIME_EVERY, which still refills a model window every few hundred calls. Runs
+# of the compiled path and of the glue count alike (FastPath._time_this).
 cdef enum:
     TIME_FIRST = 64
     TIME_EVERY = 8
@@ -115,7 +115,7 @@ cdef class FastPath:
     cdef bint gpu_present
     cdef object device_copy_bytes   # call -> (up, down) bytes a CPU run of device data copies
     cdef object run_timed_fn        # the GPU backend's run_timed, or None
-    cdef dict timed, early, glue_runs   # event-timed glue runs on device data (see _learn_gpu_times)
+    cdef dict timed, early          # event-timed glue runs on device data (see _learn_gpu_times)
     cdef dict uses                  # host inputs whose uploads are shared (see _amortized_h2d)
     cdef object gain_history, newest_use, uses_lock
     cdef object tls                 # per thread: .what_if (select_backend), .h2d (id(call), real bytes)
@@ -123,7 +123,7 @@ cdef class FastPath:
     cdef object warn_lock
     cdef GpuPath path               # the GPU backend's compiled call path, or None
     cdef dict plans                 # plan key -> Compiled
-    cdef long long timed_runs[512]  # per slot: compiled device-data GPU runs so far (which to time)
+    cdef long long gpu_runs[MAX_SLOTS]  # per slot: device-data GPU runs so far (see _time_this)
     cdef Timing pending[PENDING]
     cdef int npending
     cdef public Recorder tel        # the executor's telemetry recorder, or None
@@ -150,7 +150,6 @@ cdef class FastPath:
         # polled in between); bounded, like timed, so a reading or an entry that never meets its
         # other half cannot grow them for the life of the process
         self.early = {}
-        self.glue_runs = {}         # slot -> device-data GPU runs through the glue so far (which to time)
         # id(host array) -> [weakref, calls that passed it, a GPU run took it, predicted us those calls
         # would save on the GPU with it resident]
         self.uses = {}
@@ -352,7 +351,7 @@ cdef class FastPath:
         the general CPU path for device data)."""
         cdef Decision d
         cdef int flags, r, want = self._want(op, backend)
-        cdef long long t0, n
+        cdef long long t0
         cdef double dur
         cdef void *start = NULL
         cdef GpuPath gp = self.path
@@ -380,12 +379,9 @@ cdef class FastPath:
                 prep = self._prepare_missing(op)
             return self._run_cpu(prep(*args, **kwargs), entry, &d, None, stream)
         t0 = now_ns()
-        if c.on_device:   # host calls wait for their results: their time is their completion time
-            n = self.timed_runs[d.slot] if d.slot < 512 else TIME_FIRST + 1
-            if d.slot < 512:
-                self.timed_runs[d.slot] = n + 1
-            if (n < TIME_FIRST or n % TIME_EVERY == 0) and self.npending < PENDING:
-                start = gp.time_mark(s)
+        # (host calls wait for their results: their time is their completion time)
+        if c.on_device and self._time_this(d.slot) and self.npending < PENDING:
+            start = gp.time_mark(s)
         try:
             out = gp.replay(c.plan, ins, keep, s)
         except Exception as e:
@@ -408,6 +404,12 @@ cdef class FastPath:
         if self.npending:
             self._learn_timings(gp)
         return out
+
+    cdef bint _time_this(self, int slot) noexcept:
+        """Whether this device-data GPU run of `slot` is timed by events (see TIME_FIRST)."""
+        cdef long long n = self.gpu_runs[slot] + 1
+        self.gpu_runs[slot] = n
+        return n <= TIME_FIRST or n % TIME_EVERY == 0
 
     cdef void _pend(self, GpuPath gp, int slot, double size, double host_us, void *start, void *end) noexcept:
         cdef Timing *t
@@ -668,8 +670,7 @@ cdef class FastPath:
         before = None if call.on_device else self.gpu.transfer_totals()
         if call.on_device:
             h2d = d2h = 0   # the decision's copies were the CPU's: on the GPU device data moves nowhere
-            n = self.glue_runs[slot] = self.glue_runs.get(slot, 0) + 1
-            if n <= TIME_FIRST or n % TIME_EVERY == 0:
+            if self._time_this(slot):
                 timed = self.run_timed_fn
         t0 = _perf_ns()
         try:

@@ -239,13 +239,16 @@ class GpuBackend(GpuBackendBase):
         """The GPU is gone for this backend (a forked child, a driver that refuses our code objects,
         a driver that stopped answering): every later run fails at once with this one reason, never
         reaching the runtime again."""
-        if self.callpath is not None:
-            self.callpath.enabled = False
-        if self.available:   # the first reason stays; a racing second one says the same thing
-            self.available = False
-            self.unavailable_reason = reason
+        was = self.available   # the first reason stays; a racing second one says the same thing
+        super().disable(reason)
+        if was:
             logging.getLogger("hipsched").warning("hipsched: the GPU is no longer used, every op runs on the "
                                                   "CPU: %s", reason)
+
+    def forget_free_memory(self) -> None:
+        super().forget_free_memory()
+        if self.callpath is not None:   # the compiled path keeps its own reading (read from C)
+            self.callpath.forget_free_memory()
 
     def _still_available(self) -> bool:
         if self.available and self._fork_gen != _rt._fork_generation:

@@ -106,6 +106,8 @@ class GpuBackendBase:
     def disable(self, reason: str) -> None:
         """The device is gone for this backend (a forked child, a driver that stopped answering): every
         later call stays on the CPU, and `unavailable_reason` says why."""
+        if self.callpath is not None:
+            self.callpath.enabled = False
         if self.available:
             self.available = False
             self.unavailable_reason = reason

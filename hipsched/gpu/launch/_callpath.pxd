@@ -39,7 +39,8 @@ cdef class Plan:
     cdef LaunchSpec launches[MAX_LAUNCHES]
     cdef unsigned long long slots[MAX_SLOTS]
     cdef Patch patches[MAX_SLOTS]
-    cdef tuple results               # ((output, delta, shape, dtype, strides, bytes), ...) in the result's order
+    cdef tuple results               # ((output, delta, shape, dtype, strides, staged offset, bytes), ...),
+                                     # in the result's order
     cdef bint single                 # the result is one array, not a tuple
     cdef bint to_host                # results are copied to host arrays (no device input)
     cdef int nhost                   # host inputs, staged up

@@ -198,7 +198,7 @@ cdef class Plan:
             nbytes = r[3].itemsize
             for n in r[2]:
                 nbytes *= n
-            rs.append(tuple(r) + (p.staged_out,))
+            rs.append(tuple(r) + (p.staged_out, nbytes))
             p.staged_out += (nbytes + 255) & ~(<size_t>255)
         p.results = tuple(rs)
         p.single = single
@@ -517,9 +517,7 @@ cdef class GpuPath:
         cdef int status = 0
         cdef size_t nbytes
         for r in plan.results:
-            nbytes = r[3].itemsize
-            for n in r[2]:
-                nbytes *= n
+            nbytes = r[6]
             if nbytes and status == 0:
                 status = drv.dtoh(<char *>stage + <size_t>r[5], <char *>outp[<int>r[0]] + <size_t>r[1], nbytes, s)
         if status == 0:
