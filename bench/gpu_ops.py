@@ -6,9 +6,22 @@ Exits 0 with a message when there is no GPU. Inputs live on the device (DeviceAr
 measures kernels, not PCIe; each hipsched call is `GpuBackend.run(prepared_call)` plus a synchronize.
 
 Bandwidth rows ("hbm copy" peer): the peer copies, device to device, the same number of bytes the op
-reads + writes, so `peer time / our time` is the share of the copy bandwidth the op reaches; the issue's
-targets are >= 0.7 for cosine_similarity, softmax, add, scale, dequantize and >= 0.6 for the Q8_0
-mat-vec. matmul's target is >= 0.9x torch.matmul, attention's >= 0.5x torch SDPA.
+reads + writes, so `peer time / our time` is the share of the copy bandwidth the op reaches. Each row's
+target column is issue 21's goal, with its floor where the issue names one (`floor`: the least accepted):
+
+| row | peer | goal (floor) |
+|---|---|---|
+| attention fp16 / bf16 (1,8,2048,64) | torch SDPA, same dtype | 0.5x (0.3x) |
+| attention fp32 d=64 / d=128 | torch SDPA fp32 | 0.8x (0.6x) |
+| qmatmul Q8_0 / Q4_0 mat-vec | copy of the weight bytes | 0.75x (0.6x) |
+| qmatmul Q8_0 with 8 columns | torch mm, float32 W | 1.5x (1x) |
+| dequantize Q8_0 / Q4_0 | copy | 0.85x |
+| softmax fp32 (8192, 4096) | copy / torch.softmax | 0.85x / 1.1x |
+| add / scale fp16, bf16 (64M) | torch, same dtype | 0.95x |
+| add / scale fp32 (256 MiB) | copy | 0.92x |
+| matmul fp16 / bf16 4096^3 (vendor BLAS) | torch.matmul, same dtype | 0.95x |
+| matmul fp32 | torch.matmul (no TF32) | 0.9x |
+| cosine_similarity fp32 | copy | 0.7x |
 
 bench/gpu_cases_quant_attention.py, when present, adds cases through `cases(env) -> list[Case]`, env being the
 GpuBench below (backend, torch/cupy or None, device(), call(), copy_peer(), sync())."""
@@ -22,7 +35,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from harness import Case, run_cases  # noqa: E402
 
-BW_TARGET = 0.7
+BW_TARGET = 0.7          # cosine_similarity's share of the copy (issue 18; met at 0.84x on the H100)
+ELEMENTWISE_GOAL = 0.92  # add / scale float32 against the copy (issue 21)
 
 
 class GpuBench:
@@ -141,9 +155,9 @@ def basic_cases(env) -> list[Case]:
     big = (1 << 24) if env.quick else (1 << 26)          # 64 MiB or 256 MiB of float32
     cases = []
 
-    def add_bw(op, shape, nbytes, ours):
+    def add_bw(op, shape, nbytes, ours, target=BW_TARGET):
         cases.append(Case(op, shape, ours, env.copy_peer(nbytes), "hbm copy (same bytes)", bytes=nbytes,
-                          target=BW_TARGET, family="gpu"))
+                          target=target, family="gpu"))
 
     def add_peer(op, shape, ours, name, peer, nbytes=0.0, flops=0.0, target=None):
         cases.append(Case(op, shape, ours, peer, name, bytes=nbytes, flops=flops, target=target, family="gpu"))
@@ -152,8 +166,8 @@ def basic_cases(env) -> list[Case]:
     a, b = rng.standard_normal(big, dtype=np.float32), rng.standard_normal(big, dtype=np.float32)
     da, db = env.device(a), env.device(b)
     shape = f"{big * 4 >> 20} MiB"
-    add_bw("add", shape, 12 * big, env.call("add", da, db))
-    add_bw("scale", shape, 8 * big, env.call("scale", da, 1.5))
+    add_bw("add", shape, 12 * big, env.call("add", da, db), ELEMENTWISE_GOAL)
+    add_bw("scale", shape, 8 * big, env.call("scale", da, 1.5), ELEMENTWISE_GOAL)
     if torch is not None:
         ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
         add_peer("add", shape, env.call("add", da, db), "torch a+b", env.torch_peer(lambda: ta + tb), 12 * big)
@@ -167,11 +181,11 @@ def basic_cases(env) -> list[Case]:
     x = rng.standard_normal((rows, 4096), dtype=np.float32)
     dx = env.device(x)
     shape = f"({rows}, 4096) axis=-1"
-    add_bw("softmax", shape, 8 * x.size, env.call("softmax", dx))
+    add_bw("softmax", shape, 8 * x.size, env.call("softmax", dx), 0.85)
     if torch is not None:
         tx = torch.from_numpy(x).cuda()
         add_peer("softmax", shape, env.call("softmax", dx), "torch.softmax",
-                 env.torch_peer(lambda: torch.softmax(tx, -1)), 8 * x.size)
+                 env.torch_peer(lambda: torch.softmax(tx, -1)), 8 * x.size, target=1.1)
 
     # cosine similarity and top_k: one 768-d query against 1M (quick: 256K) targets
     n = (1 << 18) if env.quick else (1 << 20)
@@ -224,8 +238,9 @@ def half_cases(env) -> list[Case]:
     for dtype, tag in (("float16", "fp16"), ("bfloat16", "bf16")):
         tdt = getattr(torch, dtype) if torch is not None else None
 
-        def peer(op, shape, ours, name, fn, nbytes=0.0, flops=0.0):
-            cases.append(Case(f"{op} {tag}", shape, ours, fn, name, bytes=nbytes, flops=flops, family="gpu"))
+        def peer(op, shape, ours, name, fn, nbytes=0.0, flops=0.0, target=None, floor=None):
+            cases.append(Case(f"{op} {tag}", shape, ours, fn, name, bytes=nbytes, flops=flops, family="gpu",
+                              target=target, floor=floor))
 
         a, b = rng.standard_normal(big, dtype=np.float32), rng.standard_normal(big, dtype=np.float32)
         da, db = env.device_as(a, dtype), env.device_as(b, dtype)
@@ -249,8 +264,9 @@ def half_cases(env) -> list[Case]:
         attn = env.half_call("attention", dtype, dqkv, {"causal": False, "scale": None}, 8 * 2048 * 2048 * 64)
         if torch is not None:
             ta, tb = (torch.from_numpy(t).cuda().to(tdt) for t in (a, b))
-            peer("add", shape, add, f"torch a+b ({tag})", env.torch_peer(lambda: ta + tb), 6 * big)
-            peer("scale", shape, scale, f"torch 1.5*x ({tag})", env.torch_peer(lambda: ta * 1.5), 4 * big)
+            peer("add", shape, add, f"torch a+b ({tag})", env.torch_peer(lambda: ta + tb), 6 * big, target=0.95)
+            peer("scale", shape, scale, f"torch 1.5*x ({tag})", env.torch_peer(lambda: ta * 1.5), 4 * big,
+                 target=0.95)
             tx = torch.from_numpy(x).cuda().to(tdt)
             peer("softmax", f"{x.shape[0]}x4096", softmax, f"torch.softmax ({tag})",
                  env.torch_peer(lambda: torch.softmax(tx, -1)), 4 * x.size)
@@ -262,11 +278,11 @@ def half_cases(env) -> list[Case]:
                  env.torch_peer(lambda: torch.topk(tcos(), 10)), 2 * T.size)
             tA, tB = torch.from_numpy(A).cuda().to(tdt), torch.from_numpy(B).cuda().to(tdt)
             peer("matmul", f"{size}^3", mm, f"torch.matmul ({tag})", env.torch_peer(lambda: tA @ tB),
-                 flops=2.0 * size ** 3)
+                 flops=2.0 * size ** 3, target=0.95)
             tq3 = [torch.from_numpy(t).cuda().to(tdt) for t in qkv]
             sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(*tq3)  # noqa: E731
             peer("attention", "(1,8,2048,64)", attn, f"torch SDPA ({tag})", env.torch_peer(sdpa),
-                 flops=4.0 * 8 * 2048 * 2048 * 64)
+                 flops=4.0 * 8 * 2048 * 2048 * 64, target=0.5, floor=0.3)
         elif cp is not None and dtype == "float16":
             ca, cb = cp.asarray(a, dtype=cp.float16), cp.asarray(b, dtype=cp.float16)
             peer("add", shape, add, "cupy a+b (fp16)", env.cupy_peer(lambda: ca + cb), 6 * big)

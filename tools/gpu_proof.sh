@@ -81,7 +81,9 @@ SAN_TESTS=("${PYTEST[@]}" -m gpu tests/gpu/device/test_gpu_ops.py tests/gpu/devi
 step "memcheck" 90 "$OUT/memcheck.log" "${SAN[@]}" --tool memcheck --leak-check no "${SAN_TESTS[@]}" \
   tests/gpu/device/test_gpu_half_ops.py
 step "racecheck" 60 "$OUT/racecheck.log" "${SAN[@]}" --tool racecheck "${SAN_TESTS[@]}" -x
-step "GPU benchmark" 60 "$OUT/bench.log" "$PY" bench/gpu_ops.py --quick
+# --quick: smaller shapes that fit the step's minute; HIPSCHED_PROOF_BENCH_ARGS= (empty) runs the full shapes
+# issue 21's table names (about three minutes on an H100)
+step "GPU benchmark" "${HIPSCHED_PROOF_BENCH_S:-60}" "$OUT/bench.log" "$PY" bench/gpu_ops.py ${HIPSCHED_PROOF_BENCH_ARGS---quick}
 step "call path benchmark" 30 "$OUT/device-data.log" "$PY" bench/device_data.py --calls 40 --repeat 5
 step "demo" 30 "$OUT/demo.log" "$PY" -m hipsched demo --quick --no-progress --log "$OUT/demo.jsonl"
 
@@ -93,6 +95,10 @@ step "demo" 30 "$OUT/demo.log" "$PY" -m hipsched demo --quick --no-progress --lo
   echo
   table=$(ls -t bench/results/gpu_ops*.md 2>/dev/null | head -1)
   if [ -n "$table" ]; then cat "$table"; else tail -40 "$OUT/bench.log"; fi
+  echo
+  echo "## Roofline (rows at the full shapes; --quick rows have no measured time here)"
+  echo
+  "$PY" bench/roofline.py ${table:+--measured "$table"}
   echo
   echo "## Call path: device and host arrays against torch"
   echo

@@ -3,7 +3,9 @@ kernel source ahead of time into the code-object cache, with no GPU needed (cont
 Prints one line per source: its kernels, code-object size, compile (or cache) time and the compiler.
 --report adds, per kernel, what its code object needs (registers, spills, static shared memory,
 scratch) and its theoretical occupancy on that target at the block sizes the launch glue uses, with
-what limits it (hipsched/gpu/compilation/report.py). Exit status 1 if any source failed for any target."""
+what limits it, and where cuobjdump (NVIDIA) or llvm-objdump (AMD) is found, what its machine code does:
+matrix-core instructions, 128-bit global loads and stores, local memory
+(hipsched/gpu/compilation/report.py). Exit status 1 if any source failed for any target."""
 from __future__ import annotations
 
 import json
@@ -85,15 +87,17 @@ def _report(compiler, arch, rows, cache_dir):
     """(text lines, ReportRows) for the compiled sources of one target."""
     # deferred: the GPU layer, loaded only when the command runs (__main__ imports every command)
     from ..gpu.compilation.codeobject import kernel_resources, with_ptxas_spills
+    from ..gpu.compilation.disassembly import disassembler, instruction_facts
     from ..gpu.compilation.kernels import KernelCache
     from ..gpu.compilation.report import format_report, glue_launches, kernel_report
     from ..gpu.compilation.targets import target_for
 
     cache = KernelCache(compiler, cache_dir)
-    resources = {}
+    resources, instructions = {}, {}
     for source, _kernels, result, _seconds, _version in rows:
         if isinstance(result, Exception):
             continue
+        instructions.update(instruction_facts(result, compiler.platform, arch) or {})
         found = kernel_resources(result)
         if compiler.platform == "nvidia" and found:
             # a CUBIN does not record spills; ptxas prints them when asked, for the same compile
@@ -104,8 +108,13 @@ def _report(compiler, arch, rows, cache_dir):
                 pass
         resources.update({k: (source, r) for k, r in found.items()})
     target = target_for(arch)
-    report = kernel_report(target, resources, glue_launches(target.wavefront))
+    report = kernel_report(target, resources, glue_launches(target.wavefront), instructions)
     lines = format_report(target, report)
+    tool = disassembler(compiler.platform)
+    lines.append(f"  machine code read with {tool}" if instructions else
+                 "  (no instruction columns: " + ("no cuobjdump (pip install nvidia-cuda-cuobjdump)"
+                                                  if compiler.platform == "nvidia" else "no llvm-objdump")
+                 + (" or it could not read these code objects)" if tool else ")"))
     if not resources:
         lines.append("  (no kernel resources in these code objects: PTX or an unknown format)")
     return lines, report

@@ -164,7 +164,7 @@ _EIFMT_SVAL = 0x04
 _NV_RESERVED_SMEM = 1024   # sm_90 cubins count the per-block reserved 1 KiB in .nv.shared.<kernel>
 
 
-def _unbundle(code: bytes) -> bytes:
+def unbundle(code: bytes) -> bytes:
     """The AMD ELF inside a clang offload bundle (what some hiprtc releases return); else `code`."""
     if not code.startswith(_OFFLOAD_BUNDLE):
         return code
@@ -250,7 +250,7 @@ def kernel_resources(code: bytes) -> dict[str, KernelResources]:
     """{kernel name: KernelResources} read from an HSACO (its NT_AMDGPU_METADATA note) or a CUBIN (its
     .nv.info attributes and .nv.shared sections). Empty for anything else (PTX, a host library)."""
     try:
-        code = _unbundle(code)
+        code = unbundle(code)
         sections = _sections(code)
         if any(n == ".nv.info" or n.startswith(".nv.info.") for n, *_ in sections):
             return _nvidia_resources(code, sections)

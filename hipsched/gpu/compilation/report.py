@@ -1,7 +1,9 @@
 """The kernel report of `python -m hipsched compile --arch X --report`: per kernel, what its code object
 says it needs (registers, spills, static shared memory, scratch) and the theoretical occupancy at the
 block sizes the launch glue really uses, on that target (limits and occupancy model:
-hipsched/gpu/compilation/targets.py), with what bounds it."""
+hipsched/gpu/compilation/targets.py), with what bounds it; and where a disassembler is found
+(hipsched/gpu/compilation/disassembly.py), what its machine code does: matrix-core instructions, the
+share of 128-bit global loads and stores, local-memory instructions."""
 from __future__ import annotations
 
 import importlib
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 
 from .codeobject import KernelResources
+from .disassembly import InstructionFacts
 from .targets import Occupancy, Target, occupancy_percent
 
 
@@ -22,6 +25,7 @@ class ReportRow:
     dynamic_shared: int          # the most dynamic shared memory the glue gives this kernel at `block`
     resources: KernelResources
     occupancy: Occupancy | None  # None: a target without an occupancy model
+    instructions: InstructionFacts | None = None   # None: no disassembler here
 
     def as_dict(self) -> dict:
         r = self.resources
@@ -35,6 +39,8 @@ class ReportRow:
             o = self.occupancy
             d.update(resident_blocks=o.blocks, waves=o.waves, max_waves=o.max_waves,
                      occupancy=round(o.fraction, 4), limited_by=o.limiter)
+        if self.instructions is not None:
+            d["instructions"] = self.instructions.as_dict()
         return d
 
 
@@ -67,16 +73,18 @@ def glue_launches(warp: int, multiprocessors: int = 100) -> dict[str, dict[int, 
 
 
 def kernel_report(target: Target, resources: dict[str, tuple[str, KernelResources]],
-                  launches: dict[str, dict[int, int]]) -> list[ReportRow]:
+                  launches: dict[str, dict[int, int]],
+                  instructions: dict[str, InstructionFacts] | None = None) -> list[ReportRow]:
     """One row per (kernel, block size the glue uses); a kernel no glue launches gets its largest
-    allowed block. `resources`: {kernel: (source, KernelResources)}."""
+    allowed block. `resources`: {kernel: (source, KernelResources)}; `instructions`: {kernel: facts}."""
+    instructions = instructions or {}
     rows = []
     for kernel in sorted(resources):
         source, res = resources[kernel]
         sizes = launches.get(kernel) or {res.max_threads: 0}
         for block in sorted(sizes):
             occ = target.occupancy(res, block, sizes[block]) if target.known else None
-            rows.append(ReportRow(kernel, source, block, sizes[block], res, occ))
+            rows.append(ReportRow(kernel, source, block, sizes[block], res, occ, instructions.get(kernel)))
     return rows
 
 
@@ -106,6 +114,10 @@ def format_report(target: Target, rows: list[ReportRow]) -> list[str]:
                 f"reserved per block; {target.shared_per_block // 1024} KB per block without opt-in)")
         cols = (f"  {'kernel':<22} {'block':>5} {'regs':>4} {'spill st/ld B':>13} {'smem static+dyn':>15} "
                 f"{'stack':>5} {'occupancy':>14}  limited by")
+    disassembled = any(row.instructions is not None for row in rows)
+    width = len(cols)
+    if disassembled:
+        cols += f"  {'mma':>4} {'ld128/ld':>9} {'st128/st':>9} {'local':>5}"
     lines = [head, cols]
     for row in rows:
         r, o = row.resources, row.occupancy
@@ -113,9 +125,19 @@ def format_report(target: Target, rows: list[ReportRow]) -> list[str]:
         why = "?" if o is None else o.limiter
         smem = f"{r.static_shared}+{row.dynamic_shared}"
         if amd:
-            lines.append(f"  {row.kernel:<22} {row.block:>5} {r.registers:>4} {r.agprs or 0:>4} {r.sgprs or 0:>4} "
-                         f"{_spills(r):>9} {smem:>15} {r.private:>7} {occ:>14}  {why}")
+            line = (f"  {row.kernel:<22} {row.block:>5} {r.registers:>4} {r.agprs or 0:>4} {r.sgprs or 0:>4} "
+                    f"{_spills(r):>9} {smem:>15} {r.private:>7} {occ:>14}  {why}")
         else:
-            lines.append(f"  {row.kernel:<22} {row.block:>5} {r.registers:>4} {_spills(r):>13} {smem:>15} "
-                         f"{r.private:>5} {occ:>14}  {why}")
+            line = (f"  {row.kernel:<22} {row.block:>5} {r.registers:>4} {_spills(r):>13} {smem:>15} "
+                    f"{r.private:>5} {occ:>14}  {why}")
+        if disassembled:
+            line = line.ljust(width) + _instruction_columns(row.instructions)
+        lines.append(line)
     return lines
+
+
+def _instruction_columns(f: InstructionFacts | None) -> str:
+    if f is None:
+        return f"  {'?':>4} {'?':>9} {'?':>9} {'?':>5}"
+    return (f"  {f.matrix:>4} {f'{f.global_loads_128}/{f.global_loads}':>9} "
+            f"{f'{f.global_stores_128}/{f.global_stores}':>9} {f.local:>5}")

@@ -477,6 +477,7 @@ def test_report_covers_every_kernel_at_the_glues_block_sizes(cache_dir):
 
 def test_compile_report_command(cache_dir):
     import json
+    from hipsched.gpu.compilation.disassembly import disassembler
     import subprocess
     import sys
     for arch in ("sm_90", "gfx90a"):
@@ -495,10 +496,14 @@ def test_compile_report_command(cache_dir):
             assert k["block"] <= k["max_threads"]
             if arch == "sm_90":   # spills from ptxas -v, for the same compile
                 assert k["spill_store_bytes"] is not None and k["spill_load_bytes"] is not None
+                # cuobjdump comes with the test extra: the machine code is always read for NVIDIA
+                assert k["instructions"]["instructions"] > 0, k
             else:
                 assert k["vgpr_spills"] is not None and k["sgprs"] > 0
     text = subprocess.run([sys.executable, "-m", "hipsched", "compile", "--arch", "gfx90a", "--cache-dir",
                            str(cache_dir), "--report"], capture_output=True, text=True, timeout=600)
     assert text.returncode == 0, text.stderr
     assert "gfx90a kernel report" in text.stdout and "limited by" in text.stdout
+    if disassembler("amd"):
+        assert "ld128/ld" in text.stdout and "machine code read with" in text.stdout
     assert all(k in text.stdout for k in resources("gfx90a", cache_dir))
