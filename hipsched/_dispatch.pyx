@@ -6,7 +6,8 @@ recorder through C; the general path (an op's prepare, a GPU run through its glu
 CPU, a failed GPU run rerun on the CPU) is here too, so a call never leaves this module until it has
 its result."""
 from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
-                              F_WANT_CPU, F_WANT_GPU, R_CPU_FALLBACK, R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED,
+                              F_WANT_CPU, F_WANT_GPU, R_COST_MODEL, R_CPU_FALLBACK, R_GPU_UNAVAILABLE,
+                              R_GPU_UNSUPPORTED, R_SPLIT,
                               ST_BACKEND_ONLY, MAX_SLOTS, Params, SchedCore, hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
 from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan
@@ -128,6 +129,7 @@ cdef class FastPath:
     cdef int npending
     cdef public Recorder tel        # the executor's telemetry recorder, or None
     cdef double min_batch
+    cdef public object splitter     # hipsched.splitting.Splitter, or None (splitting off, or no GPU)
     cdef bint allow_fallback
     cdef bint learning      # _learn_timings is running (a driver call may let another thread in)
     cdef tuple reason_str
@@ -167,6 +169,7 @@ cdef class FastPath:
         self.plans, self.npending = {}, 0
         self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
         self.hot = {}
+        self.splitter = None
 
     cdef tuple _entry(self, str op, dtype):
         """(core slot, capability flags, GPU max size, CPU function or None, HotOp or None)."""
@@ -236,6 +239,13 @@ cdef class FastPath:
                             detail)
 
     def run(self, str op, backend, stream, *args, **kwargs):
+        return self._run(op, backend, stream, args, kwargs, True)
+
+    def run_whole(self, str op, backend, stream, *args, **kwargs):
+        """run, never splitting the call across processors (an op method's split=False)."""
+        return self._run(op, backend, stream, args, kwargs, False)
+
+    cdef object _run(self, str op, backend, stream, tuple args, dict kwargs, bint split):
         cdef Decision d
         cdef Inputs ins
         cdef GpuPath gp = self.path
@@ -281,9 +291,9 @@ cdef class FastPath:
         # foreign arrays with that stream as the consumer (DeviceArray.from_external), so their producer
         # orders exactly the stream that reads them after its pending writes
         if stream is None:
-            return self._general(op, backend, stream, args, kwargs, key, &ins)
+            return self._general(op, backend, stream, args, kwargs, key, &ins, split)
         with self._consumer_stream(stream):
-            return self._general(op, backend, stream, args, kwargs, key, &ins)
+            return self._general(op, backend, stream, args, kwargs, key, &ins, split)
 
     cdef object _stream_handle(self, stream):
         # deferred: the GPU layer's stream helpers load only for a call given a stream object
@@ -295,9 +305,10 @@ cdef class FastPath:
         from .gpu.memory.device_array import consumer_stream
         return consumer_stream(stream)
 
-    cdef object _general(self, str op, backend, stream, tuple args, dict kwargs, key, Inputs *ins):
+    cdef object _general(self, str op, backend, stream, tuple args, dict kwargs, key, Inputs *ins, bint split):
         """The general path: the op's prepare, the decision with the GPU's terms, the run (the first GPU
-        run with a plan key recorded for the compiled path)."""
+        run with a plan key recorded for the compiled path), or a split across both sides where the model
+        predicts one to finish sooner (a call both sides are measured for, the model's own choice)."""
         cdef Decision d
         cdef GpuPath gp = self.path
         prep = self.prepare.get(op)
@@ -307,6 +318,10 @@ cdef class FastPath:
         dtype = call.dtype
         entry = self._entry(op, dtype)
         detail = self._decide_call(call, call.size, self._want(op, backend), entry, True, &d)
+        if split and d.reason == R_COST_MODEL and self.splitter is not None and not call.on_device:
+            plan = self.splitter.plan(call, d.slot, d.pc, d.pg, d.h2d, d.d2h)
+            if plan is not None:
+                return self.splitter.run(plan, call, d.slot, d.pc, d.pg, d.h2d, d.d2h, stream)
         if d.backend == GPU:
             if key is None:
                 return self._run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)

@@ -25,6 +25,7 @@ cpdef enum Reason:
     R_GPU_UNHEALTHY = 7
     R_EXPLORING = 8
     R_GPU_UNSUPPORTED = 9
+    R_SPLIT = 10             # cut across the CPU and the GPU (hipsched/splitting.py): backend "split"
 
 cdef enum:                   # backends, as the model's array index (scheduling.BACKENDS names them;
                              # Python reads them as _sched.BACKEND_CPU, BACKEND_GPU)
@@ -70,6 +71,7 @@ cdef struct Counters:      # exact per-executor totals (only ever changed under 
     long long cpu
     long long gpu
     long long fallback
+    long long split         # calls cut across the CPU and the GPU (hipsched/splitting.py), not in cpu/gpu
     double cpu_time_us
     double gpu_time_us
 

@@ -403,6 +403,20 @@ cdef class SchedCore:
                      fallback)
         hs_unlock(&self.lock)
 
+    def count_split(self, double cpu_us, double gpu_us, bint fallback):
+        """One call split across the sides (its parts recorded with final=False): counted once, as a
+        split, with each side's busy time added to that side's."""
+        hs_lock(&self.lock)
+        self.c.total += 1
+        self.c.split += 1
+        if fallback:
+            self.c.fallback += 1
+        if cpu_us > 0:
+            self.c.cpu_time_us += cpu_us
+        if gpu_us > 0:
+            self.c.gpu_time_us += gpu_us
+        hs_unlock(&self.lock)
+
     def learn(self, int slot, int backend, double size, double duration_us, double h2d_bytes=0.0,
               double d2h_bytes=0.0):
         """A latency sample of a run already recorded (its health and counts taken then) whose completion
@@ -436,11 +450,12 @@ cdef class SchedCore:
         c = self.c
         hs_unlock(&self.lock)
         return {"total_operations": c.total, "cpu_operations": c.cpu, "gpu_operations": c.gpu,
-                "fallback_operations": c.fallback, "cpu_time_us": c.cpu_time_us, "gpu_time_us": c.gpu_time_us}
+                "fallback_operations": c.fallback, "split_operations": c.split, "cpu_time_us": c.cpu_time_us,
+                "gpu_time_us": c.gpu_time_us}
 
     def reset_counters(self):
         hs_lock(&self.lock)
-        self.c.total = self.c.cpu = self.c.gpu = self.c.fallback = 0
+        self.c.total = self.c.cpu = self.c.gpu = self.c.fallback = self.c.split = 0
         self.c.cpu_time_us = self.c.gpu_time_us = 0
         hs_unlock(&self.lock)
 

@@ -45,6 +45,9 @@ class HybridConfig:
     min_samples: int = 3                         # samples a size bucket needs on a side before it is trusted
     exploration_share: float = 0.2               # share of an under-sampled bucket's calls sent to learn (0..1)
     reprobe_interval: int = 200                  # 1 call in this many re-measures the losing side (0 = never)
+    # splitting one call across the CPU and the GPU (hipsched/splitting.py, docs/scheduling.md)
+    split: bool = True                           # False: every call runs whole on one side
+    split_min_us: float = 5000.0                 # calls the model predicts faster than this stay whole
     # GPU health
     breaker_failures: int = 3                    # consecutive GPU failures that open the circuit breaker
     breaker_cooldown_s: float = 5.0              # seconds open before one half-open probe call
@@ -125,6 +128,7 @@ class HybridConfig:
                             "an integer in [1, performance_window_size]"),
             "exploration_share": (0.0 <= self.exploration_share <= 1.0, "a number in [0, 1]"),
             "reprobe_interval": (self.reprobe_interval >= 0, "an integer >= 0 (0 disables re-probing)"),
+            "split_min_us": (0.0 <= self.split_min_us < float("inf"), "a finite number of microseconds >= 0"),
             "breaker_failures": (self.breaker_failures >= 1, "an integer >= 1"),
             "breaker_cooldown_s": (0.0 <= self.breaker_cooldown_s < float("inf"), "a finite number >= 0"),
             "health_min_samples": (1 <= self.health_min_samples <= self.performance_window_size,

@@ -24,6 +24,7 @@ from .model_store import ModelPersistence
 from .ops import OPS
 from .ops.base import Call
 from .resident import ResidentArray
+from .splitting import Splitter
 from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
                          PerformanceTracker, us_or_none)
 
@@ -105,6 +106,9 @@ class Executor:
                                         self._tel.recorder if self._tel is not None else None,
                                         cfg.gpu_min_batch_size, cfg.allow_fallback, _REASON_STR)
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
+        self._run_whole = self._fast.run_whole   # the same, never split (an op method's split=False)
+        if cfg.split and self._gpu_present:
+            self._fast.splitter = Splitter(self._core, self._cpu, gpu, cfg.split_min_us, self._record_split)
         version = getattr(sys.modules.get("hipsched"), "__version__", "0")
         self._model = ModelPersistence(self._core, cfg.cache_dir,
                                        gpu.device_name if self._gpu_present else None, version)
@@ -115,6 +119,11 @@ class Executor:
             self._save_at_exit = weakref.finalize(self, self._model.save_quietly)
         if self._gpu_present and not self._model.transfer_known:
             self._measure_transfer()
+
+    def _record_split(self, call, duration_us, pred_cpu_us, pred_gpu_us, fallback, split):
+        if self._tel is not None:
+            self._tel.record(call.op, "split", _REASON_STR[_sched.R_SPLIT], call.size, call.dtype, call.nbytes,
+                             duration_us, pred_cpu_us, pred_gpu_us, None, fallback, None, None, split)
 
     def _measure_transfer(self):
         try:
@@ -259,6 +268,8 @@ class Executor:
         self._closed = True
         self._fast.learn_pending()   # what has run by now still counts for the saved model
         self._fast.forget_plans()
+        if self._fast.splitter is not None:
+            self._fast.splitter.close()
         if self._save_at_exit is not None:
             self._save_at_exit()  # saves now, and not again at exit
         if self._tel is not None:
@@ -278,11 +289,12 @@ class Executor:
 
 # ---------------------------------------------------------------------- op methods
 # Every op's method is generated from its spec: the parameters are its prepare's (so help(),
-# inspect.signature and IDE completion show them) plus keyword-only `backend` and `stream`, the
+# inspect.signature and IDE completion show them) plus keyword-only `backend`, `stream` and `split`, the
 # docstring is the prepare's, and the body is the one a hand-written method would have: the arguments
 # go straight on to _run, required ones positionally and those with a default by keyword, with no
-# binding work per call. Adding an op takes no edit of this class.
-_OP_METHOD_NAMES = ("self", "backend", "stream")
+# binding work per call. Adding an op takes no edit of this class. split=False keeps the call whole on
+# one side (the config's `split` turns splitting off for every call); True or None leave it to the model.
+_OP_METHOD_NAMES = ("self", "backend", "stream", "split")
 
 
 def _op_method(name, spec):
@@ -316,15 +328,17 @@ def _op_method(name, spec):
                              else f"{p.name}={p.name}")
     if last_positional_only:
         params.insert(last_positional_only, "/")
-    # backend and stream go before a **kwargs (keyword-only either way)
-    own = ([] if kw_only else ["*"]) + ['backend="auto"', "stream=None"]
+    # backend, stream and split go before a **kwargs (keyword-only either way)
+    own = ([] if kw_only else ["*"]) + ['backend="auto"', "stream=None", "split=None"]
     if params and params[-1].startswith("**"):
         params[-1:-1] = own
     else:
         params += own
+    rest = ''.join(', ' + a for a in call_args)
     src = (f"def {name}(self, {', '.join(params)}):\n"
-           f"    return self._run({name!r}, backend, stream"
-           f"{''.join(', ' + a for a in call_args)})\n")
+           f"    if split is False:\n"
+           f"        return self._run_whole({name!r}, backend, stream{rest})\n"
+           f"    return self._run({name!r}, backend, stream{rest})\n")
     exec(compile(src, f"<hipsched op method {name}>", "exec"), ns)
     method = ns[name]
     method.__qualname__ = f"Executor.{name}"

@@ -30,7 +30,8 @@ SelectionReason.__doc__ = """Why a backend was chosen (BackendSelection.reason, 
     BELOW_MIN_BATCH    smaller than gpu_min_batch_size
     GPU_UNHEALTHY      the op's circuit breaker is open
     EXPLORING          sent to the side whose model needs samples (or a breaker probe)
-    GPU_UNSUPPORTED    the GPU has the op but cannot run this call (its shapes, parameters)"""
+    GPU_UNSUPPORTED    the GPU has the op but cannot run this call (its shapes, parameters)
+    SPLIT              cut across the CPU and the GPU, each taking a share of the rows (backend "split")"""
 
 # the core returns reasons as indices into this tuple
 REASONS = tuple(SelectionReason)

@@ -73,15 +73,18 @@ class OpSpec:
     (`<glue>_plan(ctx, call)`), so what the GPU accepts is decided by the code that launches.
     `scratch(call)` is the device memory the glue allocates beyond inputs and outputs; `split(call)`
     cuts a call into independent pieces for out-of-memory recovery, (pieces, args(lo, hi),
-    combine(results)) or None; `sweep(rng)` yields the calibration calls (size, args, kwargs).
+    combine(results)) or None; `partition(call)` cuts it along the rows of its largest operand so that
+    several processors can each take a share at once (hipsched.splitting), a Partition or None;
+    `sweep(rng)` yields the calibration calls (size, args, kwargs).
     `hot` names the op's compiled common case (a hipsched.cpu._hot.HotOp instance): validation and the
     CPU kernel for plain float32 arrays, which the dispatcher runs without entering Python; calls it
     declines take `prepare` and `cpu`, with the same results."""
 
-    __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "scratch", "split", "sweep")
+    __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "scratch", "split", "sweep",
+                 "partition")
 
     def __init__(self, name, prepare, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None,
-                 split=None, sweep=None):
+                 split=None, sweep=None, partition=None):
         self.name = name
         self.prepare = prepare
         self.cpu = cpu
@@ -92,6 +95,7 @@ class OpSpec:
         self.scratch = scratch
         self.split = split
         self.sweep = sweep
+        self.partition = partition
 
     @property
     def gpu_supports(self):
@@ -124,13 +128,39 @@ OPS: dict[str, OpSpec] = {}
 
 
 def register(name, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None, split=None,
-             sweep=None):
+             sweep=None, partition=None):
     """Decorator for an op's prepare(*args, **kwargs) -> Call: declares the op (see OpSpec)."""
     def deco(fn):
         OPS[name] = OpSpec(name, fn, cpu=cpu, gpu=gpu, hot=hot, cpu_dtypes=cpu_dtypes, gpu_dtypes=gpu_dtypes,
-                           scratch=scratch, split=split, sweep=sweep)
+                           scratch=scratch, split=split, sweep=sweep, partition=partition)
         return fn
     return deco
+
+
+class Partition:
+    """A call cut along `rows` rows of its largest operand, for processors that each take a share at
+    once: `args(lo, hi)` are the arguments of the part over rows [lo, hi) (views, no copies), a call of
+    its own with the same params and dtype; `merge(results, bounds)` makes the whole call's result from
+    the parts' results in row order, `bounds` their (lo, hi). Every row is an independent computation
+    (the same kernel on fewer rows gives the same values for them), so a merged result is the unsplit
+    one wherever each side's kernel agrees with itself. `min_rows`: the fewest rows a part may have."""
+
+    __slots__ = ("rows", "args", "merge", "min_rows")
+
+    def __init__(self, rows, args, merge, min_rows=1):
+        self.rows = int(rows)
+        self.args = args
+        self.merge = merge
+        self.min_rows = int(min_rows)
+
+
+def partition_from_split(chunks):
+    """A Partition from an op's `split` (whose pieces are rows of the largest operand and whose results
+    are concatenated in order): the same cut, the merge given the bounds it does not need."""
+    if chunks is None:
+        return None
+    rows, args, combine = chunks
+    return Partition(rows, args, lambda results, bounds: combine(results))
 
 
 def rand_f32(rng, *shape):

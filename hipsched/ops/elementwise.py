@@ -22,7 +22,7 @@ import numpy as np
 
 from . import base
 from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, dtype_name, promote, rand_f32, \
-    register, shape_mismatch, split_rows
+    partition_from_split, register, shape_mismatch, split_rows
 
 _CPU = "hipsched.cpu._elementwise"
 _GPU = "hipsched.gpu.ops.elementwise"
@@ -60,6 +60,7 @@ def _split_softmax(call):
 
 @register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), hot=(_CPU, "add_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=lambda call: split_rows(call, same_shape_only=True),
+          partition=lambda call: partition_from_split(split_rows(call, same_shape_only=True)),
           sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
 def prepare_add(a, b) -> Call:
     """Elementwise a + b. b has a's shape, or a trailing part of it (a bias repeated over a's leading
@@ -95,7 +96,7 @@ def _real_scalar(value, op: str, name: str) -> float:
 
 
 @register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), hot=(_CPU, "scale_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
-          split=split_rows,
+          split=split_rows, partition=lambda call: partition_from_split(split_rows(call)),
           sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})))
 def prepare_scale(x, alpha) -> Call:
     """alpha * x, alpha any real scalar (rounded to float32 as NumPy does; NaN and inf propagate). x
@@ -110,7 +111,7 @@ def prepare_scale(x, alpha) -> Call:
 
 
 @register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), hot=(_CPU, "softmax_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
-          split=_split_softmax,
+          split=_split_softmax, partition=lambda call: partition_from_split(_split_softmax(call)),
           sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})))
 def prepare_softmax(x, axis=-1) -> Call:
     """Numerically stable softmax along `axis`: exp(x - max) / sum, scipy.special.softmax's formula (a

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, finite_scalar, promote, rand_f32, \
-    register, shape_mismatch, split_rows
+    partition_from_split, register, shape_mismatch, split_rows
 
 OP = "rms_norm"
 
@@ -35,7 +35,7 @@ def _sweep(rng):
 
 
 @register(OP, cpu=("hipsched.cpu._norm", "rms_norm"), gpu=("hipsched.gpu.ops.norm", "rms_norm"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
-          split=_split,
+          split=_split, partition=lambda call: partition_from_split(_split(call)),
           sweep=_sweep)
 def prepare_rms_norm(x, weight, eps=1e-6) -> Call:
     """x / sqrt(mean(x**2, -1) + eps) * weight over the last axis (float32, float16 or bfloat16);

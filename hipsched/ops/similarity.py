@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import FLOATS, Call, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, finite_scalar, \
-    rand_f32, register, shape_mismatch
+    Partition, partition_from_split, rand_f32, register, shape_mismatch
 
 _CPU = "hipsched.cpu._similarity"
 _GPU = "hipsched.gpu.ops.similarity"
@@ -77,6 +77,33 @@ def _split_top_k(call):
         (lambda rs: tuple(np.concatenate(p, axis=0) for p in zip(*rs)))
 
 
+def _partition_cosine(call):
+    return partition_from_split(_split_cosine(call))
+
+
+def _merge_top_k(results, bounds, k):
+    """The whole corpus's top k from each row range's: candidates with their global indices, ranked by
+    the rule of the op (NaN after every number, then score descending, then the lower index), so the
+    merge picks what one pass over the whole corpus would."""
+    idx = np.concatenate([r[0] + lo for r, (lo, _) in zip(results, bounds)], axis=-1)
+    score = np.concatenate([r[1] for r in results], axis=-1)
+    nan = np.isnan(score)
+    order = np.lexsort((idx, -np.where(nan, 0.0, score.astype(np.float64)), nan), axis=-1)
+    keep = order[..., :min(k, idx.shape[-1])]
+    return np.take_along_axis(idx, keep, axis=-1), np.take_along_axis(score, keep, axis=-1)
+
+
+def _partition_top_k(call):
+    """Rows of the corpus T: each range's top k, merged (queries stay whole: each part scores all of
+    them, so the parts' work is the rows' share)."""
+    args = call.args
+    if len(args) < 2 or not isinstance(args[1], np.ndarray) or args[1].ndim != 2 or args[1].shape[0] < 2:
+        return None
+    q, t, k = args[0], args[1], int(call.params["k"])
+    return Partition(t.shape[0], lambda lo, hi: (q, t[lo:hi]) + tuple(args[2:]),
+                     lambda results, bounds: _merge_top_k(results, bounds, k))
+
+
 def _sweep(*extra, queries=1):
     """One query over 128-d corpora, then 768-d corpora (an embedding search's) up to 65536 rows, and
     with `queries` > 1 a batch of that many queries over those: a sweep that ended at 8M work left the
@@ -95,7 +122,7 @@ def _sweep(*extra, queries=1):
 
 
 @register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
-          scratch=_scratch_cosine, split=_split_cosine, sweep=_sweep(queries=32))
+          scratch=_scratch_cosine, split=_split_cosine, partition=_partition_cosine, sweep=_sweep(queries=32))
 def prepare_cosine(q, T) -> Call:
     """Cosine similarity of q (d,) or (m, d) against the rows of T (n, d) -> (n,) or (m, n) float32. A
     zero vector has similarity 0 against any finite vector; NaN or inf gives NaN. q and T each float32,
@@ -108,6 +135,7 @@ def prepare_cosine(q, T) -> Call:
 
 
 @register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, scratch=_scratch_top_k, split=_split_top_k,
+          partition=_partition_top_k,
           sweep=_sweep(10))
 def prepare_top_k(q, T, k) -> Call:
     """The exact k nearest rows of T (n, d) to q by cosine -> (indices int64, scores float32), scores

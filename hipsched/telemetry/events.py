@@ -17,7 +17,7 @@ SCHEMA_VERSION = 1
 
 # Layout of the tuple Telemetry.record stores (indices used by the writer, store and formatter).
 TS, SEQ, OP, BACKEND, REASON, SIZE, DTYPE, NBYTES, DURATION, PRED_CPU, PRED_GPU, STREAM, SCOPE, FALLBACK, DETAIL, \
-    RESIDENT = range(16)
+    RESIDENT, SPLIT = range(17)
 
 FIELDS = ("v", "ts", "run", "seq", "host", "device", "op", "backend", "reason", "size", "dtype", "bytes",
           "duration_us", "predicted_us", "stream", "phase", "tags", "fallback")
@@ -26,8 +26,9 @@ FIELDS = ("v", "ts", "run", "seq", "host", "device", "op", "backend", "reason", 
 OPTIONAL_IDENT = ("worker", "job")
 # Present only where they apply, last, so every other line is byte for byte what it was: `detail` on
 # events whose reason has one (gpu_unsupported: why the GPU refused the call), `resident` on GPU runs of
-# host inputs (bytes uploaded, bytes read from device copies kept across calls).
-OPTIONAL_EVENT = ("detail", "resident")
+# host inputs (bytes uploaded, bytes read from device copies kept across calls), `split` on calls cut
+# across processors (the shares and each part's rows and time).
+OPTIONAL_EVENT = ("detail", "resident", "split")
 
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -116,6 +117,7 @@ def to_dict(rec, run, host, device, extra=None) -> dict:
         "fallback": None if fb is None else {"backend": text(fb[0]), "error": str(fb[1])},
         **({} if rec[DETAIL] is None else {"detail": str(rec[DETAIL])}),
         **({} if rec[RESIDENT] is None else {"resident": _resident(rec[RESIDENT])}),
+        **({} if rec[SPLIT] is None else {"split": _split(rec[SPLIT])}),
     }
 
 
@@ -123,9 +125,16 @@ def _resident(r) -> dict:
     return {"uploaded": int(r["uploaded"]), "reused": int(r["reused"])}
 
 
+def _split(s) -> dict:
+    return {"shares": {str(k): float(v) for k, v in s["shares"].items()},
+            "parts": [{"backend": str(p["backend"]), "rows": [int(p["rows"][0]), int(p["rows"][1])],
+                       "duration_us": float(p["duration_us"])} for p in s["parts"]],
+            "predicted_us": float(s["predicted_us"]), "balance": float(s["balance"])}
+
+
 _INF = float("inf")  # the range test below also rejects NaN (every comparison with it is False)
 _NUMBERS = ',"size":%d,"bytes":%d,"duration_us":%.3f,"predicted_us":{"cpu":%.3f,"gpu":%.3f}'
-_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s%s%s}\n'
+_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s%s%s%s}\n'
 
 
 class LineFormatter:
@@ -172,7 +181,7 @@ class LineFormatter:
                 f'"predicted_us":{{"cpu":{num(pc)},"gpu":{num(pg)}}}')
 
     def line(self, rec) -> str:
-        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb, detail, resident = rec
+        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb, detail, resident, split = rec
         sec = int(t)
         if sec != self._sec:
             self._sec = sec
@@ -200,8 +209,9 @@ class LineFormatter:
         dt = "" if detail is None else ',"detail":' + json.dumps(str(detail))
         rs = "" if resident is None else ',"resident":{"uploaded":%d,"reused":%d}' % (
             int(resident["uploaded"]), int(resident["reused"]))
+        sp = "" if split is None else ',"split":' + json.dumps(_split(split), separators=(",", ":"))
         return _LINE % (self.head, self._sec_text, micro, self.ident, seq, names, nums, st, sc.phase_json,
-                        sc.tags_json, fbt, dt, rs)
+                        sc.tags_json, fbt, dt, rs, sp)
 
     def dropped_line(self, t, count, total) -> str:
         """The record that reports events lost to a full queue (they are still in the counters)."""

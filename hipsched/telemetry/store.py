@@ -38,8 +38,8 @@ class Counters:
 
     def stats(self, dropped=0) -> BackendStats:
         cells, _ = self.snapshot()
-        n = {"cpu": 0, "gpu": 0}
-        t = {"cpu": 0.0, "gpu": 0.0}
+        n = {"cpu": 0, "gpu": 0, "split": 0}
+        t = {"cpu": 0.0, "gpu": 0.0, "split": 0.0}
         total = fb = 0
         for (op, backend), (count, time_us, fallbacks) in cells.items():
             b = _name(backend)
@@ -48,7 +48,7 @@ class Counters:
             if b in n:
                 n[b] += count
                 t[b] += time_us
-        return BackendStats(total, n["cpu"], n["gpu"], fb, t["cpu"], t["gpu"], dropped)
+        return BackendStats(total, n["cpu"], n["gpu"], fb, t["cpu"], t["gpu"], dropped, n["split"])
 
     def summary(self, dropped=0) -> BackendExecutionSummary:
         cells, errors = self.snapshot()

@@ -17,6 +17,7 @@ class BackendStats:
     cpu_time_us: float = 0.0
     gpu_time_us: float = 0.0
     dropped_events: int = 0      # events the JSONL writer lost to a full queue (still counted here)
+    split_operations: int = 0    # calls cut across the CPU and the GPU (in total_operations, not in cpu/gpu)
 
     @property
     def gpu_fraction(self) -> float:

@@ -8,7 +8,7 @@ from hipsched.scheduling import REASONS, ExecutionStrategy, SelectionReason
 
 # the public values, as logs, saved models and users' code spell them
 PUBLIC_REASONS = ["gpu_available", "gpu_unavailable", "cpu_fallback", "cost_model", "memory_constraint",
-                  "user_preference", "below_min_batch", "gpu_unhealthy", "exploring", "gpu_unsupported"]
+                  "user_preference", "below_min_batch", "gpu_unhealthy", "exploring", "gpu_unsupported", "split"]
 PUBLIC_STRATEGIES = ["automatic", "gpu_preferred", "cpu_preferred", "backend_only"]
 
 

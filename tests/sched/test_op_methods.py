@@ -1,5 +1,5 @@
 """Each op's Executor method and module-level function are generated from its spec: the signature is
-the prepare's parameters followed by keyword-only backend and stream, the docstring the prepare's."""
+the prepare's parameters followed by keyword-only backend, stream and split, the docstring the prepare's."""
 import inspect
 
 import pytest
@@ -21,7 +21,7 @@ def _check(params, op):
         [(p.name, p.kind, p.default) for p in prep]
     rest = params[len(prep):]
     assert [(p.name, p.kind, p.default) for p in rest] == \
-        [("backend", P.KEYWORD_ONLY, "auto"), ("stream", P.KEYWORD_ONLY, None)]
+        [("backend", P.KEYWORD_ONLY, "auto"), ("stream", P.KEYWORD_ONLY, None), ("split", P.KEYWORD_ONLY, None)]
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -51,6 +51,10 @@ def test_generated_method_passes_arguments_as_written():
             seen.append((args, kwargs))
             return "ran"
 
+        def _run_whole(self, *args, **kwargs):
+            seen.append(("whole", args, kwargs))
+            return "ran whole"
+
     f = Fake()
     assert Executor.add(f, 1, 2) == "ran"
     assert Executor.softmax(f, 3, 0, backend="cpu") == "ran"
@@ -60,5 +64,9 @@ def test_generated_method_passes_arguments_as_written():
                     (("softmax", "cpu", None, 3), {"axis": 0}),
                     (("attention", "auto", None, 1, 2, 3), {"causal": False, "scale": None}),
                     (("top_k", "auto", "s", 1, 2, 3), {})]
+    # split=False keeps the call whole; True and None leave it to the model
+    assert Executor.top_k(f, 1, 2, 3, split=False) == "ran whole"
+    assert Executor.top_k(f, 1, 2, 3, split=True) == "ran"
+    assert seen[-2:] == [("whole", ("top_k", "auto", None, 1, 2, 3), {}), (("top_k", "auto", None, 1, 2, 3), {})]
     with pytest.raises(TypeError):
         Executor.add(f, 1, 2, 3)

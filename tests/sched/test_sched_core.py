@@ -228,7 +228,8 @@ def test_counters_are_exact():
     c.record(s, 1, 10, 9.0, ok=False, final=False)
     c.record(s, 0, 10, 3.0, fallback=True)
     assert c.counters() == {"total_operations": 3, "cpu_operations": 2, "gpu_operations": 1,
-                            "fallback_operations": 1, "cpu_time_us": 4.5, "gpu_time_us": 2.5}
+                            "fallback_operations": 1, "split_operations": 0, "cpu_time_us": 4.5,
+                            "gpu_time_us": 2.5}
     c.record(s, 1, 10 ** 6, -1.0)   # work left queued on a stream: counted, not learned from
     assert c.counters()["gpu_operations"] == 2 and c.counters()["gpu_time_us"] == 2.5
     assert [b[1] for b in c.buckets(s, 1)] == [1]   # only the 2.5 us sample at size 10

@@ -1,0 +1,262 @@
+"""Splitting one call across the CPU and the GPU (hipsched/splitting.py): each op's partition merges to
+exactly the unsplit result, the executor runs forced shares exactly and at once, a failed GPU part
+reruns on the CPU, the plan balances the model's two sides, the controls turn it off, and the event
+says what happened."""
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+import hipsched as hs
+from hipsched import _sched
+from hipsched.backends.cpu import CpuBackend
+from hipsched.ops import OPS
+from hipsched.ops.base import Call
+from hipsched.splitting import SplitPlan, Splitter
+
+from fake_gpu import FakeGpuBackend
+
+CPU = CpuBackend()
+
+
+def _inputs(rng):
+    """(op, args, kwargs) of every op that declares a partition, in the forms a split must handle."""
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    T = f(999, 24)
+    T[500] = T[10]            # a tie: the lower index must win across a cut
+    T[7, 3] = np.nan          # a NaN score ranks after every number
+    return [
+        ("top_k", (f(24), T, 7), {}),
+        ("top_k", (f(3, 24), T, 20), {}),
+        ("top_k", (f(24), T[:5], 9), {}),            # k > rows: every row, merged
+        ("cosine_similarity", (f(24), T), {}),
+        ("cosine_similarity", (f(4, 24), T), {}),
+        ("add", (f(300, 17), f(300, 17)), {}),
+        ("add", (f(300, 17), f(17)), {}),             # a bias row: cut a only
+        ("add", (f(4099), f(4099)), {}),              # 1-d: cut on elements
+        ("scale", (f(257, 9), -1.5), {}),
+        ("softmax", (f(129, 33),), {"axis": -1}),
+        ("rms_norm", (f(130, 16), f(16)), {"eps": 1e-5}),
+    ]
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        return all(_same(x, y) for x, y in zip(a, b))
+    return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+
+
+def test_every_split_op_declares_a_partition():
+    declared = {name for name, spec in OPS.items() if spec.partition is not None}
+    assert declared == {"top_k", "cosine_similarity", "add", "scale", "softmax", "rms_norm"}
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_partition_merges_to_the_unsplit_result(rng, case):
+    op, args, kwargs = _inputs(rng)[case]
+    call = OPS[op].prepare(*args, **kwargs)
+    whole = CPU.run(call)
+    part = OPS[op].partition(call)
+    assert part is not None
+    for cuts in ([0, part.rows // 3, part.rows], [0, 1, part.rows - 1, part.rows], [0, part.rows // 2, part.rows]):
+        bounds = list(zip(cuts[:-1], cuts[1:]))
+        # a part is a call of its own: the part's arguments, the whole call's params
+        results = [CPU.run(Call(op, part.args(lo, hi), call.params, 1, 1, call.dtype)) for lo, hi in bounds]
+        assert _same(part.merge(results, bounds), whole), (op, cuts)
+
+
+# ------------------------------------------------------------------ the executor with forced shares
+
+class ForcedSplitter(Splitter):
+    """Every call the model lets through is cut at `gpu_share` of its rows, whatever the model says."""
+
+    gpu_share = 0.4
+
+    def plan(self, call, slot, pc, pg, h2d, d2h):
+        part = OPS[call.op].partition(call) if OPS[call.op].partition else None
+        if part is None:
+            return None
+        cut = min(max(1, part.rows - int(round(self.gpu_share * part.rows))), part.rows - 1)
+        return SplitPlan(part, cut, 1.0, 1.0, 1.0)
+
+
+def _forced(gpu, share, **cfg):
+    """An executor whose every call reaches the cost model (no exploration) and is cut at `share`."""
+    ex = hs.Executor(gpu_backend=gpu, persist_model=False, exploration_share=0.0, **cfg)
+    s = ForcedSplitter(ex._core, ex._cpu, gpu, 0.0, ex._record_split)
+    s.gpu_share = share
+    ex._fast.splitter = s
+    return ex
+
+
+@pytest.mark.parametrize("share", [0.3, 0.75])
+def test_forced_split_is_exactly_the_unsplit_cpu_result(rng, share):
+    gpu = FakeGpuBackend(ops=("add", "scale", "softmax", "cosine_similarity", "top_k", "rms_norm"))
+    with _forced(gpu, share) as ex:
+        for op, args, kwargs in _inputs(rng):
+            before = len(ex.events)
+            got = getattr(ex, op)(*args, **kwargs)
+            assert _same(got, getattr(ex, op)(*args, **kwargs, backend="cpu")), op
+            ev = ex.events[before]
+            assert ev["backend"] == "split" and ev["reason"] == "split", ev
+            parts = ev["split"]["parts"]
+            rows = OPS[op].partition(OPS[op].prepare(*args, **kwargs)).rows
+            assert parts[0]["rows"][0] == 0 and parts[0]["rows"][1] == parts[1]["rows"][0]
+            assert parts[1]["rows"][1] == rows and [p["backend"] for p in parts] == ["cpu", "gpu"]
+            assert ev["split"]["shares"]["gpu"] == pytest.approx((rows - parts[0]["rows"][1]) / rows, abs=1e-6)
+        assert gpu.ok_runs == 11                      # one GPU part per split call
+        st = ex.stats()
+        assert st.split_operations == 11 and ex._core.counters()["split_operations"] == 11
+
+
+def test_each_part_is_learned_as_its_sides_sample(rng):
+    gpu = FakeGpuBackend()
+    with _forced(gpu, 0.5) as ex:
+        q, T = rng.standard_normal(32).astype(np.float32), rng.standard_normal((4000, 32)).astype(np.float32)
+        ex.top_k(q, T, 5)
+        slot = ex._core.slot("top_k", "float32")
+        for backend in (_sched.BACKEND_CPU, _sched.BACKEND_GPU):
+            assert math.isfinite(ex._core.predict(slot, backend, 2000 * 32)), backend
+        # the GPU part's success counts for the breaker like any GPU run
+        assert ex.gpu_health("top_k")["successes"] == 1
+
+
+def test_a_failed_gpu_part_reruns_on_the_cpu(rng):
+    gpu = FakeGpuBackend(fail=lambda call: "launch")
+    with _forced(gpu, 0.6) as ex:
+        q, T = rng.standard_normal(16).astype(np.float32), rng.standard_normal((3000, 16)).astype(np.float32)
+        got = ex.top_k(q, T, 12)
+        assert _same(got, ex.top_k(q, T, 12, backend="cpu"))
+        ev = [e for e in ex.events if e["backend"] == "split"][-1]
+        assert ev["fallback"]["backend"] == "gpu" and "launch" in ev["fallback"]["error"]
+        assert [p["backend"] for p in ev["split"]["parts"]] == ["cpu", "cpu"]
+        h = ex.gpu_health("top_k")
+        assert h["failures"] == 1 and h["successes"] == 0
+        assert ex.stats().fallback_operations == 1
+
+
+class SleepyCpu:
+    """A CPU backend whose runs take `us` of wall time without holding the GIL (a kernel's threads)."""
+
+    def __init__(self, us):
+        self.us = us
+
+    def run(self, call):
+        time.sleep(self.us * 1e-6)
+        return CPU.run(call)
+
+    def run_device_data(self, call):  # pragma: no cover - host data only here
+        raise AssertionError
+
+
+def test_the_parts_run_at_once(rng):
+    gpu = FakeGpuBackend(cost_us=None)
+    gpu_run = gpu.run
+
+    def slow_run(call, stream=None):
+        time.sleep(0.05)
+        return gpu_run(call, stream)
+    gpu.run = slow_run
+    ex = hs.Executor(gpu_backend=gpu, cpu_backend=SleepyCpu(50000), persist_model=False, exploration_share=0.0)
+    s = ForcedSplitter(ex._core, ex._cpu, gpu, 0.0, ex._record_split)
+    ex._fast.splitter = s
+    with ex:
+        q, T = rng.standard_normal(8).astype(np.float32), rng.standard_normal((1000, 8)).astype(np.float32)
+        ex.cosine_similarity(q, T)
+        ev = [e for e in ex.events if e["backend"] == "split"][-1]
+        parts = ev["split"]["parts"]
+        assert min(p["duration_us"] for p in parts) >= 45000
+        # one after the other would take the sum; at once, the longer part and little more
+        assert ev["duration_us"] < 0.8 * sum(p["duration_us"] for p in parts), ev
+        assert ev["split"]["balance"] > 0.8
+
+
+# ------------------------------------------------------------------ planning from the model
+
+def _core_with(cpu_us_per_item, gpu_us_per_item, gpu_fixed_us=50.0, sizes=(1e5, 1e6, 1e7, 1e8)):
+    core = _sched.SchedCore(window=100, min_batch=64, min_samples=1, exploration_share=0.0)
+    slot = core.slot("top_k", "float32")
+    for size in sizes:
+        for _ in range(3):
+            core.record(slot, _sched.BACKEND_CPU, size, size * cpu_us_per_item)
+            core.record(slot, _sched.BACKEND_GPU, size, gpu_fixed_us + size * gpu_us_per_item)
+    return core, slot
+
+
+def _call(n=200000, d=64):
+    rng = np.random.default_rng(0)
+    return OPS["top_k"].prepare(rng.standard_normal(d).astype(np.float32),
+                                rng.standard_normal((n, d)).astype(np.float32), 10)
+
+
+def _plan(core, slot, call, h2d=0.0, min_us=0.0):
+    s = Splitter(core, CPU, None, min_us, lambda *a: None)
+    _, _, pc, pg = core.decide(slot, call.size, h2d, 0.0, 0, False)
+    return s.plan(call, slot, pc, pg, h2d, 0.0), pc, pg
+
+
+@pytest.mark.parametrize("ratio", [1.0, 3.0, 0.5])
+def test_the_plan_balances_the_two_sides(ratio):
+    """The GPU ratio times faster per item: its share is ratio / (1 + ratio), and both sides are
+    predicted to finish together, sooner than either alone."""
+    core, slot = _core_with(1e-3, 1e-3 / ratio)
+    call = _call()
+    plan, pc, pg = _plan(core, slot, call)
+    assert plan is not None
+    assert plan.gpu_share == pytest.approx(ratio / (1 + ratio), abs=0.03)
+    assert plan.predicted_cpu_us == pytest.approx(plan.predicted_gpu_us, rel=0.06)
+    assert plan.predicted_us < 0.9 * min(pc, pg)
+
+
+def test_copies_move_rows_to_the_cpu():
+    core, slot = _core_with(1e-3, 1e-3)
+    call = _call()
+    free, _, _ = _plan(core, slot, call)
+    paying, _, _ = _plan(core, slot, call, h2d=call.nbytes)   # the corpus uploaded on every call
+    assert paying.gpu_share < free.gpu_share
+
+
+def test_no_split_for_short_calls_or_an_unknown_side_or_a_lopsided_pair():
+    core, slot = _core_with(1e-3, 1e-3)
+    call = _call()
+    plan, pc, pg = _plan(core, slot, call)
+    assert plan is not None
+    assert _plan(core, slot, call, min_us=1.01 * min(pc, pg))[0] is None   # predicted shorter than split_min_us
+    lone = _sched.SchedCore(min_samples=1, exploration_share=0.0)
+    s = lone.slot("top_k", "float32")
+    lone.record(s, _sched.BACKEND_CPU, 1e7, 1e4)
+    assert _plan(lone, s, call)[0] is None                 # the GPU never measured
+    core, slot = _core_with(1e-3, 1e-5)                    # a GPU 100x faster: the CPU would only slow it
+    assert _plan(core, slot, call)[0] is None
+
+
+def test_controls_turn_splitting_off(rng):
+    q, T = rng.standard_normal(16).astype(np.float32), rng.standard_normal((2000, 16)).astype(np.float32)
+    with hs.Executor(gpu_backend=FakeGpuBackend(), persist_model=False, split=False) as ex:
+        assert ex._fast.splitter is None
+    with hs.Executor(gpu_backend=FakeGpuBackend(available=False), persist_model=False) as ex:
+        assert ex._fast.splitter is None                   # nothing to split across
+    with _forced(FakeGpuBackend(), 0.5) as ex:
+        ex.top_k(q, T, 3, split=False)
+        ex.top_k(q, T, 3, backend="gpu")
+        ex.top_k(q, T, 3, backend="cpu")
+        assert [e["backend"] for e in ex.events] == ["cpu", "gpu", "cpu"]
+        ex.top_k(q, T, 3)
+        assert ex.events[-1]["backend"] == "split"
+
+
+def test_the_split_event_is_schema_valid_and_its_line_the_same(rng, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    from hipsched.telemetry.events import schema_path
+    schema = json.load(open(schema_path()))
+    log = tmp_path / "t.jsonl"
+    with _forced(FakeGpuBackend(), 0.5, telemetry_path=str(log)) as ex:
+        ex.cosine_similarity(rng.standard_normal(8).astype(np.float32), rng.standard_normal((100, 8)).astype(np.float32))
+        mem = ex.events[-1]
+    line = json.loads(log.read_text().splitlines()[-1])
+    for ev in (mem, line):
+        jsonschema.validate(ev, schema)
+    assert {k: v for k, v in line.items() if k != "ts"} == {k: v for k, v in mem.items() if k != "ts"}
+    assert line["split"]["parts"][1]["rows"] == [50, 100]
