@@ -115,7 +115,25 @@ def gather() -> dict:
             info["call_path"] = _call_path(rt)
         except GpuError as e:
             info["devices_error"] = str(e)
+    info["splitting"] = _splitting(bool(info["devices"]))
     return info
+
+
+def _splitting(gpu: bool) -> dict:
+    """Whether an executor made now would cut long calls across the CPU and the GPU (the config's split,
+    split_min_us; hipsched/splitting.py)."""
+    # deferred: the op specs (numpy) load only when the command runs
+    from ..ops import OPS
+    try:
+        cfg = HybridConfig()
+    except Exception as e:  # a bad config is reported, not a crash of `info`
+        return {"on": False, "why": f"config: {e}"}
+    ops = sorted(name for name, spec in OPS.items() if spec.partition is not None)
+    if not cfg.split:
+        return {"on": False, "why": "split = false in the config", "ops": ops}
+    if not gpu:
+        return {"on": False, "why": "no GPU to split with", "ops": ops}
+    return {"on": True, "min_us": cfg.split_min_us, "ops": ops}
 
 
 def run(args) -> int:
@@ -150,6 +168,10 @@ def run(args) -> int:
     if r:
         print(f"Resident inputs: up to {r['budget_bytes'] / 2**30:.1f} GiB of device memory ({r['budget_source']}); "
               f"kept: {r['kept']}")
+    sp = info["splitting"]
+    print("Splitting calls across CPU and GPU: " + (
+        f"on for calls predicted over {sp['min_us'] / 1e3:g} ms ({', '.join(sp['ops'])})" if sp["on"]
+        else f"off ({sp['why']})"))
     print("Compilers (work without a device):")
     for platform, c in info["compilers"].items():
         print(f"  {platform:<7} " + (f"{c['version']} ({c['library']})" if "version" in c else c["error"]))

@@ -12,7 +12,11 @@ Method, so the numbers can be trusted:
   correct when it ran on the side with the lower median (either side within the tie band); regret is
   the observed time of calls on the slower side minus what the faster side's median would have taken.
   Calls the cost model did not decide (NOT_ROUTED: forced, unhealthy GPU, capacity, exploration) are
-  left out.
+  left out. A call split across both sides (backend "split") is correct when the bucket's split median is
+  within the tie band of the faster single side's median or below it, and its regret is its time beyond
+  that median.
+- Splits: per op, how many calls were split, the GPU's mean share of the rows, and the balance achieved
+  (the event's `split.balance`: the rows' time at the parts' summed throughputs over the call's time).
 - Events duplicated across the inputs (same run and sequence number) count once, so logs merge by run id."""
 from __future__ import annotations
 
@@ -112,6 +116,7 @@ class Analyzer:
         self.gpu_health = {}   # op -> [gpu_ok, gpu_failed, breaker_opened]
         self.gpu_bytes = {}    # op -> [bytes of GPU calls, their time]
         self.reasons = {}      # reason -> count
+        self.splits = {}       # op -> [calls, sum of balance, least balance, sum of GPU share, time]
         self.phases = {}       # (phase, backend) -> [count, time]
         self._unhealthy = {}   # (run, op) -> last decision was gpu_unhealthy
         self.dropped = 0
@@ -195,6 +200,15 @@ class Analyzer:
             if fb.get("backend") == "gpu":
                 health[1] += 1
             return True
+        sp = d.get("split") if backend == "split" else None
+        if isinstance(sp, dict):
+            s = self.splits.setdefault(label, [0, 0.0, math.inf, 0.0, 0.0])
+            bal = float(sp.get("balance") or 0.0)
+            s[0] += 1
+            s[1] += bal
+            s[2] = min(s[2], bal)
+            s[3] += float((sp.get("shares") or {}).get("gpu") or 0.0)
+            s[4] += dur or 0.0
         if backend == "gpu":
             health[0] += 1
             gb = self.gpu_bytes.setdefault(label, [0, 0.0])
@@ -282,10 +296,15 @@ class Analyzer:
             best, worst = min(cpu, gpu), max(cpu, gpu)
             tie = worst <= best * (1 + self.tie_band)
             acc["judged"] += n_routed
-            acc["correct"] += n_routed if tie else b.routed.get(better, 0)
+            acc["correct"] += n_routed - b.routed.get("split", 0) if tie else b.routed.get(better, 0)
             acc["time_us"] += sum(b.routed_time.values())
             n_worse = b.routed.get(worse, 0)
             acc["regret_us"] += max(0.0, b.routed_time.get(worse, 0.0) - n_worse * best)
+            n_split = b.routed.get("split", 0)
+            if n_split:   # a split is right when it beats (or ties) the faster side alone
+                if b.p50("split") <= best * (1 + self.tie_band):
+                    acc["correct"] += n_split
+                acc["regret_us"] += max(0.0, b.routed_time["split"] - n_split * best)
         rows = []
         for op in sorted(per_op, key=str):
             a = per_op[op]
@@ -313,6 +332,11 @@ class Analyzer:
                     "sizes to the log")
         return (f"{tot['unjudged']} cost-model decisions not judged: their size buckets have fewer than {m} calls "
                 "on one side (`hipsched demo --oracle` measures both sides of every call)")
+
+    def split_table(self):
+        return [{"op": op, "calls": n, "mean_balance": bal / n, "min_balance": least, "mean_gpu_share": share / n,
+                 "time_us": t}
+                for op, (n, bal, least, share, t) in sorted(self.splits.items(), key=lambda kv: str(kv[0])) if n]
 
     def op_table(self):
         rows = []
@@ -356,6 +380,7 @@ class Analyzer:
             "speedup": sp,
             "crossover": self.crossovers(sp),
             "routing": self.routing(),
+            "splits": self.split_table(),
             "fallbacks": [{"op": op, "backend": b, "error": e, "count": n}
                           for (op, b, e), n in sorted(self.fallbacks.items(), key=lambda kv: -kv[1])],
             "gpu_health": self.health(),

@@ -110,6 +110,13 @@ def render(res: dict) -> str:
     if ro.get("not_judged_reason"):
         out.append(f"  {ro['not_judged_reason']}")
 
+    splits = res.get("splits") or []
+    if splits:
+        out.append("\nSplit calls (cut across the CPU and the GPU; balance 1.0: both sides finished together)")
+        out += _table(["op", "calls", "GPU share", "balance mean", "balance min", "total"],
+                      [[r["op"], r["calls"], f"{r['mean_gpu_share']:.0%}", f"{r['mean_balance']:.2f}",
+                        f"{r['min_balance']:.2f}", _t(r["time_us"])] for r in splits])
+
     out.append("\nFallbacks by error")
     out += _table(["op", "from", "count", "error"],
                   [[f["op"], f["backend"], f["count"], f["error"]] for f in res.get("fallbacks", [])])

@@ -1,7 +1,9 @@
 """Chrome trace-event JSON (chrome://tracing, Perfetto) written while the log streams by: one complete
 ("X") event per call, one process per (host, run) and one track per backend and stream, named with
 metadata ("M") events at the end; events of a distributed job's worker (a `worker` field) share one
-process per worker instead. Calls from several threads overlap in time, and slices on one track
+process per worker instead. A call split across processors is a slice on the SPLIT track and each of
+its parts a slice, from the call's start, on the track of the backend that ran it (the CPU and GPU lanes
+show the two sides working at once). Calls from several threads overlap in time, and slices on one track
 must nest, so overlapping calls go to extra lanes of their track ("CPU #2", ...). A lane keeps only the
 span it covers: for a log in completion order (as the writer writes it) the lanes match the calls in
 flight at once; input far out of order could open more, so a track has at most MAX_LANES, the last
@@ -60,9 +62,21 @@ class TraceWriter:
             args["error"] = fb.get("error")
         if d.get("tags"):
             args["tags"] = d["tags"]
+        sp = d.get("split") if backend == "split" else None
+        if isinstance(sp, dict):
+            args["shares"], args["balance"] = sp.get("shares"), sp.get("balance")
         self._emit({"name": name, "cat": backend, "ph": "X", "ts": start, "dur": dur,
                     "pid": pid, "tid": tid, "args": args})
         self.count += 1
+        for part in (sp.get("parts") or []) if isinstance(sp, dict) else ():
+            pdur = part.get("duration_us")
+            if not isinstance(pdur, (int, float)):
+                continue
+            pb = str(part.get("backend"))
+            ptid = self._lane(pid, pb, stream, start, start + pdur)
+            self._emit({"name": f"{d.get('op', '?')} rows {part.get('rows')}", "cat": pb, "ph": "X", "ts": start,
+                        "dur": pdur, "pid": pid, "tid": ptid, "args": {"split_of": d.get("seq"),
+                                                                        "rows": part.get("rows")}})
 
     def _lane(self, pid, backend, stream, start, end) -> int:
         """The tid of the first lane whose covered span this slice stays clear of (a new lane if none,

@@ -125,6 +125,11 @@ def test_judge_accuracy_regret_and_ties():
     best = 50 + 50 + 100 + 10
     assert o["regret"] == pytest.approx((100 + 60 + 100 + 50 - best) / best)
     assert o["choice_regret"] == pytest.approx((100 + 50 + 100 + 50 - best) / best)
+    # a split call is right when it beat (or tied) the faster side alone; its own time is its choice's
+    split = demo.judge([_ev("top_k", "split", 40.0, "split"), _ev("top_k", "split", 90.0, "split")],
+                       [(_ev("top_k", "cpu", 100.0), _ev("top_k", "gpu", 60.0))] * 2)["overall"]
+    assert (split["judged"], split["correct"], split["misses"]) == (2, 1, {"split": 1})
+    assert split["choice_regret"] == pytest.approx((40 + 90 - 120) / 120)
     # a forced GPU run that fell back leaves one side: not judged
     fell = dict(_ev("top_k", "cpu", 5.0), fallback={"backend": "gpu", "error": "x"})
     assert demo.judge([_ev("top_k", "cpu", 5.0)], [(_ev("top_k", "cpu", 5.0), fell)])["overall"]["judged"] == 0

@@ -378,3 +378,45 @@ def test_half_precision_calls_have_their_own_rows_and_crossover():
     speed = {r["op"]: r["speedup"] for r in res["speedup"]}
     assert speed["add"] < 1 < speed["add[float16]"]
     assert [h["op"] for h in res["gpu_health"]] == ["add"]
+
+
+def _split_ev(seq, dur, cpu_us, gpu_us, share=0.5, rows=1000, balance=None):
+    cut = rows - int(share * rows)
+    if balance is None:
+        balance = (rows / (cut / cpu_us + (rows - cut) / gpu_us)) / dur
+    return _ev(seq, op="top_k", backend="split", reason="split", size=1 << 20, dur=dur,
+               split={"shares": {"cpu": 1 - share, "gpu": share},
+                      "parts": [{"backend": "cpu", "rows": [0, cut], "duration_us": cpu_us},
+                                {"backend": "gpu", "rows": [cut, rows], "duration_us": gpu_us}],
+                      "predicted_us": dur, "balance": balance})
+
+
+def test_split_calls_are_tabulated_judged_and_traced(tmp_path):
+    """Splits get their own table (calls, GPU share, balance); routing counts a split right when it beats
+    the faster side's median; the trace puts each part on its backend's track, from the call's start."""
+    recs = [_ev(i, op="top_k", size=1 << 20, dur=1000.0, reason="exploring") for i in range(3)]        # CPU alone
+    recs += [_ev(10 + i, op="top_k", backend="gpu", size=1 << 20, dur=800.0, reason="exploring") for i in range(3)]
+    recs += [_split_ev(20 + i, 480.0, 470.0, 460.0) for i in range(4)]                                 # better
+    recs += [_split_ev(30, 3000.0, 2990.0, 400.0, balance=0.3)]
+    path = tmp_path / "s.jsonl"
+    _write(path, recs)
+    trace = tmp_path / "t.json"
+    res = analysis.analyze([str(path)], trace=str(trace))
+    (row,) = res["splits"]
+    assert row["op"] == "top_k" and row["calls"] == 5 and row["mean_gpu_share"] == pytest.approx(0.5)
+    assert row["min_balance"] == pytest.approx(0.3) and 0.3 < row["mean_balance"] < 1.0
+    ro = {r["op"]: r for r in res["routing"]["per_op"]}["top_k"]
+    # 5 cost-model decisions, all splits; the bucket's split median (480 us) beats the GPU's 800 us
+    assert ro["judged"] == 5 and ro["correct"] == 5
+    # regret, as for either side: the splits' time beyond what the faster side's median would have taken
+    assert ro["regret_us"] == pytest.approx(4 * 480.0 + 3000.0 - 5 * 800.0)
+    from hipsched.telemetry.report import render
+    assert "Split calls" in render(res)
+    evs = json.load(open(trace))["traceEvents"]
+    tracks = {m["tid"]: m["args"]["name"] for m in evs if m["name"] == "thread_name"}
+    parts = [e for e in evs if e["ph"] == "X" and "split_of" in e["args"]]
+    assert len(parts) == 10
+    split = next(e for e in evs if e["ph"] == "X" and e["cat"] == "split" and e["args"]["seq"] == 30)
+    mine = [e for e in parts if e["args"]["split_of"] == 30]
+    assert {tracks[e["tid"]].split(" #")[0] for e in mine} == {"CPU", "GPU"}
+    assert all(e["ts"] == split["ts"] for e in mine) and split["args"]["balance"] == 0.3
