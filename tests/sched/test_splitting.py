@@ -14,9 +14,10 @@ from hipsched import _sched
 from hipsched.backends.cpu import CpuBackend
 from hipsched.ops import OPS
 from hipsched.ops.base import Call
-from hipsched.splitting import SplitPlan, Splitter
+from hipsched.splitting import Splitter
 
 from fake_gpu import FakeGpuBackend
+from forced_split import force_split
 
 CPU = CpuBackend()
 
@@ -69,26 +70,9 @@ def test_partition_merges_to_the_unsplit_result(rng, case):
 
 # ------------------------------------------------------------------ the executor with forced shares
 
-class ForcedSplitter(Splitter):
-    """Every call the model lets through is cut at `gpu_share` of its rows, whatever the model says."""
-
-    gpu_share = 0.4
-
-    def plan(self, call, slot, pc, pg, h2d, d2h):
-        part = OPS[call.op].partition(call) if OPS[call.op].partition else None
-        if part is None:
-            return None
-        cut = min(max(1, part.rows - int(round(self.gpu_share * part.rows))), part.rows - 1)
-        return SplitPlan(part, cut, 1.0, 1.0, 1.0)
-
-
 def _forced(gpu, share, **cfg):
     """An executor whose every call reaches the cost model (no exploration) and is cut at `share`."""
-    ex = hs.Executor(gpu_backend=gpu, persist_model=False, exploration_share=0.0, **cfg)
-    s = ForcedSplitter(ex._core, ex._cpu, gpu, 0.0, ex._record_split)
-    s.gpu_share = share
-    ex._fast.splitter = s
-    return ex
+    return force_split(hs.Executor(gpu_backend=gpu, persist_model=False, exploration_share=0.0, **cfg), share)
 
 
 @pytest.mark.parametrize("share", [0.3, 0.75])
@@ -160,9 +144,7 @@ def test_the_parts_run_at_once(rng):
         return gpu_run(call, stream)
     gpu.run = slow_run
     ex = hs.Executor(gpu_backend=gpu, cpu_backend=SleepyCpu(50000), persist_model=False, exploration_share=0.0)
-    s = ForcedSplitter(ex._core, ex._cpu, gpu, 0.0, ex._record_split)
-    ex._fast.splitter = s
-    with ex:
+    with force_split(ex, 0.4):
         q, T = rng.standard_normal(8).astype(np.float32), rng.standard_normal((1000, 8)).astype(np.float32)
         ex.cosine_similarity(q, T)
         ev = [e for e in ex.events if e["backend"] == "split"][-1]
