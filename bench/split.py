@@ -30,10 +30,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-import hipsched as hs  # noqa: E402
-from hipsched.backends.interface import GpuBackendBase  # noqa: E402
-from hipsched.ops.base import host_arrays  # noqa: E402
+import hipsched as hs
+from hipsched.backends.interface import GpuBackendBase
 
 
 class SleepingGpu(GpuBackendBase):

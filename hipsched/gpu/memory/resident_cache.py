@@ -199,14 +199,38 @@ class ResidentCache:
             return None   # the handle froze it; write access came back behind its back: upload, never trust
         return entry.dev
 
+    def _view_of_kept(self, host: np.ndarray, dropped: list):
+        """A device view into a kept copy for a read-only C-contiguous host array whose bytes lie inside a
+        kept array's (a row range of a kept corpus: the GPU's part of a call split across processors,
+        hipsched/splitting.py), or None. The view needs no stamp of its own: read-only, its bytes are
+        those of the kept array, which `_lookup` checks as for the array itself. Caller holds the lock."""
+        if host.base is None or host.flags.writeable or not host.flags.c_contiguous or not host.nbytes:
+            return None
+        lo = host.ctypes.data
+        hi = lo + host.nbytes
+        for entry in list(self._entries.values()):
+            kept = entry.ref()
+            if kept is None:
+                continue
+            start = kept.ctypes.data
+            if start <= lo and hi <= start + kept.nbytes:
+                dev = self._lookup(kept, dropped, _resident.handle_of(kept) is not None)
+                if dev is None:
+                    return None
+                return DeviceArray(dev.ptr + (lo - start), host.shape, host.dtype, self.runtime, owner=dev,
+                                   stream=dev.stream, device=dev.device)
+        return None
+
     def is_resident(self, host) -> bool:
-        """True when `get(host)` would reuse a device copy (no transfer)."""
+        """True when `get(host)` would reuse a device copy (no transfer): its own, or a view into a kept
+        array that holds its bytes."""
         if not isinstance(host, np.ndarray):
             return False
         registered = _resident.handle_of(host) is not None
         with self._lock:
             dropped = self._purge()
-            resident = self._lookup(host, dropped, registered) is not None
+            resident = self._lookup(host, dropped, registered) is not None or (
+                not registered and self._view_of_kept(host, dropped) is not None)
         return resident
 
     def would_keep(self, host: np.ndarray, immutable: bool = False) -> bool:
@@ -219,7 +243,8 @@ class ResidentCache:
         return host.nbytes <= self.max_bytes - self.pinned_bytes and (immutable or _immutable(host))
 
     def get(self, host: np.ndarray, stream=0, immutable: bool = False) -> DeviceArray:
-        """The device copy of `host`: a kept one if there is one for exactly these bytes, else uploaded
+        """The device copy of `host`: a kept one if there is one for exactly these bytes (or a view into a
+        kept array holding them, for a read-only row range of it), else uploaded
         (and kept when `host` is immutable, or `immutable` says its owner guarantees it, and it fits).
         A ResidentArray's host array is pinned on first use here (uploaded once, then kept in step by
         its updates)."""
@@ -230,6 +255,10 @@ class ResidentCache:
             if dev is not None:
                 self._entries.move_to_end(id(host))
                 self.hits += 1
+            elif handle is None:
+                dev = self._view_of_kept(host, dropped)
+                if dev is not None:
+                    self.hits += 1
         del dropped
         if dev is not None:
             self._count(0, dev.nbytes)

@@ -77,3 +77,29 @@ def test_a_failing_gpu_part_reruns_on_the_cpu_exactly(rt, tmp_path):
         wi, ws = ex.top_k(q, T, 7, backend="cpu")
         np.testing.assert_array_equal(idx, wi)
         np.testing.assert_array_equal(sc, ws)     # every row on the CPU: exactly its whole answer
+
+
+@pytest.mark.parametrize("kept_by", ["read-only", "resident handle"])
+def test_the_gpu_part_reads_a_kept_corpus_in_place(rt, tmp_path, kept_by):
+    """A corpus kept on the device (read-only, or registered with Executor.resident) is not uploaded again
+    for the GPU's rows of a split: its part reads a view into the kept copy."""
+    rng = np.random.default_rng(13)
+    T = rng.standard_normal((400, 32), dtype=np.float32)
+    q = rng.standard_normal(32, dtype=np.float32)
+    with _executor(rt, tmp_path, 0.5) as ex:
+        if kept_by == "read-only":
+            T.flags.writeable = False
+            ex.top_k(q, T, 5, backend="gpu")          # uploads and keeps it
+        else:
+            T = ex.resident(T).host
+        cache = ex._gpu._ctx.resident
+        hits, misses = cache.hits, cache.misses
+        idx, sc = ex.top_k(q, T, 5)
+        ev = ex.events[-1]
+        assert ev["backend"] == "split"
+        # (the GPU part runs on the splitter's thread: the cache's counts, not this thread's totals)
+        assert cache.hits - hits == 1                  # the GPU's rows: a view into the kept copy
+        assert cache.misses - misses == 1              # the query, uploaded
+        wi, ws = ex.top_k(q, T, 5, backend="cpu")
+        np.testing.assert_array_equal(idx, wi)
+        np.testing.assert_allclose(sc, ws, rtol=1e-5, atol=1e-6)

@@ -138,3 +138,25 @@ def test_fingerprint_is_taken_before_the_upload():
     assert not cache.is_resident(w)
     dev = cache.get(w)
     assert np.frombuffer(ctypes.string_at(dev.ptr, w.nbytes), np.float32)[0] == 7.0
+
+
+def test_a_read_only_row_range_of_a_kept_array_is_served_from_its_copy():
+    """The GPU's rows of a call split across processors are a view of the corpus: a view inside a kept
+    array is read from the kept copy at its offset, with no upload, and only while the array is kept."""
+    rt = HostMemoryRuntime()
+    cache = ResidentCache(rt, max_bytes=1 << 20)
+    T = frozen(np.arange(4000, dtype=np.float32).reshape(400, 10).copy())   # owns its bytes: kept
+    full = cache.get(T)
+    rows = T[150:390]
+    assert cache.is_resident(rows)
+    misses = cache.misses
+    view = cache.get(rows)
+    assert cache.misses == misses                                  # nothing uploaded
+    assert view.ptr == full.ptr + 150 * 10 * 4 and view.shape == (240, 10)
+    np.testing.assert_array_equal(view.get(), rows)
+    strided = T[:, :5]                                             # not one span of bytes: uploaded
+    assert not cache.is_resident(strided)
+    other = frozen(np.arange(4000, dtype=np.float32).reshape(400, 10).copy())
+    assert not cache.is_resident(other[10:20])                     # same values, not kept
+    cache.invalidate(T)
+    assert not cache.is_resident(rows)                             # the copy is gone: so is the view
