@@ -321,6 +321,7 @@ cdef class FastPath:
         if split and d.reason == R_COST_MODEL and self.splitter is not None and not call.on_device:
             plan = self.splitter.plan(call, d.slot, d.pc, d.pg, d.h2d, d.d2h)
             if plan is not None:
+                self.tls.h2d = None   # the decision's upload count is _run_gpu's, for this call only
                 return self.splitter.run(plan, call, d.slot, d.pc, d.pg, d.h2d, d.d2h, stream)
         if d.backend == GPU:
             if key is None:

@@ -12,8 +12,10 @@ failure counts against the GPU's health like any GPU run's. docs/scheduling.md, 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from ._sched import BACKEND_CPU, BACKEND_GPU
@@ -63,6 +65,10 @@ class Splitter:
         self.record_event = record_event     # (call, duration_us, pc, pg, fallback, split dict) -> None
         self._pool = None
         self._pool_lock = threading.Lock()
+        # a forked child has the pool object but not its thread: a part submitted there would wait
+        # forever, so the child starts afresh (a weak reference: the hook outlives the executor)
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (s := ref()) is not None and s._forget_pool())
 
     # ------------------------------------------------------------------ planning
     def plan(self, call, slot: int, pc: float, pg: float, h2d: float, d2h: float) -> SplitPlan | None:
@@ -120,6 +126,10 @@ class Splitter:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipsched-split")
         return self._pool
+
+    def _forget_pool(self) -> None:
+        self._pool = None
+        self._pool_lock = threading.Lock()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -242,3 +242,22 @@ def test_the_split_event_is_schema_valid_and_its_line_the_same(rng, tmp_path):
         jsonschema.validate(ev, schema)
     assert {k: v for k, v in line.items() if k != "ts"} == {k: v for k, v in mem.items() if k != "ts"}
     assert line["split"]["parts"][1]["rows"] == [50, 100]
+
+
+def test_a_forked_child_splits_without_the_parents_worker_thread(rng):
+    """The child of a fork has the parent's pool object but not its thread: its split calls must start
+    their own, not wait forever for a thread that is not there."""
+    import os
+    import signal
+    q, T = rng.standard_normal(16).astype(np.float32), rng.standard_normal((3000, 16)).astype(np.float32)
+    with _forced(FakeGpuBackend(), 0.5) as ex:
+        ex.top_k(q, T, 4)                           # the parent's worker thread exists now
+        want = ex.top_k(q, T, 4, backend="cpu")
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            signal.alarm(30)                        # a hang ends the child (and fails the test)
+            got = ex.top_k(q, T, 4)
+            ok = ex.events[-1]["backend"] == "split" and _same(got, want)
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
