@@ -66,6 +66,55 @@ HS_DEV void hs_softmax_rows_body(const E* __restrict__ x, E* __restrict__ y, hs_
     }
 }
 
+// inner == 1, the row in registers: one block per row, each thread holding up to PACKS 8-element packs
+// (pack p = threadIdx.x + k * blockDim.x, k < PACKS) as float. One pass over global memory: the row is
+// read once with 16-byte loads, max, exponentials and sum come from registers, and the result is
+// written once; the shared-memory kernel above re-reads its copy twice and moves 4 or 8 bytes per
+// access. Needs len % 8 == 0, 16-byte aligned x and y, and len <= 8 * PACKS * blockDim.x (the glue
+// picks PACKS and the block so; longer rows take the kernels above). The packs a thread holds and the
+// order it sums them in do not depend on E, so a half type's result is the float32 kernel's on the
+// widened row, rounded.
+template <int PACKS, class E>
+HS_DEV void hs_softmax_regs_body(const E* __restrict__ x, E* __restrict__ y, hs_i64 rows, hs_i64 len,
+                                 float* scratch) {
+    const hs_i64 np = len / 8;
+    for (hs_i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const E* xr = x + r * len;
+        E* yr = y + r * len;
+        float v[PACKS][8];
+        float m = -HS_INF;
+#pragma unroll
+        for (int k = 0; k < PACKS; ++k) {
+            const hs_i64 p = threadIdx.x + (hs_i64)k * blockDim.x;
+            if (p < np) {
+                hs_ld8(xr, p, v[k]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) m = HsMax::op(m, v[k][e]);
+            }
+        }
+        m = hs_block_max(m, scratch);
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PACKS; ++k) {
+            if (threadIdx.x + (hs_i64)k * blockDim.x < np) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[k][e] = hs_exp(v[k][e] - m);
+                s += hs_sum8(v[k]);
+            }
+        }
+        s = hs_block_sum(s, scratch);
+#pragma unroll
+        for (int k = 0; k < PACKS; ++k) {
+            const hs_i64 p = threadIdx.x + (hs_i64)k * blockDim.x;
+            if (p < np) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[k][e] = v[k][e] / s;
+                hs_st8(yr, p, v[k]);
+            }
+        }
+    }
+}
+
 // inner > 1 (softmax over a middle or leading axis): one thread per (outer, inner) column, walking the
 // axis with stride `inner`, so neighbouring threads read neighbouring addresses.
 template <class E>
@@ -96,6 +145,18 @@ HS_DEV void hs_softmax_strided_body(const E* __restrict__ x, E* __restrict__ y, 
         extern __shared__ float row[];                                                                          \
         __shared__ float scratch[HS_MAX_WARPS];                                                                 \
         hs_softmax_rows_body<4, T>(x, y, rows, len, cached, row, scratch);                                      \
+    }                                                                                                           \
+    HS_KERNEL void hs_softmax_regs_##S##_p1(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len) { \
+        __shared__ float scratch[HS_MAX_WARPS];                                                                 \
+        hs_softmax_regs_body<1, T>(x, y, rows, len, scratch);                                                   \
+    }                                                                                                           \
+    HS_KERNEL void hs_softmax_regs_##S##_p2(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len) { \
+        __shared__ float scratch[HS_MAX_WARPS];                                                                 \
+        hs_softmax_regs_body<2, T>(x, y, rows, len, scratch);                                                   \
+    }                                                                                                           \
+    HS_KERNEL void __launch_bounds__(1024) hs_softmax_regs_##S##_p4(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len) { \
+        __shared__ float scratch[HS_MAX_WARPS];                                                                 \
+        hs_softmax_regs_body<4, T>(x, y, rows, len, scratch);                                                   \
     }                                                                                                           \
     HS_KERNEL void hs_softmax_strided_##S(const T* __restrict__ x, T* __restrict__ y, hs_i64 outer, hs_i64 len,  \
                                           hs_i64 inner) {                                                       \
