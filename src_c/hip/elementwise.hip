@@ -11,9 +11,10 @@
 // B * L bytes requested and not yet returned. An H100 (132 SMs) copies at ~3.0 TB/s with ~600-800 ns
 // of DRAM latency under load: ~2.1 MB in flight, ~16 KB per SM. A thread with one 16-byte load
 // outstanding, at the full 2048 resident threads, covers 32 KB per SM: enough only at full occupancy
-// and with nothing else in the way. Two packs per input per thread, both loads issued before any
-// arithmetic, put 64 B (scale) or 128 B (add) per thread in flight: 4-8x the need, so latency stays
-// hidden at a quarter of the occupancy too, and the loop's bookkeeping is paid once per 32 bytes.
+// and with nothing else in the way. Two packs per input per thread, all loads issued before any
+// arithmetic, put 64 B (scale) or 128 B (add) per thread in flight; these kernels take up to 64
+// registers on sm_90, so an SM keeps 1024 of their threads (the grid is sized for that): 64-128 KB per
+// SM, 4-8x the need, and the loop's bookkeeping is paid once per 32 bytes of each input.
 
 struct HsAddOp {
     static HS_DEV float f(float a, float b, float) { return a + b; }

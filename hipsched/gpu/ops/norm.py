@@ -1,5 +1,7 @@
-"""GPU launch glue for rms_norm (kernel: src_c/hip/norm.hip): one block per row of the (rows, len) view of
-x, the grid striding over rows past its cap. Same `op(ctx, call, stream)` / `op_plan(ctx, call)` /
+"""GPU launch glue for rms_norm (kernels: src_c/hip/norm.hip): one block per row of the (rows, len) view of
+x, the grid striding over rows past its cap; rows of a multiple of 8 up to REGS_MAX_LEN with 16-byte
+aligned x, w and y are held in registers and read once (hs_rms_norm_regs_*), others take the scalar
+kernel. Same `op(ctx, call, stream)` / `op_plan(ctx, call)` /
 `op_launches(...)` shape as every glue module (common.py). float32, float16 and bfloat16 (Call.dtype; x
 and w of that type, y too)."""
 from __future__ import annotations
