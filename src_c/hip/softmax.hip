@@ -31,10 +31,35 @@ template <> struct HsVec<4> {
     static HS_DEV float4 div(float4 v, float s) { return make_float4(v.x / s, v.y / s, v.z / s, v.w / s); }
 };
 
+// Eight elements (a 16-byte pack: prelude.h's hs_ld8/hs_st8) at a time, for rows too long for the
+// register kernel below.
+struct HsF8 { float v[8]; };
+template <> struct HsVec<8> {
+    typedef HsF8 T;
+    template <class E> static HS_DEV HsF8 ld(const E* x, hs_i64 j) { HsF8 r; hs_ld8(x, j, r.v); return r; }
+    template <class E> static HS_DEV void st(E* y, hs_i64 j, const HsF8& v) { hs_st8(y, j, v.v); }
+    static HS_DEV float max(float m, const HsF8& v) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) m = HsMax::op(m, v.v[e]);
+        return m;
+    }
+    static HS_DEV HsF8 exp_shift(HsF8 v, float m) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v.v[e] = hs_exp(v.v[e] - m);
+        return v;
+    }
+    static HS_DEV float sum(const HsF8& v) { return hs_sum8(v.v); }
+    static HS_DEV HsF8 div(HsF8 v, float s) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v.v[e] = v.v[e] / s;
+        return v;
+    }
+};
+
 // inner == 1 (softmax over the last axis): one block per row. When the row fits in shared memory
 // (`cached`, dynamic shared size len * 4 bytes: the row is kept as float whatever E is) it is read
 // from global memory once, else three times. VEC = 4 moves four elements (needs len % 4 == 0 and
-// 16-byte aligned x and y).
+// 16-byte aligned x and y), VEC = 8 a 16-byte pack (len % 8 == 0, 16-byte aligned x and y).
 template <int VEC, class E>
 HS_DEV void hs_softmax_rows_body(const E* __restrict__ x, E* __restrict__ y, hs_i64 rows, hs_i64 len,
                                  int cached, float* row, float* scratch) {
@@ -145,6 +170,12 @@ HS_DEV void hs_softmax_strided_body(const E* __restrict__ x, E* __restrict__ y, 
         extern __shared__ float row[];                                                                          \
         __shared__ float scratch[HS_MAX_WARPS];                                                                 \
         hs_softmax_rows_body<4, T>(x, y, rows, len, cached, row, scratch);                                      \
+    }                                                                                                           \
+    HS_KERNEL void hs_softmax_rows_##S##_v8(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len, \
+                                            int cached) {                                                       \
+        extern __shared__ float row[];                                                                          \
+        __shared__ float scratch[HS_MAX_WARPS];                                                                 \
+        hs_softmax_rows_body<8, T>(x, y, rows, len, cached, row, scratch);                                      \
     }                                                                                                           \
     HS_KERNEL void hs_softmax_regs_##S##_p1(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len) { \
         __shared__ float scratch[HS_MAX_WARPS];                                                                 \

@@ -81,7 +81,7 @@ def bandwidth_blocks(items: int, multiprocessors: int, resident: int = RESIDENT_
     on the device only through `multiprocessors`, a launch parameter like any other: a recorded plan
     (the compiled call path) replays it on the device it was planned for."""
     need = max(1, -(-int(items) // block))
-    return min(need, max(1, int(multiprocessors)) * RESIDENT_BLOCKS)
+    return min(need, max(1, int(multiprocessors)) * int(resident))
 
 
 # Row kernels with the row in registers (softmax, rms_norm: hs_*_regs_*_p{1,2,4}): each thread holds up

@@ -159,19 +159,20 @@ def softmax_launches(outer: int, length: int, inner: int, vec: bool, multiproces
     """Softmax over the middle axis of an (outer, length, inner) layout. inner == 1: one block per row.
     `vec` (x and y 16-byte aligned) and length % 8 == 0 up to SOFTMAX_REGS_MAX_LEN: the row in registers,
     read once. Otherwise the row kept in dynamic shared memory when it fits, as float32 whatever the
-    element type (4 bytes per element), 4 elements per access when `vec` and length % 4 == 0."""
+    element type (4 bytes per element), 8 elements per access when `vec` and length % 8 == 0 (the
+    longer rows: 16-byte packs), 4 when length % 4 == 0."""
     if inner == 1:
         grid = min(outer, 1 << 20)  # the kernel strides over further rows
         regs = row_regs_geometry(length, SOFTMAX_REGS_THREADS) if vec and length % 8 == 0 else None
         if regs is not None:
             packs, block = regs
             return [Launch.of("softmax", f"hs_softmax_regs_{suffix}_p{packs}", grid, block)]
-        vec = vec and length % 4 == 0
+        width = (8 if length % 8 == 0 else 4 if length % 4 == 0 else 1) if vec else 1
         cached = length <= SOFTMAX_CACHED_LEN
-        items = length // 4 if vec else length  # per row, what the block's threads stride over
+        items = length // width  # per row, what the block's threads stride over
         block = 512 if items >= 4096 else (256 if items >= 512 else 64)
-        return [Launch.of("softmax", f"hs_softmax_rows_{suffix}" + ("_v4" if vec else ""), grid, block,
-                          length * 4 if cached else 0)]
+        return [Launch.of("softmax", f"hs_softmax_rows_{suffix}" + (f"_v{width}" if width > 1 else ""), grid,
+                          block, length * 4 if cached else 0)]
     return [Launch.of("softmax", f"hs_softmax_strided_{suffix}",
                       grid_stride_blocks(outer * inner, BLOCK, multiprocessors), BLOCK)]
 

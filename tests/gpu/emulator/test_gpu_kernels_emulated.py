@@ -417,7 +417,8 @@ def test_elementwise_16_byte_and_scalar_paths(emu, rng, launched, dtype):
     from hipsched.gpu.ops.common import KERNEL_SUFFIX
     t, sfx = TYPES[dtype], KERNEL_SUFFIX[dtype]
     # 1, 7: the tail alone; 8, 16: whole packs (one thread's second pack present or not); 67, 4099: packs
-    # and a tail; 2 * 65536 + 29: packs past one pass of the grid (2 CUs x 8 blocks x 256 threads x 2 packs)
+    # and a tail; 2 * 65536 + 29: four passes of the grid (2 CUs x 4 blocks x 256 threads x 2 packs of 8)
+    # and a tail
     for n in (1, 7, 8, 16, 67, 4099, 2 * 65536 + 29):
         a, b = (rng.standard_normal(n) * 100).astype(t), (rng.standard_normal(n) * 100).astype(t)
         a32, b32 = a.astype(np.float32), b.astype(np.float32)
@@ -462,11 +463,12 @@ def test_softmax_register_and_fallback_paths(emu, rng, launched, dtype):
     from hipsched.gpu.ops.common import KERNEL_SUFFIX
     t, sfx = TYPES[dtype], KERNEL_SUFFIX[dtype]
     # rows in registers at 1, 2 and 4 packs per thread (64 .. 1024 threads; 4104: 513 packs, 4 per thread
-    # over 192 threads, the last thread's later packs absent); past 32768 elements, or of 4 (mod 8), the
-    # shared-memory kernel 4 wide (uncached past 11264); of an odd length, the scalar one
+    # over 192 threads, the last thread's later packs absent); past 32768 elements the multi-pass kernel
+    # in 16-byte packs; of 4 (mod 8) the shared-memory kernel 4 wide (uncached past 11264); of an odd
+    # length, the scalar one
     for length, kernel in ((8, "regs_{}_p1"), (1000, "regs_{}_p1"), (4096, "regs_{}_p2"), (4104, "regs_{}_p4"),
-                           (16384, "regs_{}_p4"), (32768, "regs_{}_p4"), (32776, "rows_{}_v4"),
-                           (1004, "rows_{}_v4"), (1001, "rows_{}")):
+                           (16384, "regs_{}_p4"), (32768, "regs_{}_p4"), (32776, "rows_{}_v8"),
+                           (32772, "rows_{}_v4"), (1004, "rows_{}_v4"), (1001, "rows_{}")):
         x = (rng.standard_normal((2, length)) * 5).astype(t)
         del launched[:]
         g = emu.run(half_call("softmax", (x,), {"axis": -1}, dtype))
