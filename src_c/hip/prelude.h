@@ -173,3 +173,56 @@ template <class T> HS_DEV void hs_st4(T* y, hs_i64 i, float4 v) { ((typename HsP
 // Stamps a kernel family once per element type: M(S, T) with the name suffix S (kernels are named
 // hs_<op>_##S[##_<variant>], which hipsched.gpu.compilation.kernels.kernel_names expands) and the element type T.
 #define HS_FOR_EACH_FLOAT(M) M(f32, float) M(f16, hs_half) M(bf16, hs_bf16)
+
+// ------------------------------------------------------------------ 16-byte packs: 8 elements per access
+// The bandwidth-bound kernels (elementwise, softmax, rms_norm) move data in 16-byte global accesses, the
+// widest one load or store instruction makes (LDG.E.128 / STG.E.128 on NVIDIA, global_load_dwordx4 on
+// AMD): fewer instructions and more bytes in flight per thread than 4- or 8-byte accesses. A pack is 8
+// consecutive elements: one 16-byte access of a half type, two of float32. Giving every type the same
+// 8 elements per pack keeps each thread's elements, and so the order of any reduction over them, the
+// same across types: a half kernel's result is the float32 kernel's on the widened inputs, rounded.
+// The 16 bytes travel as a float4, the vector type both compilers (and the emulator) know, as raw bits:
+// moving bits through float registers changes none of them, NaN payloads included.
+template <class T> struct HsBits;   // a half type's 16-bit pattern to and from float
+template <> struct HsBits<hs_half> {
+    static HS_DEV float widen(hs_u32 b) { return hs_half_to_float((hs_u16)b); }
+    static HS_DEV hs_u32 round(float v) { return hs_float_to_half(v); }
+};
+template <> struct HsBits<hs_bf16> {
+    static HS_DEV float widen(hs_u32 b) { return hs_bf16_to_float((hs_u16)b); }
+    static HS_DEV hs_u32 round(float v) { return hs_float_to_bf16(v); }
+};
+
+template <class T> struct HsPack8 {   // hs_half, hs_bf16: one 16-byte access, element 2k in word k's low half
+    static HS_DEV void ld(const T* x, hs_i64 p, float (&v)[8]) {
+        const float4 w = ((const float4*)x)[p];
+        const hs_u32 u[4] = {__float_as_uint(w.x), __float_as_uint(w.y), __float_as_uint(w.z), __float_as_uint(w.w)};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = HsBits<T>::widen(u[k] & 0xffffu);
+            v[2 * k + 1] = HsBits<T>::widen(u[k] >> 16);
+        }
+    }
+    static HS_DEV void st(T* y, hs_i64 p, const float (&v)[8]) {
+        hs_u32 u[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) u[k] = HsBits<T>::round(v[2 * k]) | (HsBits<T>::round(v[2 * k + 1]) << 16);
+        ((float4*)y)[p] = make_float4(__uint_as_float(u[0]), __uint_as_float(u[1]), __uint_as_float(u[2]),
+                                      __uint_as_float(u[3]));
+    }
+};
+template <> struct HsPack8<float> {   // two 16-byte accesses
+    static HS_DEV void ld(const float* x, hs_i64 p, float (&v)[8]) {
+        const float4 a = ((const float4*)x)[2 * p], b = ((const float4*)x)[2 * p + 1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+    static HS_DEV void st(float* y, hs_i64 p, const float (&v)[8]) {
+        ((float4*)y)[2 * p] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4*)y)[2 * p + 1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+};
+// Pack p (elements 8p .. 8p+7) of x, widened to float / rounded from float into y; x and y 16-byte aligned.
+template <class T> HS_DEV void hs_ld8(const T* x, hs_i64 p, float (&v)[8]) { HsPack8<T>::ld(x, p, v); }
+template <class T> HS_DEV void hs_st8(T* y, hs_i64 p, const float (&v)[8]) { HsPack8<T>::st(y, p, v); }
+// The sum of a pack in one fixed order (pairwise), the same for every element type.
+HS_DEV float hs_sum8(const float (&v)[8]) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }

@@ -10,8 +10,16 @@ matmul.hip then runs, and `last_reasons()` says why). HIPSCHED_BLAS=none forces 
 HIPSCHED_BLAS_LIBRARY names a library file to use. A cuBLAS of a newer CUDA major than the driver
 (cuBLAS 13 on a CUDA 12 driver) cannot create a handle there, so it is skipped for an older one.
 
-float16 and bfloat16 go through the mixed-precision strided-batched GEMM (cublasGemmStridedBatchedEx,
-rocblas_gemm_strided_batched_ex): A, B and C of the half type, float32 compute and float32 alpha/beta.
+float16 and bfloat16 go through the mixed-precision GEMM: A, B and C of the half type, float32 compute
+(CUBLAS_COMPUTE_32F / rocblas f32_r) and float32 alpha/beta, as PyTorch's at::cuda::blas::gemm<at::Half>
+and <at::BFloat16> call it (aten/src/ATen/cuda/CUDABlas.cpp). A single product (batch 1, what
+torch.matmul of two matrices is) calls the plain cublasGemmEx / rocblas_gemm_ex as PyTorch does, not the
+strided-batched form with one batch: the library's heuristic then chooses among the kernels it chooses
+for PyTorch. cuBLAS's algorithm is CUBLAS_GEMM_DEFAULT_TENSOR_OP, PyTorch's (the same heuristic as
+CUBLAS_GEMM_DEFAULT since cuBLAS 11). The math mode is the handle's default, CUBLAS_DEFAULT_MATH, which
+is what PyTorch sets with torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction (and its
+bf16 twin) at their default True: cuBLAS may reduce split-K partial sums in the half type. Batches
+(torch.bmm's case) use the strided-batched form, as PyTorch's bgemm does.
 hipBLAS's Ex call changed its type enums between hipBLAS 1.x (hipblasDatatype_t) and 2.x (hipDataType,
 hipblasComputeType_t), so it is not called blind: with hipBLAS, half matmul runs the tiled kernel."""
 from __future__ import annotations
@@ -41,12 +49,14 @@ FLAVOURS = {
 }
 
 
-# flavour -> (Ex symbol, {dtype: library's type enum}, float32 compute type, default algorithm)
+# flavour -> (strided-batched Ex symbol, {dtype: library's type enum}, float32 compute type, algorithm,
+# single-product Ex symbol)
 GEMM_EX = {
-    # cudaDataType CUDA_R_16F = 2, CUDA_R_16BF = 14; CUBLAS_COMPUTE_32F = 68; CUBLAS_GEMM_DEFAULT = -1
-    "cublas": ("cublasGemmStridedBatchedEx", {"float16": 2, "bfloat16": 14}, 68, -1),
+    # cudaDataType CUDA_R_16F = 2, CUDA_R_16BF = 14; CUBLAS_COMPUTE_32F = 68;
+    # CUBLAS_GEMM_DEFAULT_TENSOR_OP = 99 (PyTorch's)
+    "cublas": ("cublasGemmStridedBatchedEx", {"float16": 2, "bfloat16": 14}, 68, 99, "cublasGemmEx"),
     # rocblas_datatype f16_r = 150, bf16_r = 168, f32_r = 151; rocblas_gemm_algo_standard = 0
-    "rocblas": ("rocblas_gemm_strided_batched_ex", {"float16": 150, "bfloat16": 168}, 151, 0),
+    "rocblas": ("rocblas_gemm_strided_batched_ex", {"float16": 150, "bfloat16": 168}, 151, 0, "rocblas_gemm_ex"),
 }
 
 
@@ -103,21 +113,26 @@ class Blas:
         self._check(getattr(lib, create)(ctypes.byref(self._handle)), create)
         self._lock = threading.Lock()  # a handle's stream is shared state
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        self._gemm_ex, self._ex_types = None, {}
+        self._gemm_ex, self._gemm_ex1, self._ex_types = None, None, {}
         if flavour in GEMM_EX:
-            symbol, self._ex_types, self._ex_compute, self._ex_algo = GEMM_EX[flavour]
+            symbol, self._ex_types, self._ex_compute, self._ex_algo, single = GEMM_EX[flavour]
             self._gemm_ex = getattr(lib, symbol, None)
             if self._gemm_ex is not None:
                 self._gemm_ex.argtypes = self._ex_argtypes(flavour)
+                self._gemm_ex1 = getattr(lib, single, None)
+                if self._gemm_ex1 is not None:
+                    self._gemm_ex1.argtypes = self._ex_argtypes(flavour, batched=False)
 
     @staticmethod
-    def _ex_argtypes(flavour):
+    def _ex_argtypes(flavour, batched=True):
+        """The Ex call's argument types; `batched` False: the single-product form (no strides, no batch)."""
         i, i64, p = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
         head = [p, i, i, i, i, i, p]                  # handle, opA, opB, m, n, k, alpha
-        operand = [p, i, i, i64]                      # pointer, type, leading dimension, stride
-        if flavour == "rocblas":                      # ..., beta, C, D, batch, compute, algo, solution, flags
-            return head + operand + operand + [p] + operand + operand + [i, i, i, ctypes.c_int32, ctypes.c_uint32]
-        return head + operand + operand + [p] + operand + [i, i, i]   # ..., beta, C, batch, compute, algo
+        operand = [p, i, i, i64] if batched else [p, i, i]   # pointer, type, leading dimension[, stride]
+        batch = [i] if batched else []
+        if flavour == "rocblas":                      # ..., beta, C, D, [batch,] compute, algo, solution, flags
+            return head + operand + operand + [p] + operand + operand + batch + [i, i, ctypes.c_int32, ctypes.c_uint32]
+        return head + operand + operand + [p] + operand + batch + [i, i]   # ..., beta, C, [batch,] compute, algo
 
     def supports_dtype(self, dtype: str) -> bool:
         """Whether matmul in this dtype (a Call.dtype name) runs in this library."""
@@ -149,17 +164,27 @@ class Blas:
             raise GpuError("unsupported", f"{self.flavour}: {batch}x{M}x{N}x{K} exceeds 32-bit BLAS dimensions")
         t = self._ex_types[dtype]
         pa, pb, pc = (ctypes.c_void_p(int(getattr(x, "ptr", x))) for x in (a, b, c))
-        sc = stride_c or M * N
-        args = [self._handle, self._op_n, self._op_n, N, M, K, ctypes.byref(self._alpha),
-                pb, t, N, stride_b, pa, t, K, stride_a, ctypes.byref(self._beta), pc, t, N, sc]
-        if self.flavour == "rocblas":   # D = C in place
-            args += [pc, t, N, sc, batch, self._ex_compute, self._ex_algo, 0, 0]
+        if batch == 1 and self._gemm_ex1 is not None:   # one product: the plain Ex call, as PyTorch's gemm
+            fn, what = self._gemm_ex1, "gemm_ex"
+            args = [self._handle, self._op_n, self._op_n, N, M, K, ctypes.byref(self._alpha),
+                    pb, t, N, pa, t, K, ctypes.byref(self._beta), pc, t, N]
+            if self.flavour == "rocblas":   # D = C in place
+                args += [pc, t, N, self._ex_compute, self._ex_algo, 0, 0]
+            else:
+                args += [self._ex_compute, self._ex_algo]
         else:
-            args += [batch, self._ex_compute, self._ex_algo]
+            fn, what = self._gemm_ex, "gemm_strided_batched_ex"
+            sc = stride_c or M * N
+            args = [self._handle, self._op_n, self._op_n, N, M, K, ctypes.byref(self._alpha),
+                    pb, t, N, stride_b, pa, t, K, stride_a, ctypes.byref(self._beta), pc, t, N, sc]
+            if self.flavour == "rocblas":   # D = C in place
+                args += [pc, t, N, sc, batch, self._ex_compute, self._ex_algo, 0, 0]
+            else:
+                args += [batch, self._ex_compute, self._ex_algo]
         with self._lock:
             self._check(self._set_stream(self._handle, ctypes.c_void_p(int(stream or 0))), "set_stream")
             # column-major C^T (N x M) = B^T (N x K) @ A^T (K x M), as sgemm_rowmajor
-            self._check(self._gemm_ex(*args), "gemm_strided_batched_ex")
+            self._check(fn(*args), what)
 
     def close(self):
         if self._handle:

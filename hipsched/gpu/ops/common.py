@@ -15,6 +15,15 @@ from ...errors import GpuError
 
 BLOCK = 256
 
+# Blocks of BLOCK threads that fill one compute unit: 8 x 256 = 2048 threads, an H100 SM's most
+# resident threads, and 32 waves of 64, a CDNA CU's (4 SIMDs x 8). See bandwidth_blocks.
+RESIDENT_BLOCKS = 8
+# The same for the 16-byte (_v8) elementwise kernels, which hold two packs per input per thread: up to
+# 64 registers on sm_90 (the compile report), so an SM keeps 4 blocks of 256 resident (1024 threads).
+# At 64-128 bytes requested per thread that is 64-128 KB in flight per SM, 4-8x what Little's law asks
+# of an H100 (elementwise.hip).
+RESIDENT_BLOCKS_V8 = 4
+
 # Kernel name suffix per element type (prelude.h's HS_FOR_EACH_FLOAT).
 KERNEL_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -60,6 +69,44 @@ def _will_align(*inputs, multiple=16) -> bool:
     hipsched's own device allocations always are (the runtimes align them to 256 bytes or more); a
     foreign device array is as its pointer says."""
     return all(isinstance(x, np.ndarray) or int(x.ptr) % multiple == 0 for x in inputs)
+
+
+def bandwidth_blocks(items: int, multiprocessors: int, resident: int = RESIDENT_BLOCKS, block: int = BLOCK) -> int:
+    """Blocks for a bandwidth-bound grid-stride loop over `items` work items: one resident wave,
+    `resident` blocks per compute unit (RESIDENT_BLOCKS, or RESIDENT_BLOCKS_V8 for the _v8 kernels),
+    fewer when there is less work.
+    One wave rather than several: every block starts at once and strides to the end, so no late
+    blocks leave a ragged last wave, and the kernels keep enough bytes in flight per thread
+    (elementwise.hip's Little's-law note) that a fuller device would not be faster. The grid depends
+    on the device only through `multiprocessors`, a launch parameter like any other: a recorded plan
+    (the compiled call path) replays it on the device it was planned for."""
+    need = max(1, -(-int(items) // block))
+    return min(need, max(1, int(multiprocessors)) * int(resident))
+
+
+# Row kernels with the row in registers (softmax, rms_norm: hs_*_regs_*_p{1,2,4}): each thread holds up
+# to 4 packs of 8 elements as float (32 registers of values, no spills on sm_90 or gfx90a: `hipsched
+# compile --report`), a block up to `max_threads` threads, so rows up to 8 * 4 * max_threads elements are
+# read from global memory once.
+ROW_REGS_PACKS = (1, 2, 4)
+
+
+def row_regs_max_len(max_threads: int) -> int:
+    return 8 * ROW_REGS_PACKS[-1] * max_threads
+
+
+def row_regs_geometry(length: int, max_threads: int) -> tuple[int, int] | None:
+    """(packs per thread, threads per block) of a register row kernel for rows of `length` (a
+    multiple of 8), or None past row_regs_max_len(max_threads). The fewest packs per thread that keep
+    the block at 256 threads or under (small blocks: several rows per SM, one row's loads overlapping
+    another's reductions), then up to `max_threads` at 4 packs. A multiple of 64 threads: whole warps
+    on either vendor."""
+    packs8 = length // 8
+    for packs in ROW_REGS_PACKS:
+        threads = -(-packs8 // packs)
+        if threads <= 256 or (packs == ROW_REGS_PACKS[-1] and threads <= max_threads):
+            return packs, max(64, -(-threads // 64) * 64)
+    return None
 
 
 def _size(shape) -> int:

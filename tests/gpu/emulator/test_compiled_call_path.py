@@ -310,6 +310,30 @@ def test_a_scalar_parameter_selects_its_own_plan(executor, rt, monkeypatch):
     assert emu_c_driver.take_errors(rt) == []
 
 
+def test_a_grid_sized_to_the_device_replays_as_recorded(executor, rt, launches, monkeypatch):
+    """The 16-byte elementwise kernels' grid is one resident wave of the device (its multiprocessor count
+    x RESIDENT_BLOCKS_V8 blocks) once there is enough work: the plan holds it as a plain launch
+    parameter, so the replay launches the glue's grid, and an input off 16-byte alignment gets the
+    scalar kernel's grid in a plan of its own."""
+    from hipsched.gpu.ops import common, elementwise
+    ex, gpu = executor
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    mps = rt.device_info(0).multiprocessors
+    n = 2 * 8 * common.BLOCK * common.RESIDENT_BLOCKS_V8 * mps * 3 + 5   # three passes of the grid, a tail
+    a = np.random.default_rng(8).standard_normal(n + 1, dtype=np.float32)
+    x = dev(rt, a)
+    v8 = common.bandwidth_blocks(elementwise._v8_items(n), mps, common.RESIDENT_BLOCKS_V8)
+    scalar = common.bandwidth_blocks(n, mps)
+    assert v8 == mps * common.RESIDENT_BLOCKS_V8 and scalar == mps * common.RESIDENT_BLOCKS
+    for view_start, grid in ((0, v8), (0, v8), (1, scalar), (1, scalar)):
+        del launches[:]
+        got = ex.scale(view(x, view_start, n), 2.0, backend="gpu").get()
+        np.testing.assert_array_equal(got, a[view_start:view_start + n] * np.float32(2.0))
+        assert [(l[1], l[2]) for l in launches] == [((grid, 1, 1), (common.BLOCK, 1, 1))]
+    assert ex._fast.plan_count == 2 and glue["_run"] == 2   # each second call replayed its plan
+    assert emu_c_driver.take_errors(rt) == []
+
+
 def test_runs_the_recorder_refuses_keep_going_through_the_glue(executor, rt, monkeypatch):
     """A glue run that reaches past what a plan can redo (here ctx.rt.memset for zero-length vectors:
     every score 0) records nothing, and every such call runs the glue, with the right answer; an empty

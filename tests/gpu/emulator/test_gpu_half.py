@@ -31,6 +31,23 @@ HS_KERNEL void t_float_to_half(const float* f, hs_u16* h, hs_i64 n) {
 HS_KERNEL void t_float_to_bf16(const float* f, hs_u16* h, hs_i64 n) {
     for (hs_i64 i = hs_gid(); i < n; i += hs_gstride()) h[i] = hs_float_to_bf16(f[i]);
 }
+// the 16-byte packs (hs_ld8 / hs_st8) over n elements (n % 8 == 0)
+#define T_PACKS(S, T)                                                                                   \
+    HS_KERNEL void t_widen8_##S(const T* h, float* f, hs_i64 n) {                                       \
+        for (hs_i64 p = hs_gid(); p < n / 8; p += hs_gstride()) {                                       \
+            float v[8];                                                                                 \
+            hs_ld8(h, p, v);                                                                            \
+            for (int e = 0; e < 8; ++e) f[8 * p + e] = v[e];                                            \
+        }                                                                                               \
+    }                                                                                                   \
+    HS_KERNEL void t_narrow8_##S(const float* f, T* h, hs_i64 n) {                                      \
+        for (hs_i64 p = hs_gid(); p < n / 8; p += hs_gstride()) {                                       \
+            float v[8];                                                                                 \
+            for (int e = 0; e < 8; ++e) v[e] = f[8 * p + e];                                            \
+            hs_st8(h, p, v);                                                                            \
+        }                                                                                               \
+    }
+HS_FOR_EACH_FLOAT(T_PACKS)
 """
 
 
@@ -69,6 +86,18 @@ def test_every_half_pattern_widens_exactly(conv):
         _nan_aware_equal(got, want, lambda u: (u & 0x7fffffff) > 0x7f800000)
 
 
+def test_packs_of_8_widen_like_one_element_at_a_time(conv):
+    """hs_ld8 (one 16-byte load of 8 halves, or two float4 of float32): every half pattern widens as
+    NumPy / ml_dtypes widen it, element 2k from word k's low bits, so the packs' order is the memory's."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    for kernel, t in (("t_widen8_f16", np.float16), ("t_widen8_bf16", BF16)):
+        want = bits.view(t).astype(np.float32).view(np.uint32)
+        got = conv(kernel, bits, np.float32).view(np.uint32)
+        _nan_aware_equal(got, want, lambda u: (u & 0x7fffffff) > 0x7f800000)
+    x = np.random.default_rng(5).integers(0, 1 << 32, 4096, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    np.testing.assert_array_equal(conv("t_widen8_f32", x, np.float32).view(np.uint32), x.view(np.uint32))
+
+
 def _rounding_cases(t):
     """float32 values where rounding to t decides: every half value, every midpoint between neighbours
     (a float32, since both formats fit in float32 with bits to spare) and the float32 values either side
@@ -96,6 +125,18 @@ def test_float_rounds_to_nearest_even_like_numpy_and_ml_dtypes(conv, kernel, t):
     if t is np.float16:   # the format's overflow: 65520 and above round to inf, below to 65504
         edge = conv(kernel, np.array([65519.996, 65520.0, -65520.0], np.float32), np.uint16)
         assert list(edge) == [0x7bff, 0x7c00, 0xfc00]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("kernel,t", [("t_narrow8_f16", np.float16), ("t_narrow8_bf16", BF16)],
+                         ids=["float16", "bfloat16"])
+def test_packs_of_8_round_like_numpy_and_ml_dtypes(conv, kernel, t):
+    """hs_st8 (8 roundings packed into one 16-byte store): the same bits as the element-wise rounding."""
+    x = _rounding_cases(np.dtype(t))
+    x = x[: x.size // 8 * 8]
+    want = x.astype(t).view(np.uint16)
+    got = conv(kernel, x, np.uint16)
+    _nan_aware_equal(got, want, lambda u: (u & 0x7fff) > (0x7c00 if t is np.float16 else 0x7f80))
 
 
 def test_dlpack_type_codes():
@@ -160,9 +201,11 @@ def test_cuda_array_interface_half_rules(emu_rt):
 
 @pytest.mark.parametrize("flavour", ["cublas", "rocblas"])
 def test_gemm_ex_arguments_follow_the_library_signature(flavour):
-    """The mixed-precision GEMM's argument list, against the declared argtypes and the vendors'
-    documented order (no library needed: the call is captured). Row-major C = A @ B is the column-major
-    C^T = B^T A^T, as for sgemm: B first, then A, with m = N and n = M."""
+    """The mixed-precision GEMM's argument lists, against the declared argtypes and the vendors'
+    documented order (no library needed: the calls are captured). Row-major C = A @ B is the column-major
+    C^T = B^T A^T, as for sgemm: B first, then A, with m = N and n = M. A batch goes to the
+    strided-batched call; a single product to the plain Ex call (cublasGemmEx / rocblas_gemm_ex), as
+    PyTorch's gemm<at::Half> makes it: float32 compute, CUBLAS_GEMM_DEFAULT_TENSOR_OP on cuBLAS."""
     import threading
 
     from hipsched.gpu.launch.blas import FLAVOURS, GEMM_EX, Blas
@@ -170,15 +213,16 @@ def test_gemm_ex_arguments_follow_the_library_signature(flavour):
     blas.flavour, blas._op_n = flavour, FLAVOURS[flavour][6]
     blas._handle, blas._lock = ctypes.c_void_p(7), threading.Lock()
     blas._alpha, blas._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    _, blas._ex_types, blas._ex_compute, blas._ex_algo = GEMM_EX[flavour]
-    calls = []
-    blas._gemm_ex = lambda *args: calls.append(args) or 0
+    _, blas._ex_types, blas._ex_compute, blas._ex_algo, _ = GEMM_EX[flavour]
+    batched, single = [], []
+    blas._gemm_ex = lambda *args: batched.append(args) or 0
+    blas._gemm_ex1 = lambda *args: single.append(args) or 0
     blas._set_stream = lambda handle, stream: 0
     assert blas.supports_dtype("float16") and blas.supports_dtype("bfloat16") and not blas.supports_dtype("int8")
     M, N, K = 3, 5, 4
     blas.gemm_ex_rowmajor(1000, 2000, 3000, M, N, K, 2, M * K, 0, M * N, 0, "bfloat16")
-    (args,) = calls
-    assert len(args) == len(Blas._ex_argtypes(flavour))
+    (args,) = batched
+    assert len(args) == len(Blas._ex_argtypes(flavour)) and not single
     t = GEMM_EX[flavour][1]["bfloat16"]
     assert args[3:6] == (N, M, K)
     assert (args[7].value, args[8], args[9], args[10]) == (2000, t, N, 0)        # B^T: ld N, broadcast
@@ -187,7 +231,20 @@ def test_gemm_ex_arguments_follow_the_library_signature(flavour):
     if flavour == "rocblas":   # D = C, then batch, f32_r compute, standard algorithm, solution 0, flags 0
         assert (args[20].value, args[21], args[22], args[23]) == (3000, t, N, M * N)
         assert args[24:] == (2, 151, 0, 0, 0)
-    else:                      # batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT
-        assert args[20:] == (2, 68, -1)
+    else:                      # batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP
+        assert args[20:] == (2, 68, 99)
+    blas.gemm_ex_rowmajor(1000, 2000, 3000, M, N, K, 1, 0, 0, M * N, 0, "float16")
+    (args,) = single
+    assert len(args) == len(Blas._ex_argtypes(flavour, batched=False)) and len(batched) == 1
+    t = GEMM_EX[flavour][1]["float16"]
+    assert args[3:6] == (N, M, K)
+    assert (args[7].value, args[8], args[9]) == (2000, t, N)     # B^T
+    assert (args[10].value, args[11], args[12]) == (1000, t, K)  # A^T
+    assert (args[14].value, args[15], args[16]) == (3000, t, N)  # C^T
+    if flavour == "rocblas":   # D = C, f32_r compute, standard algorithm, solution 0, flags 0
+        assert (args[17].value, args[18], args[19]) == (3000, t, N)
+        assert args[20:] == (151, 0, 0, 0)
+    else:
+        assert args[17:] == (68, 99)
     with pytest.raises(GpuError):
         blas.gemm_ex_rowmajor(1000, 2000, 3000, M, N, K, 1, 0, 0, 0, 0, "float32")

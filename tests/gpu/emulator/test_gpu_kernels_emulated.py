@@ -59,7 +59,8 @@ def test_softmax(emu, rng, shape, axis):
 
 def test_softmax_nan_inf(emu):
     x = np.array([[1, np.nan, 2, 0], [np.inf, 1, 2, 0], [-np.inf] * 4, [-np.inf, 0, 1, 2]], np.float32)
-    for xs in (x, x[:, :3].copy()):  # rows of 4: float4 kernel; rows of 3: scalar kernel
+    # rows of 4: float4 kernel; rows of 3: scalar kernel; rows of 8: the register kernel
+    for xs in (x, x[:, :3].copy(), np.tile(x, 2)):
         g, c = both(emu, "softmax", xs)
         np.testing.assert_array_equal(np.isnan(g), np.isnan(c))
         np.testing.assert_allclose(g[~np.isnan(c)], c[~np.isnan(c)], rtol=4e-6, atol=1e-7)
@@ -67,8 +68,10 @@ def test_softmax_nan_inf(emu):
 
 # rms_norm: widths below, at and past each block size the glue picks (64 / 256 / 1024 threads), so rows
 # leave threads idle, fill the block and loop; the double block sum is checked for warp 32 and 64.
+# Rows of a multiple of 8 up to 16384 take the register kernel (p1/p2/p4 packs per thread, 64 to 512
+# threads: 64, 1024, 4096, 16384); 16392 is past it and takes the scalar one.
 @pytest.mark.parametrize("shape", [(1,), (5, 3), (4, 64), (3, 100), (2, 1024), (2, 1500), (1, 16384 + 7),
-                                   (2, 3, 40)])
+                                   (2, 3, 40), (2, 4096), (1, 16384), (1, 16392)])
 def test_rms_norm(emu, rng, shape):
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     w = rng.standard_normal(shape[-1]).astype(np.float32)
@@ -319,7 +322,7 @@ def _emu_f32(emu, op, x, params, *more):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("shape,axis", [((9, 33), -1), ((3, 1000), -1), ((2, 12300), -1), ((4, 5, 6), 1),
-                                        ((6, 4), 0), ((3, 64), -1)])
+                                        ((6, 4), 0), ((3, 64), -1), ((2, 4104), -1), ((1, 16384), -1)])
 def test_half_softmax(emu, rng, dtype, shape, axis):
     from scipy.special import softmax
     x = (rng.standard_normal(shape) * 5).astype(HALF[dtype])
@@ -338,7 +341,7 @@ def test_half_softmax(emu, rng, dtype, shape, axis):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_softmax_nan_inf(emu, dtype):
     x = np.array([[1, np.nan, 2, 0], [np.inf, 1, 2, 0], [-np.inf] * 4, [-np.inf, 0, 1, 2]], np.float32)
-    for xs in (x, x[:, :3].copy()):   # rows of 4: 4-wide kernel; rows of 3: scalar
+    for xs in (x, x[:, :3].copy(), np.tile(x, 2)):   # rows of 4: 4-wide kernel; 3: scalar; 8: registers
         xh = xs.astype(HALF[dtype])
         g = emu.run(half_call("softmax", (xh,), {"axis": -1}, dtype))
         assert_same_bits(g, rounded(_emu_f32(emu, "softmax", xh, {"axis": -1}), dtype))
@@ -346,7 +349,7 @@ def test_half_softmax_nan_inf(emu, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("shape", [(5, 3), (3, 100), (2, 1500), (2, 3, 40)])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 100), (2, 1500), (2, 3, 40), (2, 4096), (1, 16384)])
 def test_half_rms_norm(emu, rng, dtype, shape):
     t = HALF[dtype]
     x = (rng.standard_normal(shape) * 4).astype(t)
@@ -370,6 +373,148 @@ def test_half_device_in_device_out(emu, rng, dtype):
     out = emu.run(half_call("softmax", (to_device(x, runtime=rt),), {"axis": -1}, dtype, on_device=True))
     assert isinstance(out, DeviceArray) and out.dtype == HALF[dtype]
     assert_same_bits(out.get(), emu.run(half_call("softmax", (x,), {"axis": -1}, dtype)))
+
+
+# ------------------------------------------------------------------ 16-byte paths and their fallbacks
+# The bandwidth-bound kernels move 8-element packs in 16-byte accesses (_v8 elementwise kernels; softmax
+# and rms_norm rows held in registers, _p1/_p2/_p4 packs per thread) when every pointer is 16-byte
+# aligned, and fall back to the scalar / shared-memory kernels otherwise. Each test below says which
+# kernel the glue launched (its name is the path) and checks the result against the outside reference.
+TYPES = {"float32": np.dtype(np.float32), **HALF}
+# test ids: the half ones carry "half", so CI's asynchronous and racecheck steps (-k "not half") leave
+# them out as they leave out the other half tests (.ci/run says why)
+TYPE_IDS = [t if t == "float32" else f"half-{t}" for t in TYPES]
+
+
+@pytest.fixture
+def launched(emu, monkeypatch):
+    """The names of the kernels the glue runs, in order."""
+    names, ctx = [], emu._ctx
+    real = ctx.run
+
+    def run(launch, args, stream=0):
+        names.append(launch.kernel)
+        return real(launch, args, stream)
+    monkeypatch.setattr(ctx, "run", run)
+    return names
+
+
+def same(got, want):
+    if got.dtype == np.float32:
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert_same_bits(got, want)
+
+
+def offset_view(rt, x):
+    """x on the device one element into a buffer: a foreign array off 16-byte alignment."""
+    from hipsched.gpu.memory.device_array import DeviceArray, to_device
+    buf = to_device(np.concatenate([np.zeros(1, x.dtype), x.ravel()]), runtime=rt)
+    view = DeviceArray(buf.ptr + x.itemsize, x.shape, x.dtype, rt, owner=buf)
+    assert int(view.ptr) % 16
+    return view
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=TYPE_IDS)
+def test_elementwise_16_byte_and_scalar_paths(emu, rng, launched, dtype):
+    from hipsched.gpu.ops.common import KERNEL_SUFFIX
+    t, sfx = TYPES[dtype], KERNEL_SUFFIX[dtype]
+    # 1, 7: the tail alone; 8, 16: whole packs (one thread's second pack present or not); 67, 4099: packs
+    # and a tail; 2 * 65536 + 29: four passes of the grid (2 CUs x 4 blocks x 256 threads x 2 packs of 8)
+    # and a tail
+    for n in (1, 7, 8, 16, 67, 4099, 2 * 65536 + 29):
+        a, b = (rng.standard_normal(n) * 100).astype(t), (rng.standard_normal(n) * 100).astype(t)
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        del launched[:]
+        same(emu.run(half_call("add", (a, b), {}, dtype)), (a32 + b32).astype(t))
+        same(emu.run(half_call("scale", (a,), {"alpha": -1.7}, dtype)), (a32 * np.float32(-1.7)).astype(t))
+        assert launched == [f"hs_add_{sfx}_v8", f"hs_scale_{sfx}_v8"]
+    # a bias of whole packs (8, 16 elements) in packs; one of 12 or 1 element by element
+    for sa, sb, kernel in (((5, 8), (8,), "_v8"), ((70, 16), (16,), "_v8"), ((4, 12), (12,), ""), ((3, 1), (1,), "")):
+        a, b = rng.standard_normal(sa).astype(t), rng.standard_normal(sb).astype(t)
+        del launched[:]
+        same(emu.run(half_call("add", (a, b), {}, dtype)), (a.astype(np.float32) + b.astype(np.float32)).astype(t))
+        assert launched == [f"hs_add_bias_{sfx}{kernel}"]
+    # inputs off 16-byte alignment (foreign device views): the scalar kernels, the same results
+    rt = emu._ctx.rt
+    a, b = (rng.standard_normal(67) * 100).astype(t), (rng.standard_normal(67) * 100).astype(t)
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    del launched[:]
+    out = emu.run(half_call("add", (offset_view(rt, a), offset_view(rt, b)), {}, dtype, on_device=True))
+    same(out.get(), (a32 + b32).astype(t))
+    out = emu.run(half_call("add", (offset_view(rt, a), b), {}, dtype, on_device=True))
+    same(out.get(), (a32 + b32).astype(t))
+    out = emu.run(half_call("scale", (offset_view(rt, a),), {"alpha": 3.0}, dtype, on_device=True))
+    same(out.get(), (a32 * np.float32(3.0)).astype(t))
+    a = rng.standard_normal((5, 8)).astype(t)
+    out = emu.run(half_call("add", (offset_view(rt, a), b[:8]), {}, dtype, on_device=True))
+    same(out.get(), (a.astype(np.float32) + b32[:8]).astype(t))
+    assert launched == [f"hs_add_{sfx}", f"hs_add_{sfx}", f"hs_scale_{sfx}", f"hs_add_bias_{sfx}"]
+
+
+def _softmax_bound(x, dtype):
+    """|result - float64 softmax| bound: test_softmax's for float32, test_half_softmax's for the halves."""
+    from scipy.special import softmax
+    ref = softmax(x.astype(np.float64), axis=-1)
+    if dtype == "float32":
+        return ref, 2e-6 * ref + 1e-7
+    return ref, (UNIT[dtype] * (1 + 2e-6) + 2e-6) * ref + TINY[dtype] + 1e-300
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=TYPE_IDS)
+def test_softmax_register_and_fallback_paths(emu, rng, launched, dtype):
+    from hipsched.gpu.ops.common import KERNEL_SUFFIX
+    t, sfx = TYPES[dtype], KERNEL_SUFFIX[dtype]
+    # rows in registers at 1, 2 and 4 packs per thread (64 .. 1024 threads; 4104: 513 packs, 4 per thread
+    # over 192 threads, the last thread's later packs absent); past 32768 elements the multi-pass kernel
+    # in 16-byte packs; of 4 (mod 8) the shared-memory kernel 4 wide (uncached past 11264); of an odd
+    # length, the scalar one
+    for length, kernel in ((8, "regs_{}_p1"), (1000, "regs_{}_p1"), (4096, "regs_{}_p2"), (4104, "regs_{}_p4"),
+                           (16384, "regs_{}_p4"), (32768, "regs_{}_p4"), (32776, "rows_{}_v8"),
+                           (32772, "rows_{}_v4"), (1004, "rows_{}_v4"), (1001, "rows_{}")):
+        x = (rng.standard_normal((2, length)) * 5).astype(t)
+        del launched[:]
+        g = emu.run(half_call("softmax", (x,), {"axis": -1}, dtype))
+        assert launched == ["hs_softmax_" + kernel.format(sfx)], length
+        ref, bound = _softmax_bound(x, dtype)
+        np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+        if dtype == "float32":
+            np.testing.assert_allclose(g, CPU.run(OPS["softmax"].prepare(x)), rtol=4e-6, atol=1e-7)
+        else:   # the float32 kernel on the widened rows (the same path), rounded
+            assert_same_bits(g, rounded(_emu_f32(emu, "softmax", x, {"axis": -1}), dtype))
+    # a row off 16-byte alignment (a foreign device view): the scalar kernel
+    x = (rng.standard_normal((3, 1000)) * 5).astype(t)
+    del launched[:]
+    g = emu.run(half_call("softmax", (offset_view(emu._ctx.rt, x),), {"axis": -1}, dtype, on_device=True)).get()
+    assert launched == [f"hs_softmax_rows_{sfx}"]
+    ref, bound = _softmax_bound(x, dtype)
+    np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=TYPE_IDS)
+def test_rms_norm_register_and_fallback_paths(emu, rng, launched, dtype):
+    from hipsched.gpu.ops.common import KERNEL_SUFFIX
+    t, sfx = TYPES[dtype], KERNEL_SUFFIX[dtype]
+    rt = emu._ctx.rt
+    for shape, kernel, view in (((3, 64), "regs_{}_p1", False), ((2, 4096), "regs_{}_p2", False),
+                                ((1, 16384), "regs_{}_p4", False), ((1, 16392), "{}", False),
+                                ((2, 1500), "{}", False), ((3, 64), "{}", True)):
+        x = (rng.standard_normal(shape) * 4).astype(t)
+        w = rng.standard_normal(shape[-1]).astype(t)
+        del launched[:]
+        if view:   # x off 16-byte alignment (a foreign device view): the scalar kernel
+            g = emu.run(half_call("rms_norm", (offset_view(rt, x), w), {"eps": 1e-5}, dtype, on_device=True)).get()
+        else:
+            g = emu.run(half_call("rms_norm", (x, w), {"eps": 1e-5}, dtype))
+        assert launched == ["hs_rms_norm_" + kernel.format(sfx)], shape
+        x64 = x.astype(np.float64)
+        ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * w.astype(np.float64)
+        if dtype == "float32":   # test_rms_norm's bounds
+            np.testing.assert_array_max_ulp(g, ref.astype(np.float32), maxulp=1)
+            np.testing.assert_array_max_ulp(g, CPU.run(OPS["rms_norm"].prepare(x, w, eps=1e-5)), maxulp=1)
+        else:                    # test_half_rms_norm's
+            bound = (UNIT[dtype] + 2.0 ** -23) * np.abs(ref) + TINY[dtype]
+            np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound + 1e-300)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -260,29 +260,32 @@ def sweep(warp, cus, amd):
         return (op, shape, launches, expect)
 
     # the element types only rename the kernel (same grid and block; softmax keeps rows as float32 in
-    # shared memory whatever the type), so each shape is planned for each
+    # shared memory whatever the type), so each shape is planned for each. `vec`: the pointers are
+    # 16-byte aligned (the planners pick the 16-byte kernels where the lengths allow them)
     for sfx in common.KERNEL_SUFFIX.values():
-        for n in (1, 3, 4, 255, 256, 257, 2**20 + 4, 2**31 + 4, BIG):
-            for nb in sorted({n, 1, 4, 12}):
+        for n in (1, 3, 4, 8, 255, 256, 257, 2**20 + 4, 2**20 + 8, 2**31 + 4, BIG):
+            for nb in sorted({n, 1, 4, 8, 12}):
                 if n % nb:
                     continue
-                for vec in {False, n % 4 == 0 and nb % 4 == 0}:
+                for vec in (False, True):
                     yield plan("add", (n, nb, vec, sfx), elementwise.add_launches, n, nb, vec, cus, sfx)
-            for vec in {False, n % 4 == 0}:
+            for vec in (False, True):
                 yield plan("scale", (n, vec, sfx), elementwise.scale_launches, n, vec, cus, sfx)
         cached = elementwise.SOFTMAX_CACHED_LEN
-        for length in (1, 3, 4, 63, 64, 511, 512, 2047, 2048, 4095, 4096, cached - 1, cached, cached + 1,
-                       16383, 16384, 2**20, 2**31):
+        regs = elementwise.SOFTMAX_REGS_MAX_LEN
+        for length in (1, 3, 4, 63, 64, 511, 512, 2047, 2048, 4095, 4096, 4104, cached - 1, cached, cached + 1,
+                       cached + 4, 16383, 16384, regs, regs + 4, regs + 8, 2**20, 2**31):
             for outer in (1, 7, 2**20, 2**20 + 1, 2**31 - 1):
-                for vec in {False, length % 4 == 0}:
+                for vec in (False, True):
                     yield plan("softmax", (outer, length, 1, vec, sfx), elementwise.softmax_launches, outer, length, 1,
                                vec, cus, sfx)
         for outer, length, inner in ((1, 1, 2), (2**20, 3, 2**10), (1, 2**20, 2**40), (2**31, 2, 2**31)):
             yield plan("softmax", (outer, length, inner, sfx), elementwise.softmax_launches, outer, length, inner,
                        False, cus, sfx)
         for rows in (1, 7, 2**20, 2**20 + 1, 2**40):
-            for length in (1, 63, 64, 1023, 1024, 16383, 16384, 2**31):
-                yield plan("rms_norm", (rows, length, sfx), norm.rms_norm_launches, rows, length, sfx)
+            for length in (1, 63, 64, 1023, 1024, 4096, 4104, 16383, 16384, 16392, 2**31):
+                for vec in (False, True):
+                    yield plan("rms_norm", (rows, length, sfx, vec), norm.rms_norm_launches, rows, length, sfx, vec)
     for m in (1, 2, 8, 9, 65535, 65536, 8 * 65535 + 1, 2**31):
         for n in (1, 2**20, 2**31):
             for d in (1, 4, 4096):
