@@ -121,6 +121,9 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=9)
     p.add_argument("--gpu-speed", type=float, default=1.0, help="simulated GPU throughput / the CPU's")
     p.add_argument("--real-gpu", action="store_true", help="the executor's own GPU backend instead")
+    p.add_argument("--resident-bytes", type=int, default=None,
+                   help="with --real-gpu: the GPU's resident budget (half the corpus: issue 23's corpus of "
+                        "twice the budget, which the GPU cannot keep and streams)")
     a = p.parse_args(argv)
     rng = np.random.default_rng(0)
     T = rng.standard_normal((a.rows, a.dim), dtype=np.float32)
@@ -142,7 +145,12 @@ def main(argv=None) -> int:
     else:
         gpu = SleepingGpu(q, T, a.k, cpu_whole / a.gpu_speed / a.rows)
         device = f"simulated GPU at {a.gpu_speed:g}x the CPU's throughput (sleeps)"
-    ex = hs.Executor(**cfg, gpu_backend=gpu) if gpu is not None else hs.Executor(**cfg)
+    if gpu is not None:
+        ex = hs.Executor(**cfg, gpu_backend=gpu)
+    else:
+        ex = hs.Executor(**cfg, **({} if a.resident_bytes is None else {"resident_bytes": a.resident_bytes}))
+        if a.resident_bytes is not None:
+            device += f", resident budget {a.resident_bytes / 2**30:.2f} GiB for a {T.nbytes / 2**30:.2f} GiB corpus"
     with ex:
         if not ex.capabilities().gpu_available:
             print("bench/split.py: no GPU available; run without --real-gpu for the simulated one")

@@ -85,6 +85,10 @@ step "racecheck" 60 "$OUT/racecheck.log" "${SAN[@]}" --tool racecheck "${SAN_TES
 # issue 21's table names (about three minutes on an H100)
 step "GPU benchmark" "${HIPSCHED_PROOF_BENCH_S:-60}" "$OUT/bench.log" "$PY" bench/gpu_ops.py ${HIPSCHED_PROOF_BENCH_ARGS---quick}
 step "call path benchmark" 30 "$OUT/device-data.log" "$PY" bench/device_data.py --calls 40 --repeat 5
+# issue 23: one top_k over a host corpus twice the resident budget (1M x 768, 3 GiB; budget 1.5 GiB), split
+# across the CPU and the GPU against each alone
+step "split benchmark" 120 "$OUT/split.log" "$PY" bench/split.py --real-gpu --rows 1048576 --calls 5 \
+  --resident-bytes 1610612736
 step "demo" 30 "$OUT/demo.log" "$PY" -m hipsched demo --quick --no-progress --log "$OUT/demo.jsonl"
 
 {
@@ -103,6 +107,10 @@ step "demo" 30 "$OUT/demo.log" "$PY" -m hipsched demo --quick --no-progress --lo
   echo "## Call path: device and host arrays against torch"
   echo
   cat bench/results/device_data.md 2>/dev/null || tail -20 "$OUT/device-data.log"
+  echo
+  echo "## One call split across the CPU and the GPU"
+  echo
+  cat bench/results/split.md 2>/dev/null || tail -20 "$OUT/split.log"
   echo
   echo "## Demo: where calls ran"
   echo
