@@ -104,7 +104,7 @@ def _report(compiler, arch, rows, cache_dir):
                 pass
         resources.update({k: (source, r) for k, r in found.items()})
     target = target_for(arch)
-    report = kernel_report(target, resources, glue_launches(target.wavefront))
+    report = kernel_report(target, resources, glue_launches(target.wavefront, arch=arch))
     lines = format_report(target, report)
     if not resources:
         lines.append("  (no kernel resources in these code objects: PTX or an unknown format)")

@@ -5,6 +5,7 @@ hipsched/gpu/compilation/targets.py), with what bounds it."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import pkgutil
 from dataclasses import dataclass
@@ -52,12 +53,16 @@ def glue_modules() -> list:
             if info.name != GLUE_SHARED]
 
 
-def glue_launches(warp: int, multiprocessors: int = 100) -> dict[str, dict[int, int]]:
+def glue_launches(warp: int, multiprocessors: int = 100, arch: str | None = None) -> dict[str, dict[int, int]]:
     """{kernel: {threads per block: the most dynamic shared memory}} over what the launch glue plans
-    for shapes that reach every kernel and every block size it uses."""
+    for shapes that reach every kernel and every block size it uses; on target `arch` when given (a
+    family whose kernels differ by target, attention's tensor-core ones, takes it as `arch`)."""
     plans = []
     for module in glue_modules():
-        plans += module.report_launches(warp, multiprocessors)
+        if arch is not None and "arch" in inspect.signature(module.report_launches).parameters:
+            plans += module.report_launches(warp, multiprocessors, arch=arch)
+        else:
+            plans += module.report_launches(warp, multiprocessors)
     out: dict[str, dict[int, int]] = {}
     for p in plans:
         threads = p.block[0] * p.block[1] * p.block[2]

@@ -469,7 +469,7 @@ def test_report_covers_every_kernel_at_the_glues_block_sizes(cache_dir):
     from hipsched.gpu.compilation.report import glue_launches
     for arch in ("sm_90", "gfx90a", "gfx1030"):
         names = set(resources(arch, cache_dir))
-        assert set(glue_launches(TARGETS[arch].wavefront)) == names, arch
+        assert set(glue_launches(TARGETS[arch].wavefront, arch=arch)) == names, arch
     sizes = glue_launches(32)
     assert sizes["hs_softmax_rows_f32"] == {64: 2044, 256: 16380, 512: elementwise.SOFTMAX_CACHED_LEN * 4}
     assert sizes["hs_attention_d256"] == {128: 0} and sizes["hs_topk_select_f32"] == {256: 0}
