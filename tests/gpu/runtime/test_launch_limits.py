@@ -313,8 +313,10 @@ def sweep(warp, cus, amd):
             expect = "glue" if hd > attention.MAX_HEAD_DIM else (
                 {"grid-x", "work-items"} if b * h * sq >= 2**34 else None)
             for sfx in common.KERNEL_SUFFIX.values():
-                yield plan("attention", (b, h, sq, hd, sfx), attention.attention_launches, b, h, sq, hd, sfx,
-                           expect=expect)
+                # the tensor-core kernels where the target has them (every NVIDIA target here is sm_80+)
+                for mma in (False,) if amd else (False, True):
+                    yield plan("attention", (b, h, sq, hd, sfx, mma), attention.attention_launches, b, h, sq, hd,
+                               sfx, mma, expect=expect)
     for n in (1, 255, 2**20, 2**31, BIG):
         for dtype in (np.int32, np.int64):
             yield plan("spread_activation", (n, dtype.__name__), graph.spread_launches, n, dtype, cus)
