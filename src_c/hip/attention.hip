@@ -218,7 +218,6 @@ template <int D, int BN, int LD>
 HS_DEV void hsm_load_tile(hs_u16 (*kd)[LD], hs_u16 (*vd)[LD], const hs_u16* kb, const hs_u16* vb, hs_i64 kt,
                           hs_i64 kend, int hd, bool vec) {
     constexpr int CH = D / 8;   // 16-byte chunks per row
-#pragma unroll
     for (int idx = threadIdx.x; idx < BN * CH; idx += HSM_THREADS) {
         const int j = idx / CH, c = (idx % CH) * 8;
         const hs_i64 key = kt + j;
@@ -345,46 +344,33 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
                     l[r] += hs_unpack_lo<E>(p) + hs_unpack_hi<E>(p);
                 }
             }
+            // The diagonal step (the warp's rows r0..r0+15 against keys r0..r0+15, both multiples of 16),
+            // if it is in this tile: does a V row there hold inf or NaN? One vote of the warp.
+            const int jd = causal && kt <= r0 && r0 < kt + BN ? (int)((r0 - kt) / 16) : -1;
+            bool bad = false;
+            if (jd >= 0) {
+#pragma unroll
+                for (int w = lane; w < 16 * D / 2; w += 32) {
+                    const hs_u32 word = *reinterpret_cast<const hs_u32*>(&vs[buf][16 * jd + w / (D / 2)][(w % (D / 2)) * 2]);
+                    bad |= hsm_nonfinite2<E>(word);
+                }
+                bad = __any_sync(0xffffffffu, bad);
+            }
 #pragma unroll
             for (int j = 0; j < BN / 16; ++j) {
-                const hs_i64 k0 = kt + 16 * j;
-                if (causal && k0 > r0 + 15) break;   // this step and the rest: above every row of the warp
-                if (causal && k0 + 15 > r0) {        // the diagonal step: some of its keys are hidden
-                    bool bad = false;
+                if (causal && kt + 16 * j > r0 + 15) break;   // this step and the rest: above every row of the warp
+                if (j == jd && bad) {
+                    // the diagonal step without the tensor core (below): its weights to shared memory
 #pragma unroll
-                    for (int w = lane; w < 16 * D / 2; w += 32) {
-                        const hs_u32 word = *reinterpret_cast<const hs_u32*>(&vs[buf][16 * j + w / (D / 2)][(w % (D / 2)) * 2]);
-                        bad |= hsm_nonfinite2<E>(word);
-                    }
-                    if (__any_sync(0xffffffffu, bad)) {
-                        // weights through shared memory; each output element sums its row's visible keys
+                    for (int r = 0; r < 2; ++r) {
 #pragma unroll
-                        for (int r = 0; r < 2; ++r) {
-#pragma unroll
-                            for (int h = 0; h < 2; ++h) {
-                                const hs_u32 p = pa[j][2 * h + r];
-                                pw[warp][g + 8 * r][8 * h + 2 * t] = hs_unpack_lo<E>(p);
-                                pw[warp][g + 8 * r][8 * h + 2 * t + 1] = hs_unpack_hi<E>(p);
-                            }
+                        for (int h = 0; h < 2; ++h) {
+                            const hs_u32 p = pa[j][2 * h + r];
+                            pw[warp][g + 8 * r][8 * h + 2 * t] = hs_unpack_lo<E>(p);
+                            pw[warp][g + 8 * r][8 * h + 2 * t + 1] = hs_unpack_hi<E>(p);
                         }
-                        __syncwarp();
-#pragma unroll
-                        for (int dt = 0; dt < DT; ++dt) {
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) {
-                                const int rr = g + 8 * (i >> 1), dim = 8 * dt + 2 * t + (i & 1);
-                                float acc = o[dt][i];
-                                for (int jj = 0; jj < 16; ++jj) {
-                                    if (k0 + jj > r0 + rr) break;
-                                    E e; e.bits = vs[buf][16 * j + jj][dim];
-                                    acc += pw[warp][rr][jj] * hs_ld(e);
-                                }
-                                o[dt][i] = acc;
-                            }
-                        }
-                        __syncwarp();
-                        continue;
                     }
+                    continue;
                 }
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; ++dp) {
@@ -394,6 +380,26 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
                     hs_mma_16816<E>(o[2 * dp], pa[j], b);
                     hs_mma_16816<E>(o[2 * dp + 1], pa[j], b + 2);
                 }
+            }
+            if (bad) {
+                // each output element sums its row's visible keys of the diagonal step (key r0 + jj is
+                // visible to row r0 + rr when jj <= rr); keys past Sk are zeros with weight 0
+                __syncwarp();
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int rr = g + 8 * (i >> 1), dim = 8 * dt + 2 * t + (i & 1);
+                        float acc = o[dt][i];
+#pragma unroll 1
+                        for (int jj = 0; jj <= rr; ++jj) {
+                            E e; e.bits = vs[buf][16 * jd + jj][dim];
+                            acc += pw[warp][rr][jj] * hs_ld(e);
+                        }
+                        o[dt][i] = acc;
+                    }
+                }
+                __syncwarp();
             }
         }
         __syncthreads();   // the next iteration's copies overwrite this buffer
