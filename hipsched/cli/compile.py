@@ -108,7 +108,7 @@ def _report(compiler, arch, rows, cache_dir):
                 pass
         resources.update({k: (source, r) for k, r in found.items()})
     target = target_for(arch)
-    report = kernel_report(target, resources, glue_launches(target.wavefront), instructions)
+    report = kernel_report(target, resources, glue_launches(target.wavefront, arch=arch), instructions)
     lines = format_report(target, report)
     tool = disassembler(compiler.platform)
     lines.append(f"  machine code read with {tool}" if instructions else

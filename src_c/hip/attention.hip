@@ -177,3 +177,261 @@ HSA_ENTRY(32)
 HSA_ENTRY(64)
 HSA_ENTRY(128)
 HSA_ENTRY(256)
+
+// ------------------------------------------------------------------------------------ tensor cores
+// FlashAttention-2 on NVIDIA's mma.sync m16n8k16 (prelude.h's "warp matrix" section), for float16 and
+// bfloat16 q, k, v: hs_attention_f16_mma_d<D> and hs_attention_bf16_mma_d<D>, D = 32, 64, 128.
+//
+// A block of 4 warps owns 64 query rows of one (batch, head), 16 per warp, and streams K and V through
+// shared memory in tiles of BN keys, double-buffered: the next tile's cp.async copies are in flight while
+// the warps compute on this one. Each warp keeps its Q rows in registers as mma A fragments, computes
+// its 16 x BN scores S = Q K^T with K's B fragments from ldmatrix, and runs the online softmax (base 2,
+// running max m and sum l per row, in float32) on S's accumulator fragments: a lane holds two elements
+// of rows g and g + 8 per 8-key tile (prelude.h's layouts), and the row max is a max over the 4 lanes of
+// a row (2 shuffles). P = 2^(S*scale*log2(e) - m) is rounded to the input type, as FlashAttention does,
+// and, since two S tiles side by side are laid out as one A fragment, feeds O += P V directly (V's B
+// fragments from ldmatrix .trans). l sums the rounded P, so the weights that multiply V are exactly the
+// ones normalised: a row's output is a convex combination of V rows before its final rounding.
+// The scale is applied to S in float32 (not folded into Q, which would round q * scale to 16 bits).
+//
+// Causal (top-left aligned, as the SIMT kernel): the block stops at its last row's keys, a warp skips
+// key steps of 16 that lie wholly above its rows, and masks the scores of the one 16 x 16 step on its
+// diagonal. A hidden key must not reach a row at all, and in the diagonal step the tensor core would
+// multiply a hidden key's weight 0 by its value: 0 * inf is NaN. So that step first checks its 16 V
+// rows; if one holds inf or NaN (rare: one warp vote per diagonal step otherwise), the step is done
+// without the tensor core, visible keys only. Keys past Sk (and dims past hd) are zeros in shared
+// memory, so a zero weight meets a zero value there. A row that sees no key (Sk == 0) gets zeros.
+// Launch: block 128, grid (ceil(Sq / 64) * B * H), the heaviest causal tiles first.
+#if defined(HS_MMA_M16N8K16)
+#define HSM_WARPS 4
+#define HSM_THREADS 128   // HSM_WARPS * 32, spelled out: __launch_bounds__ takes it (the emulator reads it unnested)
+#define HSM_ROWS 64       // HSM_WARPS * 16
+
+template <class E> HS_DEV bool hsm_nonfinite2(hs_u32 w);
+// exponent all ones in either half: inf or NaN
+template <> HS_DEV bool hsm_nonfinite2<hs_half>(hs_u32 w) { return (w & 0x7c00u) == 0x7c00u || (w & 0x7c000000u) == 0x7c000000u; }
+template <> HS_DEV bool hsm_nonfinite2<hs_bf16>(hs_u32 w) { return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u; }
+
+// One BN x D tile of K and of V into shared memory, rows of LD elements, zeros past `kend` and `hd`.
+// `vec`: hd a multiple of 8 and k, v 16-byte aligned, so rows go as 16-byte cp.async copies.
+template <int D, int BN, int LD>
+HS_DEV void hsm_load_tile(hs_u16 (*kd)[LD], hs_u16 (*vd)[LD], const hs_u16* kb, const hs_u16* vb, hs_i64 kt,
+                          hs_i64 kend, int hd, bool vec) {
+    constexpr int CH = D / 8;   // 16-byte chunks per row
+    for (int idx = threadIdx.x; idx < BN * CH; idx += HSM_THREADS) {
+        const int j = idx / CH, c = (idx % CH) * 8;
+        const hs_i64 key = kt + j;
+        hs_u16* kdst = &kd[j][c];
+        hs_u16* vdst = &vd[j][c];
+        if (vec && key < kend && c < hd) {
+            hs_cp_async16(kdst, kb + key * hd + c);
+            hs_cp_async16(vdst, vb + key * hd + c);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const bool in = key < kend && c + e < hd;
+                kdst[e] = in ? kb[key * hd + c + e] : (hs_u16)0;
+                vdst[e] = in ? vb[key * hd + c + e] : (hs_u16)0;
+            }
+        }
+    }
+    hs_cp_async_commit();
+}
+
+template <int D, class E>
+HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+    constexpr int BN = D == 128 ? 32 : 64;   // keys per tile: registers for S, 16 KiB or so per buffer pair
+    constexpr int LD = D + 8;                // row stride: 16 bytes of padding, so ldmatrix's 8 rows hit 8 bank groups
+    constexpr int KS = D / 16;               // k steps of Q K^T
+    constexpr int NT = BN / 8;               // 8-key tiles of S
+    constexpr int DT = D / 8;                // 8-dim tiles of O
+    alignas(16) __shared__ hs_u16 ks[2][BN][LD];
+    alignas(16) __shared__ hs_u16 vs[2][BN][LD];
+    __shared__ float pw[HSM_WARPS][16][16];  // the rare no-tensor-core diagonal step's weights
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const hs_i64 tiles = (sq + HSM_ROWS - 1) / HSM_ROWS;
+    const hs_i64 bh = (hs_i64)blockIdx.x / tiles;
+    const hs_i64 q0 = (tiles - 1 - (hs_i64)blockIdx.x % tiles) * HSM_ROWS;   // causal: longest rows first
+    const hs_i64 r0 = q0 + 16 * warp;
+    const hs_u16* qb = reinterpret_cast<const hs_u16*>(q) + bh * sq * hd;
+    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + bh * sk * hd;
+    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + bh * sk * hd;
+    const bool vec = hd % 8 == 0 && ((hs_u64)kb % 16) == 0 && ((hs_u64)vb % 16) == 0;
+
+    hs_u32 qa[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const hs_i64 row = r0 + g + 8 * (i & 1);
+            const int col = 16 * kk + 2 * t + 8 * (i >> 1);
+            const hs_u32 lo = row < sq && col < hd ? qb[row * hd + col] : 0u;
+            const hs_u32 hi = row < sq && col + 1 < hd ? qb[row * hd + col + 1] : 0u;
+            qa[kk][i] = lo | (hi << 16);
+        }
+    }
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m[2] = {-HS_INF, -HS_INF}, l[2] = {0.0f, 0.0f};   // rows g and g + 8; l is this lane's part
+    const float qs = scale * HSA_LOG2E;
+
+    hs_i64 kend = sk;
+    if (causal && q0 + HSM_ROWS < kend) kend = q0 + HSM_ROWS;
+    const hs_i64 ntiles = (kend + BN - 1) / BN;
+    if (ntiles > 0) hsm_load_tile<D, BN, LD>(ks[0], vs[0], kb, vb, 0, kend, hd, vec);
+#pragma unroll 1
+    for (hs_i64 it = 0; it < ntiles; ++it) {
+        const int buf = (int)(it & 1);
+        const hs_i64 kt = it * BN;
+        if (it + 1 < ntiles) {
+            hsm_load_tile<D, BN, LD>(ks[buf ^ 1], vs[buf ^ 1], kb, vb, kt + BN, kend, hd, vec);
+            hs_cp_async_wait<1>();
+        } else {
+            hs_cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (!causal || kt <= r0 + 15) {   // warp-uniform: some key of the tile is visible to the warp
+            float s[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    // matrices: keys +0 / +8 (lane / 16) by dims +0 / +8 ((lane / 8) % 2)
+                    hs_u32 b[4];
+                    hs_ldsm_x4(b, &ks[buf][16 * np + (lane / 16) * 8 + lane % 8][16 * kk + ((lane / 8) % 2) * 8]);
+                    hs_mma_16816<E>(s[2 * np], qa[kk], b);
+                    hs_mma_16816<E>(s[2 * np + 1], qa[kk], b + 2);
+                }
+            }
+            float mx[2] = {m[0], m[1]};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const hs_i64 key = kt + 8 * nt + 2 * t + (i & 1);
+                    const hs_i64 row = r0 + g + 8 * (i >> 1);
+                    const bool vis = key < sk && (!causal || key <= row);
+                    s[nt][i] = vis ? s[nt][i] * qs : -HS_INF;
+                    mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
+                }
+            }
+            float ms[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], HS_SHFL_XOR(mx[r], 1));
+                mx[r] = fmaxf(mx[r], HS_SHFL_XOR(mx[r], 2));
+                // as the SIMT kernel: a finite stand-in for a row with no key yet keeps exp2 at exactly 0
+                ms[r] = (mx[r] == -HS_INF) ? 0.0f : mx[r];
+                const float alpha = exp2f(m[r] - ms[r]);
+                m[r] = mx[r];
+                l[r] *= alpha;
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) { o[dt][2 * r] *= alpha; o[dt][2 * r + 1] *= alpha; }
+            }
+            // P as A fragments, key step j = S tiles 2j (registers 0, 1: rows g, g + 8) and 2j + 1 (2, 3)
+            hs_u32 pa[NT / 2][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const hs_u32 p = hs_pack2<E>(exp2f(s[nt][2 * r] - ms[r]), exp2f(s[nt][2 * r + 1] - ms[r]));
+                    pa[nt / 2][2 * (nt % 2) + r] = p;
+                    l[r] += hs_unpack_lo<E>(p) + hs_unpack_hi<E>(p);
+                }
+            }
+            // The diagonal step (the warp's rows r0..r0+15 against keys r0..r0+15, both multiples of 16),
+            // if it is in this tile: does a V row there hold inf or NaN? One vote of the warp.
+            const int jd = causal && kt <= r0 && r0 < kt + BN ? (int)((r0 - kt) / 16) : -1;
+            bool bad = false;
+            if (jd >= 0) {
+#pragma unroll
+                for (int w = lane; w < 16 * D / 2; w += 32) {
+                    const hs_u32 word = *reinterpret_cast<const hs_u32*>(&vs[buf][16 * jd + w / (D / 2)][(w % (D / 2)) * 2]);
+                    bad |= hsm_nonfinite2<E>(word);
+                }
+                bad = __any_sync(0xffffffffu, bad);
+            }
+#pragma unroll
+            for (int j = 0; j < BN / 16; ++j) {
+                if (causal && kt + 16 * j > r0 + 15) break;   // this step and the rest: above every row of the warp
+                if (j == jd && bad) {
+                    // the diagonal step without the tensor core (below): its weights to shared memory
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const hs_u32 p = pa[j][2 * h + r];
+                            pw[warp][g + 8 * r][8 * h + 2 * t] = hs_unpack_lo<E>(p);
+                            pw[warp][g + 8 * r][8 * h + 2 * t + 1] = hs_unpack_hi<E>(p);
+                        }
+                    }
+                    continue;
+                }
+#pragma unroll
+                for (int dp = 0; dp < DT / 2; ++dp) {
+                    // matrices (transposed): keys +0 / +8 ((lane / 8) % 2) by dims +0 / +8 (lane / 16)
+                    hs_u32 b[4];
+                    hs_ldsm_x4_trans(b, &vs[buf][16 * j + ((lane / 8) % 2) * 8 + lane % 8][16 * dp + (lane / 16) * 8]);
+                    hs_mma_16816<E>(o[2 * dp], pa[j], b);
+                    hs_mma_16816<E>(o[2 * dp + 1], pa[j], b + 2);
+                }
+            }
+            if (bad) {
+                // each output element sums its row's visible keys of the diagonal step (key r0 + jj is
+                // visible to row r0 + rr when jj <= rr); keys past Sk are zeros with weight 0
+                __syncwarp();
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int rr = g + 8 * (i >> 1), dim = 8 * dt + 2 * t + (i & 1);
+                        float acc = o[dt][i];
+#pragma unroll 1
+                        for (int jj = 0; jj <= rr; ++jj) {
+                            E e; e.bits = vs[buf][16 * jd + jj][dim];
+                            acc += pw[warp][rr][jj] * hs_ld(e);
+                        }
+                        o[dt][i] = acc;
+                    }
+                }
+                __syncwarp();
+            }
+        }
+        __syncthreads();   // the next iteration's copies overwrite this buffer
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float lr = l[r];
+        lr += HS_SHFL_XOR(lr, 1);
+        lr += HS_SHFL_XOR(lr, 2);
+        const hs_i64 row = r0 + g + 8 * r;
+        if (row >= sq) continue;
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+        E* orow = out + (bh * sq + row) * hd;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            const int d = 8 * dt + 2 * t;
+            if (d < hd) orow[d] = hs_st<E>(o[dt][2 * r] * inv);
+            if (d + 1 < hd) orow[d + 1] = hs_st<E>(o[dt][2 * r + 1] * inv);
+        }
+    }
+}
+
+#define HSM_ENTRY_T(P, E, D)                                                                              \
+    HS_KERNEL void __launch_bounds__(HSM_THREADS) hs_attention_##P##mma_d##D(                             \
+        const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
+        hsm_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
+    }
+#define HSM_ENTRY(D) HSM_ENTRY_T(f16_, hs_half, D) HSM_ENTRY_T(bf16_, hs_bf16, D)
+
+HSM_ENTRY(32)
+HSM_ENTRY(64)
+HSM_ENTRY(128)
+#endif  // HS_MMA_M16N8K16

@@ -226,3 +226,106 @@ template <class T> HS_DEV void hs_ld8(const T* x, hs_i64 p, float (&v)[8]) { HsP
 template <class T> HS_DEV void hs_st8(T* y, hs_i64 p, const float (&v)[8]) { HsPack8<T>::st(y, p, v); }
 // The sum of a pack in one fixed order (pairwise), the same for every element type.
 HS_DEV float hs_sum8(const float (&v)[8]) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
+// ---------------------------------------------------------------------------------------- warp matrix
+// Tensor-core fragments for the attention kernels (src_c/hip/attention.hip), NVIDIA's mma.sync
+// m16n8k16 at warp 32. Fragment layouts are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with
+// floating point type"); with g = lane / 4 and t = lane % 4, each 32-bit register holds two 16-bit
+// elements, the lower-indexed one in the low half:
+//   A (16 x 16, row):  a0 = A[g][2t..2t+1]  a1 = A[g+8][2t..]  a2 = A[g][2t+8..]  a3 = A[g+8][2t+8..]
+//   B (16 x 8, col):   b0 = B[2t..2t+1][g]  b1 = B[2t+8..2t+9][g]
+//   C, D (16 x 8, f32): c0, c1 = C[g][2t], C[g][2t+1]   c2, c3 = C[g+8][2t], C[g+8][2t+1]
+// Two C tiles side by side (columns 0-7, 8-15) are, element for element, one A fragment of 16 x 16: a
+// product's result feeds the next product as A without leaving the registers.
+// HS_MMA_M16N8K16: the target has them (sm_80+: the bf16 form and cp.async are sm_80's), or the kernel
+// emulator (tests/support/gpu_emulator.py) defines HS_EMU_WARP_MATRIX and implements the same operations
+// on the CPU in its shim: the kernels then run unchanged, lane for lane. Other targets (AMD, where MFMA's
+// accumulator layout is not its A layout and needs its own kernel, and older NVIDIA parts) have no
+// tensor-core attention kernels: the glue picks the SIMT ones there (hipsched/gpu/ops/attention.py).
+#if defined(HS_NVIDIA) && (defined(HS_EMU_WARP_MATRIX) || __CUDA_ARCH__ >= 800)
+#define HS_MMA_M16N8K16 1
+
+// Two floats rounded to the 16-bit type T (nearest even, as hs_st<T>) in one register: lo in the low half.
+template <class T> HS_DEV hs_u32 hs_pack2(float lo, float hi);
+#if defined(HS_EMU_WARP_MATRIX)
+template <> HS_DEV hs_u32 hs_pack2<hs_half>(float lo, float hi) {
+    return (hs_u32)hs_float_to_half(lo) | ((hs_u32)hs_float_to_half(hi) << 16);
+}
+template <> HS_DEV hs_u32 hs_pack2<hs_bf16>(float lo, float hi) {
+    return (hs_u32)hs_float_to_bf16(lo) | ((hs_u32)hs_float_to_bf16(hi) << 16);
+}
+#else
+// cvt.rn.{f16x2,bf16x2}.f32 d, a, b puts a in the upper half: hi first
+template <> HS_DEV hs_u32 hs_pack2<hs_half>(float lo, float hi) {
+    hs_u32 r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+template <> HS_DEV hs_u32 hs_pack2<hs_bf16>(float lo, float hi) {
+    hs_u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+#endif
+// The two elements of a packed register, widened (exact).
+template <class T> HS_DEV float hs_unpack_lo(hs_u32 r) { T e; e.bits = (hs_u16)(r & 0xffffu); return hs_ld(e); }
+template <class T> HS_DEV float hs_unpack_hi(hs_u32 r) { T e; e.bits = (hs_u16)(r >> 16); return hs_ld(e); }
+
+// d = a * b + c, one m16n8k16 product: the products of the 16-bit inputs are exact, the sums float32.
+template <class T> HS_DEV void hs_mma_16816(float* d, const hs_u32* a, const hs_u32* b);
+#if defined(HS_EMU_WARP_MATRIX)
+template <> HS_DEV void hs_mma_16816<hs_half>(float* d, const hs_u32* a, const hs_u32* b) { emu_mma_m16n8k16(d, a, b, false); }
+template <> HS_DEV void hs_mma_16816<hs_bf16>(float* d, const hs_u32* a, const hs_u32* b) { emu_mma_m16n8k16(d, a, b, true); }
+#else
+template <> HS_DEV void hs_mma_16816<hs_half>(float* d, const hs_u32* a, const hs_u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> HS_DEV void hs_mma_16816<hs_bf16>(float* d, const hs_u32* a, const hs_u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+// Four 8 x 8 matrices of 16-bit elements from shared memory (ldmatrix .x4): lanes 8i..8i+7 give the
+// addresses of matrix i's rows (16 bytes each, 16-byte aligned); r[i] of lane l is then matrix i's
+// row l/4, elements 2(l%4) and 2(l%4)+1 (a B fragment of a row-major K tile), or with `trans` the same
+// of the transposed matrix: elements (2(l%4), l/4) and (2(l%4)+1, l/4) (a B fragment of a row-major V).
+#if defined(HS_EMU_WARP_MATRIX)
+HS_DEV void hs_ldsm_x4(hs_u32* r, const void* row) { emu_ldmatrix_x4(r, row, false); }
+HS_DEV void hs_ldsm_x4_trans(hs_u32* r, const void* row) { emu_ldmatrix_x4(r, row, true); }
+#else
+HS_DEV hs_u32 hs_smem_addr(const void* p) {
+    hs_u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+HS_DEV void hs_ldsm_x4(hs_u32* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(hs_smem_addr(row)));
+}
+HS_DEV void hs_ldsm_x4_trans(hs_u32* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(hs_smem_addr(row)));
+}
+#endif
+
+// 16 bytes global -> shared without passing through registers (cp.async, sm_80+), completed in groups:
+// hs_cp_async_commit closes a group, hs_cp_async_wait<N> waits until at most N groups are in flight
+// (then a __syncthreads makes every thread's copies visible to the block). The plain form (the
+// emulator) copies at once; its commit and wait have nothing to do.
+#if defined(HS_EMU_WARP_MATRIX)
+HS_DEV void hs_cp_async16(void* smem, const void* gmem) {
+    ((hs_u64*)smem)[0] = ((const hs_u64*)gmem)[0];
+    ((hs_u64*)smem)[1] = ((const hs_u64*)gmem)[1];
+}
+HS_DEV void hs_cp_async_commit() {}
+template <int N> HS_DEV void hs_cp_async_wait() {}
+#else
+HS_DEV void hs_cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(hs_smem_addr(smem)), "l"(gmem) : "memory");
+}
+HS_DEV void hs_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> HS_DEV void hs_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+#endif
+#endif  // HS_MMA_M16N8K16

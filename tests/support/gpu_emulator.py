@@ -89,7 +89,7 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     return r;
 }
 static inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
-struct EmuWarp { EmuBarrier* bar; unsigned long long slot[64]; };
+struct EmuWarp { EmuBarrier* bar; unsigned long long slot[64]; unsigned frag[64][6]; };
 extern EmuWarp* emu_warps;
 void __syncthreads();
 template <class T> static inline T emu_shfl(T v, int src) {
@@ -107,6 +107,71 @@ template <class T> static inline T __shfl_sync(unsigned, T v, int s, int = 32) {
 template <class T> static inline T __shfl_xor(T v, int m, int = 64) { return emu_shfl(v, EMU_LANE ^ m); }
 template <class T> static inline T __shfl_down(T v, int d, int = 64) { return emu_shfl(v, EMU_LANE + d < EMU_WARP ? EMU_LANE + d : EMU_LANE); }
 template <class T> static inline T __shfl(T v, int s, int = 64) { return emu_shfl(v, s); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_warps[threadIdx.x / EMU_WARP].bar->arrive_and_wait(); }
+static inline int __any_sync(unsigned, int p) {
+    const int lane = EMU_LANE; EmuWarp& w = emu_warps[threadIdx.x / EMU_WARP];
+    w.slot[lane] = p != 0; w.bar->arrive_and_wait();
+    int any = 0; for (int i = 0; i < EMU_WARP; ++i) any |= (int)w.slot[i];
+    w.bar->arrive_and_wait();
+    return any;
+}
+// Warp-matrix operations (prelude.h's "warp matrix" section, under HS_EMU_WARP_MATRIX), at warp 32 with
+// the PTX ISA's fragment layouts: every lane posts its registers in the warp's buffer, then computes
+// its own result from the whole matrix, as the hardware's lanes together do. (prelude.h enables them on
+// NVIDIA-like builds only: at warp 64 nothing calls them.)
+static inline float emu_half_bits(unsigned h, bool bf16) {
+    if (bf16) return __uint_as_float(h << 16);
+    const unsigned sign = (h & 0x8000u) << 16, em = h & 0x7fffu;
+    if (em >= 0x7c00u) return __uint_as_float(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+    if (em >= 0x0400u) return __uint_as_float(sign | ((em << 13) + 0x38000000u));
+    const float f = (float)em * 5.9604644775390625e-08f;   // subnormal: em * 2^-24, exact
+    return sign ? -f : f;
+}
+// Element (r, c) of a matrix held as 16-bit pairs: `reg` the register index, `lane` its owner.
+static inline float emu_frag_elem(EmuWarp& w, int lane, int reg, int c, bool bf16) {
+    return emu_half_bits((w.frag[lane][reg] >> (16 * (c & 1))) & 0xffffu, bf16);
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d (4 floats, in and out: the C operand), a (4
+// registers of A 16 x 16), b (2 registers of B 16 x 8). A product of two 16-bit values is exact in
+// float32 (11 + 11 significant bits); each d element adds its 16 products to c in k order, in float32.
+static inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, bool bf16) {
+    const int lane = EMU_LANE; EmuWarp& w = emu_warps[threadIdx.x / EMU_WARP];
+    for (int i = 0; i < 4; ++i) w.frag[lane][i] = a[i];
+    for (int i = 0; i < 2; ++i) w.frag[lane][4 + i] = b[i];
+    w.bar->arrive_and_wait();
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i / 2), n = 2 * t + (i % 2);
+        float acc = d[i];
+        for (int k = 0; k < 16; ++k) {
+            // A[r][k]: lane (r % 8) * 4 + (k % 8) / 2, register r / 8 + 2 * (k / 8); B[k][n]: lane n * 4 +
+            // (k % 8) / 2, register 4 + k / 8; the element's half is k % 2 in both
+            const float av = emu_frag_elem(w, (r % 8) * 4 + (k % 8) / 2, r / 8 + 2 * (k / 8), k, bf16);
+            const float bv = emu_frag_elem(w, n * 4 + (k % 8) / 2, 4 + k / 8, k, bf16);
+            acc = std::fma(av, bv, acc);
+        }
+        d[i] = acc;
+    }
+    w.bar->arrive_and_wait();
+}
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane 8i + j gives the address of row j of matrix i.
+static inline void emu_ldmatrix_x4(unsigned* r, const void* row, bool trans) {
+    const int lane = EMU_LANE; EmuWarp& w = emu_warps[threadIdx.x / EMU_WARP];
+    w.slot[lane] = (unsigned long long)row;
+    w.bar->arrive_and_wait();
+    for (int i = 0; i < 4; ++i) {
+        unsigned short lo, hi;
+        if (!trans) {
+            const unsigned short* p = (const unsigned short*)w.slot[8 * i + lane / 4];
+            lo = p[2 * (lane % 4)]; hi = p[2 * (lane % 4) + 1];
+        } else {
+            lo = ((const unsigned short*)w.slot[8 * i + 2 * (lane % 4)])[lane / 4];
+            hi = ((const unsigned short*)w.slot[8 * i + 2 * (lane % 4) + 1])[lane / 4];
+        }
+        r[i] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    w.bar->arrive_and_wait();
+}
 extern unsigned char* emu_dyn_smem;
 """
 
@@ -299,6 +364,8 @@ class EmuCompiler(Compiler):
         # the CPU has neither PTX's cvt nor (portably) _Float16: prelude.h's integer conversions, which
         # round as the hardware instructions do
         vendor += "#define HS_SOFT_HALF 1\n"
+        # prelude.h's warp-matrix operations (mma, ldmatrix, cp.async) as the shim's emu_* functions
+        vendor += "#define HS_EMU_WARP_MATRIX 1\n"
         with tempfile.TemporaryDirectory(prefix="hs_emu_") as d:
             # kernels.py sources are the prelude, then `#line 1 "<file>"` and the file
             first = "prelude.h" if '\n#line 1 "' in source else name

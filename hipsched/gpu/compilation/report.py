@@ -7,6 +7,7 @@ share of 128-bit global loads and stores, local-memory instructions."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import pkgutil
 from dataclasses import dataclass
@@ -58,12 +59,16 @@ def glue_modules() -> list:
             if info.name != GLUE_SHARED]
 
 
-def glue_launches(warp: int, multiprocessors: int = 100) -> dict[str, dict[int, int]]:
+def glue_launches(warp: int, multiprocessors: int = 100, arch: str | None = None) -> dict[str, dict[int, int]]:
     """{kernel: {threads per block: the most dynamic shared memory}} over what the launch glue plans
-    for shapes that reach every kernel and every block size it uses."""
+    for shapes that reach every kernel and every block size it uses; on target `arch` when given (a
+    family whose kernels differ by target, attention's tensor-core ones, takes it as `arch`)."""
     plans = []
     for module in glue_modules():
-        plans += module.report_launches(warp, multiprocessors)
+        if arch is not None and "arch" in inspect.signature(module.report_launches).parameters:
+            plans += module.report_launches(warp, multiprocessors, arch=arch)
+        else:
+            plans += module.report_launches(warp, multiprocessors)
     out: dict[str, dict[int, int]] = {}
     for p in plans:
         threads = p.block[0] * p.block[1] * p.block[2]
@@ -105,14 +110,14 @@ def format_report(target: Target, rows: list[ReportRow]) -> list[str]:
                 + (f"; {target.sgprs_per_simd} SGPRs" if target.sgprs_per_simd else "")
                 + f"; {target.shared_per_cu // 1024} KiB LDS per {'WGP' if target.wavefront == 32 else 'CU'}, "
                 f"{target.shared_per_block // 1024} KiB per block)")
-        cols = (f"  {'kernel':<22} {'block':>5} {'vgpr':>4} {'agpr':>4} {'sgpr':>4} {'spill v/s':>9} "
+        cols = (f"  {'kernel':<28} {'block':>5} {'vgpr':>4} {'agpr':>4} {'sgpr':>4} {'spill v/s':>9} "
                 f"{'lds static+dyn':>15} {'scratch':>7} {'occupancy':>14}  limited by")
     else:
         head = (f"  occupancy in warps per SM (at most {target.max_waves_per_simd * target.simds}; "
                 f"{target.regs_per_simd * target.simds // 1024}K registers, {target.max_blocks_per_cu} blocks, "
                 f"{target.shared_per_cu // 1024} KB shared memory with {target.shared_reserved_per_block} B "
                 f"reserved per block; {target.shared_per_block // 1024} KB per block without opt-in)")
-        cols = (f"  {'kernel':<22} {'block':>5} {'regs':>4} {'spill st/ld B':>13} {'smem static+dyn':>15} "
+        cols = (f"  {'kernel':<28} {'block':>5} {'regs':>4} {'spill st/ld B':>13} {'smem static+dyn':>15} "
                 f"{'stack':>5} {'occupancy':>14}  limited by")
     disassembled = any(row.instructions is not None for row in rows)
     width = len(cols)
@@ -125,10 +130,10 @@ def format_report(target: Target, rows: list[ReportRow]) -> list[str]:
         why = "?" if o is None else o.limiter
         smem = f"{r.static_shared}+{row.dynamic_shared}"
         if amd:
-            line = (f"  {row.kernel:<22} {row.block:>5} {r.registers:>4} {r.agprs or 0:>4} {r.sgprs or 0:>4} "
+            line = (f"  {row.kernel:<28} {row.block:>5} {r.registers:>4} {r.agprs or 0:>4} {r.sgprs or 0:>4} "
                     f"{_spills(r):>9} {smem:>15} {r.private:>7} {occ:>14}  {why}")
         else:
-            line = (f"  {row.kernel:<22} {row.block:>5} {r.registers:>4} {_spills(r):>13} {smem:>15} "
+            line = (f"  {row.kernel:<28} {row.block:>5} {r.registers:>4} {_spills(r):>13} {smem:>15} "
                     f"{r.private:>5} {occ:>14}  {why}")
         if disassembled:
             line = line.ljust(width) + _instruction_columns(row.instructions)

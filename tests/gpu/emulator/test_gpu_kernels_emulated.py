@@ -584,9 +584,15 @@ def test_half_attention_head_classes(emu, rng, dtype, hd):
     k, v = (rng.standard_normal((1, 2, 20, hd)).astype(t) for _ in range(2))   # d256: 2 key tiles
     for causal in (False, True):
         params = {"causal": causal, "scale": None}
-        g = emu.run(half_call("attention", (q, k, v), params, dtype))
+        call = half_call("attention", (q, k, v), params, dtype)
+        g = emu.run(call)
         assert g.dtype == t and g.shape == q.shape
-        # float32 running max, sum and output as in the float32 kernel, one rounding on the store
+        if "_mma_" in _attention_kernel(emu, call):
+            # the tensor-core kernel rounds P too: test_tensor_core_attention's contract
+            assert_attention_contract(g, q, k, v, causal, dtype)
+            continue
+        # the SIMT kernel: float32 running max, sum and output as in the float32 kernel, one rounding on
+        # the store
         assert_same_bits(g, rounded(_emu_f32(emu, "attention", q, params, k, v), dtype))
         q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
         s = q64 @ k64.transpose(0, 1, 3, 2) / np.sqrt(hd)
@@ -598,6 +604,114 @@ def test_half_attention_head_classes(emu, rng, dtype, hd):
         # engine) plus the half rounding of each output
         bound = UNIT[dtype] * np.abs(ref) + 2e-5 * np.abs(ref) + 2e-6 + TINY[dtype]
         np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+
+
+def _attention_kernel(emu, call) -> str:
+    from hipsched.gpu.ops.attention import attention_plan
+    (launch,) = attention_plan(emu._ctx, call)
+    return launch.kernel
+
+
+def attention_contract(q, k, v, causal, dtype):
+    """(float64 reference, the error bound docs/gpu.md states for the tensor-core kernels), elementwise.
+
+    With weights w_j = softmax_j(s) and M = sum_j w_j |v_j| (the output's magnitude scale: attention
+    applied to |V|), u the unit roundoff of the output type: rounding each P to the input type moves the
+    normalised weights by at most 2u/(1-u) relative, so the output by 2u/(1-u) M (the errors of l and of
+    P cancel to first order only for equal v, so the bound takes no credit for it); the final rounding adds
+    u |out|; P's underflow to half subnormals at most TINY per visible key times |v_j|. The float32 parts
+    (Q K^T over hd exact products, the scaled exponent, the P V and l sums over Sk keys) are
+    2^-23 ((hd + 4) 1.5 max_j sa_j + Sk + 8) M, with sa = scale |q| |k|^T. One ulp at the magnitude scale
+    being 2u M, that is 1.5 ulps plus the float32 parts."""
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    hd, sk = q.shape[-1], k.shape[-2]
+    scale = 1 / np.sqrt(hd)
+    s = q64 @ np.swapaxes(k64, -1, -2) * scale
+    vis = np.ones(s.shape[-2:], bool)
+    if causal:
+        vis = np.tril(vis)
+    s = np.where(vis, s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    av = np.abs(v64)
+    ref, M = w @ v64, w @ av
+    sa = np.where(vis, np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2) * scale, 0).max(-1, keepdims=True)
+    u = UNIT[dtype]
+    f32 = 2.0 ** -23 * ((hd + 4) * 1.5 * sa + sk + 8) * M
+    bound = u * np.abs(ref) + 2 * u / (1 - u) * M + f32 + 2 * TINY[dtype] * (vis @ av) + TINY[dtype]
+    return ref, bound
+
+
+def assert_attention_contract(g, q, k, v, causal, dtype):
+    ref, bound = attention_contract(q, k, v, causal, dtype)
+    np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+
+
+# Tensor-core attention (hs_attention_{f16,bf16}_mma_d*: warp 32, the emulated sm_90; warp 64, the emulated
+# gfx90a, runs the SIMT kernels, which meet the same contract): query and key tails (not multiples of the
+# 64-row block or the 64- or 32-key tile), several key tiles (the double buffer), Sq != Sk both ways, head
+# dims below their class (padding), every class with tensor-core kernels.
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("sq,sk,hd", [(70, 90, 64), (17, 33, 40), (65, 40, 128), (5, 130, 20), (16, 16, 64)],
+                         ids=["tails", "pad", "d128", "d32", "one_block"])
+def test_tensor_core_attention(emu, rng, dtype, sq, sk, hd):
+    t = HALF[dtype]
+    q = (rng.standard_normal((1, 2, sq, hd)) * 1.5).astype(t)
+    k, v = (rng.standard_normal((1, 2, sk, hd)).astype(t) for _ in range(2))
+    for causal in (False, True):
+        call = half_call("attention", (q, k, v), {"causal": causal, "scale": None}, dtype)
+        assert ("_mma_" in _attention_kernel(emu, call)) == (emu._ctx.warp_size == 32)
+        g = emu.run(call)
+        assert g.dtype == t and g.shape == q.shape
+        assert_attention_contract(g, q, k, v, causal, dtype)
+        # the CPU engine rounds only its float32 result: within the contract plus its own rounding and
+        # float32 error (2e-5, test_attention_head_classes's)
+        c = CPU.run(OPS["attention"].prepare(q, k, v, causal=causal))
+        ref, bound = attention_contract(q, k, v, causal, dtype)
+        np.testing.assert_array_less(np.abs(g.astype(np.float64) - c.astype(np.float64)),
+                                     bound + UNIT[dtype] * np.abs(ref) + 2e-5 * (1 + np.abs(ref)) + TINY[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tensor_core_attention_no_keys(emu, dtype):
+    t = HALF[dtype]
+    q = np.ones((1, 2, 5, 64), t)
+    k = v = np.zeros((1, 2, 0, 64), t)
+    for causal in (False, True):
+        call = half_call("attention", (q, k, v), {"causal": causal, "scale": None}, dtype)
+        assert ("_mma_" in _attention_kernel(emu, call)) == (emu._ctx.warp_size == 32)
+        g = emu.run(call)
+        assert g.shape == q.shape and not g.astype(np.float32).any()   # zeros, as PyTorch and the CPU engine
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tensor_core_attention_hidden_inf_nan(emu, rng, dtype):
+    """Causal: a hidden key must not reach a row even when its V holds inf or NaN (0 * inf = NaN in a
+    tensor-core product): keys on each warp's diagonal 16 x 16 step (3, 20, 36: warps of rows 0-15,
+    16-31, 32-47) and past a warp's rows (20 for rows 0-15), a NaN key (38) only rows 38, 39 see."""
+    t = HALF[dtype]
+    sq = sk = 40
+    q = rng.standard_normal((1, 1, sq, 64)).astype(t)
+    k, v = (rng.standard_normal((1, 1, sk, 64)).astype(t) for _ in range(2))
+    v[0, 0, 3, :8] = np.inf
+    v[0, 0, 20, 5] = np.nan
+    v[0, 0, 36, 9] = -np.inf
+    k[0, 0, 38, 0] = np.nan
+    call = half_call("attention", (q, k, v), {"causal": True, "scale": None}, dtype)
+    g = emu.run(call).astype(np.float64)
+    c = CPU.run(OPS["attention"].prepare(q, k, v, causal=True)).astype(np.float64)
+    assert np.isfinite(g[0, 0, :3]).all()
+    for special in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(special(g), special(c))
+    # where the output is finite only finite values met it: the contract on V's non-finite entries zeroed
+    # (they reach no finite output), K's NaN key kept out of the rows that see it (they are all NaN)
+    v0 = np.where(np.isfinite(v.astype(np.float32)), v, t.type(0))
+    ref, bound = attention_contract(q, k[..., :38, :], v0[..., :38, :], True, dtype)
+    fin = np.isfinite(c)
+    fin[0, 0, 38:] = False
+    assert fin[0, 0, :38].sum() > 30 * 64
+    np.testing.assert_array_less(np.abs(g[..., :38, :] - ref[..., :38, :])[fin[..., :38, :]],
+                                 bound[..., :38, :][fin[..., :38, :]])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -316,8 +316,10 @@ def sweep(warp, cus, amd):
             expect = "glue" if hd > attention.MAX_HEAD_DIM else (
                 {"grid-x", "work-items"} if b * h * sq >= 2**34 else None)
             for sfx in common.KERNEL_SUFFIX.values():
-                yield plan("attention", (b, h, sq, hd, sfx), attention.attention_launches, b, h, sq, hd, sfx,
-                           expect=expect)
+                # the tensor-core kernels where the target has them (every NVIDIA target here is sm_80+)
+                for mma in (False,) if amd else (False, True):
+                    yield plan("attention", (b, h, sq, hd, sfx, mma), attention.attention_launches, b, h, sq, hd,
+                               sfx, mma, expect=expect)
     for n in (1, 255, 2**20, 2**31, BIG):
         for dtype in (np.int32, np.int64):
             yield plan("spread_activation", (n, dtype.__name__), graph.spread_launches, n, dtype, cus)
@@ -472,7 +474,7 @@ def test_report_covers_every_kernel_at_the_glues_block_sizes(cache_dir):
     from hipsched.gpu.compilation.report import glue_launches
     for arch in ("sm_90", "gfx90a", "gfx1030"):
         names = set(resources(arch, cache_dir))
-        assert set(glue_launches(TARGETS[arch].wavefront)) == names, arch
+        assert set(glue_launches(TARGETS[arch].wavefront, arch=arch)) == names, arch
     sizes = glue_launches(32)
     assert sizes["hs_softmax_rows_f32"] == {64: 2044, 256: 16380, 512: elementwise.SOFTMAX_CACHED_LEN * 4}
     assert sizes["hs_attention_d256"] == {128: 0} and sizes["hs_topk_select_f32"] == {256: 0}
