@@ -8,12 +8,14 @@
  * is the float32 sum of exact products, rounded once to bfloat16 at the end as the widening path
  * rounds it, in another summation order, with bfloat16 denormals (|x| < 2^-126) counted as zero.
  *
- * Both operands are repacked once per call into the pair layout the instruction reads: A into panels of
- * MM_MR rows whose k-pairs are 32-bit words, pair p of rows 0..MM_MR-1 together, so a row's pair is one
- * broadcast; B into panels of MM_NR columns whose k-pairs are interleaved, pair p of columns 0..MM_NR-1
- * together (two vectors). k is padded to even with zeros, m and n to whole panels; padded rows and
- * columns are computed and never stored. A micro-tile MM_MR x MM_NR keeps its 24 accumulators in
- * registers over the whole of k, so each result is rounded exactly once and no float32 C is held. */
+ * Work items are (96 rows, 128 columns) blocks of C, handed out to threads as they free up, each with its
+ * own buffers (no barrier, no shared scratch: a thread the OS deschedules holds up one item, not all).
+ * An item repacks its 128 columns of B into the pair layout the instruction reads: for each k-pair p, the
+ * 32 columns of a panel interleaved, (B[2p][c], B[2p + 1][c]), two vectors. A is read where it lies,
+ * each row's pair one 32-bit broadcast; an odd k pads it: the item's rows are then copied with a zero
+ * after each (k + 1 per row). Rows past m read the last row again (computed, never stored), columns
+ * past n are zero in the packed B. A 12 x 32 micro-tile keeps its 24 accumulators in registers over the
+ * whole of k, so each result is rounded exactly once and no float32 C is held. */
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
 #define HS_AVX512 1
 #include <stdlib.h>
@@ -23,35 +25,11 @@
 
 #define MM_MR 12    /* rows per micro-tile: 12 x 2 accumulators, 2 B vectors and a broadcast in 32 zmm */
 #define MM_NR 32    /* columns per micro-tile: two vectors of 16 float32 lanes */
-/* Micro-tiles per work item, rows x columns: the item's A panels (MM_GM * MM_MR rows of k) and one B
- * panel stay in L2 while the item walks them; for k = 1024 that is 192 KB of A and 64 KB of B. */
-#define MM_GM 8
-#define MM_GN 8
-
-static inline uint32_t mm_pair(const uint16_t *row, int64_t p, int64_t k) {
-    uint32_t lo = row[2 * p], hi = 2 * p + 1 < k ? row[2 * p + 1] : 0;
-    return lo | hi << 16;
-}
-
-/* Panel ip of A: ap[p * MM_MR + r] = (A[ip*MM_MR + r][2p], A[..][2p + 1]) as one 32-bit word, zero past
- * m and k. */
-static void mm_pack_a(const uint16_t *a, int64_t m, int64_t k, int64_t k2, int64_t ip, uint32_t *ap) {
-    for (int r = 0; r < MM_MR; r++) {
-        int64_t row = ip * MM_MR + r;
-        if (row >= m) {
-            for (int64_t p = 0; p < k2; p++) ap[p * MM_MR + r] = 0;
-            continue;
-        }
-        const uint16_t *src = a + row * k;
-        int64_t full = k / 2;
-        for (int64_t p = 0; p < full; p++) {
-            uint32_t w;
-            memcpy(&w, src + 2 * p, 4);
-            ap[p * MM_MR + r] = w;
-        }
-        if (full < k2) ap[full * MM_MR + r] = mm_pair(src, full, k);
-    }
-}
+/* One work item: MM_IM rows (8 micro-tiles) x MM_IN columns (4 panels). Its B panels (k x 128 bfloat16:
+ * 256 KB at k = 1024) and the A rows it walks (96 x k: 192 KB) stay in L2; packing B costs 1/96 of the
+ * item's products. */
+#define MM_IM (8 * MM_MR)
+#define MM_IN (4 * MM_NR)
 
 /* Panel jp of B: bp[p * 2*MM_NR + 2c + e] = B[2p + e][jp*MM_NR + c], zero past k and n. Two rows of 32
  * columns are interleaved by one two-source word permute per output vector. */
@@ -71,8 +49,12 @@ static void mm_pack_b(const uint16_t *b, int64_t k, int64_t n, int64_t k2, int64
     }
 }
 
-/* One micro-tile: rows [0, mr) and columns [0, nr) of C at c (row stride n) from panels ap and bp. */
-static void mm_tile(const uint32_t *ap, const uint16_t *bp, int64_t k2, uint16_t *c, int64_t n, int mr, int nr) {
+/* One micro-tile: rows [0, mr) and columns [0, nr) of C at c (row stride n), from rows of A as 32-bit
+ * pairs (row r at a + r * lda, k2 pairs; rows past mr repeat the last one) and one packed B panel. */
+static void mm_tile(const uint16_t *a, int64_t lda, const uint16_t *bp, int64_t k2, uint16_t *c, int64_t n, int mr,
+                    int nr) {
+    const uint16_t *ar[MM_MR];
+    for (int r = 0; r < MM_MR; r++) ar[r] = a + (r < mr ? r : mr - 1) * lda;
     __m512 acc[MM_MR][2];
     #pragma GCC unroll 12
     for (int r = 0; r < MM_MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -81,7 +63,9 @@ static void mm_tile(const uint32_t *ap, const uint16_t *bp, int64_t k2, uint16_t
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * 2 * MM_NR + MM_NR);
         #pragma GCC unroll 12
         for (int r = 0; r < MM_MR; r++) {
-            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[p * MM_MR + r]);
+            uint32_t w;
+            memcpy(&w, ar[r] + 2 * p, 4);
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)w);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
         }
@@ -104,37 +88,41 @@ static void mm_tile(const uint32_t *ap, const uint16_t *bp, int64_t k2, uint16_t
 
 int hs_matmul_bf16_avx512bf16(const uint16_t *a, const uint16_t *b, int64_t m, int64_t k, int64_t n, uint16_t *c,
                               int nthreads) {
-    const int64_t k2 = (k + 1) / 2, mp = (m + MM_MR - 1) / MM_MR, np_ = (n + MM_NR - 1) / MM_NR;
-    uint32_t *ap = aligned_alloc(64, ((size_t)(mp * k2 * MM_MR) * 4 + 63) / 64 * 64);
-    uint16_t *bp = aligned_alloc(64, ((size_t)(np_ * k2 * 2 * MM_NR) * 2 + 63) / 64 * 64);
-    if (!ap || !bp) {
-        free(ap);
-        free(bp);
-        return -1;
-    }
-    const int64_t gm = (mp + MM_GM - 1) / MM_GM, gn = (np_ + MM_GN - 1) / MM_GN;
+    const int64_t k2 = (k + 1) / 2, odd = k & 1, gm = (m + MM_IM - 1) / MM_IM, gn = (n + MM_IN - 1) / MM_IN;
+    /* per thread: the item's B panels, and for an odd k its A rows padded to k + 1 */
+    const size_t bbytes = (size_t)(k2 * 2 * MM_IN) * 2, abytes = odd ? (size_t)(MM_IM * 2 * k2) * 2 : 0;
+    int failed = 0;
     #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
-        #pragma omp for schedule(static) nowait
-        for (int64_t ip = 0; ip < mp; ip++) mm_pack_a(a, m, k, k2, ip, ap + ip * k2 * MM_MR);
-        #pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < np_; jp++) mm_pack_b(b, k, n, k2, jp, bp + jp * k2 * 2 * MM_NR);
-        /* (row group, column group) items, handed out as threads free up */
+        uint16_t *bp = aligned_alloc(64, (bbytes + abytes + 63) / 64 * 64);
         #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < gm * gn; it++) {
-            int64_t i0 = it / gn * MM_GM, j0 = it % gn * MM_GN;
-            int64_t i1 = i0 + MM_GM < mp ? i0 + MM_GM : mp, j1 = j0 + MM_GN < np_ ? j0 + MM_GN : np_;
-            for (int64_t jp = j0; jp < j1; jp++) {
-                int nr = n - jp * MM_NR < MM_NR ? (int)(n - jp * MM_NR) : MM_NR;
-                for (int64_t ip = i0; ip < i1; ip++) {
-                    int mr = m - ip * MM_MR < MM_MR ? (int)(m - ip * MM_MR) : MM_MR;
-                    mm_tile(ap + ip * k2 * MM_MR, bp + jp * k2 * 2 * MM_NR, k2, c + ip * MM_MR * n + jp * MM_NR, n,
+            if (!bp) { failed = 1; continue; }
+            int64_t i0 = it / gn * MM_IM, j0 = it % gn * MM_IN;
+            int64_t rows = m - i0 < MM_IM ? m - i0 : MM_IM, cols = n - j0 < MM_IN ? n - j0 : MM_IN;
+            int64_t panels = (cols + MM_NR - 1) / MM_NR;
+            for (int64_t q = 0; q < panels; q++) mm_pack_b(b, k, n, k2, j0 / MM_NR + q, bp + q * k2 * 2 * MM_NR);
+            const uint16_t *ai = a + i0 * k;
+            int64_t lda = k;
+            if (odd) {
+                uint16_t *ap = bp + bbytes / 2;
+                for (int64_t r = 0; r < rows; r++) {
+                    memcpy(ap + r * (k + 1), ai + r * k, sizeof(uint16_t) * (size_t)k);
+                    ap[r * (k + 1) + k] = 0;
+                }
+                ai = ap;
+                lda = k + 1;
+            }
+            for (int64_t q = 0; q < panels; q++) {
+                int nr = cols - q * MM_NR < MM_NR ? (int)(cols - q * MM_NR) : MM_NR;
+                for (int64_t r0 = 0; r0 < rows; r0 += MM_MR) {
+                    int mr = rows - r0 < MM_MR ? (int)(rows - r0) : MM_MR;
+                    mm_tile(ai + r0 * lda, lda, bp + q * k2 * 2 * MM_NR, k2, c + (i0 + r0) * n + j0 + q * MM_NR, n,
                             mr, nr);
                 }
             }
         }
+        free(bp);
     }
-    free(ap);
-    free(bp);
-    return 0;
+    return failed ? -1 : 0;
 }
