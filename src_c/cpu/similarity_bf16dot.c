@@ -90,7 +90,8 @@ int hs_matmul_bf16_avx512bf16(const uint16_t *a, const uint16_t *b, int64_t m, i
                               int nthreads) {
     const int64_t k2 = (k + 1) / 2, odd = k & 1, gm = (m + MM_IM - 1) / MM_IM, gn = (n + MM_IN - 1) / MM_IN;
     /* per thread: the item's B panels, and for an odd k its A rows padded to k + 1 */
-    const size_t bbytes = (size_t)(k2 * 2 * MM_IN) * 2, abytes = odd ? (size_t)(MM_IM * 2 * k2) * 2 : 0;
+    const int64_t bcols = n < MM_IN ? (n + MM_NR - 1) / MM_NR * MM_NR : MM_IN;
+    const size_t bbytes = (size_t)(k2 * 2 * bcols) * 2, abytes = odd ? (size_t)(MM_IM * 2 * k2) * 2 : 0;
     int failed = 0;
     #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {

@@ -117,9 +117,9 @@ def _cases():
     return out
 
 
-# (m, k, n) around the vdpbf16ps kernel's 12-row x 32-column register tiles and 8 x 8 tile work items,
-# odd k (a pair padded), and a vector b
-MATMUL_SHAPES = [(1, 1, 1), (11, 3, 31), (12, 64, 32), (13, 65, 33), (97, 130, 257), (300, 200, 1)]
+# (m, k, n) around the vdpbf16ps kernel's 12-row x 32-column register tiles and 96 x 128 work items, odd
+# k (a pair padded), and b too narrow for it (n < 16, a vector: the widening path at every level)
+MATMUL_SHAPES = [(1, 1, 1), (11, 3, 31), (12, 64, 32), (13, 65, 33), (97, 130, 257), (300, 200, 1), (7, 9, 16)]
 
 
 def _matmul_cases():
@@ -456,7 +456,7 @@ def _bf16_dot_key(key):
     """Whether a case's result comes from a vdpbf16ps kernel at avx512_bf16."""
     parts = key.split("|")
     if parts[:2] == ["matmul", "bfloat16"]:
-        return True
+        return parts[2] != "vector" and int(parts[2].strip("()").split(",")[-1]) >= 16
     if parts[:2] == ["attention", "bfloat16"]:
         d = {"nonfinite": 19, "nonfinite20": 20}.get(parts[2]) or int(parts[2].strip("()").split(",")[-1])
         return d % 2 == 0

@@ -497,12 +497,14 @@ def test_half_matmul_against_torch_same_dtype(rng, dt):
 # bfloat16 x bfloat16 on AVX512_BF16 (cpu_features()["bf16_dot"]: the plain run on such a CPU;
 # test_simd_paths.py reruns this file with HIPSCHED_CPU_FEATURES=avx512, the widening path). vdpbf16ps adds
 # exact products in float32, so _bound holds as it is; these shapes cross its 12-row x 32-column register
-# tiles, its 8 x 8 tile work items (m > 96 rows, n > 256 columns), and odd k (the last pair padded).
+# tiles, its work items of 96 rows x 128 columns, and odd k (the last pair padded); b of fewer than 16
+# columns (and a vector b) takes the widening path at every level.
 BF16_DOT = hipsched.cpu_features()["bf16_dot"]
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (11, 2, 31), (12, 3, 32), (13, 64, 33), (25, 7, 65), (97, 130, 257),
-                                   (200, 1, 300), (5, 0, 7), (0, 4, 5), (4, 5, 0)])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 4, 15), (5, 9, 16), (3, 4, 17), (11, 2, 31), (12, 3, 32),
+                                   (13, 64, 33), (25, 7, 65), (97, 130, 257), (200, 1, 300), (5, 0, 17), (0, 4, 20),
+                                   (4, 5, 0)])
 def test_bf16_matmul_tiles_against_float64(rng, m, k, n):
     a = rng.standard_normal((m, k)).astype(BF16)
     b = rng.standard_normal((k, n)).astype(BF16)
@@ -538,9 +540,11 @@ def test_bf16_matmul_denormals_flush_on_avx512_bf16():
     (float32 BLAS) keeps both exactly, as float64 does."""
     den = np.array([0x0040], np.uint16).view(BF16)[0]   # 2^-127, a bfloat16 denormal
     tiny = 2.0 ** -127
+    # b of 16 columns: narrower ones take the widening path at every level
     a = np.array([[den, 1]], BF16)
-    b = np.array([[1], [0]], np.float32).astype(BF16)
-    prod = np.array([[2.0 ** -63]], np.float32).astype(BF16), np.array([[2.0 ** -64]], np.float32).astype(BF16)
+    b = np.zeros((2, 16), BF16)
+    b[0] = 1
+    prod = np.array([[2.0 ** -63]], np.float32).astype(BF16), np.full((1, 16), 2.0 ** -64, np.float32).astype(BF16)
     got_in = float(S.matmul(a, b)[0, 0])
     got_out = float(S.matmul(*prod)[0, 0])
     if BF16_DOT:
@@ -549,7 +553,7 @@ def test_bf16_matmul_denormals_flush_on_avx512_bf16():
         assert got_in == tiny and got_out == tiny
     # normal values are untouched either way: 2^-126 (the least normal) times 1 stays
     least = np.array([[2.0 ** -126]], np.float32).astype(BF16)
-    assert float(S.matmul(least, np.array([[1]], np.float32).astype(BF16))[0, 0]) == 2.0 ** -126
+    assert float(S.matmul(least, np.ones((1, 16), BF16))[0, 0]) == 2.0 ** -126
 
 
 def test_float16_overflow_and_nan_follow_the_format():
