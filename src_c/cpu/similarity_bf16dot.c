@@ -8,14 +8,17 @@
  * is the float32 sum of exact products, rounded once to bfloat16 at the end as the widening path
  * rounds it, in another summation order, with bfloat16 denormals (|x| < 2^-126) counted as zero.
  *
- * Work items are (96 rows, 128 columns) blocks of C, handed out to threads as they free up, each with its
- * own buffers (no barrier, no shared scratch: a thread the OS deschedules holds up one item, not all).
- * An item repacks its 128 columns of B into the pair layout the instruction reads: for each k-pair p, the
- * 32 columns of a panel interleaved, (B[2p][c], B[2p + 1][c]), two vectors. A is read where it lies,
- * each row's pair one 32-bit broadcast; an odd k pads it: the item's rows are then copied with a zero
- * after each (k + 1 per row). Rows past m read the last row again (computed, never stored), columns
- * past n are zero in the packed B. A 12 x 32 micro-tile keeps its 24 accumulators in registers over the
- * whole of k, so each result is rounded exactly once and no float32 C is held. */
+ * Work items are blocks of C of 128 columns and up to 192 rows (fewer for a long k), handed out to threads as they free up, each thread
+ * with its own buffers (no barrier, no shared scratch: a thread the OS deschedules holds up one item, not
+ * all). An item repacks its operands into the pair layouts the instruction reads: its 128 columns of B
+ * with each k-pair of a 32-column panel interleaved, (B[2p][c], B[2p + 1][c]), two vectors per pair; its
+ * rows of A as panels of 12 rows whose pair p, (A[r][2p], A[r][2p + 1]), is one 32-bit word, the 12
+ * words of a pair together, so each micro-tile step reads 48 contiguous bytes of A (A read in place, 12
+ * rows k apart, ran 25% slower: the rows share few L1 sets). Items go along a row of blocks first, and a
+ * thread keeps its packed A while its next item has the same rows. k is padded to even with zeros; rows
+ * past m are zero, columns past n are zero (computed, never stored). A 12 x 32 micro-tile keeps its 24
+ * accumulators in registers over the whole of k, so each result is rounded exactly once and no float32
+ * C is held. */
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
 #define HS_AVX512 1
 #include <stdlib.h>
@@ -25,10 +28,12 @@
 
 #define MM_MR 12    /* rows per micro-tile: 12 x 2 accumulators, 2 B vectors and a broadcast in 32 zmm */
 #define MM_NR 32    /* columns per micro-tile: two vectors of 16 float32 lanes */
-/* One work item: MM_IM rows (8 micro-tiles) x MM_IN columns (4 panels). Its B panels (k x 128 bfloat16:
- * 256 KB at k = 1024) and the A rows it walks (96 x k: 192 KB) stay in L2; packing B costs 1/96 of the
- * item's products. */
-#define MM_IM (8 * MM_MR)
+/* One work item: up to MM_IM rows (16 micro-tiles) x MM_IN columns (4 panels), its packed A rows at most
+ * MM_ABYTES (fewer rows for a long k). Packing B costs 1/rows of the item's products; a micro-tile step
+ * reads 48 bytes of A and 128 of B per 24 vdpbf16ps, which L2 or L3 serve, so the operands need not fit
+ * L2. */
+#define MM_IM (16 * MM_MR)
+#define MM_ABYTES (1 << 20)
 #define MM_IN (4 * MM_NR)
 
 /* Panel jp of B: bp[p * 2*MM_NR + 2c + e] = B[2p + e][jp*MM_NR + c], zero past k and n. Two rows of 32
@@ -49,12 +54,37 @@ static void mm_pack_b(const uint16_t *b, int64_t k, int64_t n, int64_t k2, int64
     }
 }
 
-/* One micro-tile: rows [0, mr) and columns [0, nr) of C at c (row stride n), from rows of A as 32-bit
- * pairs (row r at a + r * lda, k2 pairs; rows past mr repeat the last one) and one packed B panel. */
-static void mm_tile(const uint16_t *a, int64_t lda, const uint16_t *bp, int64_t k2, uint16_t *c, int64_t n, int mr,
-                    int nr) {
-    const uint16_t *ar[MM_MR];
-    for (int r = 0; r < MM_MR; r++) ar[r] = a + (r < mr ? r : mr - 1) * lda;
+static inline uint32_t mm_pair(const uint16_t *row, int64_t p, int64_t k) {
+    uint32_t lo = row[2 * p], hi = 2 * p + 1 < k ? row[2 * p + 1] : 0;
+    return lo | hi << 16;
+}
+
+/* Rows [0, rows) of A (at a) as panels of MM_MR: ap[(panel * k2 + p) * MM_MR + r] = pair p of row
+ * panel * MM_MR + r, zero for rows past `rows` and the pad past k. */
+static void mm_pack_a(const uint16_t *a, int64_t rows, int64_t k, int64_t k2, uint32_t *ap) {
+    const int64_t panels = (rows + MM_MR - 1) / MM_MR, full = k / 2;
+    for (int64_t q = 0; q < panels; q++) {
+        uint32_t *dst = ap + q * k2 * MM_MR;
+        for (int r = 0; r < MM_MR; r++) {
+            int64_t row = q * MM_MR + r;
+            if (row >= rows) {
+                for (int64_t p = 0; p < k2; p++) dst[p * MM_MR + r] = 0;
+                continue;
+            }
+            const uint16_t *src = a + row * k;
+            for (int64_t p = 0; p < full; p++) {
+                uint32_t w;
+                memcpy(&w, src + 2 * p, 4);
+                dst[p * MM_MR + r] = w;
+            }
+            if (full < k2) dst[full * MM_MR + r] = mm_pair(src, full, k);
+        }
+    }
+}
+
+/* One micro-tile: rows [0, mr) and columns [0, nr) of C at c (row stride n), from a packed A panel and
+ * a packed B panel of k2 pairs. */
+static void mm_tile(const uint32_t *ap, const uint16_t *bp, int64_t k2, uint16_t *c, int64_t n, int mr, int nr) {
     __m512 acc[MM_MR][2];
     #pragma GCC unroll 12
     for (int r = 0; r < MM_MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -63,9 +93,7 @@ static void mm_tile(const uint16_t *a, int64_t lda, const uint16_t *bp, int64_t 
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * 2 * MM_NR + MM_NR);
         #pragma GCC unroll 12
         for (int r = 0; r < MM_MR; r++) {
-            uint32_t w;
-            memcpy(&w, ar[r] + 2 * p, 4);
-            __m512bh av = (__m512bh)_mm512_set1_epi32((int)w);
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[p * MM_MR + r]);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
         }
@@ -88,38 +116,35 @@ static void mm_tile(const uint16_t *a, int64_t lda, const uint16_t *bp, int64_t 
 
 int hs_matmul_bf16_avx512bf16(const uint16_t *a, const uint16_t *b, int64_t m, int64_t k, int64_t n, uint16_t *c,
                               int nthreads) {
-    const int64_t k2 = (k + 1) / 2, odd = k & 1, gm = (m + MM_IM - 1) / MM_IM, gn = (n + MM_IN - 1) / MM_IN;
-    /* per thread: the item's B panels, and for an odd k its A rows padded to k + 1 */
+    const int64_t k2 = (k + 1) / 2, gn = (n + MM_IN - 1) / MM_IN;
+    int64_t im = MM_ABYTES / (4 * k2) / MM_MR * MM_MR;  /* rows per item */
+    im = im < 2 * MM_MR ? 2 * MM_MR : im > MM_IM ? MM_IM : im;
+    const int64_t gm = (m + im - 1) / im;
+    /* per thread: the item's B panels and A rows, packed */
     const int64_t bcols = n < MM_IN ? (n + MM_NR - 1) / MM_NR * MM_NR : MM_IN;
-    const size_t bbytes = (size_t)(k2 * 2 * bcols) * 2, abytes = odd ? (size_t)(MM_IM * 2 * k2) * 2 : 0;
+    const size_t bbytes = ((size_t)(k2 * 2 * bcols) * 2 + 63) / 64 * 64, abytes = (size_t)(k2 * im) * 4;
     int failed = 0;
     #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
         uint16_t *bp = aligned_alloc(64, (bbytes + abytes + 63) / 64 * 64);
+        uint32_t *ap = bp ? (uint32_t *)(bp + bbytes / 2) : NULL;
+        int64_t packed_rows = -1;  /* the row block whose A this thread holds packed */
         #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < gm * gn; it++) {
             if (!bp) { failed = 1; continue; }
-            int64_t i0 = it / gn * MM_IM, j0 = it % gn * MM_IN;
-            int64_t rows = m - i0 < MM_IM ? m - i0 : MM_IM, cols = n - j0 < MM_IN ? n - j0 : MM_IN;
+            int64_t ib = it / gn, i0 = ib * im, j0 = it % gn * MM_IN;
+            int64_t rows = m - i0 < im ? m - i0 : im, cols = n - j0 < MM_IN ? n - j0 : MM_IN;
             int64_t panels = (cols + MM_NR - 1) / MM_NR;
-            for (int64_t q = 0; q < panels; q++) mm_pack_b(b, k, n, k2, j0 / MM_NR + q, bp + q * k2 * 2 * MM_NR);
-            const uint16_t *ai = a + i0 * k;
-            int64_t lda = k;
-            if (odd) {
-                uint16_t *ap = bp + bbytes / 2;
-                for (int64_t r = 0; r < rows; r++) {
-                    memcpy(ap + r * (k + 1), ai + r * k, sizeof(uint16_t) * (size_t)k);
-                    ap[r * (k + 1) + k] = 0;
-                }
-                ai = ap;
-                lda = k + 1;
+            if (ib != packed_rows) {
+                mm_pack_a(a + i0 * k, rows, k, k2, ap);
+                packed_rows = ib;
             }
+            for (int64_t q = 0; q < panels; q++) mm_pack_b(b, k, n, k2, j0 / MM_NR + q, bp + q * k2 * 2 * MM_NR);
             for (int64_t q = 0; q < panels; q++) {
                 int nr = cols - q * MM_NR < MM_NR ? (int)(cols - q * MM_NR) : MM_NR;
                 for (int64_t r0 = 0; r0 < rows; r0 += MM_MR) {
                     int mr = rows - r0 < MM_MR ? (int)(rows - r0) : MM_MR;
-                    mm_tile(ai + r0 * lda, lda, bp + q * k2 * 2 * MM_NR, k2, c + (i0 + r0) * n + j0 + q * MM_NR, n,
-                            mr, nr);
+                    mm_tile(ap + r0 * k2, bp + q * k2 * 2 * MM_NR, k2, c + (i0 + r0) * n + j0 + q * MM_NR, n, mr, nr);
                 }
             }
         }

@@ -117,9 +117,11 @@ def _cases():
     return out
 
 
-# (m, k, n) around the vdpbf16ps kernel's 12-row x 32-column register tiles and 96 x 128 work items, odd
-# k (a pair padded), and b too narrow for it (n < 16, a vector: the widening path at every level)
-MATMUL_SHAPES = [(1, 1, 1), (11, 3, 31), (12, 64, 32), (13, 65, 33), (97, 130, 257), (300, 200, 1), (7, 9, 16)]
+# (m, k, n) around the vdpbf16ps kernel's 12-row x 32-column register tiles and its work items of 192 rows
+# x 128 columns, odd k (a pair padded), and b too narrow for it (n < 16, a vector: the widening path at
+# every level)
+MATMUL_SHAPES = [(1, 1, 1), (11, 3, 31), (12, 64, 32), (13, 65, 33), (97, 130, 257), (300, 200, 1), (7, 9, 16),
+                 (250, 33, 140)]
 
 
 def _matmul_cases():

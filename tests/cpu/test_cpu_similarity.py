@@ -497,14 +497,14 @@ def test_half_matmul_against_torch_same_dtype(rng, dt):
 # bfloat16 x bfloat16 on AVX512_BF16 (cpu_features()["bf16_dot"]: the plain run on such a CPU;
 # test_simd_paths.py reruns this file with HIPSCHED_CPU_FEATURES=avx512, the widening path). vdpbf16ps adds
 # exact products in float32, so _bound holds as it is; these shapes cross its 12-row x 32-column register
-# tiles, its work items of 96 rows x 128 columns, and odd k (the last pair padded); b of fewer than 16
+# tiles, its work items of 128 columns and 192 rows (168 at k = 3001), and odd k (the last pair padded); b of fewer than 16
 # columns (and a vector b) takes the widening path at every level.
 BF16_DOT = hipsched.cpu_features()["bf16_dot"]
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 4, 15), (5, 9, 16), (3, 4, 17), (11, 2, 31), (12, 3, 32),
-                                   (13, 64, 33), (25, 7, 65), (97, 130, 257), (200, 1, 300), (5, 0, 17), (0, 4, 20),
-                                   (4, 5, 0)])
+                                   (13, 64, 33), (25, 7, 65), (97, 130, 257), (200, 1, 300), (200, 3001, 20),
+                                   (5, 0, 17), (0, 4, 20), (4, 5, 0)])
 def test_bf16_matmul_tiles_against_float64(rng, m, k, n):
     a = rng.standard_normal((m, k)).astype(BF16)
     b = rng.standard_normal((k, n)).astype(BF16)
