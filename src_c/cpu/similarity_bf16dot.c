@@ -8,17 +8,18 @@
  * is the float32 sum of exact products, rounded once to bfloat16 at the end as the widening path
  * rounds it, in another summation order, with bfloat16 denormals (|x| < 2^-126) counted as zero.
  *
- * Work items are blocks of C of 128 columns and up to 192 rows (fewer for a long k), handed out to threads as they free up, each thread
- * with its own buffers (no barrier, no shared scratch: a thread the OS deschedules holds up one item, not
- * all). An item repacks its operands into the pair layouts the instruction reads: its 128 columns of B
- * with each k-pair of a 32-column panel interleaved, (B[2p][c], B[2p + 1][c]), two vectors per pair; its
- * rows of A as panels of 12 rows whose pair p, (A[r][2p], A[r][2p + 1]), is one 32-bit word, the 12
- * words of a pair together, so each micro-tile step reads 48 contiguous bytes of A (A read in place, 12
- * rows k apart, ran slower: 161 against 196 GFLOP/s on one Zen 4 core at 1024^3; the rows share few L1 sets). Items go along a row of blocks first, and a
- * thread keeps its packed A while its next item has the same rows. k is padded to even with zeros; rows
- * past m are zero, columns past n are zero (computed, never stored). A 12 x 32 micro-tile keeps its 24
- * accumulators in registers over the whole of k, so each result is rounded exactly once and no float32
- * C is held. */
+ * Work items are blocks of C of 128 columns and up to 192 rows (fewer for a long k), handed out to
+ * threads as they free up, with no barrier (a thread the OS deschedules holds up its items, not the
+ * others). The operands are repacked into the pair layouts the instruction reads: B by 32-column panels
+ * with each k-pair interleaved, (B[2p][c], B[2p + 1][c]), two vectors per pair, each panel once per call
+ * by the first thread that needs it (another thread needing it meanwhile packs a private copy rather
+ * than wait); A by the item's thread, as panels of 12 rows whose pair p, (A[r][2p], A[r][2p + 1]), is
+ * one 32-bit word, the 12 words of a pair together, so each micro-tile step reads 48 contiguous bytes of
+ * A (A read in place, 12 rows k apart, ran slower: 161 against 196 GFLOP/s on one Zen 4 core at 1024^3;
+ * the rows share few L1 sets). A thread takes items a row block at a time and keeps its packed A while
+ * the rows stay the same. k is padded to even with zeros; rows past m are zero, columns past n are zero
+ * (computed, never stored). A 12 x 32 micro-tile keeps its 24 accumulators in registers over the whole
+ * of k, so each result is rounded exactly once and no float32 C is held. */
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
 #define HS_AVX512 1
 #include <stdlib.h>
@@ -29,7 +30,7 @@
 #define MM_MR 12    /* rows per micro-tile: 12 x 2 accumulators, 2 B vectors and a broadcast in 32 zmm */
 #define MM_NR 32    /* columns per micro-tile: two vectors of 16 float32 lanes */
 /* One work item: up to MM_IM rows (16 micro-tiles) x MM_IN columns (4 panels), its packed A rows at most
- * MM_ABYTES (fewer rows for a long k). Packing B costs 1/rows of the item's products; a micro-tile step
+ * MM_ABYTES (fewer rows for a long k). A micro-tile step
  * reads 48 bytes of A and 128 of B per 24 vdpbf16ps, which L2 or L3 serve, so the operands need not fit
  * L2. */
 #define MM_IM (16 * MM_MR)
@@ -114,41 +115,69 @@ static void mm_tile(const uint32_t *ap, const uint16_t *bp, int64_t k2, uint16_t
     for (int r = 0; r < mr; r++) memcpy(c + r * n, tmp[r], sizeof(uint16_t) * (size_t)nr);
 }
 
+/* Packed panel jp of B: the shared copy, packed here by the first thread to need it; where another
+ * thread is packing it at that moment, this thread packs its own copy into mine rather than wait. */
+static const uint16_t *mm_panel_b(const uint16_t *b, int64_t k, int64_t n, int64_t k2, int64_t jp, uint16_t *shared,
+                                  int *state, uint16_t *mine) {
+    uint16_t *dst = shared + jp * k2 * 2 * MM_NR;
+    int s = __atomic_load_n(&state[jp], __ATOMIC_ACQUIRE), expected = 0;
+    if (s == 2) return dst;
+    if (s == 0 && __atomic_compare_exchange_n(&state[jp], &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        mm_pack_b(b, k, n, k2, jp, dst);
+        __atomic_store_n(&state[jp], 2, __ATOMIC_RELEASE);
+        return dst;
+    }
+    if (expected == 2) return dst;  /* finished between the load and the exchange */
+    mm_pack_b(b, k, n, k2, jp, mine);
+    return mine;
+}
+
 int hs_matmul_bf16_avx512bf16(const uint16_t *a, const uint16_t *b, int64_t m, int64_t k, int64_t n, uint16_t *c,
                               int nthreads) {
-    const int64_t k2 = (k + 1) / 2, gn = (n + MM_IN - 1) / MM_IN;
+    const int64_t k2 = (k + 1) / 2, gn = (n + MM_IN - 1) / MM_IN, np_ = (n + MM_NR - 1) / MM_NR;
     int64_t im = MM_ABYTES / (4 * k2) / MM_MR * MM_MR;  /* rows per item */
     im = im < 2 * MM_MR ? 2 * MM_MR : im > MM_IM ? MM_IM : im;
     const int64_t gm = (m + im - 1) / im;
-    /* per thread: the item's B panels and A rows, packed */
-    const int64_t bcols = n < MM_IN ? (n + MM_NR - 1) / MM_NR * MM_NR : MM_IN;
-    const size_t bbytes = ((size_t)(k2 * 2 * bcols) * 2 + 63) / 64 * 64, abytes = (size_t)(k2 * im) * 4;
+    /* B packed once for all items (shared), and per thread: one panel for when the shared one is being
+     * packed by another thread, and the item's rows of A */
+    uint16_t *shared = aligned_alloc(64, ((size_t)(np_ * k2 * 2 * MM_NR) * 2 + 63) / 64 * 64);
+    int *state = calloc((size_t)np_, sizeof(int));
+    if (!shared || !state) {
+        free(shared);
+        free(state);
+        return -1;
+    }
+    const size_t pbytes = ((size_t)(k2 * 2 * MM_NR) * 2 + 63) / 64 * 64, abytes = (size_t)(k2 * im) * 4;
+    /* items in row-block order, a thread taking gn / nthreads of them at a time, so that most of its items
+     * share the rows it has packed */
+    const int chunk = gn / nthreads > 1 ? (int)(gn / nthreads) : 1;
     int failed = 0;
     #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
-        uint16_t *bp = aligned_alloc(64, (bbytes + abytes + 63) / 64 * 64);
-        uint32_t *ap = bp ? (uint32_t *)(bp + bbytes / 2) : NULL;
+        uint16_t *mine = aligned_alloc(64, pbytes + abytes);
+        uint32_t *ap = mine ? (uint32_t *)(mine + pbytes / 2) : NULL;
         int64_t packed_rows = -1;  /* the row block whose A this thread holds packed */
-        #pragma omp for schedule(dynamic, 1)
+        #pragma omp for schedule(dynamic, chunk)
         for (int64_t it = 0; it < gm * gn; it++) {
-            if (!bp) { failed = 1; continue; }
+            if (!mine) { failed = 1; continue; }
             int64_t ib = it / gn, i0 = ib * im, j0 = it % gn * MM_IN;
             int64_t rows = m - i0 < im ? m - i0 : im, cols = n - j0 < MM_IN ? n - j0 : MM_IN;
-            int64_t panels = (cols + MM_NR - 1) / MM_NR;
             if (ib != packed_rows) {
                 mm_pack_a(a + i0 * k, rows, k, k2, ap);
                 packed_rows = ib;
             }
-            for (int64_t q = 0; q < panels; q++) mm_pack_b(b, k, n, k2, j0 / MM_NR + q, bp + q * k2 * 2 * MM_NR);
-            for (int64_t q = 0; q < panels; q++) {
+            for (int64_t q = 0; q * MM_NR < cols; q++) {
+                const uint16_t *bp = mm_panel_b(b, k, n, k2, j0 / MM_NR + q, shared, state, mine);
                 int nr = cols - q * MM_NR < MM_NR ? (int)(cols - q * MM_NR) : MM_NR;
                 for (int64_t r0 = 0; r0 < rows; r0 += MM_MR) {
                     int mr = rows - r0 < MM_MR ? (int)(rows - r0) : MM_MR;
-                    mm_tile(ap + r0 * k2, bp + q * k2 * 2 * MM_NR, k2, c + (i0 + r0) * n + j0 + q * MM_NR, n, mr, nr);
+                    mm_tile(ap + r0 * k2, bp, k2, c + (i0 + r0) * n + j0 + q * MM_NR, n, mr, nr);
                 }
             }
         }
-        free(bp);
+        free(mine);
     }
+    free(shared);
+    free(state);
     return failed ? -1 : 0;
 }
