@@ -135,8 +135,13 @@ static const uint16_t *mm_panel_b(const uint16_t *b, int64_t k, int64_t n, int64
 int hs_matmul_bf16_avx512bf16(const uint16_t *a, const uint16_t *b, int64_t m, int64_t k, int64_t n, uint16_t *c,
                               int nthreads) {
     const int64_t k2 = (k + 1) / 2, gn = (n + MM_IN - 1) / MM_IN, np_ = (n + MM_NR - 1) / MM_NR;
-    int64_t im = MM_ABYTES / (4 * k2) / MM_MR * MM_MR;  /* rows per item */
+    int64_t im = MM_ABYTES / (4 * k2) / MM_MR * MM_MR;  /* most rows per item */
     im = im < 2 * MM_MR ? 2 * MM_MR : im > MM_IM ? MM_IM : im;
+    /* row blocks of nearly equal size, as many as some multiple of the threads where there are enough
+     * rows, so that whole row blocks even out over the threads */
+    int64_t nb = (m + im - 1) / im;
+    if (nb >= nthreads) nb = (nb + nthreads - 1) / nthreads * nthreads;
+    im = ((m + nb - 1) / nb + MM_MR - 1) / MM_MR * MM_MR;
     const int64_t gm = (m + im - 1) / im;
     /* B packed once for all items (shared), and per thread: one panel for when the shared one is being
      * packed by another thread, and the item's rows of A */
@@ -148,9 +153,9 @@ int hs_matmul_bf16_avx512bf16(const uint16_t *a, const uint16_t *b, int64_t m, i
         return -1;
     }
     const size_t pbytes = ((size_t)(k2 * 2 * MM_NR) * 2 + 63) / 64 * 64, abytes = (size_t)(k2 * im) * 4;
-    /* items in row-block order, a thread taking gn / nthreads of them at a time, so that most of its items
-     * share the rows it has packed */
-    const int chunk = gn / nthreads > 1 ? (int)(gn / nthreads) : 1;
+    /* items in row-block order, a thread taking a whole row block at a time where the blocks even out
+     * over the threads, else a share of one, so that its items share the rows it has packed */
+    const int chunk = gm % nthreads == 0 ? (int)gn : gn / nthreads > 1 ? (int)(gn / nthreads) : 1;
     int failed = 0;
     #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {

@@ -497,7 +497,7 @@ def test_half_matmul_against_torch_same_dtype(rng, dt):
 # bfloat16 x bfloat16 on AVX512_BF16 (cpu_features()["bf16_dot"]: the plain run on such a CPU;
 # test_simd_paths.py reruns this file with HIPSCHED_CPU_FEATURES=avx512, the widening path). vdpbf16ps adds
 # exact products in float32, so _bound holds as it is; these shapes cross its 12-row x 32-column register
-# tiles, its work items of 128 columns and 192 rows (168 at k = 3001), and odd k (the last pair padded); b of fewer than 16
+# tiles, its work items of 128 columns and up to 192 rows (fewer at k = 3001), and odd k (the last pair padded); b of fewer than 16
 # columns (and a vector b) takes the widening path at every level.
 BF16_DOT = hipsched.cpu_features()["bf16_dot"]
 
