@@ -154,8 +154,9 @@ int hs_matmul_bf16_avx512bf16(const uint16_t *a, const uint16_t *b, int64_t m, i
     }
     const size_t pbytes = ((size_t)(k2 * 2 * MM_NR) * 2 + 63) / 64 * 64, abytes = (size_t)(k2 * im) * 4;
     /* items in row-block order, a thread taking its share of a row block at a time, so that those items
-     * share the rows it has packed. (Whole row blocks per take, packing each block's A once, ran slower
-     * in the benchmark, 0.79x torch against 0.98x: the coarser takes even out worse over the threads.) */
+     * share the rows it has packed. (Whole row blocks per take, packing each block's A once, read 0.79x
+     * torch in one benchmark run against 0.98x and 1.05x for this, on a shared, noisy machine: coarser
+     * takes even out worse over the threads.) */
     const int chunk = gn / nthreads > 1 ? (int)(gn / nthreads) : 1;
     int failed = 0;
     #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
