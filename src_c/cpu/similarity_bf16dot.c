@@ -16,8 +16,8 @@
  * than wait); A by the item's thread, as panels of 12 rows whose pair p, (A[r][2p], A[r][2p + 1]), is
  * one 32-bit word, the 12 words of a pair together, so each micro-tile step reads 48 contiguous bytes of
  * A (A read in place, 12 rows k apart, ran slower: 161 against 196 GFLOP/s on one Zen 4 core at 1024^3;
- * the rows share few L1 sets). A thread takes items a row block at a time and keeps its packed A while
- * the rows stay the same. k is padded to even with zeros; rows past m are zero, columns past n are zero
+ * the rows share few L1 sets). A thread takes its share of a row block's items at a time and keeps its
+ * packed A while the rows stay the same. k is padded to even with zeros; rows past m are zero, columns past n are zero
  * (computed, never stored). A 12 x 32 micro-tile keeps its 24 accumulators in registers over the whole
  * of k, so each result is rounded exactly once and no float32 C is held. */
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
