@@ -1,6 +1,7 @@
 """Build: one Cython extension per CPU op family (hipsched/cpu/_<family>.pyx + src_c/cpu/<family>*.c)
 plus the scheduler core and the telemetry's event recorder. No global -mavx2/-march: SIMD variants are selected per translation unit
-(src_c/cpu/*_avx2.c and *_avx512.c carry `#pragma GCC target`), so the Cython glue stays portable.
+(src_c/cpu/*_avx2.c, *_avx512.c and the AVX512_BF16 *_bf16dot.c carry `#pragma GCC target`, and run only
+where cpu_features.h finds the CPU has them), so the Cython glue stays portable.
 HIPSCHED_BUILD_ONLY=name1,name2 limits the build to some extensions (development only)."""
 import glob
 import os

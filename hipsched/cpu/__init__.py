@@ -16,7 +16,7 @@ os.register_at_fork(after_in_child=_mark_forked_child)
 
 # src_c/cpu/cpu_features.h runs the detected level for a value it does not know; a misspelt level
 # ("avx-512") would otherwise pass unnoticed.
-_LEVELS = ("scalar", "none", "avx2", "avx512")
+_LEVELS = ("scalar", "none", "avx2", "avx512", "avx512_bf16")
 if os.environ.get("HIPSCHED_CPU_FEATURES", "") not in ("",) + _LEVELS:
     import warnings
     warnings.warn(f"HIPSCHED_CPU_FEATURES={os.environ['HIPSCHED_CPU_FEATURES']!r} is not one of "

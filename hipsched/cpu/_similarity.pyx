@@ -24,6 +24,7 @@ cdef extern from "similarity.h" nogil:
     void hs_narrow_f16(const float *src, int64_t count, uint16_t *dst)
     void hs_narrow_bf16(const float *src, int64_t count, uint16_t *dst)
     int hs_topk_f32(const float *scores, int64_t m, int64_t n, int64_t k, int64_t *idx, float *val)
+    int hs_matmul_bf16(const uint16_t *a, const uint16_t *b, int64_t m, int64_t k, int64_t n, uint16_t *c)
 
 # Up to this many queries the fused kernel re-reads each target row from L1 per query; beyond it a
 # BLAS product reuses targets across queries better.
@@ -210,14 +211,45 @@ cdef narrow_into(src, dst):
             hs_narrow_f16(ps, count, pd)
 
 
+# Least columns of b for the vdpbf16ps kernel: its register tiles are 32 columns wide, so a narrower b
+# (a vector: 1) computes mostly padding, and the widening path's BLAS (gemv) is the better one.
+BF16_DOT_MIN_COLUMNS = 16
+
+
+cdef matmul_bf16_dot(a, b):
+    """a (m, k) @ b (k, n), both bfloat16, on vdpbf16ps (similarity_bf16dot.c), or None where the CPU
+    or the requested level has no AVX512_BF16 (the caller widens)."""
+    cdef int code
+    cdef const uint16_t *pa = <const uint16_t *>float_ptr(a, "a", &code)
+    cdef const uint16_t *pb = <const uint16_t *>float_ptr(b, "b", &code)
+    cdef int64_t m = a.shape[0], k = a.shape[1], n = b.shape[1]
+    if b.shape[0] != k:
+        raise ValueError(f"matmul: a {a.shape} and b {b.shape} do not chain")
+    out = np.empty((m, n), a.dtype)
+    cdef uint16_t *po = <uint16_t *>float_ptr(out, "out", &code)
+    cdef int rc
+    with nogil:
+        rc = hs_matmul_bf16(pa, pb, m, k, n, po)
+    if rc < 0:
+        raise MemoryError("matmul: out of memory for the packed bfloat16 operands")
+    return out if rc == 0 else None
+
+
 def matmul(a, b):
     """a @ b through NumPy's BLAS. float32 in, float32 out; float16/bfloat16 (both the same: ops
     promotes mixes) in, the same dtype out, accumulated in float32: b is widened once, a and the result
-    one row panel at a time, so besides b only a float32 panel of at most 16 MB is ever held."""
+    one row panel at a time, so besides b only a float32 panel of at most 16 MB is ever held. A bfloat16
+    matrix a times a matrix b of BF16_DOT_MIN_COLUMNS or more runs on vdpbf16ps instead where the CPU has AVX512_BF16
+    (cpu_features()["bf16_dot"]): the same float32 sum of exact products in another order, with
+    bfloat16 denormals counted as zero (similarity.h, hs_matmul_bf16)."""
     if a.dtype == np.float32 and b.dtype == np.float32:
         return np.matmul(a, b)
     if a.dtype != b.dtype or a.dtype.name not in ("float16", "bfloat16"):
         raise TypeError(f"matmul: a ({a.dtype}) and b ({b.dtype}) must both be float32, float16 or bfloat16")
+    if a.dtype.name == "bfloat16" and a.ndim == 2 and b.ndim == 2 and b.shape[1] >= BF16_DOT_MIN_COLUMNS:
+        r = matmul_bf16_dot(a, b)
+        if r is not None:
+            return r
     b32 = widen(b)
     if a.ndim != 2 or b.ndim > 2:  # batched or vector operands: whole operands (np.matmul's broadcasting rules)
         r = np.asarray(np.matmul(widen(a), b32), order="C")  # 1-d @ 1-d gives a scalar: as 0-d

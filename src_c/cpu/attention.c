@@ -1,5 +1,5 @@
 /* Public attention entry point: degenerate shapes, the SIMD variant (AVX-512, AVX2 or scalar: once,
- * hs_cpu_level), the thread count. The kernel itself is attention.inc. */
+ * hs_cpu_level; bfloat16 on AVX512_BF16 where hs_cpu_bf16_dot), the thread count. The kernel itself is attention.inc. */
 #include <string.h>
 #include "cpu_features.h"
 #include "attention.h"
@@ -8,6 +8,10 @@
 HS_VARIANTS(int, hs_attention_run, (const void *q, const void *k, const void *v, void *out, int dt,
                                     int64_t slabs, int64_t sq, int64_t sk, int64_t d, float scale, int causal,
                                     int nthreads))
+
+/* bfloat16 Q.K^T on vdpbf16ps (attention_bf16dot.c), for even head_dim: a key's pairs are read in place */
+int hs_attention_run_avx512bf16(const void *q, const void *k, const void *v, void *out, int dt, int64_t slabs,
+                                int64_t sq, int64_t sk, int64_t d, float scale, int causal, int nthreads);
 
 /* Least multiply-adds worth a thread (~0.1 ms of work): a parallel region costs microseconds. */
 #define HS_ATTENTION_GRAIN (1LL << 20)
@@ -28,5 +32,7 @@ int hs_attention(const void *q, const void *k, const void *v, void *out, int dty
     int nt = hs_threads_for(work, HS_ATTENTION_GRAIN);
     long long items = slabs * ((seq_q + HS_ATTENTION_QTILE - 1) / HS_ATTENTION_QTILE);
     if (nt > items) nt = (int)items;
+    if (dtype == HS_BF16 && head_dim % 2 == 0 && hs_cpu_bf16_dot())
+        return hs_attention_run_avx512bf16(q, k, v, out, dtype, slabs, seq_q, seq_k, head_dim, scale, causal, nt);
     return HS_PICK(hs_attention_run)(q, k, v, out, dtype, slabs, seq_q, seq_k, head_dim, scale, causal, nt);
 }

@@ -1,7 +1,9 @@
 /* CPU feature probe and thread count, header-only: every extension module gets its own copy of the
  * cached answers, and all copies read the same CPUID and environment, so they always agree.
  * HIPSCHED_CPU_FEATURES=scalar forces the portable path (so CI covers it on AVX2 machines); =avx2 or
- * =avx512 caps the level there (a CPU without it runs the highest level it has).
+ * =avx512 caps the level there (a CPU without it runs the highest level it has). =avx512_bf16 is the
+ * AVX-512 level with its bfloat16 dot products (hs_cpu_bf16_dot): what a plain run on such a CPU uses,
+ * and =avx512 is that level without them (the widening bfloat16 path, so tests cover both).
  * HIPSCHED_NUM_THREADS caps the OpenMP team size. Both are read once, at first use. */
 #ifndef HS_CPU_FEATURES_H
 #define HS_CPU_FEATURES_H
@@ -16,7 +18,9 @@
 #include <pthread.h>
 #include <unistd.h>
 
-enum { HS_LEVEL_SCALAR = 0, HS_LEVEL_AVX2 = 1, HS_LEVEL_AVX512 = 2 };
+/* HS_LEVEL_AVX512_BF16 is only ever requested (HIPSCHED_CPU_FEATURES=avx512_bf16): the vector level it
+ * runs is AVX-512's, and hs_cpu_bf16_dot() says whether the bfloat16 products use vdpbf16ps. */
+enum { HS_LEVEL_SCALAR = 0, HS_LEVEL_AVX2 = 1, HS_LEVEL_AVX512 = 2, HS_LEVEL_AVX512_BF16 = 3 };
 /* A kernel compiled per level is declared and picked through these, in every family's public .c file:
  * HS_VARIANTS declares name_avx512, name_avx2 and name_scalar; HS_PICK_AT(level, name) is the one of
  * `level` (HS_PICK: of hs_cpu_level(), below). */
@@ -62,9 +66,10 @@ static int hs__probe_avx512(void) {
 #endif
 }
 
-/* Reported only (cpu_features()): no kernel uses AVX512_BF16 (CPUID.7.1:EAX bit 5) or AVX512_FP16
- * (CPUID.7.0:EDX bit 23). The bfloat16 store keeps its shift-and-round rule because vcvtneps2bf16
- * quiets NaNs differently from ml_dtypes. */
+/* AVX512_BF16 (CPUID.7.1:EAX bit 5): vdpbf16ps, which the bfloat16 matmul and attention's Q.K^T use
+ * where both operands are bfloat16 (hs_cpu_bf16_dot). The bfloat16 store keeps its shift-and-round rule
+ * rather than vcvtneps2bf16, which quiets NaNs differently from ml_dtypes. AVX512_FP16 (CPUID.7.0:EDX
+ * bit 23) is reported only (cpu_features()). */
 static inline int hs_cpu_has_avx512_bf16(void) {
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
@@ -101,6 +106,7 @@ static inline int hs_cpu_level_requested(void) {
     if (strcmp(m, "scalar") == 0 || strcmp(m, "none") == 0) return HS_LEVEL_SCALAR;
     if (strcmp(m, "avx2") == 0) return HS_LEVEL_AVX2;
     if (strcmp(m, "avx512") == 0) return HS_LEVEL_AVX512;
+    if (strcmp(m, "avx512_bf16") == 0) return HS_LEVEL_AVX512_BF16;
     return -1;
 }
 
@@ -117,8 +123,23 @@ static inline int hs_cpu_level(void) {
     return hs__level;
 }
 
+static int hs__bf16_dot = -1;
+
+/* Whether bfloat16 x bfloat16 products run on vdpbf16ps: the AVX-512 level runs, the CPU has
+ * AVX512_BF16, and HIPSCHED_CPU_FEATURES asks for nothing lower than avx512_bf16 (unset included).
+ * Those kernels differ from the widening path in summation order and in flushing bfloat16 denormals
+ * (docs/architecture.md, "CPU SIMD levels"). */
+static inline int hs_cpu_bf16_dot(void) {
+    if (hs__bf16_dot < 0) {
+        int req = hs_cpu_level_requested();
+        hs__bf16_dot = hs_cpu_level() == HS_LEVEL_AVX512 && hs_cpu_has_avx512_bf16()
+                       && (req < 0 || req >= HS_LEVEL_AVX512_BF16);
+    }
+    return hs__bf16_dot;
+}
+
 static inline const char *hs_cpu_level_name(int level) {
-    return level == HS_LEVEL_AVX512 ? "avx512" : level == HS_LEVEL_AVX2 ? "avx2" : level == HS_LEVEL_SCALAR ? "scalar" : "auto";
+    return level == HS_LEVEL_AVX512_BF16 ? "avx512_bf16" : level == HS_LEVEL_AVX512 ? "avx512" : level == HS_LEVEL_AVX2 ? "avx2" : level == HS_LEVEL_SCALAR ? "scalar" : "auto";
 }
 
 static int hs__threads = 0;

@@ -133,7 +133,13 @@ static inline hs_v8f hs_v8_pow2i(hs_vi n) {
 /* 16 lanes, same operations and the same results lane for lane as the AVX2 section (vmaxps/vminps keep
  * their rule that the second operand wins when either is NaN; vcvtps2ph rounds as F16C does); only the
  * horizontal reductions add in a different order, having twice the lanes. */
+/* HS_BF16DOT (the *_bf16dot.c files, compiled for AVX512_BF16 too) is the AVX-512 level with vdpbf16ps:
+ * its own symbols, chosen where hs_cpu_bf16_dot() says so. */
+#ifdef HS_BF16DOT
+#define HS_FN(name) name##_avx512bf16
+#else
 #define HS_FN(name) name##_avx512
+#endif
 #define HS_W 16
 #define HS_SIMD 1
 typedef __m512 hs_vf;

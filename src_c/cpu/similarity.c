@@ -1,6 +1,7 @@
 /* Public similarity functions: pick the variant once (hs_cpu_level) and split rows over threads, handed
  * out dynamically so a preempted thread does not hold up the other. */
 #include <stdlib.h>
+#include <string.h>
 #include "cpu_features.h"
 #include "similarity.h"
 
@@ -51,6 +52,22 @@ void hs_widen_f16(const uint16_t *src, int64_t count, float *dst) { HS_PICK(hs_w
 void hs_widen_bf16(const uint16_t *src, int64_t count, float *dst) { HS_PICK(hs_widen_bf16)(src, count, dst); }
 void hs_narrow_f16(const float *src, int64_t count, uint16_t *dst) { HS_PICK(hs_narrow_f16)(src, count, dst); }
 void hs_narrow_bf16(const float *src, int64_t count, uint16_t *dst) { HS_PICK(hs_narrow_bf16)(src, count, dst); }
+
+int hs_matmul_bf16_avx512bf16(const uint16_t *a, const uint16_t *b, int64_t m, int64_t k, int64_t n, uint16_t *c,
+                              int nthreads);
+
+/* Least multiply-adds worth a thread: a 64^3 product (~10 us on one core at vdpbf16ps' rate). */
+#define HS_MATMUL_GRAIN (1LL << 18)
+
+int hs_matmul_bf16(const uint16_t *a, const uint16_t *b, int64_t m, int64_t k, int64_t n, uint16_t *c) {
+    if (!hs_cpu_bf16_dot()) return 1;
+    if (m <= 0 || n <= 0) return 0;
+    if (k <= 0) {  /* an empty sum: +0 (all-zero bits) */
+        memset(c, 0, sizeof(uint16_t) * (size_t)(m * n));
+        return 0;
+    }
+    return hs_matmul_bf16_avx512bf16(a, b, m, k, n, c, hs_threads_for(m * n * k, HS_MATMUL_GRAIN));
+}
 
 int64_t hs_inv_norms_f32(const float *T, int64_t n, int64_t d, float *inv) {
     if (n <= 0) return 0;

@@ -23,6 +23,13 @@ void hs_widen_bf16(const uint16_t *src, int64_t count, float *dst);
 void hs_narrow_f16(const float *src, int64_t count, uint16_t *dst);
 void hs_narrow_bf16(const float *src, int64_t count, uint16_t *dst);
 
+/* c (m, n) = a (m, k) @ b (k, n), all bfloat16 (uint16_t bits), row-major, on AVX512_BF16's vdpbf16ps
+ * (similarity_bf16dot.c): float32 sums of exact products, rounded once to bfloat16; bfloat16 denormals
+ * count as zero and float32 denormal sums flush to zero (the instruction's fixed DAZ/FTZ). Returns 1,
+ * computing nothing, where hs_cpu_bf16_dot() is false (the caller widens instead); 0, or -1 when out of
+ * memory for the packed operands (b's size, and per thread up to 1 MB of a and one panel of b). */
+int hs_matmul_bf16(const uint16_t *a, const uint16_t *b, int64_t m, int64_t k, int64_t n, uint16_t *c);
+
 /* inv[r] = 1 / ||T_r|| for T (n, d); 0 where the norm is 0 or not finite (so a zero row scores 0,
  * and a NaN/inf row scores NaN through its NaN/inf dot product). Returns how many rows have norms so
  * small or large (values beyond ~1e-15 or ~1e15) that a float dot product with them loses precision:

@@ -290,14 +290,51 @@ def test_half_attention_against_torch_same_dtype(rng, dt, causal):
     assert np.all(np.abs(ours - ref) <= u * np.abs(ref) + F32 * (1 + np.abs(ref)))
 
 
+# bfloat16 scores of an even head_dim run on vdpbf16ps where cpu_features()["bf16_dot"] (the plain run on
+# an AVX512_BF16 CPU; test_simd_paths.py reruns this file at HIPSCHED_CPU_FEATURES=avx512, without it)
+BF16_DOT = hipsched.cpu_features()["bf16_dot"]
+
+
 @pytest.mark.parametrize("dt", HALVES)
-def test_half_attention_is_the_float32_computation_rounded_once(rng, dt):
+@pytest.mark.parametrize("d", [24, 7])
+def test_half_attention_is_the_float32_computation_rounded_once(rng, dt, d):
     """Half inputs widen exactly and take the float32 kernel's arithmetic: the output is the float32
-    kernel's output on the widened values, rounded to the dtype as ml_dtypes/NumPy round it."""
-    q, k, v = _qkv_half(rng, dt, 1, 3, 77, 140, 24)
+    kernel's output on the widened values, rounded to the dtype as ml_dtypes/NumPy round it. Except
+    bfloat16 on the bf16_dot path with an even head_dim: its scores are the same exact products summed
+    in another order and scaled after the sum rather than before, so it is within the float32 kernel's
+    bound of float64 (F32), one unit of the output's last place apart at most."""
+    q, k, v = _qkv_half(rng, dt, 1, 3, 77, 140, d)
     out = A.attention(q, k, v)
     f32 = A.attention(*(x.astype(np.float32) for x in (q, k, v)))
-    np.testing.assert_array_equal(out.view(np.uint16), f32.astype(dt).view(np.uint16))
+    if dt is BF16 and BF16_DOT and d % 2 == 0:
+        ref = _ref64(q, k, v)
+        o64 = out.astype(np.float64)
+        assert np.all(np.abs(o64 - ref) <= UNIT[dt] * np.abs(ref) + F32 * (1 + np.abs(ref)))
+        assert np.all(np.abs(o64 - f32.astype(dt).astype(np.float64)) <= 2 * UNIT[dt] * np.abs(ref) + 2 * F32)
+        assert not np.array_equal(out.view(np.uint16), f32.astype(dt).view(np.uint16))  # the dot path did run
+    else:
+        np.testing.assert_array_equal(out.view(np.uint16), f32.astype(dt).view(np.uint16))
+
+
+def test_bf16_attention_scores_flush_denormals_on_avx512_bf16():
+    """vdpbf16ps reads bfloat16 denormals as zero (and flushes denormal sums): a key whose only
+    nonzero element is a denormal scores exactly 0 against any query on the bf16_dot path, so with two
+    keys the weights are exactly 1/2 each and the output, V's two rows' mean, is 0. The widening path
+    (and float64) scores it 2^-127 * 2^127 / sqrt(2): weights about 2/3 and 1/3."""
+    den = np.array([0x0040], np.uint16).view(BF16)[0]   # 2^-127
+    q = np.zeros((1, 1, 1, 2), BF16)
+    q[..., 0] = BF16(2.0 ** 127)
+    k = np.zeros((1, 1, 2, 2), BF16)
+    k[0, 0, 0, 0] = den
+    v = np.zeros((1, 1, 2, 2), BF16)
+    v[0, 0, 0, :] = BF16(2.0 ** 40)
+    v[0, 0, 1, :] = BF16(-(2.0 ** 40))
+    out = A.attention(q, k, v).astype(np.float64)
+    ref = _ref64(q, k, v)  # float64 keeps the denormal
+    if BF16_DOT:
+        np.testing.assert_array_equal(out, 0.0)   # weights 1/2, 1/2
+    else:
+        assert np.all(out > 0) and np.all(np.abs(out - ref) <= UNIT[BF16] * np.abs(ref) + F32 * (1 + np.abs(ref)))
 
 
 @pytest.mark.parametrize("dt", HALVES)

@@ -21,6 +21,13 @@ own interpreter (this file run as a script) and the test compares what comes bac
   within twice it of another; a half output adds one unit in its last place. Its lanes are queries and
   every sum and max runs within a lane in the same order at every width, and the 16-lane exp2 rounds as
   the 8-lane one: AVX-512 and AVX2 give the same bits.
+- bfloat16 matmul (the widening path: float32 BLAS) is within test_cpu_similarity's bound u |exact| +
+  (1 + u) k 2^-24 (|a| @ |b|) of the exact product at every level, hence within twice it of another.
+- avx512_bf16 (HIPSCHED_CPU_FEATURES=avx512_bf16, what a plain run on an AVX512_BF16 CPU uses) is the
+  AVX-512 level with bfloat16 x bfloat16 on vdpbf16ps: bfloat16 matmul and the scores of bfloat16
+  attention with an even head_dim. Those add exact products in float32 in another order (a score is
+  scaled after its sum instead of before: one rounding either way), so the matmul and attention bounds
+  above hold for them as they are; everything else is bit for bit the avx512 level's.
 - quantize's bytes are ggml's reference rounding at every level, and dequantize is one exact product
   q * d per element: bit for bit equal (dequantize over arbitrary bytes: every fp16 scale, inf and NaN
   included). qmatmul sums exact weights times x in float32: each level within test_cpu_quant's bound
@@ -106,6 +113,28 @@ def _cases():
     out.append(("exp|float32|100003", "exp", (x,)))
     out += _attention_cases()
     out += _quant_cases()
+    out += _matmul_cases()
+    return out
+
+
+# (m, k, n) around the vdpbf16ps kernel's 12-row x 32-column register tiles and its work items of 192 rows
+# x 128 columns, odd k (a pair padded), and b too narrow for it (n < 16, a vector: the widening path at
+# every level)
+MATMUL_SHAPES = [(1, 1, 1), (11, 3, 31), (12, 64, 32), (13, 65, 33), (97, 130, 257), (300, 200, 1), (7, 9, 16),
+                 (250, 33, 140)]
+
+
+def _matmul_cases():
+    """bfloat16 matmul, its own generator (the other cases' inputs stay as they were)."""
+    rng = np.random.default_rng(20261126)
+    out = []
+    for m, k, n in MATMUL_SHAPES:
+        a = rng.standard_normal((m, k)).astype(np.float32).astype(BF16)
+        b = rng.standard_normal((k, n)).astype(np.float32).astype(BF16)
+        out.append((f"matmul|bfloat16|{(m, k, n)}", "matmul", (a, b)))
+    b = rng.standard_normal(70).astype(np.float32).astype(BF16)
+    a = rng.standard_normal((40, 70)).astype(np.float32).astype(BF16)
+    out.append(("matmul|bfloat16|vector", "matmul", (a, b)))
     return out
 
 
@@ -180,6 +209,16 @@ def _attention_cases():
         for causal in (False, True):
             out.append((f"attention|{name}|nonfinite|{'causal' if causal else 'full'}", "attention",
                         tuple(x.astype(dt) for x in (q, k, v)) + (causal,)))
+    # the same with an even head_dim (bfloat16 scores on vdpbf16ps at avx512_bf16), NaN and inf in K too
+    q, k, v = (rng.standard_normal((1, 2, 70, 20)).astype(np.float32) for _ in range(3))
+    q[0, 0, 5, 3] = np.nan
+    k[0, 1, 9, 4] = np.inf
+    v[0, 1, 3, 7] = np.inf
+    v[0, 1, 40, 2] = np.nan
+    for name, dt in DTYPES.items():
+        for causal in (False, True):
+            out.append((f"attention|{name}|nonfinite20|{'causal' if causal else 'full'}", "attention",
+                        tuple(x.astype(dt) for x in (q, k, v)) + (causal,)))
     return out
 
 
@@ -196,6 +235,8 @@ def _run(op, args):
     if op == "attention":
         q, k, v, causal = args
         return [A.attention(q, k, v, causal=causal)]
+    if op == "matmul":
+        return [S.matmul(*args)]
     if op == "add":
         return [E.add(*args)]
     if op == "scale":
@@ -219,7 +260,8 @@ def _as_saved(a):
 
 def _compute(path):
     """This interpreter's level on every case, saved to path (halves as their bits)."""
-    res = {"__simd__": np.array(hipsched.cpu_features()["simd"])}
+    feats = hipsched.cpu_features()
+    res = {"__simd__": np.array(feats["simd"]), "__bf16_dot__": np.array(feats["bf16_dot"])}
     for key, op, args in _cases():
         for i, r in enumerate(_run(op, args)):
             res[f"{key}#{i}"] = _as_saved(r)
@@ -248,12 +290,20 @@ def _level_results(level, tmp_path_factory):
         assert r.returncode == 0, f"level {level} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         with np.load(path) as f:
             _results[level] = dict(f)
-        assert str(_results[level]["__simd__"]) == level
+        # avx512_bf16 is the avx512 vector level with the bfloat16 dot products on
+        assert str(_results[level]["__simd__"]) == ("avx512" if level == "avx512_bf16" else level)
+        assert bool(_results[level]["__bf16_dot__"]) == (level == "avx512_bf16")
     return _results[level]
 
 
 def _available(level):
-    detected = hipsched.cpu_features()["detected"]
+    feats = hipsched.cpu_features()
+    detected = feats["detected"]
+    if level == "avx512_bf16":
+        if detected != "avx512" or not feats["avx512_bf16"]:
+            pytest.skip(f"this CPU has no AVX512_BF16 at the avx512 level (detected: {detected}, "
+                        f"avx512_bf16: {feats['avx512_bf16']})")
+        return
     if LEVELS.index(level) > LEVELS.index(detected):
         pytest.skip(f"this CPU has no {level} level (detected: {detected})")
 
@@ -339,7 +389,16 @@ def cases():
     return {key: (op, args) for key, op, args in _cases()}
 
 
-@pytest.mark.parametrize("level", ["avx2", "avx512"])
+def _check_matmul(g, s, args, key):
+    """Two levels' bfloat16 matmul within twice test_cpu_similarity's bound of each other."""
+    a, b = (x.astype(np.float64) for x in args)
+    u = 2.0 ** -8
+    bound = u * np.abs(a @ b) + (1 + u) * a.shape[1] * 2.0 ** -24 * (np.abs(a) @ np.abs(b))
+    err = np.abs(_f64(g, "bfloat16") - _f64(s, "bfloat16"))
+    assert np.all(err <= 2 * bound), f"{key}: max excess {np.max(err - 2 * bound):.3g}"
+
+
+@pytest.mark.parametrize("level", ["avx2", "avx512", "avx512_bf16"])
 def test_level_against_scalar(level, cases, tmp_path_factory):
     _available(level)
     got, base = _level_results(level, tmp_path_factory), _level_results("scalar", tmp_path_factory)
@@ -366,6 +425,8 @@ def test_level_against_scalar(level, cases, tmp_path_factory):
             assert np.all(np.abs(gf - sf) <= _ulp(np.maximum(np.abs(gf), np.abs(sf)), name)), key
         elif op == "attention":
             _check_attention(g, s, args, name, key)
+        elif op == "matmul":
+            _check_matmul(g, s, args, key)
         elif op == "cosine":
             d = args[0].shape[1]
             bound = 2e-6 if name == "float32" else (2 * d + 8) * 2.0 ** -24
@@ -391,6 +452,39 @@ def test_avx512_exp_and_column_softmax_equal_avx2(cases, tmp_path_factory):
     assert keys
     for key in keys:
         np.testing.assert_array_equal(a[f"{key}#0"].view(np.uint8), b[f"{key}#0"].view(np.uint8), err_msg=key)
+
+
+def _bf16_dot_key(key):
+    """Whether a case's result comes from a vdpbf16ps kernel at avx512_bf16."""
+    parts = key.split("|")
+    if parts[:2] == ["matmul", "bfloat16"]:
+        return parts[2] != "vector" and int(parts[2].strip("()").split(",")[-1]) >= 16
+    if parts[:2] == ["attention", "bfloat16"]:
+        d = {"nonfinite": 19, "nonfinite20": 20}.get(parts[2]) or int(parts[2].strip("()").split(",")[-1])
+        return d % 2 == 0
+    return False
+
+
+def test_avx512_bf16_changes_only_bfloat16_products(cases, tmp_path_factory):
+    """avx512_bf16 and avx512 differ in the vdpbf16ps kernels only: every other result is bit for bit
+    the same; those that differ are checked against scalar by test_level_against_scalar. The cases hold
+    bfloat16 attention of odd head_dim (the widening path at both) and of even head_dim."""
+    _available("avx512_bf16")
+    a, b = _level_results("avx512_bf16", tmp_path_factory), _level_results("avx512", tmp_path_factory)
+    dot = [k for k in cases if _bf16_dot_key(k)]
+    assert any(k.startswith("matmul|") for k in dot) and any(k.startswith("attention|") for k in dot)
+    assert any(k.startswith("attention|bfloat16|") and not _bf16_dot_key(k) for k in cases)
+    differ = 0
+    for key in cases:
+        for i in range(2):
+            if f"{key}#{i}" not in a:
+                continue
+            x, y = a[f"{key}#{i}"], b[f"{key}#{i}"]
+            if _bf16_dot_key(key):
+                differ += not np.array_equal(x.view(np.uint8), y.view(np.uint8))
+            else:
+                np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8), err_msg=key)
+    assert differ, "no bfloat16 product changed: the vdpbf16ps kernels did not run at avx512_bf16"
 
 
 def test_level_cases_cover_quant(cases):
@@ -421,14 +515,20 @@ def test_requested_level_and_fallback():
     detected = hipsched.cpu_features()["detected"]
     code = "import hipsched, json; print(json.dumps(hipsched.cpu_features()))"
     import json
-    for level in LEVELS + ["none"]:
+    has_bf16 = detected == "avx512" and hipsched.cpu_features()["avx512_bf16"]
+    # a plain run uses vdpbf16ps wherever the CPU has it
+    assert hipsched.cpu_features()["bf16_dot"] == (has_bf16 and os.environ.get("HIPSCHED_CPU_FEATURES") in
+                                                    (None, "", "avx512_bf16"))
+    for level in LEVELS + ["none", "avx512_bf16"]:
         env = dict(os.environ, HIPSCHED_CPU_FEATURES=level)
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         f = json.loads(r.stdout)
         want = "scalar" if level == "none" else level
         assert f["requested"] == want and f["detected"] == detected
-        assert f["simd"] == LEVELS[min(LEVELS.index(want), LEVELS.index(detected))]
+        vector = "avx512" if want == "avx512_bf16" else want  # the bf16 dot products sit on the avx512 level
+        assert f["simd"] == LEVELS[min(LEVELS.index(vector), LEVELS.index(detected))]
+        assert f["bf16_dot"] == (want == "avx512_bf16" and has_bf16)
 
 
 def test_an_unknown_level_name_warns_and_runs_the_detected_level():
@@ -438,6 +538,6 @@ def test_an_unknown_level_name_warns_and_runs_the_detected_level():
     env = dict(os.environ, HIPSCHED_CPU_FEATURES="avx-512")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "HIPSCHED_CPU_FEATURES='avx-512' is not one of scalar, none, avx2, avx512" in r.stderr
+    assert "HIPSCHED_CPU_FEATURES='avx-512' is not one of scalar, none, avx2, avx512, avx512_bf16" in r.stderr
     f = json.loads(r.stdout)
     assert f["requested"] == "auto" and f["simd"] == detected

@@ -494,6 +494,68 @@ def test_half_matmul_against_torch_same_dtype(rng, dt):
     assert np.all(np.abs(ours - exact) <= bound) and np.all(np.abs(ours - theirs) <= 2 * bound)
 
 
+# bfloat16 x bfloat16 on AVX512_BF16 (cpu_features()["bf16_dot"]: the plain run on such a CPU;
+# test_simd_paths.py reruns this file with HIPSCHED_CPU_FEATURES=avx512, the widening path). vdpbf16ps adds
+# exact products in float32, so _bound holds as it is; these shapes cross its 12-row x 32-column register
+# tiles, its work items of 128 columns and up to 192 rows (fewer at k = 3001), and odd k (the last pair padded); b of fewer than 16
+# columns (and a vector b) takes the widening path at every level.
+BF16_DOT = hipsched.cpu_features()["bf16_dot"]
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 4, 15), (5, 9, 16), (3, 4, 17), (11, 2, 31), (12, 3, 32),
+                                   (13, 64, 33), (25, 7, 65), (97, 130, 257), (200, 1, 300), (200, 3001, 20),
+                                   (5, 0, 17), (0, 4, 20), (4, 5, 0)])
+def test_bf16_matmul_tiles_against_float64(rng, m, k, n):
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    out = S.matmul(a, b)
+    assert out.dtype == BF16 and out.shape == (m, n)
+    exact, bound = _bound(a, b, BF16)
+    assert np.all(np.abs(out.astype(np.float64) - exact) <= bound)
+    v = rng.standard_normal(k).astype(BF16)   # a vector b: the (k, 1) matrix
+    outv = S.matmul(a, v)
+    exact, bound = _bound(a, v, BF16)
+    assert outv.shape == (m,) and np.all(np.abs(outv.astype(np.float64) - exact) <= bound)
+
+
+def test_bf16_matmul_nonfinite_values_reach_their_row_and_column_only(rng):
+    a = rng.standard_normal((20, 40)).astype(BF16)
+    b = rng.standard_normal((40, 50)).astype(BF16)
+    a[3, 7] = np.inf
+    b[11, 45] = np.nan
+    out = S.matmul(a, b).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
+    fin = np.isfinite(ref)
+    exact, bound = _bound(np.where(np.isfinite(a), a, 0).astype(BF16), np.where(np.isfinite(b), b, 0).astype(BF16), BF16)
+    assert np.all(np.abs(out[fin] - exact[fin]) <= bound[fin])
+
+
+def test_bf16_matmul_denormals_flush_on_avx512_bf16():
+    """vdpbf16ps reads bfloat16 denormals (|x| < 2^-126) as zero and flushes a product or sum that
+    falls below 2^-126 to zero, whatever MXCSR says (Intel SDM, VDPBF16PS). So on the bf16_dot path a
+    denormal input contributes nothing and a result in the denormal range comes out 0; the widening path
+    (float32 BLAS) keeps both exactly, as float64 does."""
+    den = np.array([0x0040], np.uint16).view(BF16)[0]   # 2^-127, a bfloat16 denormal
+    tiny = 2.0 ** -127
+    # b of 16 columns: narrower ones take the widening path at every level
+    a = np.array([[den, 1]], BF16)
+    b = np.zeros((2, 16), BF16)
+    b[0] = 1
+    prod = np.array([[2.0 ** -63]], np.float32).astype(BF16), np.full((1, 16), 2.0 ** -64, np.float32).astype(BF16)
+    got_in = float(S.matmul(a, b)[0, 0])
+    got_out = float(S.matmul(*prod)[0, 0])
+    if BF16_DOT:
+        assert got_in == 0.0 and got_out == 0.0
+    else:
+        assert got_in == tiny and got_out == tiny
+    # normal values are untouched either way: 2^-126 (the least normal) times 1 stays
+    least = np.array([[2.0 ** -126]], np.float32).astype(BF16)
+    assert float(S.matmul(least, np.ones((1, 16), BF16))[0, 0]) == 2.0 ** -126
+
+
 def test_float16_overflow_and_nan_follow_the_format():
     """A float32 sum past 65504 becomes inf in float16 (as PyTorch's conversion does); NaN propagates;
     bfloat16 has float32's range and stays finite."""

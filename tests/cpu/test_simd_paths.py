@@ -4,7 +4,11 @@ AVX2 machine that is the scalar level; on an AVX-512 one, AVX2 and scalar. One i
 family per level, because starting one (pytest, NumPy, PyTorch, the extensions) cost more than most
 families' tests; each family still passes or fails as its own test here, from that run's JUnit
 report. The property tests read HIPSCHED_CPU_FEATURES to run fewer examples on the scalar level: they
-already ran on the default path, and that rerun must stay cheap."""
+already ran on the default path, and that rerun must stay cheap.
+On a CPU with AVX512_BF16 a plain run multiplies bfloat16 by bfloat16 on vdpbf16ps (matmul, attention's
+Q.K^T: cpu_features()["bf16_dot"]); the families that have such kernels are rerun at
+HIPSCHED_CPU_FEATURES=avx512 too, the same level without it, so their widening bfloat16 path stays
+tested on that CPU."""
 import glob
 import os
 import subprocess
@@ -20,6 +24,9 @@ CPU_TESTS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(HERE, "te
 LEVELS = ("scalar", "avx2", "avx512")   # lowest first
 DETECTED = hipsched.cpu_features()["detected"]
 BELOW = LEVELS[:LEVELS.index(DETECTED)] if DETECTED in LEVELS else ("scalar",)
+BF16_DOT_TESTS = ("test_cpu_attention.py", "test_cpu_similarity.py")  # families with vdpbf16ps kernels
+assert set(BF16_DOT_TESTS) <= set(CPU_TESTS)
+BF16_DOT = hipsched.cpu_features()["bf16_dot"]
 
 
 def test_scalar_path_is_selectable():
@@ -34,20 +41,21 @@ _runs: dict = {}
 
 @pytest.fixture(scope="module")
 def level_run(tmp_path_factory):
-    """level -> (returncode, output, {file: [(test, outcome, message)]}) of every family run at it."""
-    def run(level):
-        if level not in _runs:
-            _runs[level] = _run_families(tmp_path_factory, level)
-        return _runs[level]
+    """(level, files) -> (returncode, output, {file: [(test, outcome, message)]}) of those families (all
+    of them by default) run at that level."""
+    def run(level, files=tuple(CPU_TESTS)):
+        if (level, files) not in _runs:
+            _runs[level, files] = _run_families(tmp_path_factory, level, files)
+        return _runs[level, files]
     return run
 
 
-def _run_families(tmp_path_factory, level):
+def _run_families(tmp_path_factory, level, files):
     report = tmp_path_factory.mktemp(level) / "report.xml"
     env = dict(os.environ, HIPSCHED_CPU_FEATURES=level)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
                         f"--junitxml={report}",
-                        *(os.path.join(HERE, f) for f in CPU_TESTS)],
+                        *(os.path.join(HERE, f) for f in files)],
                        env=env, capture_output=True, text=True, timeout=1800, cwd=os.path.dirname(os.path.dirname(HERE)))
     cases = {}
     if report.exists():
@@ -69,7 +77,17 @@ def _run_families(tmp_path_factory, level):
 @pytest.mark.parametrize("level", BELOW)
 @pytest.mark.parametrize("test_file", CPU_TESTS)
 def test_cpu_family_at_lower_level(level_run, level, test_file):
-    returncode, output, cases = level_run(level)
+    _check_family(level_run(level), level, test_file)
+
+
+@pytest.mark.skipif(not BF16_DOT, reason="no vdpbf16ps kernels run here (no AVX512_BF16, or a lower level asked)")
+@pytest.mark.parametrize("test_file", BF16_DOT_TESTS)
+def test_bf16_family_without_avx512_bf16(level_run, test_file):
+    _check_family(level_run("avx512", BF16_DOT_TESTS), "avx512", test_file)
+
+
+def _check_family(run, level, test_file):
+    returncode, output, cases = run
     mine = cases.get(test_file, [])
     # no report at all (the interpreter died), or none of this family's tests in it: the run's output says why
     assert mine, f"{test_file}: no results at the {level} level (pytest exit {returncode}):\n{output[-6000:]}"
