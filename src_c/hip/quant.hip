@@ -150,11 +150,11 @@ template <int Q8, class T>
 HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k) {
     const int l = threadIdx.x % 32;
     const hs_i64 row0 = ((hs_i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * HSQ_NR;
-    if (row0 >= n) return;   // a whole team (32 lanes, all of a warp or half a wavefront) leaves together
-    const hs_i64 nsb = (k + HSQ_SBK(Q8) - 1) / HSQ_SBK(Q8);
-    const hs_i64 rowb = nsb * HSQ_SBB(Q8);
-    const int nrows = n - row0 < HSQ_NR ? (int)(n - row0) : HSQ_NR;
-    const hs_u8* rows = w + row0 * rowb;
+    // a team past n does not return: on AMD it is half a wavefront, whose other half still shuffles
+    const hs_i64 nsb = row0 < n ? (k + HSQ_SBK(Q8) - 1) / HSQ_SBK(Q8) : 0;
+    const hs_i64 rowb = (k + HSQ_SBK(Q8) - 1) / HSQ_SBK(Q8) * HSQ_SBB(Q8);
+    const int nrows = row0 >= n ? 0 : (n - row0 < HSQ_NR ? (int)(n - row0) : HSQ_NR);
+    const hs_u8* rows = w + (nrows ? row0 : 0) * rowb;
     float acc[HSQ_NR];
 #pragma unroll
     for (int r = 0; r < HSQ_NR; ++r) acc[r] = 0.0f;
@@ -193,71 +193,93 @@ HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const T* __restrict__ x, T* 
 
 // Y (n, m) = W X (k, m), m columns of x at a time up to HSQ_MC (grid y: column chunks of HSQ_MC), each
 // dequantized weight reused for every column in registers. A block of 4 teams, HSQ_NRN rows each, walks
-// the superblocks together: per superblock it stages the x tile (SBK elements x MC columns, widened to
-// float32) in shared memory, transposed so that a lane reads a group of 4 k's of one column as one
-// conflict-free 16-byte LDS (row stride SBK + 4 floats: the staging stores hit 32 distinct banks). The
-// weight loads of the next superblock are issued before the staging, so they are in flight while it runs.
-// Bandwidth bound up to about 16 columns (9 to 16 take two passes over W); more go to hsq_matmat.
+// the superblocks together: per 512 weights of a superblock (4 groups of every lane: all of Q8_0's, half
+// of Q4_0's) it stages the x tile (512 k's x MC columns, widened to float32) in shared memory, transposed
+// so that a lane reads a group of 4 k's of one column as one conflict-free 16-byte LDS (row stride 516
+// floats: the staging stores hit 32 distinct banks). The weight loads of the superblock are issued
+// before the staging, so they are in flight while it runs. Bandwidth bound up to about 16 columns (9 to
+// 16 take two passes over W); more go to hsq_matmat.
 #define HSQ_MC 8
-#define HSQ_NRN 4
+// rows per team: 4 share each x read from shared memory; Q4_0 takes 2, its chunks holding twice the
+// scales (4 rows spilled on sm_90 at 128 registers)
+#define HSQ_NRN(Q8) ((Q8) ? 4 : 2)
 #define HSQ_MN_THREADS 128
+// NVIDIA: at least 4 blocks an SM (at most 128 registers), which ptxas otherwise undercuts with a spill
+// (80 registers and 16 bytes of local memory for Q4_0); AMD's second argument means waves per EU and
+// would cap the VGPRs at 128 for 4 (51 spilled on gfx90a): 1 there
+#ifdef HS_NVIDIA
+#define HSQ_MN_MIN 4
+#else
+#define HSQ_MN_MIN 1
+#endif
+#define HSQ_XT 512                           // k's of an x tile: 4 groups of 32 lanes
+#define HSQ_XS (HSQ_XT + 4)                  // its row stride in shared memory
+
+// One x tile's pass: groups 4 H .. 4 H + 3 of the chunks (H a template argument, so every index into
+// a chunk is a constant: a loop over H left to the compiler put the chunks in local memory).
+template <int Q8, int H, class T>
+HS_DEV void hsq_matvecn_pass(const HsqChunk<Q8> (&ch)[HSQ_NRN(Q8)], float (&acc)[HSQ_NRN(Q8)][HSQ_MC],
+                             float* xs, const T* __restrict__ x, hs_i64 s, hs_i64 k, int m, int c0, int mc) {
+    const int tid = threadIdx.x, l = tid % 32;
+    // x tile: element (kk, c); consecutive threads take consecutive columns, then k
+    const hs_i64 kbase = s * HSQ_SBK(Q8) + H * HSQ_XT;
+    for (int t = tid; t < HSQ_XT * HSQ_MC; t += HSQ_MN_THREADS) {
+        const int kk = t / HSQ_MC, c = t % HSQ_MC;
+        xs[c * HSQ_XS + kk] = (c < mc && kbase + kk < k) ? hs_ld(x[(kbase + kk) * m + c0 + c]) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int gl = 0; gl < 4; ++gl) {
+        const int g = (4 * H + gl) % HSQ_NG(Q8), kk = 128 * gl + 4 * l;
+        float f[HSQ_NRN(Q8)][4], d[HSQ_NRN(Q8)];
+#pragma unroll
+        for (int r = 0; r < HSQ_NRN(Q8); ++r) {
+            const hs_u32 q = hsq_group<Q8>(ch[r], g);
+            f[r][0] = HSQ_BYTE_F(q, 0, HSQ_BIAS(Q8)); f[r][1] = HSQ_BYTE_F(q, 1, HSQ_BIAS(Q8));
+            f[r][2] = HSQ_BYTE_F(q, 2, HSQ_BIAS(Q8)); f[r][3] = HSQ_BYTE_F(q, 3, HSQ_BIAS(Q8));
+            d[r] = hsq_scale<Q8>(ch[r], g);
+        }
+#pragma unroll
+        for (int c = 0; c < HSQ_MC; ++c) {
+            const float4 xv = *reinterpret_cast<const float4*>(&xs[c * HSQ_XS + kk]);
+#pragma unroll
+            for (int r = 0; r < HSQ_NRN(Q8); ++r)
+                acc[r][c] += (f[r][0] * xv.x + f[r][1] * xv.y + f[r][2] * xv.z + f[r][3] * xv.w) * d[r];
+        }
+    }
+    __syncthreads();
+}
 
 template <int Q8, class T>
 HS_DEV void hsq_matvecn(const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y,
                         hs_i64 n, hs_i64 k, int m) {
-    constexpr int SBK = HSQ_SBK(Q8), XS = SBK + 4;
-    __shared__ float xs[HSQ_MC * XS];
+    __shared__ float xs[HSQ_MC * HSQ_XS];
     const int tid = threadIdx.x, l = tid % 32;
-    const hs_i64 row0 = ((hs_i64)blockIdx.x * (HSQ_MN_THREADS / 32) + tid / 32) * HSQ_NRN;
+    const hs_i64 row0 = ((hs_i64)blockIdx.x * (HSQ_MN_THREADS / 32) + tid / 32) * HSQ_NRN(Q8);
     const int c0 = blockIdx.y * HSQ_MC;
     const int mc = m - c0 < HSQ_MC ? m - c0 : HSQ_MC;
-    const hs_i64 nsb = (k + SBK - 1) / SBK;
+    const hs_i64 nsb = (k + HSQ_SBK(Q8) - 1) / HSQ_SBK(Q8);
     const hs_i64 rowb = nsb * HSQ_SBB(Q8);
     // no early return: every team takes part in the block's barriers; a team past n loads nothing
-    const int nrows = row0 >= n ? 0 : (n - row0 < HSQ_NRN ? (int)(n - row0) : HSQ_NRN);
+    const int nrows = row0 >= n ? 0 : (n - row0 < HSQ_NRN(Q8) ? (int)(n - row0) : HSQ_NRN(Q8));
     const hs_u8* rows = w + (nrows ? row0 : 0) * rowb;
-    float acc[HSQ_NRN][HSQ_MC];
+    float acc[HSQ_NRN(Q8)][HSQ_MC];
 #pragma unroll
-    for (int r = 0; r < HSQ_NRN; ++r)
+    for (int r = 0; r < HSQ_NRN(Q8); ++r)
 #pragma unroll
         for (int c = 0; c < HSQ_MC; ++c) acc[r][c] = 0.0f;
     for (hs_i64 s = 0; s < nsb; ++s) {
-        HsqChunk<Q8> ch[HSQ_NRN];
+        HsqChunk<Q8> ch[HSQ_NRN(Q8)];
 #pragma unroll
-        for (int r = 0; r < HSQ_NRN; ++r) {
+        for (int r = 0; r < HSQ_NRN(Q8); ++r) {
             if (r < nrows) hsq_load<Q8>(ch[r], rows + r * rowb + s * HSQ_SBB(Q8), l);
             else hsq_zero<Q8>(ch[r]);
         }
-        // x tile: element (kk, c) of the superblock; consecutive threads take consecutive columns, then k
-        const hs_i64 kbase = s * SBK;
-        for (int t = tid; t < SBK * HSQ_MC; t += HSQ_MN_THREADS) {
-            const int kk = t / HSQ_MC, c = t % HSQ_MC;
-            xs[c * XS + kk] = (c < mc && kbase + kk < k) ? hs_ld(x[(kbase + kk) * m + c0 + c]) : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int g = 0; g < HSQ_NG(Q8); ++g) {
-            const int kk = 128 * g + 4 * l;
-            float f[HSQ_NRN][4], d[HSQ_NRN];
-#pragma unroll
-            for (int r = 0; r < HSQ_NRN; ++r) {
-                const hs_u32 q = hsq_group<Q8>(ch[r], g);
-                f[r][0] = HSQ_BYTE_F(q, 0, HSQ_BIAS(Q8)); f[r][1] = HSQ_BYTE_F(q, 1, HSQ_BIAS(Q8));
-                f[r][2] = HSQ_BYTE_F(q, 2, HSQ_BIAS(Q8)); f[r][3] = HSQ_BYTE_F(q, 3, HSQ_BIAS(Q8));
-                d[r] = hsq_scale<Q8>(ch[r], g);
-            }
-#pragma unroll
-            for (int c = 0; c < HSQ_MC; ++c) {
-                const float4 xv = *reinterpret_cast<const float4*>(&xs[c * XS + kk]);
-#pragma unroll
-                for (int r = 0; r < HSQ_NRN; ++r)
-                    acc[r][c] += (f[r][0] * xv.x + f[r][1] * xv.y + f[r][2] * xv.z + f[r][3] * xv.w) * d[r];
-            }
-        }
-        __syncthreads();
+        hsq_matvecn_pass<Q8, 0>(ch, acc, xs, x, s, k, m, c0, mc);
+        if (HSQ_NG(Q8) > 4) hsq_matvecn_pass<Q8, 1>(ch, acc, xs, x, s, k, m, c0, mc);
     }
 #pragma unroll
-    for (int r = 0; r < HSQ_NRN; ++r)
+    for (int r = 0; r < HSQ_NRN(Q8); ++r)
 #pragma unroll
         for (int c = 0; c < HSQ_MC; ++c) {
             const float v = hsq_sum32(acc[r][c]);
@@ -268,7 +290,7 @@ HS_DEV void hsq_matvecn(const hs_u8* __restrict__ w, const T* __restrict__ x, T*
 // ------------------------------------------------------------------ matrix-matrix
 
 // Y (n, m) = W (n, k) X (k, m) for m > 16, all row-major. A 64x64 output tile per block of 256 threads, k in
-// steps of 32 (a quarter of a superblock's group span): the W tile is dequantized into shared memory
+// steps of 32: the W tile is dequantized into shared memory
 // once and reused by 64 columns, and the X tile is widened to float32 there, so the inner loop is the
 // same whatever T. Thread (tr, tc) computes rows 4*tr..4*tr+3 and columns tc, tc+16, tc+32, tc+48
 // (strided so the shared X reads of a warp hit 16 consecutive banks). Launch: grid (ceil(n/64),
@@ -277,15 +299,24 @@ HS_DEV void hsq_matvecn(const hs_u8* __restrict__ w, const T* __restrict__ x, T*
 #define HSQ_TM 64
 #define HSQ_TN 64
 
-// Weight (row base, kk) of the repacked layout, kk < k: the superblock, the lane and group holding it.
-template <int Q8> HS_DEV float hsq_weight(const hs_u8* __restrict__ row, hs_i64 kk) {
+// The 8 weights kk .. kk+7 (kk a multiple of 8, < k) of a row of the repacked layout: they lie in one
+// group of two adjacent lanes (4 each) of one block, so two aligned 32-bit loads and one scale; stored
+// dequantized to out[0], out[stride], ... (a column of the shared W tile).
+template <int Q8> HS_DEV void hsq_weights8(const hs_u8* __restrict__ row, hs_i64 kk, float* out, int stride) {
     const hs_i64 s = kk / HSQ_SBK(Q8);
     const int r = (int)(kk - s * HSQ_SBK(Q8));
-    const int g = r / 128, l = (r % 128) / 4, c = r % 4;
+    const int g = r / 128, l = (r % 128) / 4;
     const hs_u8* sb = row + s * HSQ_SBB(Q8);
-    const hs_u32 byte = Q8 ? sb[16 * l + 4 * g + c] : ((sb[16 * l + 4 * (g / 2) + c] >> (4 * (g % 2))) & 0xfu);
-    const hs_u8* sp = sb + HSQ_SBQ + 2 * ((l / 8) * HSQ_NG(Q8) + g);
-    return ((float)byte - HSQ_BIAS(Q8)) * hs_half_to_float((hs_u16)(sp[0] | (sp[1] << 8)));
+    const int word = Q8 ? g : g / 2, shift = Q8 ? 0 : 4 * (g % 2);
+    const hs_u32 mask = Q8 ? 0xffffffffu : 0x0f0f0f0fu;
+    const hs_u32 w0 = (*reinterpret_cast<const hs_u32*>(sb + 16 * l + 4 * word) >> shift) & mask;
+    const hs_u32 w1 = (*reinterpret_cast<const hs_u32*>(sb + 16 * (l + 1) + 4 * word) >> shift) & mask;
+    const float d = hs_half_to_float(*reinterpret_cast<const hs_u16*>(sb + HSQ_SBQ + 2 * ((l / 8) * HSQ_NG(Q8) + g)));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        out[e * stride] = HSQ_BYTE_F(w0, e, HSQ_BIAS(Q8)) * d;
+        out[(e + 4) * stride] = HSQ_BYTE_F(w1, e, HSQ_BIAS(Q8)) * d;
+    }
 }
 
 template <int Q8, class T>
@@ -306,9 +337,12 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const T* __restrict__ x, T* 
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
     for (hs_i64 kb = 0; kb < k; kb += 32) {
+        if (r0 + lr < n) {
+            hsq_weights8<Q8>(w + (r0 + lr) * rowb, kb + 8 * le, &ws[8 * le][lr], HSQ_TM + 1);
+        } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-            ws[8 * le + e][lr] = r0 + lr < n ? hsq_weight<Q8>(w + (r0 + lr) * rowb, kb + 8 * le + e) : 0.0f;
+            for (int e = 0; e < 8; ++e) ws[8 * le + e][lr] = 0.0f;
+        }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             const int idx = tid + 256 * e;           // 2048 = 32 x 64 values, coalesced along columns
@@ -353,12 +387,12 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const T* __restrict__ x, T* 
             const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k) {    \
         hsq_matvec<0, T>(w, x, y, n, k);                                                                       \
     }                                                                                                          \
-    HS_KERNEL void __launch_bounds__(HSQ_MN_THREADS) hs_qmatvecn_##S##_q8_0(                                  \
+    HS_KERNEL void __launch_bounds__(HSQ_MN_THREADS, HSQ_MN_MIN) hs_qmatvecn_##S##_q8_0(                                  \
             const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k,      \
             int m) {                                                                                           \
         hsq_matvecn<1, T>(w, x, y, n, k, m);                                                                   \
     }                                                                                                          \
-    HS_KERNEL void __launch_bounds__(HSQ_MN_THREADS) hs_qmatvecn_##S##_q4_0(                                  \
+    HS_KERNEL void __launch_bounds__(HSQ_MN_THREADS, HSQ_MN_MIN) hs_qmatvecn_##S##_q4_0(                                \
             const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k,      \
             int m) {                                                                                           \
         hsq_matvecn<0, T>(w, x, y, n, k, m);                                                                   \

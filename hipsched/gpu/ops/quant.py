@@ -21,7 +21,7 @@ from .common import KERNEL_SUFFIX
 _DEQ_BLOCK = 256
 _MATVEC_BLOCK = 128      # threads: 4 teams of 32 lanes (a warp, or half an AMD wavefront)
 _MATVEC_ROWS = 2         # HSQ_NR in quant.hip: rows per team of the one-column mat-vec
-_MATVECN_ROWS = 4        # HSQ_NRN: rows per team of the several-column mat-vec
+_MATVECN_ROWS = {"q8_0": 4, "q4_0": 2}   # HSQ_NRN: rows per team of the several-column mat-vec
 _MATVECN_COLS = 8        # HSQ_MC: columns per block of it (grid y: chunks of columns)
 _MATVEC_MAX_COLS = 16    # up to this many columns of x go through the mat-vec kernels; more, the tiles
 _TILE = 64               # HSQ_TM / HSQ_TN in quant.hip
@@ -139,7 +139,7 @@ def qmatmul_launches(n: int, m: int, qtype: str, warp: int, suffix: str = "f32")
         rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVEC_ROWS
         return [Launch.of("quant", f"hs_qmatvec_{suffix}_{qtype}", -(-n // rows_per_block), _MATVEC_BLOCK)]
     if m <= _MATVEC_MAX_COLS:
-        rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVECN_ROWS
+        rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVECN_ROWS[qtype]
         return [Launch.of("quant", f"hs_qmatvecn_{suffix}_{qtype}", (-(-n // rows_per_block), -(-m // _MATVECN_COLS)),
                           _MATVEC_BLOCK)]
     return [Launch.of("quant", f"hs_qmatmat_{suffix}_{qtype}", (-(-n // _TILE), -(-m // _TILE)), 256)]
