@@ -362,9 +362,13 @@ def test_gpu_events_say_what_was_uploaded_and_what_was_reused(emu, tmp_path):
         ex.qmatmul(W, x, backend="gpu")
         ex.add(a, b, backend="cpu")
         ev = ex.events
+    # W goes up in the GPU's layout: its rows of 64 padded to a superblock of 512 (gguf_blocks.device_bytes)
+    from hipsched.gguf_blocks import device_bytes as layout_bytes
+    wb = layout_bytes(16, 64, "q8_0")
+    assert wb == 8 * W.nbytes
     assert [e.get("resident") for e in ev] == [
         {"uploaded": 8000, "reused": 0}, {"uploaded": 4000, "reused": 4000},
-        {"uploaded": W.nbytes + x.nbytes, "reused": 0}, {"uploaded": x.nbytes, "reused": W.nbytes}, None]
+        {"uploaded": wb + x.nbytes, "reused": 0}, {"uploaded": x.nbytes, "reused": wb}, None]
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     schema = json.load(open(schema_path()))
     for line, d in zip(lines, ev):
