@@ -47,21 +47,28 @@ def device_layout(blocks: np.ndarray, qtype: str) -> np.ndarray:
     blk = np.ascontiguousarray(blocks).reshape(n, nb, bb)
     scales = np.zeros((n, nsb * sb, 2), np.uint8)
     scales[:, :nb] = blk[:, :, :2]
+    # every group of 4 weights as one uint32 (its 4 bytes, or 4 nibbles in the low halves of 4 bytes),
+    # in the row's order: moving 4-byte words rather than bytes keeps this a few passes over the bytes
     if qtype == "q8_0":
         q = np.full((n, nsb * sb, QK), 0x80, np.uint8)      # q + 128; padding: q = 0
-        q[:, :nb] = blk[:, :, 2:] ^ 0x80
+        q[:, :nb] = blk[:, :, 2:]
+        q[:, :nb] ^= 0x80
+        groups = q.view(np.uint32)                          # (n, blocks, 8 groups)
     else:
-        q = np.full((n, nsb * sb, QK), 8, np.uint8)         # nibbles; padding: q - 8 = 0
-        q[:, :nb, :16] = blk[:, :, 2:] & 0x0F
-        q[:, :nb, 16:] = blk[:, :, 2:] >> 4
-    # weight index within a superblock = 128 g + 4 l + c  ->  lane-major (l, g, c)
-    q = q.reshape(n, nsb, ng, _LANES, 4).transpose(0, 1, 3, 2, 4)
-    if qtype == "q4_0":   # groups 2w and 2w+1 share word w: low and high nibbles
-        q = q.reshape(n, nsb, _LANES, ng // 2, 2, 4)
-        q = q[:, :, :, :, 0] | (q[:, :, :, :, 1] << 4)
+        packed = np.empty((n, nb, 16), np.uint8)
+        packed[:] = blk[:, :, 2:]
+        words = packed.view(np.uint32)                      # word w: elements 4w.. (low), 16+4w.. (high)
+        groups = np.full((n, nsb * sb, 8), 0x08080808, np.uint32)   # padding: q - 8 = 0
+        groups[:, :nb, :4] = words & 0x0F0F0F0F
+        groups[:, :nb, 4:] = (words >> 4) & 0x0F0F0F0F
+    # group index within a superblock = 32 g + l (weight 128 g + 4 l)  ->  lane-major (l, g)
+    lanes = groups.reshape(n, nsb, ng, _LANES).transpose(0, 1, 3, 2)
+    if qtype == "q4_0":   # groups 2v and 2v+1 share word v: low and high nibbles
+        lanes = lanes[..., 0::2] | (lanes[..., 1::2] << 4)
+    quants = np.ascontiguousarray(lanes).view(np.uint8).reshape(n, nsb, 512)
     # block 4 g + l/8 at scale position (l/8) ng + g
     scales = scales.reshape(n, nsb, ng, 4, 2).transpose(0, 1, 3, 2, 4)
-    out = np.concatenate([q.reshape(n, nsb, -1), scales.reshape(n, nsb, -1)], axis=2)
+    out = np.concatenate([quants, scales.reshape(n, nsb, -1)], axis=2)
     return out.reshape(-1)
 
 
