@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["QK", "BLOCK_BYTES", "QTYPES", "QuantizedTensor", "qtype_name", "check_shape", "row_bytes"]
+__all__ = ["QK", "BLOCK_BYTES", "QTYPES", "SUPERBLOCK", "QuantizedTensor", "qtype_name", "check_shape", "row_bytes",
+           "device_bytes"]
 
 QK = 32
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
 QTYPES = tuple(BLOCK_BYTES)
+# Blocks per superblock of the GPU's resident layout (hipsched/gpu/ops/quant.py's device_layout): a row
+# is held there in whole superblocks of 512 quant bytes plus their scales, the last one padded. Here
+# because the op specs' device memory accounting needs the size, and they import no GPU code.
+SUPERBLOCK = {"q8_0": 16, "q4_0": 32}
 
 
 def qtype_name(qtype, where: str) -> str:
@@ -45,6 +50,13 @@ def check_shape(shape, where: str):
 def row_bytes(k: int, qtype: str) -> int:
     """Bytes of one row of k elements (k a multiple of QK) in `qtype` blocks."""
     return (k // QK) * BLOCK_BYTES[qtype]
+
+
+def device_bytes(n: int, k: int, qtype: str) -> int:
+    """Bytes of a (n, k) `qtype` matrix in the GPU's resident layout: the block bytes, its rows padded to
+    whole superblocks (equal to the block bytes when k is a multiple of 512 for q8_0, 1024 for q4_0)."""
+    sb = SUPERBLOCK[qtype]
+    return n * (-(-(k // QK) // sb)) * sb * BLOCK_BYTES[qtype]
 
 
 class QuantizedTensor:

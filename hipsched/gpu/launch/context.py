@@ -184,12 +184,13 @@ class GpuContext:
         return grid_stride_blocks(n, block, self.multiprocessors)
 
     # ------------------------------------------------------------------ memory
-    def upload(self, x, stream, immutable: bool = False):
+    def upload(self, x, stream, immutable: bool = False, pack=None):
         """An input on the device: host arrays through the resident cache (a read-only or registered
         corpus, or weights, reused across calls stays on the device; `immutable`: the caller guarantees
-        the host bytes never change, as a QuantizedTensor's blocks), device arrays as they are."""
+        the host bytes never change, as a QuantizedTensor's blocks; `pack`: the host array's device
+        layout, ResidentCache.get's), device arrays as they are."""
         if isinstance(x, np.ndarray):
-            dev = self.resident.get(x, stream, immutable)
+            dev = self.resident.get(x, stream, immutable, pack)
         else:
             self._wait_for_producer(x, stream)
             dev = x

@@ -56,13 +56,13 @@ class PlanRecorder:
         return blas
 
     # ------------------------------------------------------------------ what a plan redoes
-    def upload(self, x, stream, immutable=False):
-        dev = self._ctx.upload(x, stream, immutable)
+    def upload(self, x, stream, immutable=False, pack=None):
+        dev = self._ctx.upload(x, stream, immutable, pack)
         if isinstance(x, np.ndarray):
             # a host input the plan stages up itself: one of the call's (never a kept resident copy)
             ptr = x.__array_interface__["data"][0]
             found = [i for i, (p, n, host) in enumerate(self._inputs) if host and p == ptr and n == x.nbytes]
-            if not found or immutable or not x.flags.writeable:
+            if not found or immutable or pack is not None or not x.flags.writeable:
                 self._refuse("a host input the call does not stage")
             else:
                 self._uploads.append((int(dev.ptr), int(dev.nbytes), found[0]))

@@ -61,13 +61,15 @@ def resident_budget(runtime, configured: int | None = None) -> tuple[int, str]:
 
 
 class _Entry:
-    __slots__ = ("ref", "stamp", "dev", "kind", "pin")
+    __slots__ = ("ref", "stamp", "dev", "kind", "pin", "pack")
 
-    def __init__(self, ref, stamp, dev, kind, pin=None):
-        self.ref, self.stamp, self.dev, self.kind, self.pin = ref, stamp, dev, kind, pin
+    def __init__(self, ref, stamp, dev, kind, pin=None, pack=None):
+        self.ref, self.stamp, self.dev, self.kind, self.pin, self.pack = ref, stamp, dev, kind, pin, pack
 
 
 IMPLICIT, TRUSTED, PINNED = "implicit", "trusted", "pinned"
+# is_resident's question: a kept copy in whatever device layout (`get`'s pack) it was made
+_ANY_LAYOUT = object()
 
 
 class _Pin:
@@ -184,9 +186,13 @@ class ResidentCache:
                 dropped.append(self._drop(key))
         return dropped
 
-    def _lookup(self, host: np.ndarray, dropped: list, registered: bool):
+    def _lookup(self, host: np.ndarray, dropped: list, registered: bool, pack=None):
         entry = self._entries.get(id(host))
         if entry is None:
+            return None
+        if entry.pack is not pack and pack is not _ANY_LAYOUT:   # the bytes in another device layout
+            if entry.kind != PINNED:
+                dropped.append(self._drop(id(host)))
             return None
         # a registered array changes through its handle's update, which only pinned copies follow: an
         # implicit copy made before the registration (here, or while another context pinned it) goes
@@ -210,7 +216,7 @@ class ResidentCache:
         hi = lo + host.nbytes
         for entry in list(self._entries.values()):
             kept = entry.ref()
-            if kept is None:
+            if kept is None or entry.pack is not None:   # a packed copy's bytes are not at the host's offsets
                 continue
             start = kept.ctypes.data
             if start <= lo and hi <= start + kept.nbytes:
@@ -229,7 +235,7 @@ class ResidentCache:
         registered = _resident.handle_of(host) is not None
         with self._lock:
             dropped = self._purge()
-            resident = self._lookup(host, dropped, registered) is not None or (
+            resident = self._lookup(host, dropped, registered, _ANY_LAYOUT) is not None or (
                 not registered and self._view_of_kept(host, dropped) is not None)
         return resident
 
@@ -242,20 +248,23 @@ class ResidentCache:
             return True
         return host.nbytes <= self.max_bytes - self.pinned_bytes and (immutable or _immutable(host))
 
-    def get(self, host: np.ndarray, stream=0, immutable: bool = False) -> DeviceArray:
-        """The device copy of `host`: a kept one if there is one for exactly these bytes (or a view into a
-        kept array holding them, for a read-only row range of it), else uploaded
+    def get(self, host: np.ndarray, stream=0, immutable: bool = False, pack=None) -> DeviceArray:
+        """The device copy of `host`: a kept one if there is one for exactly these bytes (or, without
+        `pack`, a view into a kept array holding them, for a read-only row range of it), else uploaded
         (and kept when `host` is immutable, or `immutable` says its owner guarantees it, and it fits).
         A ResidentArray's host array is pinned on first use here (uploaded once, then kept in step by
-        its updates)."""
-        handle = _resident.handle_of(host)
+        its updates). `pack`, a function of the host array giving the array to upload instead (a
+        device layout of the same bytes, e.g. quantized weights repacked for the kernels): the kept
+        copy is of pack(host), stamped and invalidated as host's, and served only to gets with the
+        same `pack`."""
+        handle = _resident.handle_of(host) if pack is None else None
         with self._lock:
             dropped = self._purge()
-            dev = self._lookup(host, dropped, handle is not None)
+            dev = self._lookup(host, dropped, handle is not None, pack)
             if dev is not None:
                 self._entries.move_to_end(id(host))
                 self.hits += 1
-            elif handle is None:
+            elif handle is None and pack is None:
                 dev = self._view_of_kept(host, dropped)
                 if dev is not None:
                     self.hits += 1
@@ -275,7 +284,7 @@ class ResidentCache:
         keep = host.flags.c_contiguous and (immutable or _immutable(host))
         # stamped before the copy: a change made while it runs must not be taken for what was copied
         stamp = fingerprint(host) if keep else None
-        dev = to_device(host, self.runtime, stream)
+        dev = to_device(host if pack is None else pack(host), self.runtime, stream)
         self._count(dev.nbytes, 0)
         nbytes = dev.nbytes
         if not keep or nbytes > self.max_bytes - self._pinned_bytes:
@@ -284,7 +293,7 @@ class ResidentCache:
             ref = weakref.ref(host, self._on_collect(id(host)))
         except TypeError:   # objects without weakref support are never cached
             return dev
-        entry = _Entry(ref, stamp, dev, TRUSTED if immutable else IMPLICIT)
+        entry = _Entry(ref, stamp, dev, TRUSTED if immutable else IMPLICIT, pack=pack)
         with self._lock:
             dropped = self._purge()
             old = self._entries.get(id(host))

@@ -2,9 +2,11 @@
 
 The block bytes of a QuantizedTensor go through the resident cache keyed on `w.data` (the tensor is
 immutable by contract and returns the same read-only array every time), so weights reused across calls
-are uploaded once. qmatmul's x is float32, float16 or bfloat16, read in its own type (the kernels of x's
-element type are launched, whatever Call.dtype says) and never re-quantized: the product accumulates in
-float32 and comes back in x's dtype, rounded once, as on the CPU. dequantize gives float32."""
+are uploaded once, in our own device layout (`device_layout`: repacked on the host with NumPy as they
+go up, so the host bytes, what `dequantize` and the CPU engine read, stay gguf's). qmatmul's x is
+float32, float16 or bfloat16, read in its own type (the kernels of x's element type are launched,
+whatever Call.dtype says) and never re-quantized: the product accumulates in float32 and comes back in
+x's dtype, rounded once, as on the CPU. dequantize gives float32."""
 from __future__ import annotations
 
 import ctypes
@@ -12,15 +14,86 @@ import ctypes
 import numpy as np
 
 from ...errors import GpuError
-from ...gguf_blocks import BLOCK_BYTES, QK
+from ...gguf_blocks import BLOCK_BYTES, QK, SUPERBLOCK
 from ..launch.context import Launch, grid_stride_blocks, pure_plan
 from .common import KERNEL_SUFFIX
 
 _DEQ_BLOCK = 256
-_MATVEC_BLOCK = 128      # threads; each warp/wavefront owns _MATVEC_ROWS rows
-_MATVEC_ROWS = 2         # HSQ_NR in quant.hip
-_MATVEC_COLS = 8         # up to this many columns of x go through the mat-vec kernel (MC = 8)
+_MATVEC_BLOCK = 128      # threads: 4 teams of 32 lanes (a warp, or half an AMD wavefront)
+_MATVEC_ROWS = 2         # HSQ_NR in quant.hip: rows per team of the one-column mat-vec
+_MATVECN_ROWS = {"q8_0": 4, "q4_0": 2}   # HSQ_NRN: rows per team of the several-column mat-vec
+_MATVECN_COLS = 8        # HSQ_MC: columns per block of it (grid y: chunks of columns)
+_MATVEC_MAX_COLS = 16    # up to this many columns of x go through the mat-vec kernels; more, the tiles
 _TILE = 64               # HSQ_TM / HSQ_TN in quant.hip
+_LANES = 32              # lanes per superblock (each 16 bytes of quants)
+_GROUP_SPAN = 128        # weights between a lane's consecutive groups of 4
+
+
+def _groups(qtype: str) -> int:
+    """Groups of 4 weights a lane holds in a superblock (HSQ_NG)."""
+    return 4 if qtype == "q8_0" else 8
+
+
+def device_layout(blocks: np.ndarray, qtype: str) -> np.ndarray:
+    """The device layout of (n, row bytes) gguf `qtype` blocks, as one uint8 array (quant.hip's header
+    describes it): rows of superblocks of SUPERBLOCK[qtype] blocks, each 512 quant bytes (lane l's 16
+    bytes holding weights 128 g + 4 l + c of groups g, Q8_0 biased by 128, Q4_0 two groups per word in
+    its low and high nibbles) then the blocks' fp16 scales in the order (l / 8, g). The last
+    superblock of a row is padded with zero weights (quant 0, scale +0)."""
+    n, rb = blocks.shape
+    bb, sb, ng = BLOCK_BYTES[qtype], SUPERBLOCK[qtype], _groups(qtype)
+    nb = rb // bb
+    nsb = -(-nb // sb)
+    blk = np.ascontiguousarray(blocks).reshape(n, nb, bb)
+    scales = np.zeros((n, nsb * sb, 2), np.uint8)
+    scales[:, :nb] = blk[:, :, :2]
+    # every group of 4 weights as one uint32 (its 4 bytes, or 4 nibbles in the low halves of 4 bytes),
+    # in the row's order: moving 4-byte words rather than bytes keeps this a few passes over the bytes
+    if qtype == "q8_0":
+        q = np.full((n, nsb * sb, QK), 0x80, np.uint8)      # q + 128; padding: q = 0
+        q[:, :nb] = blk[:, :, 2:]
+        q[:, :nb] ^= 0x80
+        groups = q.view(np.uint32)                          # (n, blocks, 8 groups)
+    else:
+        packed = np.empty((n, nb, 16), np.uint8)
+        packed[:] = blk[:, :, 2:]
+        words = packed.view(np.uint32)                      # word w: elements 4w.. (low), 16+4w.. (high)
+        groups = np.full((n, nsb * sb, 8), 0x08080808, np.uint32)   # padding: q - 8 = 0
+        groups[:, :nb, :4] = words & 0x0F0F0F0F
+        groups[:, :nb, 4:] = (words >> 4) & 0x0F0F0F0F
+    # group index within a superblock = 32 g + l (weight 128 g + 4 l)  ->  lane-major (l, g)
+    lanes = groups.reshape(n, nsb, ng, _LANES).transpose(0, 1, 3, 2)
+    if qtype == "q4_0":   # groups 2v and 2v+1 share word v: low and high nibbles
+        lanes = lanes[..., 0::2] | (lanes[..., 1::2] << 4)
+    quants = np.ascontiguousarray(lanes).view(np.uint8).reshape(n, nsb, 512)
+    # block 4 g + l/8 at scale position (l/8) ng + g
+    scales = scales.reshape(n, nsb, ng, 4, 2).transpose(0, 1, 3, 2, 4)
+    out = np.concatenate([quants, scales.reshape(n, nsb, -1)], axis=2)
+    return out.reshape(-1)
+
+
+def host_layout(dev: np.ndarray, n: int, k: int, qtype: str) -> np.ndarray:
+    """The inverse of device_layout: (n, row bytes) gguf blocks from the device layout's bytes."""
+    bb, sb, ng = BLOCK_BYTES[qtype], SUPERBLOCK[qtype], _groups(qtype)
+    nb = k // QK
+    nsb = -(-nb // sb)
+    d = np.asarray(dev, np.uint8).reshape(n, nsb, -1)
+    q = d[:, :, :512].reshape(n, nsb, _LANES, -1)
+    if qtype == "q4_0":
+        w = q.reshape(n, nsb, _LANES, ng // 2, 1, 4)
+        q = np.concatenate([w & 0x0F, w >> 4], axis=4).reshape(n, nsb, _LANES, ng, 4)
+    q = q.reshape(n, nsb, _LANES, ng, 4).transpose(0, 1, 3, 2, 4).reshape(n, nsb * sb, QK)[:, :nb]
+    scales = d[:, :, 512:].reshape(n, nsb, 4, ng, 2).transpose(0, 1, 3, 2, 4).reshape(n, nsb * sb, 2)[:, :nb]
+    if qtype == "q8_0":
+        body = q ^ 0x80
+    else:
+        body = q[:, :, :16] | (q[:, :, 16:] << 4)
+    return np.concatenate([scales, body], axis=2).reshape(n, nb * bb)
+
+
+# one packing function per quant type, the same objects every call: the resident cache serves a kept
+# copy only to the pack it was made with
+_PACK = {qt: (lambda blocks, qt=qt: device_layout(blocks, qt)) for qt in BLOCK_BYTES}
 
 
 def _suffix(w) -> str:
@@ -38,9 +111,9 @@ def _x_suffix(x) -> str:
 
 
 def weights(ctx, w, stream):
-    """Device copy of the tensor's block bytes, resident across calls while the tensor lives: the
-    tensor is immutable by contract, so its bytes are kept as the owner's guarantee says."""
-    return ctx.upload(w.data, stream, immutable=True)
+    """Device copy of the tensor's blocks in the device layout, resident across calls while the tensor
+    lives: the tensor is immutable by contract, so its bytes are kept as the owner's guarantee says."""
+    return ctx.upload(w.data, stream, immutable=True, pack=_PACK[w.qtype])
 
 
 def _aligned(ctx, x, stream):
@@ -56,29 +129,33 @@ def _aligned(ctx, x, stream):
 
 
 @pure_plan
-def dequantize_launches(nblocks: int, qtype: str, multiprocessors: int) -> list[Launch]:
-    """One thread per 4 outputs: 8 per quant block."""
-    return [Launch.of("quant", f"hs_dequantize_{qtype}", grid_stride_blocks(nblocks * 8, _DEQ_BLOCK, multiprocessors),
+def dequantize_launches(n: int, k: int, qtype: str, multiprocessors: int) -> list[Launch]:
+    """One thread per lane chunk of a superblock (32 per superblock, 16 or 32 weights each)."""
+    chunks = n * -(-(k // QK) // SUPERBLOCK[qtype]) * _LANES
+    return [Launch.of("quant", f"hs_dequantize_{qtype}", grid_stride_blocks(chunks, _DEQ_BLOCK, multiprocessors),
                       _DEQ_BLOCK)]
 
 
 @pure_plan
 def qmatmul_launches(n: int, m: int, qtype: str, warp: int, suffix: str = "f32") -> list[Launch]:
-    """W (n, k) x X (k, m): the mat-vec kernels (a warp per _MATVEC_ROWS rows) for m <= _MATVEC_COLS,
-    else 64x64 output tiles on grid (n / 64, m / 64). `suffix`, x's element type, only renames the
-    kernel: the geometry is the same for every type."""
-    rows_per_block = (_MATVEC_BLOCK // warp) * _MATVEC_ROWS
+    """W (n, k) x X (k, m): the one-column mat-vec (a team of 32 lanes per _MATVEC_ROWS rows) for m == 1,
+    the several-column one (teams of _MATVECN_ROWS rows, grid y: chunks of _MATVECN_COLS columns) up to
+    _MATVEC_MAX_COLS, else 64x64 output tiles on grid (n / 64, m / 64). The geometry is in teams of 32
+    lanes whatever the warp size; `suffix`, x's element type, only renames the kernel."""
     if m == 1:
+        rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVEC_ROWS
         return [Launch.of("quant", f"hs_qmatvec_{suffix}_{qtype}", -(-n // rows_per_block), _MATVEC_BLOCK)]
-    if m <= _MATVEC_COLS:
-        return [Launch.of("quant", f"hs_qmatvec8_{suffix}_{qtype}", -(-n // rows_per_block), _MATVEC_BLOCK)]
+    if m <= _MATVEC_MAX_COLS:
+        rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVECN_ROWS[qtype]
+        return [Launch.of("quant", f"hs_qmatvecn_{suffix}_{qtype}", (-(-n // rows_per_block), -(-m // _MATVECN_COLS)),
+                          _MATVEC_BLOCK)]
     return [Launch.of("quant", f"hs_qmatmat_{suffix}_{qtype}", (-(-n // _TILE), -(-m // _TILE)), 256)]
 
 
 def dequantize_plan(ctx, call) -> list[Launch]:
     (w,) = call.args
-    nblocks = w.shape[0] * w.shape[1] // QK
-    return dequantize_launches(nblocks, _suffix(w), ctx.multiprocessors) if nblocks else []
+    n, k = w.shape
+    return dequantize_launches(n, k, _suffix(w), ctx.multiprocessors) if n * k else []
 
 
 def dequantize(ctx, call, stream):
@@ -87,7 +164,7 @@ def dequantize(ctx, call, stream):
     n, k = w.shape
     out = ctx.empty((n, k), np.float32, stream)
     if plan:
-        ctx.run(plan[0], (weights(ctx, w, stream), out, ctypes.c_int64(n * k // QK)), stream)
+        ctx.run(plan[0], (weights(ctx, w, stream), out, ctypes.c_int64(n), ctypes.c_int64(k)), stream)
     return ctx.finish(out, call, stream)
 
 
@@ -118,7 +195,7 @@ def qmatmul(ctx, call, stream):
     wd = weights(ctx, w, stream)
     if m == 1:
         ctx.run(launch, (wd, _aligned(ctx, x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k)), stream)
-    elif m <= _MATVEC_COLS:
+    elif m <= _MATVEC_MAX_COLS:
         ctx.run(launch, (wd, ctx.upload(x, stream), out, ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int32(m)),
                 stream)
     else:
@@ -131,8 +208,8 @@ def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
     """Every quant kernel at the block sizes the glue uses (the compile report's occupancy rows)."""
     plans = []
     for qtype in ("q8_0", "q4_0"):
-        plans += dequantize_launches(100, qtype, multiprocessors)
+        plans += dequantize_launches(100, 1024, qtype, multiprocessors)
         for suffix in KERNEL_SUFFIX.values():
-            for m in (1, 2, 9):
+            for m in (1, 2, 17):
                 plans += qmatmul_launches(100, m, qtype, warp, suffix)
     return plans

@@ -181,23 +181,71 @@ def qmatmul_bound(Wf, x):
     return 2 * k * 2.0 ** -24 * (np.abs(Wf.astype(np.float64)) @ np.abs(x.astype(np.float64))) + 1e-30
 
 
+# (n, k) of the quant kernel tests: 69 rows leave a partial pair of rows for the one-column mat-vec, a
+# partial 16-row block for the several-column one and a partial 64-row tile; k = 64 is one superblock,
+# mostly padding; 37 x 1056 has two superblocks per row for Q8_0 (512 weights each), one full and one
+# partial for Q4_0 (1024), and more than one 32-lane step of the tiles
+QUANT_SHAPES = ((69, 64), (37, 1056))
+# x columns: the vector; the several-column mat-vec with 2, 8 (one column chunk) and 16 (two); 17 and
+# 70, the 64x64 tiles (70: a partial column tile)
+QUANT_COLUMNS = (1, 2, 8, 16, 17, 70)
+
+
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 def test_quant_kernels(emu, rng, qtype):
-    """dequantize, and qmatmul's three kernels: a vector (mat-vec), up to 8 columns (mat-vec, MC = 8)
-    and more (64x64 tiles: 69 rows and 70 columns leave partial tiles both ways; 69 rows a partial pair
-    for the mat-vec's two rows per warp). Against the CPU engine and gguf's dequantization."""
+    """dequantize, and qmatmul's three kernels on the repacked device layout, against gguf's
+    dequantization (bit for bit), a float64 product and the CPU engine."""
     from hipsched import quantize
-    W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
-    Wf = gguf_dequantized(W)
-    g, c = both(emu, "dequantize", W)
-    np.testing.assert_array_equal(g, c)
-    np.testing.assert_array_equal(g, Wf)
-    for shape in ((64,), (64, 3), (64, 70)):
-        x = rng.standard_normal(shape).astype(np.float32)
-        g, c = both(emu, "qmatmul", W, x)
-        np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-5)
-        ref = Wf.astype(np.float64) @ x.astype(np.float64)
-        np.testing.assert_array_less(np.abs(g - ref), qmatmul_bound(Wf, x))
+    for n, k in QUANT_SHAPES:
+        W = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+        Wf = gguf_dequantized(W)
+        g, c = both(emu, "dequantize", W)
+        np.testing.assert_array_equal(g, c)
+        np.testing.assert_array_equal(g, Wf)
+        for m in QUANT_COLUMNS:
+            if k > 64 and m == 70:
+                continue   # the tiles' column tail is the same at either k; spare the emulator
+            x = rng.standard_normal((k,) if m == 1 else (k, m)).astype(np.float32)
+            g, c = both(emu, "qmatmul", W, x)
+            assert g.shape == c.shape
+            # both within the float32 bound of the float64 product, so within twice it of each other (the
+            # summation orders differ: a 1056-long sum of magnitude ~700 differs by ~4e-5)
+            ref = Wf.astype(np.float64) @ x.astype(np.float64)
+            bound = qmatmul_bound(Wf, x)
+            np.testing.assert_array_less(np.abs(g - ref), bound)
+            np.testing.assert_array_less(np.abs(g - c.astype(np.float64)), 2 * bound)
+            if k == 64:
+                np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-5)
+
+
+def test_quant_device_layout_round_trip(rng):
+    """The repacked device layout (quant.hip's header) holds gguf's blocks bit for bit: device_layout then
+    host_layout gives them back; its size is gguf_blocks.device_bytes (rows padded to whole superblocks);
+    and each weight read where the header says (superblock k // S, lane (k % 128) // 4, group
+    (k % S) // 128, byte k % 4; its scale at (lane // 8) NG + group) is gguf's dequantized value."""
+    from hipsched import quantize
+    from hipsched.gguf_blocks import BLOCK_BYTES, SUPERBLOCK, device_bytes
+    from hipsched.gpu.ops.quant import device_layout, host_layout
+    for qtype in ("q8_0", "q4_0"):
+        S, ng, sbb = SUPERBLOCK[qtype] * 32, 4 if qtype == "q8_0" else 8, SUPERBLOCK[qtype] * BLOCK_BYTES[qtype]
+        for n, k in ((1, 32), (3, 64), (5, 512), (2, 1024), (4, 1056), (2, 3072 + 32)):
+            W = quantize(rng.standard_normal((n, k)).astype(np.float32) * 3, qtype)
+            dev = device_layout(W.data, qtype)
+            assert dev.dtype == np.uint8 and dev.nbytes == device_bytes(n, k, qtype) == n * -(-k // S) * sbb
+            assert (dev.nbytes == W.nbytes) == (k % S == 0)
+            np.testing.assert_array_equal(host_layout(dev, n, k, qtype), W.data)
+            rows = dev.reshape(n, -1)
+            kk = np.arange(k)
+            s, r = kk // S, kk % S
+            g, lane, c = r // 128, (r % 128) // 4, r % 4
+            base = s * sbb
+            if qtype == "q8_0":
+                q = rows[:, base + 16 * lane + 4 * g + c].astype(np.float32) - 128
+            else:
+                q = ((rows[:, base + 16 * lane + 4 * (g // 2) + c] >> (4 * (g % 2))) & 15).astype(np.float32) - 8
+            sp = base + 512 + 2 * ((lane // 8) * ng + g)
+            d = (rows[:, sp].astype(np.uint16) | (rows[:, sp + 1].astype(np.uint16) << 8)).view(np.float16)
+            np.testing.assert_array_equal(q * d.astype(np.float32), gguf_dequantized(W))
 
 
 def _attention_f64(q, k, v, causal):
@@ -717,7 +765,7 @@ def test_tensor_core_attention_hidden_inf_nan(emu, rng, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 def test_half_qmatmul(emu, rng, dtype, qtype):
-    """qmatmul's three products with a half x (a vector, 3 columns, 70 columns), through the op spec's
+    """qmatmul's three products with a half x (a vector, 3 and 16 columns, 70 columns), through the op spec's
     prepare: x read in its own type, y in x's type, bit for bit the float32 kernel's result on the widened
     x rounded once to the half type; and within the half rounding of gguf's dequantization times x in
     float64 (before the fix, x's 2-byte elements were read as float32: values near 1e35)."""
@@ -725,7 +773,7 @@ def test_half_qmatmul(emu, rng, dtype, qtype):
     t = HALF[dtype]
     W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
     Wf = gguf_dequantized(W)
-    for shape in ((64,), (64, 3), (64, 70)):
+    for shape in ((64,), (64, 3), (64, 16), (64, 70)):
         x = rng.standard_normal(shape).astype(t)
         call = OPS["qmatmul"].prepare(W, x)
         assert call.dtype == f"{qtype}/{dtype}" and emu.supports("qmatmul", call.dtype)

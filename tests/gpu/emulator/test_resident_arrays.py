@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gpu_emulator
-from hipsched import Executor, HybridConfig, quantize
+from hipsched import Executor, HybridConfig, QuantizedTensor, quantize
 from hipsched.backends.gpu import GpuBackend
 from hipsched.gpu.memory import resident_cache
 from hipsched.gpu.memory.resident_cache import ResidentCache, resident_budget
@@ -114,6 +114,62 @@ def test_trusted_bytes_are_kept_though_writable(cache):
 def test_quantized_weights_stay_resident_as_read_only_blocks():
     w = quantize(np.ones((4, 64), np.float32), "q8_0")
     assert not w.data.flags.writeable and w.data is w.data
+
+
+def test_a_packed_copy_is_served_only_to_its_own_layout(cache):
+    """get's `pack` (quantized weights kept in the GPU's layout): the kept copy is pack(host)'s bytes,
+    counted as resident whatever the layout, but a get for another layout (or the raw bytes) never
+    receives it: that get uploads its own (and the packed copy is dropped)."""
+    blocks = np.arange(640, dtype=np.uint8)
+
+    def pack(h):
+        return h[::-1].copy()
+    d = cache.get(blocks, immutable=True, pack=pack)
+    np.testing.assert_array_equal(device_bytes(d), blocks[::-1])
+    assert cache.is_resident(blocks) and cache.get(blocks, immutable=True, pack=pack) is d
+    raw = cache.get(blocks, immutable=True)
+    assert raw is not d
+    np.testing.assert_array_equal(device_bytes(raw), blocks)
+    assert cache.get(blocks, immutable=True, pack=lambda h: h.copy()) is not raw
+
+
+@needs_emulator
+def test_quantized_weights_are_kept_repacked_and_never_served_stale(emu, tmp_path):
+    """qmatmul and dequantize keep w in the device layout (its bytes, gguf_blocks.device_bytes, are what
+    the cache holds and what device_bytes_needed counts), reuse it, and never serve it for other bytes:
+    another tensor of the same shape, a tensor made again over rewritten source bytes (the fingerprint
+    sees a bulk rewrite), and the dead tensor's recycled id."""
+    from hipsched.gguf_blocks import device_bytes as layout_bytes
+    rng = np.random.default_rng(5)
+    ex = emulated_executor(emu, tmp_path)
+    gpu = ex._gpu
+    try:
+        x = rng.standard_normal(1056).astype(np.float32)
+        src = np.array(quantize(rng.standard_normal((7, 1056)).astype(np.float32), "q4_0").data)   # writable
+        w1 = QuantizedTensor(src, (7, 1056), "q4_0")
+        w2 = quantize(rng.standard_normal((7, 1056)).astype(np.float32), "q4_0")
+        call = OPS["qmatmul"].prepare(w1, x)
+        assert gpu.device_bytes_needed(call) == call.nbytes + layout_bytes(7, 1056, "q4_0") - w1.nbytes > call.nbytes
+        for w in (w1, w2, w1):
+            np.testing.assert_allclose(ex.qmatmul(w, x, backend="gpu"), ex.qmatmul(w, x, backend="cpu"),
+                                       rtol=1e-5, atol=1e-5)
+        cache = gpu._ctx.resident
+        assert cache.summary()["entries"]["trusted"] == 2 and cache.bytes == 2 * layout_bytes(7, 1056, "q4_0")
+        before = cache.hits
+        np.testing.assert_array_equal(ex.dequantize(w1, backend="gpu"), ex.dequantize(w1, backend="cpu"))
+        assert cache.hits == before + 1   # the kept packed copy, not a new upload
+        # the source rewritten behind the tensor's back (its contract forbids it; the stamp still sees it)
+        src[:] = np.array(quantize(rng.standard_normal((7, 1056)).astype(np.float32), "q4_0").data)
+        np.testing.assert_array_equal(ex.dequantize(w1, backend="gpu"), ex.dequantize(w1, backend="cpu"))
+        np.testing.assert_allclose(ex.qmatmul(w1, x, backend="gpu"), ex.qmatmul(w1, x, backend="cpu"),
+                                   rtol=1e-5, atol=1e-5)
+        # tensors made and dropped one after another (ids recycled): each one's own bytes
+        for _ in range(3):
+            w = quantize(rng.standard_normal((7, 1056)).astype(np.float32), "q4_0")
+            np.testing.assert_array_equal(ex.dequantize(w, backend="gpu"), ex.dequantize(w, backend="cpu"))
+            del w
+    finally:
+        ex.close()
 
 
 # ------------------------------------------------------------------ the budget
@@ -306,9 +362,13 @@ def test_gpu_events_say_what_was_uploaded_and_what_was_reused(emu, tmp_path):
         ex.qmatmul(W, x, backend="gpu")
         ex.add(a, b, backend="cpu")
         ev = ex.events
+    # W goes up in the GPU's layout: its rows of 64 padded to a superblock of 512 (gguf_blocks.device_bytes)
+    from hipsched.gguf_blocks import device_bytes as layout_bytes
+    wb = layout_bytes(16, 64, "q8_0")
+    assert wb == 8 * W.nbytes
     assert [e.get("resident") for e in ev] == [
         {"uploaded": 8000, "reused": 0}, {"uploaded": 4000, "reused": 4000},
-        {"uploaded": W.nbytes + x.nbytes, "reused": 0}, {"uploaded": x.nbytes, "reused": W.nbytes}, None]
+        {"uploaded": wb + x.nbytes, "reused": 0}, {"uploaded": x.nbytes, "reused": wb}, None]
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     schema = json.load(open(schema_path()))
     for line, d in zip(lines, ev):

@@ -26,16 +26,23 @@ WIDE = [
     rf"hs_softmax_regs_{_T}_p[124]",
     rf"hs_softmax_rows_{_T}_v8",
     rf"hs_rms_norm_regs_{_T}_p[124]",
+    r"hs_dequantize_q(8|4)_0",
 ]
-# ... and those that load 128 bits at a time but write little (a score per row): loads only.
+# ... and those that load 128 bits at a time but write little (a score or an output per row): loads only.
 WIDE_LOADS = [
     r"hs_cosine_f32_q\d+_v4",
+    rf"hs_qmatvecn?_{_T}_q(8|4)_0",     # the weights in their 16-byte device layout (a half x: 64-bit loads)
 ]
 # Kernels allowed to use local memory, each with the reason.
 LOCAL_ALLOWED: dict[str, str] = {
     f"hs_attention_{t}d{d}": "the SIMT attention kernel at 168 registers keeps 4 bytes on the stack on sm_90 "
                              "(8 bytes of loads per call, outside the key loop); not yet reworked"
     for t in ("", "f16_", "bf16_") for d in (64, 128, 256)
+} | {
+    f"hs_qmatmat_{t}_{q}": "the many-column qmatmat with a half x (no bandwidth kernel) keeps one 4-byte value "
+                           "on the stack on sm_90 at 80 registers: stored before its k-tile loop, read once per "
+                           "tile, not in the inner loop"
+    for t in ("f16", "bf16") for q in ("q8_0", "q4_0")
 }
 
 

@@ -324,15 +324,18 @@ def sweep(warp, cus, amd):
         for dtype in (np.int32, np.int64):
             yield plan("spread_activation", (n, dtype.__name__), graph.spread_launches, n, dtype, cus)
     for qtype in ("q8_0", "q4_0"):
-        for nblocks in (1, 2**20, BIG // 32):
-            yield plan("dequantize", (nblocks, qtype), quant.dequantize_launches, nblocks, qtype, cus)
-        rows_per_block = 128 // warp * 2           # mat-vec: a warp per 2 rows, blocks of 128
+        for n, k in ((1, 32), (2**20, 1024), (BIG // 1024, 1024), (1, BIG)):
+            yield plan("dequantize", (n, k, qtype), quant.dequantize_launches, n, k, qtype, cus)
+        # mat-vecs: blocks of 128 threads, 4 teams of 32 lanes whatever the warp, 2 rows a team for a
+        # vector, 4 (Q8_0) or 2 (Q4_0) for 2..16 columns (grid y: chunks of 8 columns)
         for n in (1, 2, 3, 2**20, 2**25, 2**27 - 4, 2**27, 2**28, 2**30 - 64, 2**30):
-            for m in (1, 2, 7, 8, 9, 65, 65535 * 64, 65535 * 64 + 1):
+            for m in (1, 2, 7, 8, 9, 16, 17, 65, 65535 * 64, 65535 * 64 + 1):
                 if m > 65535 * 64:
                     expect = {"grid-y"}
-                elif m <= 8:
-                    expect = work_items(-(-n // rows_per_block), 128)
+                elif m == 1:
+                    expect = work_items(-(-n // 8), 128)
+                elif m <= 16:
+                    expect = work_items(-(-n // (16 if qtype == "q8_0" else 8)), 128)
                 else:
                     expect = work_items(-(-n // 64), 256)
                 # x's element type only renames the kernel (the same grid and block), as above

@@ -160,3 +160,21 @@ def test_a_read_only_row_range_of_a_kept_array_is_served_from_its_copy():
     assert not cache.is_resident(other[10:20])                     # same values, not kept
     cache.invalidate(T)
     assert not cache.is_resident(rows)                             # the copy is gone: so is the view
+
+
+def test_a_view_is_never_served_from_a_copy_in_another_layout():
+    """A copy kept in a device layout of its own (quantized weights repacked for the kernels) does not
+    hold the host's bytes at the host's offsets: a row range of its host array is uploaded, and asking
+    about it leaves the packed copy kept."""
+    rt = HostMemoryRuntime()
+    cache = ResidentCache(rt, max_bytes=1 << 20)
+    W = frozen(np.arange(4096, dtype=np.uint8).reshape(64, 64).copy())
+    pack = lambda a: a[:, ::-1].copy()  # noqa: E731 - any other layout of the same bytes
+    cache.get(W, pack=pack)
+    assert not cache.is_resident(W[8:16])
+    misses = cache.misses
+    np.testing.assert_array_equal(cache.get(W[8:16]).get(), W[8:16])
+    assert cache.misses == misses + 1                              # uploaded, not a view of the packed copy
+    hits = cache.hits
+    cache.get(W, pack=pack)
+    assert cache.hits == hits + 1                                  # the packed copy is still kept
