@@ -7,8 +7,8 @@ import numpy as np
 
 # QuantizedTensor is public here too (hipsched.QuantizedTensor resolves through this module)
 from ..gguf_blocks import QTYPES, QuantizedTensor, check_shape, device_bytes, qtype_name
-from .base import FLOATS, Call, _resolve, any_on_device, as_float, check_ndim, dtype_name, check_result_fits, rand_f32, \
-    register, shape_mismatch
+from .base import FLOATS, Call, Partition, _resolve, any_on_device, as_float, check_ndim, dtype_name, \
+    check_result_fits, rand_f32, register, shape_mismatch
 
 __all__ = ["QuantizedTensor", "quantize"]
 
@@ -72,6 +72,23 @@ def _split_qmatmul(call):
         (lambda rs: np.concatenate(rs, axis=1))
 
 
+def _weight_rows(w: QuantizedTensor, lo: int, hi: int) -> QuantizedTensor:
+    """Rows [lo, hi) of w, sharing its block bytes (a view: no copy, and the GPU reads them from w's kept
+    copy at their offset)."""
+    return QuantizedTensor(w.data[lo:hi], (hi - lo, w.shape[1]), w.qtype)
+
+
+def _partition_rows(call):
+    """Rows of the weights: each is its own dot product (qmatmul) or its own row of values (dequantize),
+    x goes whole; results stacked along axis 0."""
+    w = call.args[0]
+    if not isinstance(w, QuantizedTensor) or w.shape[0] < 2 or call.on_device:
+        return None
+    rest = call.args[1:]
+    return Partition(w.shape[0], lambda lo, hi: (_weight_rows(w, lo, hi),) + rest,
+                     lambda results, bounds: np.concatenate(results, axis=0))
+
+
 def _sweep(with_x):
     """Both quantization types (the model keeps each in its own slot); qmatmul also with a matrix x of
     m columns, up to the m * n * k of a transformer's projections over a few hundred tokens (the
@@ -89,7 +106,7 @@ def _sweep(with_x):
 
 
 @register("dequantize", cpu=(_CPU, "dequantize"), gpu=(_GPU, "dequantize"), cpu_dtypes=QTYPES, gpu_dtypes=QTYPES,
-          scratch=_scratch_layout, sweep=_sweep(False))
+          scratch=_scratch_layout, partition=_partition_rows, sweep=_sweep(False))
 def prepare_dequantize(w) -> Call:
     """QuantizedTensor (GGUF Q8_0 or Q4_0 blocks) -> float32 array of its shape."""
     _check_qt(w, "dequantize")
@@ -99,7 +116,8 @@ def prepare_dequantize(w) -> Call:
 
 
 @register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QMATMUL_DTYPES,
-          gpu_dtypes=QMATMUL_DTYPES, scratch=_scratch_layout, split=_split_qmatmul, sweep=_sweep(True))
+          gpu_dtypes=QMATMUL_DTYPES, scratch=_scratch_layout, split=_split_qmatmul, partition=_partition_rows,
+          sweep=_sweep(True))
 def prepare_qmatmul(w, x) -> Call:
     """Quantized weights w (n, k), a QuantizedTensor, times x (k,) or (k, m) -> (n,) or (n, m). Both
     backends dequantize each weight in registers (bit-exact to `dequantize`), so the result is the

@@ -40,6 +40,9 @@ def _inputs(rng):
         ("scale", (f(257, 9), -1.5), {}),
         ("softmax", (f(129, 33),), {"axis": -1}),
         ("rms_norm", (f(130, 16), f(16)), {"eps": 1e-5}),
+        ("qmatmul", (hs.quantize(f(70, 96), "q8_0"), f(96)), {}),
+        ("qmatmul", (hs.quantize(f(33, 64), "q4_0"), f(64, 5)), {}),   # x with columns: rows of w still
+        ("dequantize", (hs.quantize(f(41, 64), "q4_0"),), {}),
     ]
 
 
@@ -51,10 +54,10 @@ def _same(a, b):
 
 def test_every_split_op_declares_a_partition():
     declared = {name for name, spec in OPS.items() if spec.partition is not None}
-    assert declared == {"top_k", "cosine_similarity", "add", "scale", "softmax", "rms_norm"}
+    assert declared == {"top_k", "cosine_similarity", "add", "scale", "softmax", "rms_norm", "qmatmul", "dequantize"}
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(14))
 def test_partition_merges_to_the_unsplit_result(rng, case):
     op, args, kwargs = _inputs(rng)[case]
     call = OPS[op].prepare(*args, **kwargs)
@@ -77,7 +80,8 @@ def _forced(gpu, share, **cfg):
 
 @pytest.mark.parametrize("share", [0.3, 0.75])
 def test_forced_split_is_exactly_the_unsplit_cpu_result(rng, share):
-    gpu = FakeGpuBackend(ops=("add", "scale", "softmax", "cosine_similarity", "top_k", "rms_norm"))
+    gpu = FakeGpuBackend(ops=("add", "scale", "softmax", "cosine_similarity", "top_k", "rms_norm", "qmatmul",
+                              "dequantize"), dtypes=("float32", "q8_0", "q4_0"))
     with _forced(gpu, share) as ex:
         for op, args, kwargs in _inputs(rng):
             before = len(ex.events)
@@ -90,9 +94,9 @@ def test_forced_split_is_exactly_the_unsplit_cpu_result(rng, share):
             assert parts[0]["rows"][0] == 0 and parts[0]["rows"][1] == parts[1]["rows"][0]
             assert parts[1]["rows"][1] == rows and [p["backend"] for p in parts] == ["cpu", "gpu"]
             assert ev["split"]["shares"]["gpu"] == pytest.approx((rows - parts[0]["rows"][1]) / rows, abs=1e-6)
-        assert gpu.ok_runs == 11                      # one GPU part per split call
+        assert gpu.ok_runs == 14                      # one GPU part per split call
         st = ex.stats()
-        assert st.split_operations == 11 and ex._core.counters()["split_operations"] == 11
+        assert st.split_operations == 14 and ex._core.counters()["split_operations"] == 14
 
 
 def test_each_part_is_learned_as_its_sides_sample(rng):

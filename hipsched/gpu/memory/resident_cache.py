@@ -205,26 +205,41 @@ class ResidentCache:
             return None   # the handle froze it; write access came back behind its back: upload, never trust
         return entry.dev
 
-    def _view_of_kept(self, host: np.ndarray, dropped: list):
+    def _view_of_kept(self, host: np.ndarray, dropped: list, pack=None):
         """A device view into a kept copy for a read-only C-contiguous host array whose bytes lie inside a
-        kept array's (a row range of a kept corpus: the GPU's part of a call split across processors,
-        hipsched/splitting.py), or None. The view needs no stamp of its own: read-only, its bytes are
-        those of the kept array, which `_lookup` checks as for the array itself. Caller holds the lock."""
+        kept array's (a row range of a kept corpus or of kept weights: the GPU's part of a call split
+        across processors, hipsched/splitting.py), or None. A copy in the raw layout serves any such
+        range at its byte offset; one in a `pack`'s layout only a whole-row range of a 2-d array, and only
+        when that pack is row-wise (it has `device_row_bytes(host row bytes)`) and is the one asked for.
+        The view needs no stamp of its own: read-only, its bytes are those of the kept array, which
+        `_lookup` checks as for the array itself. Caller holds the lock."""
         if host.base is None or host.flags.writeable or not host.flags.c_contiguous or not host.nbytes:
             return None
         lo = host.ctypes.data
         hi = lo + host.nbytes
         for entry in list(self._entries.values()):
-            kept = entry.ref()
-            if kept is None or entry.pack is not None:   # a packed copy's bytes are not at the host's offsets
+            kept, layout = entry.ref(), entry.pack
+            # a copy in another layout than the one asked for does not hold these bytes where they are
+            # (_ANY_LAYOUT: is_resident's question, whatever the layout)
+            if kept is None or (layout is not pack and pack is not _ANY_LAYOUT):
                 continue
             start = kept.ctypes.data
-            if start <= lo and hi <= start + kept.nbytes:
-                dev = self._lookup(kept, dropped, _resident.handle_of(kept) is not None)
-                if dev is None:
+            if not (start <= lo and hi <= start + kept.nbytes):
+                continue
+            if layout is not None:
+                row = kept.strides[0] if kept.ndim == 2 and host.ndim == 2 else 0
+                if not row or not hasattr(layout, "device_row_bytes") or kept.shape[1:] != host.shape[1:] \
+                        or (lo - start) % row:
                     return None
-                return DeviceArray(dev.ptr + (lo - start), host.shape, host.dtype, self.runtime, owner=dev,
-                                   stream=dev.stream, device=dev.device)
+                dev_row = layout.device_row_bytes(row)
+                offset, shape = (lo - start) // row * dev_row, (host.shape[0] * dev_row,)
+            else:
+                offset, shape = lo - start, host.shape
+            dev = self._lookup(kept, dropped, _resident.handle_of(kept) is not None, layout)
+            if dev is None:
+                return None
+            return DeviceArray(dev.ptr + offset, shape, dev.dtype if layout is not None else host.dtype,
+                               self.runtime, owner=dev, stream=dev.stream, device=dev.device)
         return None
 
     def is_resident(self, host) -> bool:
@@ -236,7 +251,7 @@ class ResidentCache:
         with self._lock:
             dropped = self._purge()
             resident = self._lookup(host, dropped, registered, _ANY_LAYOUT) is not None or (
-                not registered and self._view_of_kept(host, dropped) is not None)
+                not registered and self._view_of_kept(host, dropped, _ANY_LAYOUT) is not None)
         return resident
 
     def would_keep(self, host: np.ndarray, immutable: bool = False) -> bool:
@@ -249,8 +264,8 @@ class ResidentCache:
         return host.nbytes <= self.max_bytes - self.pinned_bytes and (immutable or _immutable(host))
 
     def get(self, host: np.ndarray, stream=0, immutable: bool = False, pack=None) -> DeviceArray:
-        """The device copy of `host`: a kept one if there is one for exactly these bytes (or, without
-        `pack`, a view into a kept array holding them, for a read-only row range of it), else uploaded
+        """The device copy of `host`: a kept one if there is one for exactly these bytes (or a view into a
+        kept array holding them, for a read-only row range of it: see _view_of_kept), else uploaded
         (and kept when `host` is immutable, or `immutable` says its owner guarantees it, and it fits).
         A ResidentArray's host array is pinned on first use here (uploaded once, then kept in step by
         its updates). `pack`, a function of the host array giving the array to upload instead (a
@@ -264,8 +279,8 @@ class ResidentCache:
             if dev is not None:
                 self._entries.move_to_end(id(host))
                 self.hits += 1
-            elif handle is None and pack is None:
-                dev = self._view_of_kept(host, dropped)
+            elif handle is None:
+                dev = self._view_of_kept(host, dropped, pack)
                 if dev is not None:
                     self.hits += 1
         del dropped

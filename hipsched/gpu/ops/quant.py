@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 
 from ...errors import GpuError
-from ...gguf_blocks import BLOCK_BYTES, QK, SUPERBLOCK
+from ...gguf_blocks import BLOCK_BYTES, QK, SUPERBLOCK, device_bytes
 from ..launch.context import Launch, grid_stride_blocks, pure_plan
 from .common import KERNEL_SUFFIX
 
@@ -93,7 +93,22 @@ def host_layout(dev: np.ndarray, n: int, k: int, qtype: str) -> np.ndarray:
 
 # one packing function per quant type, the same objects every call: the resident cache serves a kept
 # copy only to the pack it was made with
-_PACK = {qt: (lambda blocks, qt=qt: device_layout(blocks, qt)) for qt in BLOCK_BYTES}
+class _RowPack:
+    """device_layout for one quant type, as the resident cache's `pack`: a row-wise layout, so a row range
+    of a kept tensor's blocks (the GPU's rows of a qmatmul split across processors) is a byte range of
+    its device copy: host row r starts at r * device_row_bytes(host row bytes)."""
+
+    def __init__(self, qtype):
+        self.qtype = qtype
+
+    def __call__(self, blocks):
+        return device_layout(blocks, self.qtype)
+
+    def device_row_bytes(self, host_row_bytes: int) -> int:
+        return device_bytes(1, host_row_bytes // BLOCK_BYTES[self.qtype] * QK, self.qtype)
+
+
+_PACK = {qt: _RowPack(qt) for qt in BLOCK_BYTES}
 
 
 def _suffix(w) -> str:

@@ -103,3 +103,32 @@ def test_the_gpu_part_reads_a_kept_corpus_in_place(rt, tmp_path, kept_by):
         wi, ws = ex.top_k(q, T, 5, backend="cpu")
         np.testing.assert_array_equal(idx, wi)
         np.testing.assert_allclose(sc, ws, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_a_split_qmatmul_reads_its_rows_of_the_kept_weights(rt, tmp_path, qtype):
+    """Quantized weights stay on the device in the kernels' row-wise layout: the GPU's rows of a split
+    qmatmul (and dequantize) are read from that copy at their rows' offset, not uploaded and repacked,
+    and each side's rows are what that side computes for them alone."""
+    from hipsched import quantize
+    from hipsched.gguf_blocks import QuantizedTensor
+    rng = np.random.default_rng(14)
+    W = quantize(rng.standard_normal((96, 160), dtype=np.float32), qtype)     # rows padded to a superblock
+    x = rng.standard_normal(160, dtype=np.float32)
+    with _executor(rt, tmp_path, 0.5) as ex:
+        ex.qmatmul(W, x, backend="gpu")                 # uploads and keeps the repacked weights
+        cache = ex._gpu._ctx.resident
+        hits, misses = cache.hits, cache.misses
+        y = ex.qmatmul(W, x)
+        ev = ex.events[-1]
+        assert ev["backend"] == "split" and ev["split"]["parts"][1]["backend"] == "gpu", ev
+        assert cache.hits - hits == 1                   # the GPU's rows, from the kept copy
+        assert cache.misses - misses == 1               # x only
+        cut = ev["split"]["parts"][0]["rows"][1]
+        rows = lambda lo, hi: QuantizedTensor(W.data[lo:hi], (hi - lo, 160), qtype)  # noqa: E731
+        np.testing.assert_array_equal(y[:cut], ex.qmatmul(rows(0, cut), x, backend="cpu"))
+        np.testing.assert_array_equal(y[cut:], ex.qmatmul(rows(cut, 96), x, backend="gpu"))
+        np.testing.assert_allclose(y, ex.qmatmul(W, x, backend="cpu"), rtol=1e-5, atol=1e-5)
+        d = ex.dequantize(W)
+        assert ex.events[-1]["backend"] == "split"
+        np.testing.assert_array_equal(d, ex.dequantize(W, backend="cpu"))   # exact on both sides (gguf's)

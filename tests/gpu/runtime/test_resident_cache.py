@@ -178,3 +178,25 @@ def test_a_view_is_never_served_from_a_copy_in_another_layout():
     hits = cache.hits
     cache.get(W, pack=pack)
     assert cache.hits == hits + 1                                  # the packed copy is still kept
+
+
+def test_a_row_range_of_kept_weights_is_served_from_their_repacked_copy():
+    """Quantized weights are kept in the kernels' layout, which is row-wise: a row range of the block
+    bytes (the GPU's rows of a split qmatmul) is read from the kept copy at that row's device offset,
+    and is exactly the layout those rows would have on their own."""
+    from hipsched import quantize
+    from hipsched.gpu.ops.quant import _PACK, device_layout
+    rt = HostMemoryRuntime()
+    cache = ResidentCache(rt, max_bytes=1 << 24)
+    for qtype, k in (("q8_0", 512), ("q8_0", 96), ("q4_0", 1024), ("q4_0", 160)):   # whole and padded rows
+        w = quantize(np.random.default_rng(k).standard_normal((40, k)).astype(np.float32), qtype)
+        pack = _PACK[qtype]
+        cache.get(w.data, immutable=True, pack=pack)
+        rows = w.data[13:29]
+        assert cache.is_resident(rows)
+        misses = cache.misses
+        got = cache.get(rows, immutable=True, pack=pack).get()
+        assert cache.misses == misses, (qtype, k)                 # no upload
+        np.testing.assert_array_equal(got, device_layout(rows, qtype))
+        assert cache.get(w.data[13:29:2], immutable=True, pack=pack) is not None   # not a row range: uploaded
+        assert cache.misses == misses + 1
