@@ -77,6 +77,11 @@ class Splitter:
         best = min(pc, pg)
         if not (best >= self.min_us and math.isfinite(best)) or call.on_device:
             return None
+        # even perfectly balanced, two sides finish in best * slow / (best + slow): with the slower more
+        # than GAIN / (1 - GAIN) times the better, no split can reach GAIN (and the plan's predictions
+        # are not worth asking for)
+        if max(pc, pg) > best * GAIN / (1.0 - GAIN):
+            return None
         spec = OPS.get(call.op)
         if spec is None or spec.partition is None:
             return None
