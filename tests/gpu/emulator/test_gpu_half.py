@@ -51,15 +51,22 @@ HS_FOR_EACH_FLOAT(T_PACKS)
 """
 
 
-@pytest.fixture(scope="module")
-def conv(tmp_path_factory):
+def _prelude_context(tmp_path_factory, name, source):
+    """(runtime, context) whose only kernel source is `name`: the prelude, then `source` (test kernels of
+    the prelude's own functions), on the emulator at warp 32."""
     if not gpu_emulator.available():
         pytest.skip("needs g++ (C++20) for the kernel emulator")
     rt = gpu_emulator.EmuRuntime(32)
     ctx = GpuContext(rt, cache_dir=str(tmp_path_factory.mktemp("kernels")))
     prelude = (_source_dir() / PRELUDE).read_text()
     ctx.cache = KernelCache(rt.compiler, ctx.cache.cache_dir,
-                            sources={"conv.hip": prelude + '\n#line 1 "conv.hip"\n' + CONVERSIONS})
+                            sources={name: prelude + f'\n#line 1 "{name}"\n' + source})
+    return rt, ctx
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory):
+    rt, ctx = _prelude_context(tmp_path_factory, "conv.hip", CONVERSIONS)
 
     def run(kernel, x, out_dtype):
         d_in = to_device(x, runtime=rt)
@@ -183,13 +190,7 @@ HS_KERNEL void t_ldmatrix(const hs_u16* M, hs_u32* out, int trans) {
 
 @pytest.fixture(scope="module")
 def warp_matrix(tmp_path_factory):
-    if not gpu_emulator.available():
-        pytest.skip("needs g++ (C++20) for the kernel emulator")
-    rt = gpu_emulator.EmuRuntime(32)
-    ctx = GpuContext(rt, cache_dir=str(tmp_path_factory.mktemp("kernels")))
-    prelude = (_source_dir() / PRELUDE).read_text()
-    ctx.cache = KernelCache(rt.compiler, ctx.cache.cache_dir,
-                            sources={"wm.hip": prelude + '\n#line 1 "wm.hip"\n' + WARP_MATRIX})
+    rt, ctx = _prelude_context(tmp_path_factory, "wm.hip", WARP_MATRIX)
 
     def run(kernel, inputs, out_shape, out_dtype, *scalars):
         d_in = [to_device(np.ascontiguousarray(x), runtime=rt) for x in inputs]
