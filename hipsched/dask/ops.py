@@ -19,6 +19,7 @@ from distributed.spill import SpillBuffer
 
 from ..ops.base import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
 from ..ops.elementwise import _real_scalar
+from ..ops.similarity import merge_top_k
 from .placement import PLACEMENT_TOPIC, placement, runs
 from .workers import executor
 
@@ -97,19 +98,6 @@ def cosine_similarity(q, T):
 def check_split_every(split_every):
     if isinstance(split_every, bool) or not isinstance(split_every, numbers.Integral) or split_every < 2:
         raise ValueError(f"hipsched.dask.top_k: split_every must be an integer >= 2, got {split_every!r}")
-
-
-def merge_top_k(parts, k):
-    """Top k of several (indices, scores) candidate lists in the single-machine order: higher score
-    first, equal scores by lower index, NaN after every number (a sort puts NaN last). Works on
-    (k_i,) or (m, k_i) lists; each list may be shorter than k."""
-    idx = np.concatenate([p[0] for p in parts], axis=-1)
-    val = np.concatenate([p[1] for p in parts], axis=-1)
-    # one sort on (-score, index): equal scores (0.0 and -0.0 included) by ascending index
-    order = np.lexsort((idx, -val), axis=-1)[..., :k]
-    if idx.ndim == 1:   # a scan merges (k,) lists every split_every chunks: plain indexing is cheaper
-        return idx[order], val[order]
-    return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(val, order, axis=-1)
 
 
 def merged(parts, k):

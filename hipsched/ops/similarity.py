@@ -81,16 +81,18 @@ def _partition_cosine(call):
     return partition_from_split(_split_cosine(call))
 
 
-def _merge_top_k(results, bounds, k):
-    """The whole corpus's top k from each row range's: candidates with their global indices, ranked by
-    the rule of the op (NaN after every number, then score descending, then the lower index), so the
-    merge picks what one pass over the whole corpus would."""
-    idx = np.concatenate([r[0] + lo for r, (lo, _) in zip(results, bounds)], axis=-1)
-    score = np.concatenate([r[1] for r in results], axis=-1)
-    nan = np.isnan(score)
-    order = np.lexsort((idx, -np.where(nan, 0.0, score.astype(np.float64)), nan), axis=-1)
-    keep = order[..., :min(k, idx.shape[-1])]
-    return np.take_along_axis(idx, keep, axis=-1), np.take_along_axis(score, keep, axis=-1)
+def merge_top_k(parts, k):
+    """Top k of several (indices, scores) candidate lists in the single-machine order: higher score
+    first, equal scores by lower index, NaN after every number (a sort puts NaN last). Works on
+    (k_i,) or (m, k_i) lists; each list may be shorter than k. The merge of a top_k split across
+    processors (a row range each) and of hipsched.dask's chunks."""
+    idx = np.concatenate([p[0] for p in parts], axis=-1)
+    val = np.concatenate([p[1] for p in parts], axis=-1)
+    # one sort on (-score, index): equal scores (0.0 and -0.0 included) by ascending index
+    order = np.lexsort((idx, -val), axis=-1)[..., :k]
+    if idx.ndim == 1:   # a scan merges (k,) lists every split_every chunks: plain indexing is cheaper
+        return idx[order], val[order]
+    return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(val, order, axis=-1)
 
 
 def _partition_top_k(call):
@@ -101,7 +103,8 @@ def _partition_top_k(call):
         return None
     q, t, k = args[0], args[1], int(call.params["k"])
     return Partition(t.shape[0], lambda lo, hi: (q, t[lo:hi]) + tuple(args[2:]),
-                     lambda results, bounds: _merge_top_k(results, bounds, k))
+                     lambda results, bounds: merge_top_k([(r[0] + np.int64(lo), r[1])
+                                                          for r, (lo, _) in zip(results, bounds)], k))
 
 
 def _sweep(*extra, queries=1):
