@@ -11,7 +11,6 @@ import numpy as np
 
 from .errors import GpuError
 from .ops import OPS
-from .ops.base import Call
 
 MAX_CHUNKS = 1 << 16
 HEADROOM = 0.8   # use at most this share of the free memory (the allocator needs slack)
@@ -50,10 +49,7 @@ def run_chunked(gpu, call, stream=None, first_error: GpuError | None = None):
             results = []
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 if hi > lo:
-                    sub = split(int(lo), int(hi))
-                    frac = (hi - lo) / pieces
-                    results.append(gpu.run(Call(call.op, sub, call.params, max(1, int(call.size * frac)),
-                                                max(1, int(call.nbytes * frac)), call.dtype, False), stream))
+                    results.append(gpu.run(call.part(split(int(lo), int(hi)), (hi - lo) / pieces), stream))
             return combine(results)
         except GpuError as e:
             if e.kind != "oom":

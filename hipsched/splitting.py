@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from ._sched import BACKEND_CPU, BACKEND_GPU
 from .errors import GpuError
 from .ops import OPS
-from .ops.base import Call
 
 # A split must be predicted at most this share of the better single side's time: below, the cut, the
 # thread hand-off and the merge (tens of microseconds) and the model's error would eat the gain.
@@ -154,11 +153,7 @@ class Splitter:
         part, cut, rows = plan.partition, plan.cut, plan.partition.rows
         f = plan.gpu_share
 
-        def sub(lo, hi, share):
-            return Call(call.op, part.args(lo, hi), call.params, max(1, int(call.size * share)),
-                        max(1, int(call.nbytes * share)), call.dtype, False)
-
-        cpu_call, gpu_call = sub(0, cut, 1.0 - f), sub(cut, rows, f)
+        cpu_call, gpu_call = call.part(part.args(0, cut), 1.0 - f), call.part(part.args(cut, rows), f)
         t0 = time.perf_counter_ns()
         pending = self._worker().submit(self._gpu_part, gpu_call, stream)
         try:

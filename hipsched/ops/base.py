@@ -33,6 +33,12 @@ class Call:
         self.dtype = dtype
         self.on_device = on_device
 
+    def part(self, args, share: float) -> "Call":
+        """The call of one piece of this one, on host data: `args` for `share` of its work and bytes (at
+        least 1 of each), the same op, params and dtype (out-of-memory chunks, split parts)."""
+        return Call(self.op, args, self.params, max(1, int(self.size * share)), max(1, int(self.nbytes * share)),
+                    self.dtype, False)
+
     def __repr__(self):
         return f"Call({self.op}, size={self.size}, nbytes={self.nbytes}, dtype={self.dtype}, on_device={self.on_device})"
 
