@@ -70,37 +70,56 @@ def disassembler(platform: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------ parsing
 
+def _tally(text: str, function, instruction, kinds) -> dict[str, InstructionFacts]:
+    """Per kernel, what a disassembly's instructions are: `function(line)` names the kernel a line
+    starts (None: no such line; "": a header that is not a kernel's, whose lines are not counted),
+    `instruction(line)` gives an instruction's (opcode, operands) or None, `kinds(opcode, operands)` the
+    InstructionFacts fields it counts toward besides `instructions`."""
+    counts: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        name = function(line)
+        if name is not None:
+            current = counts.setdefault(name, dict.fromkeys(_FIELDS, 0)) if name else None
+            continue
+        ins = instruction(line) if current is not None else None
+        if ins is None:
+            continue
+        current["instructions"] += 1
+        for field in kinds(*ins):
+            current[field] += 1
+    return {k: InstructionFacts(**v) for k, v in counts.items()}
+
+
+_FIELDS = tuple(InstructionFacts.__dataclass_fields__)
+
 # `/*0480*/   @!P0 LDG.E.128.CONSTANT R4, desc[UR4][R2.64] ;` -> the opcode with its modifiers
 _SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _SASS_FUNCTION = re.compile(r"Function : (\S+)")
 _SASS_MATRIX = ("HMMA", "HGMMA", "IMMA", "IGMMA", "DMMA", "QGMMA", "BMMA")
 
 
+def _sass_kinds(op: str, _operands) -> tuple:
+    base, *mods = op.split(".")
+    wide = "128" in mods
+    if base in _SASS_MATRIX:
+        return ("matrix",)
+    if base in ("LDG", "LDGSTS"):
+        return ("global_loads", "global_loads_128") if wide else ("global_loads",)
+    if base == "STG":
+        return ("global_stores", "global_stores_128") if wide else ("global_stores",)
+    return ("local",) if base in ("LDL", "STL") else ()
+
+
 def _sass_facts(text: str) -> dict[str, InstructionFacts]:
-    counts: dict[str, list[int]] = {}
-    current = None
-    for line in text.splitlines():
+    def function(line):
         m = _SASS_FUNCTION.search(line)
-        if m:
-            current = counts.setdefault(m.group(1), [0] * 7)
-            continue
+        return m.group(1) if m else None
+
+    def instruction(line):
         m = _SASS_LINE.match(line)
-        if current is None or not m:
-            continue
-        op = m.group(1)
-        base, mods = op.split(".", 1)[0], op.split(".")[1:]
-        current[0] += 1
-        if base in _SASS_MATRIX:
-            current[1] += 1
-        elif base in ("LDG", "LDGSTS"):
-            current[2] += 1
-            current[3] += "128" in mods
-        elif base == "STG":
-            current[4] += 1
-            current[5] += "128" in mods
-        elif base in ("LDL", "STL"):
-            current[6] += 1
-    return {k: InstructionFacts(*v) for k, v in counts.items()}
+        return (m.group(1), "") if m else None
+    return _tally(text, function, instruction, _sass_kinds)
 
 
 _AMD_FUNCTION = re.compile(r"^[0-9a-f]+ <([A-Za-z_][\w.$]*)>:")
@@ -108,32 +127,29 @@ _AMD_LINE = re.compile(r"^\s+([a-z][a-z0-9_]*)\b(.*?)(?://|$)")
 _AMD_MATRIX = ("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")
 
 
+def _amd_kinds(op: str, operands: str) -> tuple:
+    wide = op.endswith(("dwordx4", "_b128"))
+    if op.startswith(_AMD_MATRIX):
+        return ("matrix",)
+    if op.startswith("scratch_") or (op.startswith("buffer_") and " off, s[0:3]" in operands):
+        return ("local",)   # the private segment (scratch): spills and stack arrays
+    if op.startswith(("global_load", "buffer_load", "flat_load")):
+        return ("global_loads", "global_loads_128") if wide else ("global_loads",)
+    if op.startswith(("global_store", "buffer_store", "flat_store")):
+        return ("global_stores", "global_stores_128") if wide else ("global_stores",)
+    return ()
+
+
 def _amd_facts(text: str) -> dict[str, InstructionFacts]:
-    counts: dict[str, list[int]] = {}
-    current = None
-    for line in text.splitlines():
+    def function(line):
         m = _AMD_FUNCTION.match(line)
-        if m:
-            # .kd descriptors and local labels are not functions
-            current = None if m.group(1).endswith(".kd") else counts.setdefault(m.group(1), [0] * 7)
-            continue
+        # .kd descriptors and local labels are not functions
+        return None if m is None else "" if m.group(1).endswith(".kd") else m.group(1)
+
+    def instruction(line):
         m = _AMD_LINE.match(line)
-        if current is None or not m:
-            continue
-        op, operands = m.group(1), m.group(2)
-        current[0] += 1
-        wide = op.endswith(("dwordx4", "_b128"))
-        if op.startswith(_AMD_MATRIX):
-            current[1] += 1
-        elif op.startswith("scratch_") or (op.startswith("buffer_") and " off, s[0:3]" in operands):
-            current[6] += 1   # the private segment (scratch): spills and stack arrays
-        elif op.startswith(("global_load", "buffer_load", "flat_load")):
-            current[2] += 1
-            current[3] += wide
-        elif op.startswith(("global_store", "buffer_store", "flat_store")):
-            current[4] += 1
-            current[5] += wide
-    return {k: InstructionFacts(*v) for k, v in counts.items()}
+        return (m.group(1), m.group(2)) if m else None
+    return _tally(text, function, instruction, _amd_kinds)
 
 
 def instruction_facts(code: bytes, platform: str, arch: str) -> dict[str, InstructionFacts] | None:
