@@ -1,25 +1,27 @@
-"""Splitting one call across the CPU and a GPU (hipsched/splitting.py): how well a split top_k balances
-its two sides, what deciding, cutting and merging cost, and how much faster it is than either side alone,
-each side measured alone in the same run.
+"""Splitting one call across the CPU and its GPUs (hipsched/splitting.py): how well a split top_k
+balances its sides, what deciding, cutting and merging cost, and how much faster it is than any side
+alone, each side measured alone in the same run.
 
-Usage: python bench/split.py [--rows N] [--dim D] [--calls N] [--gpu-speed X] [--real-gpu]
+Usage: python bench/split.py [--rows N] [--dim D] [--calls N] [--gpu-speed X] [--gpus N] [--real-gpu]
 
 Without --real-gpu the GPU is simulated, as issue 23 asks: a device whose time this benchmark sets (the
 CPU's own time for the same rows, divided by --gpu-speed: 1.0 is equal throughput) and which sleeps for
 it, leaving the CPU's cores to the CPU's part; its results come off the clock (the corpus's scores and
-their order are computed once before timing, so a part's top k is a short scan of that order). With
+their order are computed once before timing, so a part's top k is a short scan of that order). --gpus N
+gives the executor N such devices (the first is backend="gpu", the others take parts of split calls). With
 --real-gpu the executor's own GPU backend takes the GPU's part (corpus on the host, uploaded per call
 unless it is read-only and fits the resident budget).
 
 Measures, each a median over --calls calls after the model has learned both sides:
-- single sides: the CPU alone (backend="cpu") and the GPU alone (backend="gpu");
+- single sides: the CPU alone (backend="cpu"), the GPU alone (backend="gpu"), and with --gpus each further
+  simulated device alone (its backend's run, called directly);
 - split: the executor's automatic decision, which splits (the events say so, with the shares);
-- balancing efficiency (EngineCL's): ideal / split time, ideal being the rows over the sum of the two
-  sides' single-side throughputs (1 / (1/cpu + 1/gpu) for the whole call); target >= 0.9;
+- balancing efficiency (EngineCL's): ideal / split time, ideal being the rows over the sum of the
+  sides' single-side throughputs (1 / (1/cpu + 1/gpu + ...) for the whole call); target >= 0.9;
 - overhead: the split call's time beyond its slower part (deciding, cutting, the hand-off to the GPU's
   thread and the merge), as a share of the call; target <= 3%;
 - speed: split time over the better single side; target <= 0.6x at equal throughput.
-The table is printed and written to bench/results/split.md."""
+The table is printed and written to bench/results/split.md (split-<N>gpus.md with --gpus N)."""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +34,7 @@ import numpy as np
 
 import hipsched as hs
 from hipsched.backends.interface import GpuBackendBase
+from hipsched.ops import OPS
 
 
 class SleepingGpu(GpuBackendBase):
@@ -39,8 +42,9 @@ class SleepingGpu(GpuBackendBase):
     `us_per_row * (hi - lo)` plus a launch, and answers from scores ranked once before the benchmark.
     What it does not override is GpuBackendBase's (no refusals, the call's bytes, no timing events)."""
 
-    def __init__(self, q, T, k, us_per_row, launch_us=20.0):
+    def __init__(self, q, T, k, us_per_row, launch_us=20.0, index=0):
         self.available = True
+        self.device_index = index
         self.unavailable_reason = None
         self.runtime_name, self.device_name, self.device_arch = "sleep", "simulated GPU (sleeps)", "sim"
         self.T, self.k = T, k
@@ -104,6 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--calls", type=int, default=9)
     p.add_argument("--gpu-speed", type=float, default=1.0, help="simulated GPU throughput / the CPU's")
+    p.add_argument("--gpus", type=int, default=1, help="simulated GPUs (each at --gpu-speed)")
     p.add_argument("--real-gpu", action="store_true", help="the executor's own GPU backend instead")
     p.add_argument("--resident-bytes", type=int, default=None,
                    help="with --real-gpu: the GPU's resident budget (half the corpus: issue 23's corpus of "
@@ -127,8 +132,9 @@ def main(argv=None) -> int:
         gpu = None
         device = "this machine's GPU"
     else:
-        gpu = SleepingGpu(q, T, a.k, cpu_whole / a.gpu_speed / a.rows)
-        device = f"simulated GPU at {a.gpu_speed:g}x the CPU's throughput (sleeps)"
+        gpu = [SleepingGpu(q, T, a.k, cpu_whole / a.gpu_speed / a.rows, index=i) for i in range(a.gpus)]
+        device = (f"{a.gpus} simulated GPU{'s' if a.gpus > 1 else ''} at {a.gpu_speed:g}x the CPU's throughput "
+                  f"each (sleeps)")
     if gpu is not None:
         ex = hs.Executor(**cfg, gpu_backend=gpu)
     else:
@@ -147,6 +153,8 @@ def main(argv=None) -> int:
                     ex.top_k(q, part, a.k, backend=side)
         cpu = median_us(lambda: ex.top_k(q, T, a.k, backend="cpu"), a.calls)
         gpu_t = median_us(lambda: ex.top_k(q, T, a.k, backend="gpu"), a.calls)
+        whole = OPS["top_k"].prepare(q, T, a.k)
+        others_t = [median_us(lambda g=g: g.run(whole), a.calls) for g in (gpu or [])[1:]]
         for _ in range(3):                 # the split's own samples settle the shares
             ex.top_k(q, T, a.k)
         n0 = len(ex.events)
@@ -156,35 +164,40 @@ def main(argv=None) -> int:
         got = ex.top_k(q, T, a.k)
         want = ex.top_k(q, T, a.k, backend="cpu")
         exact = np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
-    out(f"## Splitting one top_k across the CPU and a GPU ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{device})")
+    out(f"## Splitting one top_k across the CPU and {'its GPUs' if len(others_t) else 'a GPU'} "
+        f"({platform.machine()}, {os.cpu_count()} cores, {device})")
     out()
     out(f"top_k, q({a.dim}) x T({a.rows},{a.dim}) float32, k={a.k}; medians of {a.calls} calls each, same run")
     out()
-    ideal = 1.0 / (1.0 / cpu + 1.0 / gpu_t)
-    best = min(cpu, gpu_t)
+    ideal = 1.0 / (1.0 / cpu + 1.0 / gpu_t + sum(1.0 / t for t in others_t))
+    best = min(cpu, gpu_t, *others_t)
     if splits:
-        share = float(np.median([e["split"]["shares"]["gpu"] for e in splits]))
+        share = float(np.median([sum(v for k, v in e["split"]["shares"].items() if k != "cpu") for e in splits]))
+        sides = max(len(e["split"]["parts"]) for e in splits)
         slower = [max(p["duration_us"] for p in e["split"]["parts"]) for e in splits]
         overhead = float(np.median([(e["duration_us"] - s) / e["duration_us"] for e, s in zip(splits, slower)]))
     else:
         share = overhead = float("nan")
+        sides = 0
     out("| measure | value | target |")
     out("|---|---|---|")
     out(f"| CPU alone | {cpu / 1e3:.2f} ms | |")
-    out(f"| GPU alone | {gpu_t / 1e3:.2f} ms | |")
-    out(f"| split (automatic) | {split / 1e3:.2f} ms, {len(splits)} of {len(evs)} calls split, GPU share "
-        f"{share:.1%} | |")
+    out(f"| GPU alone{' (backend=gpu)' if others_t else ''} | {gpu_t / 1e3:.2f} ms | |")
+    for i, t in enumerate(others_t, 1):
+        out(f"| GPU {i} alone | {t / 1e3:.2f} ms | |")
+    out(f"| split (automatic) | {split / 1e3:.2f} ms, {len(splits)} of {len(evs)} calls split, up to {sides} "
+        f"parts, GPU share {share:.1%} | |")
     out(f"| ideal (rows over the summed single-side throughputs) | {ideal / 1e3:.2f} ms | |")
     eff = ideal / split
     out(f"| balancing efficiency (ideal / split) | {eff:.2f} | >= 0.9 {'ok' if eff >= 0.9 else 'MISSED'} |")
     out(f"| overhead (split call beyond its slower part) | {overhead:.1%} | <= 3% "
         f"{'ok' if overhead <= 0.03 else 'MISSED'} |")
     sp = split / best
-    target = "<= 0.6x " + ("ok" if sp <= 0.6 else "MISSED") if abs(a.gpu_speed - 1) < 1e-9 and not a.real_gpu else ""
+    equal_pair = abs(a.gpu_speed - 1) < 1e-9 and not a.real_gpu and not others_t
+    target = "<= 0.6x " + ("ok" if sp <= 0.6 else "MISSED") if equal_pair else ""
     out(f"| split / better single side | {sp:.2f}x | {target} |")
     out(f"| split result equals the CPU's | {'yes' if exact else 'NO'} | yes |")
-    path = os.path.join(os.path.dirname(__file__), "results", "split.md")
+    path = os.path.join(os.path.dirname(__file__), "results", "split.md" if a.gpus == 1 else f"split-{a.gpus}gpus.md")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

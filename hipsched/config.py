@@ -67,6 +67,9 @@ class HybridConfig:
     telemetry_job: str | None = None             # `job` field of every event (the distributed job's id)
     # GPU
     gpu_device_id: int = 0                       # which device the GPU backend binds
+    # the devices an executor uses, the first being the one backend="gpu" means (the others take parts of
+    # split calls); None: gpu_device_id first, then every other device the runtime finds
+    gpu_devices: list[int] | None = None
     # device bytes the GPU backend may keep as a resident cache; None ("auto"): half the device memory
     # free when the backend starts (hipsched.gpu.memory.resident_cache.DEFAULT_RESIDENT_SHARE)
     resident_bytes: int | None = None
@@ -115,6 +118,10 @@ class HybridConfig:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
                     bad(f.name, "a number")
                 setattr(self, f.name, float(v))
+        if isinstance(self.gpu_devices, str) and self.gpu_devices.strip().lower() in ("all", "none", ""):
+            self.gpu_devices = None   # a TOML file's spelling of the default
+        if isinstance(self.gpu_devices, tuple):
+            self.gpu_devices = list(self.gpu_devices)
         if isinstance(self.resident_bytes, str) and self.resident_bytes.strip().lower() in ("auto", "none"):
             self.resident_bytes = None   # a TOML file's spelling of the default
         checks = {
@@ -148,6 +155,11 @@ class HybridConfig:
                                                                self.resident_bytes >= 0),
                                "an integer >= 0, or 'auto' (half the free device memory)"),
             "gpu_device_id": (self.gpu_device_id >= 0, "an integer >= 0"),
+            "gpu_devices": (self.gpu_devices is None or (
+                isinstance(self.gpu_devices, (list, tuple)) and len(self.gpu_devices) > 0
+                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.gpu_devices)
+                and len(set(self.gpu_devices)) == len(self.gpu_devices)),
+                "None ('all': every device), or a non-empty list of distinct device indices >= 0"),
         }
         for key, (ok, allowed) in checks.items():
             if not ok:
@@ -222,6 +234,8 @@ def _parse_env(key: str, raw: str, typ: str):
                 return int(s, 0)    # 0x / 0o / 0b forms
         if typ == "float":
             return float(s)
+        if typ == "list[int] | None":   # "0,1" or "all"
+            return None if s.lower() in ("", "all", "none") else [int(v, 10) for v in s.split(",")]
     except ValueError as e:
         raise ConfigError(f"hipsched config: {key}={raw!r} (from environment variable {name}) is not allowed: {e}") from None
     if typ == "str | None" and s.lower() in ("", "none"):

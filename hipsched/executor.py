@@ -52,6 +52,27 @@ def _create_gpu(config):
         return _NoGpu(f"GPU backend failed to start: {type(e).__name__}: {e}")
 
 
+def _further_gpus(config, gpu) -> list:
+    """The backends of the devices besides `gpu` that the config lists (gpu_devices; None: every device
+    the runtime finds), each on its own view of the runtime; a device that cannot start is logged and
+    left out."""
+    try:
+        wanted = config.gpu_devices if config.gpu_devices is not None else range(gpu.device_count())
+    except Exception as e:  # the runtime cannot count its devices: the executor's GPU alone
+        log.warning("hipsched: could not list the GPU devices (%s); using device %s alone", e, gpu.device_index)
+        return []
+    others = []
+    for index in wanted:
+        if index == gpu.device_index:
+            continue
+        other = gpu.for_device(index)
+        if other.available:
+            others.append(other)
+        else:
+            log.warning("hipsched: GPU device %d left out: %s", index, other.unavailable_reason)
+    return others
+
+
 def _create_telemetry(config, device):
     if not config.telemetry_enabled:
         return None
@@ -72,7 +93,9 @@ class Executor:
     replaces the GPU backend (a hipsched.backends.interface.GpuBackendBase); `cpu_backend` replaces
     the CPU engine with an object that has CpuBackend's `run(call)` and `run_device_data(call)` (a
     simulated machine in tests/support): every call then takes the general path, none the compiled
-    kernels directly."""
+    kernels directly. `gpu_backend` may also be a list of backends, one per device: the first is the
+    one backend="gpu" means, the others take parts of split calls (as the config's gpu_devices would
+    make them)."""
 
     def __init__(self, config=None, *, gpu_backend=None, cpu_backend=None, **overrides):
         if config is None:
@@ -83,11 +106,20 @@ class Executor:
             config = HybridConfig(config_file=False, env={}, **values)
         self.config = cfg = config
         self._cpu = cpu_backend if cpu_backend is not None else CpuBackend()
-        gpu = gpu_backend if gpu_backend is not None else _create_gpu(cfg)
+        if isinstance(gpu_backend, (list, tuple)):
+            if not gpu_backend:
+                raise ValueError("Executor: gpu_backend=[] names no device; leave it out for the detected ones")
+            gpu, others = gpu_backend[0], [g for g in gpu_backend[1:] if g.available]
+        else:
+            gpu = gpu_backend if gpu_backend is not None else _create_gpu(cfg)
+            # further devices serve split calls only: without splitting none is opened
+            others = _further_gpus(cfg, gpu) if gpu_backend is None and gpu.available and cfg.split else []
         self._injector = None
         if cfg.fault_inject and gpu.available:
             gpu = self._injector = FaultInjectingBackend(gpu, cfg.fault_inject)
+            others = [FaultInjectingBackend(g, cfg.fault_inject) for g in others]
         self._gpu = gpu
+        self._other_gpus = others
         self._gpu_present = bool(gpu.available)
         self._core = _sched.SchedCore(
             window=cfg.performance_window_size, min_batch=cfg.gpu_min_batch_size, min_samples=cfg.min_samples,
@@ -108,7 +140,8 @@ class Executor:
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
         self._run_whole = self._fast.run_whole   # the same, never split (an op method's split=False)
         if cfg.split and self._gpu_present:
-            self._fast.splitter = Splitter(self._core, self._cpu, gpu, cfg.split_min_us, self._record_split)
+            self._fast.splitter = Splitter(self._core, self._cpu, gpu, cfg.split_min_us, self._record_split,
+                                           others, self._device_core)
         version = getattr(sys.modules.get("hipsched"), "__version__", "0")
         self._model = ModelPersistence(self._core, cfg.cache_dir,
                                        gpu.device_name if self._gpu_present else None, version)
@@ -119,6 +152,23 @@ class Executor:
             self._save_at_exit = weakref.finalize(self, self._model.save_quietly)
         if self._gpu_present and not self._model.transfer_known:
             self._measure_transfer()
+
+    def _device_core(self):
+        """The model and circuit breaker of one further GPU: a core whose GPU side is that device, deciding
+        gpu_preferred from size 0 so that its answer is the breaker's alone (hipsched/splitting.py)."""
+        cfg = self.config
+        return _sched.SchedCore(
+            window=cfg.performance_window_size, min_batch=0, min_samples=cfg.min_samples, exploration_share=0.0,
+            reprobe_interval=0, strategy="gpu_preferred", breaker_failures=cfg.breaker_failures,
+            health_min_samples=cfg.health_min_samples, success_threshold=cfg.gpu_success_rate_threshold,
+            cooldown_s=cfg.breaker_cooldown_s)
+
+    @property
+    def gpu_devices(self) -> list[dict]:
+        """The GPUs this executor uses, the one backend="gpu" means first: index, name, and whether it is
+        up (a device whose breaker is open for an op is still listed; see gpu_health)."""
+        gpus = [self._gpu, *self._other_gpus] if self._gpu_present else []
+        return [{"index": g.device_index, "name": g.device_name, "available": bool(g.available)} for g in gpus]
 
     def _record_split(self, call, duration_us, pred_cpu_us, pred_gpu_us, fallback, split):
         if self._tel is not None:
@@ -149,12 +199,15 @@ class Executor:
         NumPy array that owns its memory (or is already read-only), else (or with `copy=True`) a copy is.
         Without a GPU, or when the upload fails (logged), the handle works on the host alone."""
         handle = ResidentArray.register(array, copy=copy)
-        if self._gpu_present and self._gpu.available:
+        # every device keeps a copy: any of them may take any rows of a split call
+        for gpu in ([self._gpu, *self._other_gpus] if self._gpu_present else []):
+            if not gpu.available:
+                continue
             try:
-                self._gpu.keep_resident(handle)
+                gpu.keep_resident(handle)
             except Exception as e:  # the host side still works; the GPU uploads it on first use if it can
-                log.warning("hipsched: could not keep an array of %d bytes on the GPU (%s); it is uploaded "
-                            "when a GPU call needs it", handle.nbytes, e)
+                log.warning("hipsched: could not keep an array of %d bytes on GPU %s (%s); it is uploaded "
+                            "when a GPU call needs it", handle.nbytes, gpu.device_index, e)
         return handle
 
     # ------------------------------------------------------------------ decisions without running
@@ -202,7 +255,8 @@ class Executor:
             gpu_available=present, gpu_device_name=self._gpu.device_name,
             cpu_simd_level=feats.get("simd", "scalar"), reasons=reasons,
             gpu_runtime=self._gpu.runtime_name, gpu_arch=self._gpu.device_arch,
-            cpu_threads=int(feats.get("threads", 1)), ops=tuple(ops))
+            cpu_threads=int(feats.get("threads", 1)), ops=tuple(ops),
+            gpu_devices=tuple(d["index"] for d in self.gpu_devices if d["available"]) if present else ())
 
     def gpu_health(self, op) -> dict:
         """Breaker state and success rate of `op` on the GPU."""
@@ -274,10 +328,11 @@ class Executor:
             self._save_at_exit()  # saves now, and not again at exit
         if self._tel is not None:
             self._tel.close()
-        try:
-            self._gpu.close()
-        except Exception as e:
-            log.warning("hipsched: GPU backend close failed: %s", e)
+        for gpu in (self._gpu, *self._other_gpus):
+            try:
+                gpu.close()
+            except Exception as e:
+                log.warning("hipsched: GPU backend close failed: %s", e)
 
     def __enter__(self):
         return self

@@ -70,6 +70,7 @@ class ExecutorCapabilities:
     gpu_arch: str | None = None
     cpu_threads: int = 1
     ops: tuple[OpCapability, ...] = ()
+    gpu_devices: tuple[int, ...] = ()  # the GPUs in use: the one backend="gpu" means, then those split calls use
 
     def supports(self, op: str, backend: str = "gpu") -> bool:
         return any(c.op == op and c.backend == backend for c in self.ops)

@@ -101,6 +101,7 @@ class GpuBackend(GpuBackendBase):
         self._lock = threading.Lock()
         self._fork_gen = _rt.fork_generation()
         self.device_index: int | None = None
+        self._config = config
         try:
             rt = runtime if runtime is not None else detect.get_runtime()
             if rt is None:
@@ -108,7 +109,10 @@ class GpuBackend(GpuBackendBase):
                 return
             # deferred: the GPU glue loads only once a runtime is found (it may be broken)
             from ..gpu.launch.context import GpuContext
-            self._ctx = GpuContext(rt, device_index=int(_config_value(config, "gpu_device_id", 0) or 0),
+            # the executor's device list names its GPU first (HybridConfig.gpu_devices), else gpu_device_id
+            listed = _config_value(config, "gpu_devices")
+            index = listed[0] if listed else _config_value(config, "gpu_device_id", 0)
+            self._ctx = GpuContext(rt, device_index=int(index or 0),
                                    # kernels: HIPSCHED_CACHE_DIR or ~/.cache/hipsched/kernels, the
                                    # place `python -m hipsched compile` fills ahead of time
                                    cache_dir=_config_value(config, "kernel_cache_dir"),
@@ -129,6 +133,19 @@ class GpuBackend(GpuBackendBase):
         except Exception as e:
             self.available = False
             self.unavailable_reason = f"GPU initialisation failed: {type(e).__name__}: {e}"
+
+    # ------------------------------------------------------------------ devices
+    def device_count(self) -> int:
+        return self._ctx.rt.device_count() if self._ctx is not None else 0
+
+    def for_device(self, index: int) -> "GpuBackend":
+        """The backend of device `index` on this one's runtime (its own context view, kernels, streams
+        and resident cache); the kernel cache directory and resident budget are this one's."""
+        if self._ctx is None:
+            return super().for_device(index)
+        config = {"gpu_device_id": int(index), "kernel_cache_dir": _config_value(self._config, "kernel_cache_dir"),
+                  "resident_bytes": _config_value(self._config, "resident_bytes")}
+        return GpuBackend(config, runtime=self._ctx.rt)
 
     # ------------------------------------------------------------------ capabilities
     def supports(self, op: str, dtype: str) -> bool:

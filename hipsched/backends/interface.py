@@ -34,6 +34,8 @@ class GpuBackendInterface(Protocol):
     def forget_free_memory(self) -> None: ...
     def disable(self, reason: str) -> None: ...
     def run(self, call, stream=None): ...
+    def device_count(self) -> int: ...
+    def for_device(self, index: int) -> "GpuBackendInterface": ...
     def run_timed(self, call, stream=None): ...
     def gpu_times(self) -> list: ...
     def keep_resident(self, handle) -> None: ...
@@ -56,7 +58,20 @@ class GpuBackendBase:
     runtime_name: str | None = None
     device_arch: str | None = None
     callpath = None
+    device_index: int | None = None
     _free_read = (0, 0)   # (when, bytes) of the last free-memory reading
+
+    # ------------------------------------------------------------------ devices
+    def device_count(self) -> int:
+        """How many devices this backend's runtime sees (an executor may take them all)."""
+        return 1 if self.available else 0
+
+    def for_device(self, index: int) -> "GpuBackendBase":
+        """A backend like this one on device `index`, sharing the driver (never raises: one that cannot
+        start says why in `unavailable_reason`)."""
+        other = GpuBackendBase()
+        other.unavailable_reason = f"{type(self).__name__} cannot bind device {index}"
+        return other
 
     # ------------------------------------------------------------------ what the device takes
     def supports(self, op: str, dtype: str) -> bool:

@@ -115,13 +115,14 @@ def gather() -> dict:
             info["call_path"] = _call_path(rt)
         except GpuError as e:
             info["devices_error"] = str(e)
-    info["splitting"] = _splitting(bool(info["devices"]))
+    info["splitting"] = _splitting([d["index"] for d in info["devices"]])
     return info
 
 
-def _splitting(gpu: bool) -> dict:
-    """Whether an executor made now would cut long calls across the CPU and the GPU (the config's split,
-    split_min_us; hipsched/splitting.py)."""
+def _splitting(devices: list) -> dict:
+    """Whether an executor made now would cut long calls across the CPU and the GPUs (the config's split,
+    split_min_us; hipsched/splitting.py), and which devices it would use: the one backend="gpu" means
+    first, then those that take parts of split calls (gpu_devices; all found by default)."""
     # deferred: the op specs (numpy) load only when the command runs
     from ..ops import OPS
     try:
@@ -131,9 +132,13 @@ def _splitting(gpu: bool) -> dict:
     ops = sorted(name for name, spec in OPS.items() if spec.partition is not None)
     if not cfg.split:
         return {"on": False, "why": "split = false in the config", "ops": ops}
-    if not gpu:
+    if not devices:
         return {"on": False, "why": "no GPU to split with", "ops": ops}
-    return {"on": True, "min_us": cfg.split_min_us, "ops": ops}
+    wanted = cfg.gpu_devices if cfg.gpu_devices is not None else [cfg.gpu_device_id] + [
+        i for i in devices if i != cfg.gpu_device_id]
+    used = [i for i in wanted if i in devices]
+    return {"on": True, "min_us": cfg.split_min_us, "ops": ops, "devices": used,
+            "missing_devices": [i for i in wanted if i not in devices]}
 
 
 def run(args) -> int:
@@ -172,6 +177,11 @@ def run(args) -> int:
     print("Splitting calls across CPU and GPU: " + (
         f"on for calls predicted over {sp['min_us'] / 1e3:g} ms ({', '.join(sp['ops'])})" if sp["on"]
         else f"off ({sp['why']})"))
+    if sp["on"]:
+        devs = sp["devices"]
+        print(f"  devices: {devs[0] if devs else 'none'} (backend='gpu')" +
+              (f", then {', '.join(map(str, devs[1:]))} for parts of split calls" if len(devs) > 1 else "") +
+              (f"; listed in gpu_devices but not found: {sp['missing_devices']}" if sp["missing_devices"] else ""))
     print("Compilers (work without a device):")
     for platform, c in info["compilers"].items():
         print(f"  {platform:<7} " + (f"{c['version']} ({c['library']})" if "version" in c else c["error"]))

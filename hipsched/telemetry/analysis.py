@@ -15,8 +15,9 @@ Method, so the numbers can be trusted:
   left out. A call split across both sides (backend "split") is correct when the bucket's split median is
   within the tie band of the faster single side's median or below it, and its regret is its time beyond
   that median.
-- Splits: per op, how many calls were split, the GPU's mean share of the rows, and the balance achieved
-  (the event's `split.balance`: the rows' time at the parts' summed throughputs over the call's time).
+- Splits: per op, how many calls were split, the GPUs' mean share of the rows (all devices together), and
+  the balance achieved (the event's `split.balance`: the rows' time at the parts' summed throughputs over
+  the call's time).
 - Events duplicated across the inputs (same run and sequence number) count once, so logs merge by run id."""
 from __future__ import annotations
 
@@ -207,7 +208,8 @@ class Analyzer:
             s[0] += 1
             s[1] += bal
             s[2] = min(s[2], bal)
-            s[3] += float((sp.get("shares") or {}).get("gpu") or 0.0)
+            # the GPUs' share together: "gpu" with one device, "gpu:<index>" each with several
+            s[3] += sum(float(v or 0.0) for k, v in (sp.get("shares") or {}).items() if str(k).startswith("gpu"))
             s[4] += dur or 0.0
         if backend == "gpu":
             health[0] += 1

@@ -2,8 +2,8 @@
 ("X") event per call, one process per (host, run) and one track per backend and stream, named with
 metadata ("M") events at the end; events of a distributed job's worker (a `worker` field) share one
 process per worker instead. A call split across processors is a slice on the SPLIT track and each of
-its parts a slice, from the call's start, on the track of the backend that ran it (the CPU and GPU lanes
-show the two sides working at once). Calls from several threads overlap in time, and slices on one track
+its parts a slice, from the call's start, on the track of the side that ran it (cpu, gpu, or one track
+per device, gpu:0, gpu:1, ..., with several GPUs: the lanes show the sides working at once). Calls from several threads overlap in time, and slices on one track
 must nest, so overlapping calls go to extra lanes of their track ("CPU #2", ...). A lane keeps only the
 span it covers: for a log in completion order (as the writer writes it) the lanes match the calls in
 flight at once; input far out of order could open more, so a track has at most MAX_LANES, the last

@@ -297,6 +297,20 @@ def test_model_file_with_too_many_slots_does_not_break_start(tmp_path):
         ex.close()
 
 
+def test_gpu_devices_from_arguments_env_and_toml(tmp_path):
+    assert HybridConfig(config_file=False, env={}).gpu_devices is None              # every device found
+    assert HybridConfig(config_file=False, env={"HIPSCHED_GPU_DEVICES": "1,0"}).gpu_devices == [1, 0]
+    assert HybridConfig(config_file=False, env={"HIPSCHED_GPU_DEVICES": "all"}).gpu_devices is None
+    toml = tmp_path / "h.toml"
+    toml.write_text("[hipsched]\ngpu_devices = [2]\n")
+    assert HybridConfig(config_file=str(toml), env={}).gpu_devices == [2]
+    for bad in ([], [0, 0], [-1], ["0"], [True]):
+        with pytest.raises(ConfigError, match="gpu_devices"):
+            HybridConfig(config_file=False, env={}, gpu_devices=bad)
+    with pytest.raises(ConfigError, match="HIPSCHED_GPU_DEVICES"):
+        HybridConfig(config_file=False, env={"HIPSCHED_GPU_DEVICES": "0,x"})
+
+
 def test_toml_hipsched_key_not_a_table_is_a_config_error(tmp_path):
     p = tmp_path / "h.toml"
     p.write_text("hipsched = 1\n")

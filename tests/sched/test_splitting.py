@@ -1,7 +1,8 @@
-"""Splitting one call across the CPU and the GPU (hipsched/splitting.py): each op's partition merges to
+"""Splitting one call across the CPU and the GPUs (hipsched/splitting.py): each op's partition merges to
 exactly the unsplit result, the executor runs forced shares exactly and at once, a failed GPU part
-reruns on the CPU, the plan balances the model's two sides, the controls turn it off, and the event
-says what happened."""
+reruns on the CPU, the plan balances the sides by their models (a further device by its own, or the
+executor's GPU's until it has one; not at all while its breaker is open), the controls turn it off,
+and the event says what happened."""
 import json
 import math
 import time
@@ -192,7 +193,7 @@ def test_the_plan_balances_the_two_sides(ratio):
     plan, pc, pg = _plan(core, slot, call)
     assert plan is not None
     assert plan.gpu_share == pytest.approx(ratio / (1 + ratio), abs=0.03)
-    assert plan.predicted_cpu_us == pytest.approx(plan.predicted_gpu_us, rel=0.06)
+    assert plan.predicted["cpu"] == pytest.approx(plan.predicted["gpu"], rel=0.06)
     assert plan.predicted_us < 0.9 * min(pc, pg)
 
 
@@ -216,6 +217,60 @@ def test_no_split_for_short_calls_or_an_unknown_side_or_a_lopsided_pair():
     assert _plan(lone, s, call)[0] is None                 # the GPU never measured
     core, slot = _core_with(1e-3, 1e-5)                    # a GPU 100x faster: the CPU would only slow it
     assert _plan(core, slot, call)[0] is None
+
+
+def _device_core():
+    return _sched.SchedCore(min_batch=0, min_samples=1, exploration_share=0.0, reprobe_interval=0,
+                            strategy="gpu_preferred", breaker_failures=1, cooldown_s=3600.0)
+
+
+class _ResidentFake(FakeGpuBackend):
+    """A further device holding the corpus: nothing to copy, as for the executor's GPU in _plan."""
+
+    def transfer_bytes(self, call):
+        return 0, 0
+
+
+def _three_sides(second_us_per_item=None, failed=False):
+    core, slot = _core_with(1e-3, 0.5e-3)      # the executor's GPU twice the CPU's throughput
+    other = _ResidentFake()
+    other.device_index = 1
+    first = FakeGpuBackend()
+    first.device_index = 0
+    s = Splitter(core, CPU, first, 0.0, lambda *a: None, [other], _device_core)
+    own = s.others[0].core
+    oslot = own.slot("top_k", "float32")
+    if second_us_per_item is not None:
+        for size in (1e5, 1e6, 1e7, 1e8):
+            for _ in range(3):
+                own.record(oslot, _sched.BACKEND_GPU, size, 50.0 + size * second_us_per_item)
+    if failed:
+        own.record(oslot, _sched.BACKEND_GPU, 1e6, 10.0, 0.0, 0.0, False)   # opens its breaker (1 failure)
+    call = _call()
+    _, _, pc, pg = core.decide(slot, call.size, 0.0, 0.0, 0, False)
+    return s, s.plan(call, slot, pc, pg, 0.0, 0.0), (pc, pg)
+
+
+def test_the_plan_balances_the_cpu_and_two_devices_each_by_its_own_model():
+    """A second device measured as fast as the CPU: shares 1 : 2 : 1 (CPU, executor's GPU, second)."""
+    s, plan, (pc, pg) = _three_sides(second_us_per_item=1e-3)
+    assert [side.name for side in plan.sides] == ["cpu", "gpu:0", "gpu:1"]
+    shares = list(plan.shares.values())
+    assert shares == pytest.approx([0.25, 0.5, 0.25], abs=0.03)
+    times = list(plan.predicted.values())
+    assert max(times) == pytest.approx(min(times), rel=0.06)         # every side finishes together
+    assert plan.predicted_us < 0.9 * min(pc, pg)
+
+
+def test_a_device_not_yet_measured_is_predicted_as_the_executors_gpu():
+    s, plan, _ = _three_sides(second_us_per_item=None)
+    assert list(plan.shares.values()) == pytest.approx([0.2, 0.4, 0.4], abs=0.03)
+
+
+def test_a_device_whose_breaker_is_open_takes_no_part():
+    s, plan, _ = _three_sides(second_us_per_item=1e-3, failed=True)
+    assert [side.name for side in plan.sides] == ["cpu", "gpu:0"]
+    assert s.others[0].core.health("top_k")["state"] == "open"
 
 
 def test_controls_turn_splitting_off(rng):

@@ -455,7 +455,7 @@ class _Stream:
 
 
 class EmuRuntime(Runtime):
-    """Runtime on the CPU: one device whose 'memory' is the host heap.
+    """Runtime on the CPU: `devices` devices (one by default) whose "memory" is the host heap.
 
     Synchronous by default: every call has finished when it returns. asynchronous=True (default:
     HIPSCHED_EMU_ASYNC set and not 0) makes it behave like a driver that queues: each stream is a worker
@@ -483,7 +483,7 @@ class EmuRuntime(Runtime):
     name = "emu"
 
     def __init__(self, warp: int = 32, sanitize: str | None = None, *, asynchronous: bool | None = None,
-                 delay: float | None = None, quarantine_bytes: int | None = None):
+                 delay: float | None = None, quarantine_bytes: int | None = None, devices: int = 1):
         self.compiler = EmuCompiler(warp, sanitize)  # sanitize None: HIPSCHED_EMU_SANITIZE decides
         require_sanitizer_runtime(self.compiler.sanitize)
         self.platform = self.compiler.platform
@@ -512,14 +512,17 @@ class EmuRuntime(Runtime):
         self._streams: dict[int, _Stream] = {}
         self._destroyed: set[int] = set()
         self._events: dict[int, _Op | None] = {}
+        self.devices = int(devices)
+        self._device = 0
 
-    def device_count(self): return 1
-    def current_device(self): return 0
-    def set_device(self, index): pass
+    # `devices` devices of one kind: views from Runtime.for_device share this object's heap, streams,
+    # quarantine and kernels, as devices in one process share a driver and a unified address space
+    def device_count(self): return self.devices
+    def set_device(self, index): self._device = int(index)
     def mem_info(self): return (1 << 31, 1 << 32)
 
     def device_info(self, index):
-        return DeviceInfo(0, f"cpu-emulated-warp{self.warp}", "gfx90a" if self.warp == 64 else "sm_90",
+        return DeviceInfo(int(index), f"cpu-emulated-warp{self.warp}", "gfx90a" if self.warp == 64 else "sm_90",
                           1 << 32, self.platform, self.warp, 2)
 
     # ------------------------------------------------------------------ memcheck

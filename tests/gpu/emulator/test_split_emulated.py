@@ -1,14 +1,17 @@
-"""Splitting one call across the CPU and the GPU with the real GPU backend and kernels on the emulator
-(tests/support/gpu_emulator.py): each part is what its side computes alone for those rows, so the merged
-result is exactly the merge of the two sides' own answers, and agrees with the CPU's whole answer to
-the GPU kernels' tolerance (the same indices for top_k); a GPU part that fails reruns on the CPU."""
+"""Splitting one call across the CPU and the GPUs with the real GPU backend and kernels on the emulator
+(tests/support/gpu_emulator.py), with one emulated device and with two: each part is what its side
+computes alone for those rows, so the merged result is exactly the merge of the sides' own answers, and
+agrees with the CPU's whole answer to the GPU kernels' tolerance (the same indices for top_k); a GPU
+part that fails reruns on the CPU."""
 import numpy as np
 import pytest
 
 import gpu_emulator
 from forced_split import force_split
-from hipsched import Executor
+from hipsched import Executor, HybridConfig
 from hipsched.backends.gpu import GpuBackend
+from hipsched.executor import _further_gpus
+from hipsched.ops import OPS
 from hipsched.faults import FaultInjectingBackend
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
@@ -132,3 +135,112 @@ def test_a_split_qmatmul_reads_its_rows_of_the_kept_weights(rt, tmp_path, qtype)
         d = ex.dequantize(W)
         assert ex.events[-1]["backend"] == "split"
         np.testing.assert_array_equal(d, ex.dequantize(W, backend="cpu"))   # exact on both sides (gguf's)
+
+
+# ------------------------------------------------------------------ two devices
+@pytest.fixture(scope="module")
+def rt2():
+    runtime = gpu_emulator.EmuRuntime(32, devices=2)
+    yield runtime
+    runtime.close()
+
+
+def _two_device_executor(rt2, tmp_path, shares, fault=None):
+    first = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt2)
+    second = first.for_device(1)
+    assert first.available and second.available, (first.unavailable_reason, second.unavailable_reason)
+    assert (first.device_index, second.device_index) == (0, 1)
+    gpus = [first, second if not fault else FaultInjectingBackend(second, fault)]
+    ex = Executor(gpu_backend=gpus, persist_model=False, cache_dir=str(tmp_path), exploration_share=0.0)
+    return force_split(ex, shares)
+
+
+def test_the_config_picks_the_devices(rt2, tmp_path):
+    """gpu_devices=None takes every device the runtime finds, a list only those it names (one not found
+    is left out, logged); the executor's own device is never listed twice."""
+    first = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt2)
+    cfg = lambda **kw: HybridConfig(config_file=False, env={}, **kw)   # noqa: E731
+    def indices(config):
+        gpus = _further_gpus(config, first)
+        for g in gpus:
+            g.close()
+        return [g.device_index for g in gpus]
+    try:
+        assert indices(cfg()) == [1]
+        assert indices(cfg(gpu_devices=[0])) == []
+        assert indices(cfg(gpu_devices=[0, 1, 7])) == [1]
+    finally:
+        first.close()
+
+
+@pytest.mark.parametrize("shares", [(0.3, 0.3), (0.5, 0.1)])
+def test_a_call_split_across_the_cpu_and_two_devices_is_each_sides_own_answer(rt2, tmp_path, shares):
+    rng = np.random.default_rng(21)
+    T = rng.standard_normal((401, 40), dtype=np.float32)
+    T[390] = T[3]                                  # a tie across two cuts: the lower index first
+    q = rng.standard_normal((3, 40), dtype=np.float32)
+    x = rng.standard_normal((150, 48), dtype=np.float32)
+    with _two_device_executor(rt2, tmp_path, shares) as ex:
+        assert [d["index"] for d in ex.gpu_devices] == [0, 1] and ex.capabilities().gpu_devices == (0, 1)
+        idx, sc = ex.top_k(q, T, 8)
+        ev = ex.events[-1]
+        assert ev["backend"] == "split" and set(ev["split"]["shares"]) == {"cpu", "gpu:0", "gpu:1"}, ev
+        parts = ev["split"]["parts"]
+        assert [p["backend"] for p in parts] == ["cpu", "gpu:0", "gpu:1"]
+        answers = []
+        for p, side in zip(parts, ("cpu", "gpu", None)):
+            lo, hi = p["rows"]
+            # the second device's rows: its own backend, called directly, is what it computes alone
+            got = (ex.top_k(q, T[lo:hi], 8, backend=side) if side else
+                   ex._other_gpus[0].run(OPS["top_k"].prepare(q, T[lo:hi], 8)))
+            answers.append((got[0] + lo, got[1]))
+        both_i = np.concatenate([a[0] for a in answers], axis=1)
+        both_s = np.concatenate([a[1] for a in answers], axis=1)
+        order = np.lexsort((both_i, -both_s.astype(np.float64)), axis=1)[:, :8]
+        np.testing.assert_array_equal(idx, np.take_along_axis(both_i, order, axis=1))
+        np.testing.assert_array_equal(sc, np.take_along_axis(both_s, order, axis=1))
+        wi, ws = ex.top_k(q, T, 8, backend="cpu")
+        np.testing.assert_array_equal(idx, wi)
+        np.testing.assert_allclose(sc, ws, rtol=1e-5, atol=1e-6)
+
+        y = ex.softmax(x)
+        parts = ex.events[-1]["split"]["parts"]
+        (a, b), (_, c) = parts[1]["rows"], parts[2]["rows"]
+        np.testing.assert_array_equal(y[:a], ex.softmax(x[:a], backend="cpu"))
+        np.testing.assert_array_equal(y[a:b], ex.softmax(x[a:b], backend="gpu"))
+        np.testing.assert_array_equal(y[b:c], ex._other_gpus[0].run(OPS["softmax"].prepare(x[b:c])))
+        assert ex.stats().split_operations == 2
+
+
+def test_a_failing_second_device_reruns_its_rows_on_the_cpu_and_its_health_says_so(rt2, tmp_path):
+    rng = np.random.default_rng(22)
+    T = rng.standard_normal((300, 24), dtype=np.float32)
+    q = rng.standard_normal(24, dtype=np.float32)
+    with _two_device_executor(rt2, tmp_path, (0.3, 0.3), fault="launch=1.0,seed=5") as ex:
+        idx, sc = ex.top_k(q, T, 9)
+        ev = ex.events[-1]
+        assert ev["fallback"]["backend"] == "gpu" and ev["fallback"]["error"].startswith("gpu:1: ")
+        assert [p["backend"] for p in ev["split"]["parts"]] == ["cpu", "gpu:0", "cpu"]
+        wi, ws = ex.top_k(q, T, 9, backend="cpu")
+        np.testing.assert_array_equal(idx, wi)
+        np.testing.assert_allclose(sc, ws, rtol=1e-5, atol=1e-6)
+        second = ex._fast.splitter.others[0]
+        assert second.core.health("top_k")["failures"] == 1          # that device's, not the executor's GPU
+        assert ex.gpu_health("top_k")["failures"] == 0
+
+
+def test_info_lists_the_devices_an_executor_would_split_across(rt2, monkeypatch, capsys):
+    from hipsched.cli import info
+    from hipsched.gpu.bindings import detect
+    monkeypatch.setattr(detect, "get_runtime", lambda: rt2)
+    monkeypatch.setattr(info, "_kernels", lambda rt: {"driver_version": 0, "loader": "", "unavailable": "n/a"})
+    for var in ("HIPSCHED_SPLIT", "HIPSCHED_GPU_DEVICES", "HIPSCHED_GPU_DEVICE_ID", "HIPSCHED_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    got = info.gather()
+    assert [d["index"] for d in got["devices"]] == [0, 1]
+    assert got["splitting"]["devices"] == [0, 1] and got["splitting"]["missing_devices"] == []
+    info.run(type("Args", (), {"json": False})())
+    assert "devices: 0 (backend='gpu'), then 1 for parts of split calls" in capsys.readouterr().out
+    monkeypatch.setenv("HIPSCHED_GPU_DEVICES", "1,3")
+    sp = info.gather()["splitting"]
+    assert sp["devices"] == [1] and sp["missing_devices"] == [3]
