@@ -33,6 +33,19 @@ def _executor(rt, tmp_path, share, fault=None):
     return force_split(ex, share)
 
 
+def _assert_merged(ex, got, answers, q, T, k):
+    """`got` (a split top_k's indices and scores) is the merge of each side's own answer for its rows
+    ([((lo, hi), (indices, scores)), ...]: ties to the lower index), and agrees with the CPU's whole answer."""
+    both_i = np.concatenate([i + lo for (lo, _), (i, _) in answers], axis=1)
+    both_s = np.concatenate([s for _, (_, s) in answers], axis=1)
+    order = np.lexsort((both_i, -both_s.astype(np.float64)), axis=1)[:, :k]
+    np.testing.assert_array_equal(got[0], np.take_along_axis(both_i, order, axis=1))
+    np.testing.assert_array_equal(got[1], np.take_along_axis(both_s, order, axis=1))
+    wi, ws = ex.top_k(q, T, k, backend="cpu")
+    np.testing.assert_array_equal(got[0], wi)
+    np.testing.assert_allclose(got[1], ws, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("share", [0.25, 0.6])
 def test_split_is_the_merge_of_each_sides_own_answer(rt, tmp_path, share):
     rng = np.random.default_rng(11)
@@ -45,16 +58,8 @@ def test_split_is_the_merge_of_each_sides_own_answer(rt, tmp_path, share):
         ev = ex.events[-1]
         assert ev["backend"] == "split" and ev["split"]["parts"][1]["backend"] == "gpu", ev
         cut = ev["split"]["parts"][0]["rows"][1]
-        ci, cs = ex.top_k(q, T[:cut], 9, backend="cpu")
-        gi, gs = ex.top_k(q, T[cut:], 9, backend="gpu")
-        both_i = np.concatenate([ci, gi + cut], axis=1)
-        both_s = np.concatenate([cs, gs], axis=1)
-        order = np.lexsort((both_i, -both_s.astype(np.float64)), axis=1)[:, :9]
-        np.testing.assert_array_equal(idx, np.take_along_axis(both_i, order, axis=1))
-        np.testing.assert_array_equal(sc, np.take_along_axis(both_s, order, axis=1))
-        wi, ws = ex.top_k(q, T, 9, backend="cpu")
-        np.testing.assert_array_equal(idx, wi)
-        np.testing.assert_allclose(sc, ws, rtol=1e-5, atol=1e-6)
+        _assert_merged(ex, (idx, sc), [((0, cut), ex.top_k(q, T[:cut], 9, backend="cpu")),
+                                       ((cut, len(T)), ex.top_k(q, T[cut:], 9, backend="gpu"))], q, T, 9)
 
         cos = ex.cosine_similarity(q, T)
         cut = ex.events[-1]["split"]["parts"][0]["rows"][1]
@@ -187,21 +192,11 @@ def test_a_call_split_across_the_cpu_and_two_devices_is_each_sides_own_answer(rt
         assert ev["backend"] == "split" and set(ev["split"]["shares"]) == {"cpu", "gpu:0", "gpu:1"}, ev
         parts = ev["split"]["parts"]
         assert [p["backend"] for p in parts] == ["cpu", "gpu:0", "gpu:1"]
-        answers = []
-        for p, side in zip(parts, ("cpu", "gpu", None)):
-            lo, hi = p["rows"]
+        (a, b), (_, c) = parts[1]["rows"], parts[2]["rows"]
+        _assert_merged(ex, (idx, sc), [
+            ((0, a), ex.top_k(q, T[:a], 8, backend="cpu")), ((a, b), ex.top_k(q, T[a:b], 8, backend="gpu")),
             # the second device's rows: its own backend, called directly, is what it computes alone
-            got = (ex.top_k(q, T[lo:hi], 8, backend=side) if side else
-                   ex._other_gpus[0].run(OPS["top_k"].prepare(q, T[lo:hi], 8)))
-            answers.append((got[0] + lo, got[1]))
-        both_i = np.concatenate([a[0] for a in answers], axis=1)
-        both_s = np.concatenate([a[1] for a in answers], axis=1)
-        order = np.lexsort((both_i, -both_s.astype(np.float64)), axis=1)[:, :8]
-        np.testing.assert_array_equal(idx, np.take_along_axis(both_i, order, axis=1))
-        np.testing.assert_array_equal(sc, np.take_along_axis(both_s, order, axis=1))
-        wi, ws = ex.top_k(q, T, 8, backend="cpu")
-        np.testing.assert_array_equal(idx, wi)
-        np.testing.assert_allclose(sc, ws, rtol=1e-5, atol=1e-6)
+            ((b, c), ex._other_gpus[0].run(OPS["top_k"].prepare(q, T[b:c], 8)))], q, T, 8)
 
         y = ex.softmax(x)
         parts = ex.events[-1]["split"]["parts"]
