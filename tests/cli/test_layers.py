@@ -201,8 +201,6 @@ def spec_imports_out(sources):
             if _rank(name) not in (0, 2) and (rel, name) not in SPEC_EXCEPTIONS]
 
 
-
-
 def import_cycles(sources):
     """Cycles of the import graph of `sources`, module-level imports and imports inside functions
     alike (a deferred import closes a cycle just the same): a list of module lists."""
@@ -256,6 +254,16 @@ def test_every_source_file_is_read():
             "hipsched/backends/gpu.py", "hipsched/telemetry/_record.pyx"} <= set(_ALL)
     cimports = {(name, local) for name, _, local in imports_of("hipsched/_dispatch.pyx")}
     assert {("hipsched.cpu._hot", False), ("hipsched.gpu.launch._callpath", False)} <= cimports
+
+
+def test_the_diagram_names_every_ranked_module():
+    """docs/architecture.md's layer diagram is the rule's picture: each module or package RANKS ranks is
+    in it, as a file (executor.py, _perfmodel.pxd) or a folder (hipsched/ops/)."""
+    doc = open(os.path.join(os.path.dirname(PKG), "docs", "architecture.md")).read()
+    diagram = doc.split("## Layers, and the one-way rule", 1)[1].split("```")[1]
+    missing = [prefix for prefix, _ in RANKS if prefix != "hipsched" and not re.search(
+        rf"(?<![\w.]){re.escape(prefix.split('.', 1)[1])}(?:\.pyx?|\.pxd|/)", diagram)]
+    assert missing == []
 
 
 def test_no_arrow_points_up_a_layer():

@@ -243,7 +243,7 @@ def test_spread_decay_beyond_float32_is_refused():
 ml_dtypes = need("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
 HALVES = [np.float16, BF16]
-UNIT = {np.float16: 2.0 ** -11, BF16: 2.0 ** -8}
+from half_formats import UNIT  # noqa: E402  (unit roundoff per type: 2^-11 float16, 2^-8 bfloat16)
 F32 = 1e-5  # the float32 kernel's bound against float64, relative and absolute
 
 SCALAR = os.environ.get("HIPSCHED_CPU_FEATURES") == "scalar"

@@ -51,12 +51,11 @@ from requires import need  # noqa: E402
 ml_dtypes = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
 
 import hipsched  # noqa: E402
+from half_formats import PRECISION, UNIT  # noqa: E402
+from half_formats import TYPES as DTYPES  # noqa: E402
 
 LEVELS = ["scalar", "avx2", "avx512"]
 BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BF16}
-# (bits of precision with the implicit one, least normal exponent) per type
-FORMAT = {"float32": (24, -126), "float16": (11, -14), "bfloat16": (8, -126)}
 SIZES = [0, 1, 7, 8, 15, 16, 17, 31, 33, 1000, 300_001]  # lanes and tails of 8 and 16; the last crosses the thread grain
 
 pytestmark = pytest.mark.skipif(os.environ.get("HIPSCHED_CPU_FEATURES") == "scalar",
@@ -310,7 +309,7 @@ def _available(level):
 
 def _ulp(v, name):
     """One unit in the last place of the type `name` at |v| (float64 array)."""
-    p, emin = FORMAT[name]
+    p, emin = PRECISION[name]
     a = np.abs(v)
     e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
     return np.exp2(np.maximum(e, emin) - (p - 1))
@@ -392,7 +391,7 @@ def cases():
 def _check_matmul(g, s, args, key):
     """Two levels' bfloat16 matmul within twice test_cpu_similarity's bound of each other."""
     a, b = (x.astype(np.float64) for x in args)
-    u = 2.0 ** -8
+    u = UNIT["bfloat16"]
     bound = u * np.abs(a @ b) + (1 + u) * a.shape[1] * 2.0 ** -24 * (np.abs(a) @ np.abs(b))
     err = np.abs(_f64(g, "bfloat16") - _f64(s, "bfloat16"))
     assert np.all(err <= 2 * bound), f"{key}: max excess {np.max(err - 2 * bound):.3g}"

@@ -360,7 +360,7 @@ def test_ops_reject_bad_input(rng):
 ml_dtypes = need("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
 HALVES = [np.float16, BF16]
-UNIT = {np.float16: 2.0 ** -11, BF16: 2.0 ** -8}
+from half_formats import UNIT  # noqa: E402  (unit roundoff per type: 2^-11 float16, 2^-8 bfloat16)
 
 
 def _weights(rng, n, k, dt):

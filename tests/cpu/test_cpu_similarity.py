@@ -222,7 +222,7 @@ def test_extension_refuses_arrays_its_kernels_cannot_read_safely():
 ml_dtypes = need("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
 HALVES = [np.float16, BF16]
-UNIT = {np.float16: 2.0 ** -11, BF16: 2.0 ** -8}  # unit roundoff (half the machine epsilon)
+from half_formats import UNIT  # noqa: E402  (unit roundoff per type: 2^-11 float16, 2^-8 bfloat16)
 
 
 def acc(d):

@@ -15,6 +15,7 @@ import dask  # noqa: E402
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
 from dask_support import job_fixture  # noqa: E402
+from half_formats import UNIT  # noqa: E402
 
 job = job_fixture("half")
 
@@ -75,7 +76,7 @@ def test_matmul_and_attention_keep_the_half_type(dask_client, job, dt):
     b = rng.standard_normal((64, 30)).astype(dt)
     ref = hs.matmul(a, b)
     # the float32 bound of the sums (as in test_dask_linalg) plus one rounding to the half type on each side
-    eps = 2.0 ** -8 if dt is ml_dtypes.bfloat16 else 2.0 ** -11
+    eps = UNIT[dt]
     mag = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
     for ca in ((10, 64), (10, 16)):   # the contraction whole, then in 4 chunks (partial sums in float32)
         got = _computed(hd.matmul(da.from_array(a, chunks=ca), da.from_array(b, chunks=(ca[1], 30))))

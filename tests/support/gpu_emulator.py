@@ -904,6 +904,19 @@ class EmuRuntime(Runtime):
             raise AssertionError(f"emulator memcheck ({len(errors)}):\n" + "\n".join(errors[:20]))
 
 
+def prelude_context(cache_dir: str, name: str, source: str, warp: int = 32):
+    """(runtime, GpuContext) whose only kernel source is `name`: prelude.h, then `source` (test kernels that
+    call the prelude's own device functions, which no op exposes one by one), on the emulator."""
+    from hipsched.gpu.compilation.kernels import PRELUDE, KernelCache, _source_dir
+    from hipsched.gpu.launch.context import GpuContext
+    rt = EmuRuntime(warp)
+    ctx = GpuContext(rt, cache_dir=cache_dir)
+    prelude = (_source_dir() / PRELUDE).read_text()
+    ctx.cache = KernelCache(rt.compiler, ctx.cache.cache_dir,
+                            sources={name: prelude + f'\n#line 1 "{name}"\n' + source})
+    return rt, ctx
+
+
 if __name__ == "__main__":
     # `python tests/support/gpu_emulator.py address|thread ARGS...` runs `python ARGS...` (e.g. -m pytest ...) with
     # every emulated kernel under that sanitizer: the one place that knows the preload and options.

@@ -14,7 +14,8 @@ a CPU rerun), in the op's vector and matrix forms, on host arrays and on device 
 Bounds: U is the unit roundoff of the result's type (2^-24 float32, 2^-11 float16, 2^-8 bfloat16) and
 TINY half its smallest subnormal step (the absolute error where a result underflows); each half result
 is one rounding of a float32 computation, so its bound is U |ref| on top of that computation's float32
-bound (the same bounds as the kernel tests, test_gpu_kernels_emulated.py, state per op).
+bound (the same bounds as the kernel tests, test_gpu_kernels_emulated.py, state per op). U and TINY are
+tests/support/half_formats.py's, as everywhere in the tests.
 
 The `emulator` variant runs the kernels on tests/support/gpu_emulator.py (warp 32) in CI; the `device`
 variant is marked `gpu` and runs the same cases on a real GPU (`pytest -m gpu`; skipped without one).
@@ -31,17 +32,14 @@ from requires import need
 
 import gpu_emulator
 from graph_data import random_graph
+from half_formats import HALF, TINY, UNIT
 from hipsched import Executor, quantize
 from hipsched.errors import GpuError
 from hipsched.backends.gpu import GpuBackend
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 from hipsched.ops import OPS
 
-ml_dtypes = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
-
-NP = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-UNIT = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-TINY = {"float32": 2.0 ** -150, "float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
+NP = {"float32": np.dtype(np.float32), **HALF}
 
 
 def elem(dtype: str) -> str:

@@ -297,33 +297,16 @@ def test_spread_activation(emu, rng, index):
 # below: scalar and 4-wide add, add_bias, scale; softmax rows (cached, uncached, 4-wide) and strided;
 # rms_norm. Outside references: the float32 computation NumPy/ml_dtypes round to the half type (bit
 # for bit where the kernel's arithmetic is that float32 computation), a float64 computation otherwise.
-import ml_dtypes  # noqa: E402
+# The formats' terms of the bounds (UNIT: a rounding's relative error; TINY: its absolute error where the
+# result underflows) are tests/support/half_formats.py's, as in the CPU tests.
+from half_formats import HALF, TINY, TYPE_IDS, TYPES, UNIT, assert_same_halves, ml_dtypes, rounded  # noqa: E402
 
 from hipsched.ops.base import Call  # noqa: E402
-
-HALF = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-# unit roundoff of the result's rounding: half the spacing at 1.0 (fp16 has 11 significant bits, bf16 8)
-UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-# half of the smallest subnormal step: the absolute rounding error where the result underflows
-TINY = {"float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
 
 
 def half_call(op, args, params, dtype, on_device=False):
     nbytes = sum(int(a.nbytes) for a in args) + int(args[0].nbytes)
     return Call(op, tuple(args), dict(params), int(args[0].size), nbytes, dtype=dtype, on_device=on_device)
-
-
-def rounded(x32, dtype):
-    """A float32 array rounded to the half type, as NumPy (float16) and ml_dtypes (bfloat16) round."""
-    return np.asarray(x32, np.float32).astype(HALF[dtype])
-
-
-def assert_same_bits(got, want):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    nan = np.isnan(want.astype(np.float32))
-    np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
-    np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -335,13 +318,13 @@ def test_half_add_scale(emu, rng, dtype):
         b = (rng.standard_normal(n) * 100).astype(t)
         a32, b32 = a.astype(np.float32), b.astype(np.float32)
         # the kernel adds the widened halves in float32 and rounds once, as NumPy's float16 add does
-        assert_same_bits(emu.run(half_call("add", (a, b), {}, dtype)), rounded(a32 + b32, dtype))
-        assert_same_bits(emu.run(half_call("scale", (a,), {"alpha": -1.7}, dtype)),
+        assert_same_halves(emu.run(half_call("add", (a, b), {}, dtype)), rounded(a32 + b32, dtype))
+        assert_same_halves(emu.run(half_call("scale", (a,), {"alpha": -1.7}, dtype)),
                          rounded(a32 * np.float32(-1.7), dtype))
     for sa, sb in (((5, 8), (8,)), ((7, 9), (9,)), ((2, 3), (1,))):   # bias: 4-wide (8) and scalar
         a = rng.standard_normal(sa).astype(t)
         b = rng.standard_normal(sb).astype(t)
-        assert_same_bits(emu.run(half_call("add", (a, b), {}, dtype)),
+        assert_same_halves(emu.run(half_call("add", (a, b), {}, dtype)),
                          rounded(a.astype(np.float32) + b.astype(np.float32), dtype))
 
 
@@ -354,11 +337,11 @@ def test_half_overflow_nan_inf(emu, dtype):
     b = np.array([big, -big, -np.inf, 1.0, np.nan, -0.0, 2.0 ** -20, 1.0], np.float32).astype(t)
     for x, y in ((a, b), (a[:7], b[:7])):   # 8 elements: 4-wide kernel; 7: scalar
         g = emu.run(half_call("add", (x, y), {}, dtype))
-        assert_same_bits(g, rounded(x.astype(np.float32) + y.astype(np.float32), dtype))
+        assert_same_halves(g, rounded(x.astype(np.float32) + y.astype(np.float32), dtype))
         # past the format's range a sum becomes inf (float16: 65504 + 65504), as PyTorch's .half() gives
         assert np.isposinf(g[0].astype(np.float32)) and np.isneginf(g[1].astype(np.float32))
         assert np.isnan(g[2].astype(np.float32)) and np.isnan(g[3].astype(np.float32))
-        assert_same_bits(emu.run(half_call("scale", (x,), {"alpha": 3.0}, dtype)),
+        assert_same_halves(emu.run(half_call("scale", (x,), {"alpha": 3.0}, dtype)),
                          rounded(x.astype(np.float32) * np.float32(3.0), dtype))
 
 
@@ -378,7 +361,7 @@ def test_half_softmax(emu, rng, dtype, shape, axis):
     assert g.dtype == HALF[dtype] and g.shape == x.shape
     # max, exponentials and sum in float32, one rounding to the half type on the store: exactly the
     # float32 kernel's result (same launch geometry, same order of operations) rounded
-    assert_same_bits(g, rounded(_emu_f32(emu, "softmax", x, {"axis": axis}), dtype))
+    assert_same_halves(g, rounded(_emu_f32(emu, "softmax", x, {"axis": axis}), dtype))
     # against float64: the half rounding (UNIT relative, TINY absolute) on top of float32's error, which
     # test_softmax bounds by 2e-6 relative
     ref = softmax(x.astype(np.float64), axis=axis)
@@ -392,7 +375,7 @@ def test_half_softmax_nan_inf(emu, dtype):
     for xs in (x, x[:, :3].copy(), np.tile(x, 2)):   # rows of 4: 4-wide kernel; 3: scalar; 8: registers
         xh = xs.astype(HALF[dtype])
         g = emu.run(half_call("softmax", (xh,), {"axis": -1}, dtype))
-        assert_same_bits(g, rounded(_emu_f32(emu, "softmax", xh, {"axis": -1}), dtype))
+        assert_same_halves(g, rounded(_emu_f32(emu, "softmax", xh, {"axis": -1}), dtype))
         np.testing.assert_array_equal(np.isnan(g.astype(np.float32))[:3], True)
 
 
@@ -405,7 +388,7 @@ def test_half_rms_norm(emu, rng, dtype, shape):
     g = emu.run(half_call("rms_norm", (x, w), {"eps": 1e-5}, dtype))
     assert g.dtype == t
     # the float32 kernel's arithmetic on the widened inputs, rounded once more to the half type
-    assert_same_bits(g, rounded(_emu_f32(emu, "rms_norm", x, {"eps": 1e-5}, w), dtype))
+    assert_same_halves(g, rounded(_emu_f32(emu, "rms_norm", x, {"eps": 1e-5}, w), dtype))
     x64 = x.astype(np.float64)
     ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * w.astype(np.float64)
     # float32 result within one float32 ulp of ref (test_rms_norm), then the half rounding
@@ -420,7 +403,7 @@ def test_half_device_in_device_out(emu, rng, dtype):
     x = rng.standard_normal((5, 40)).astype(HALF[dtype])
     out = emu.run(half_call("softmax", (to_device(x, runtime=rt),), {"axis": -1}, dtype, on_device=True))
     assert isinstance(out, DeviceArray) and out.dtype == HALF[dtype]
-    assert_same_bits(out.get(), emu.run(half_call("softmax", (x,), {"axis": -1}, dtype)))
+    assert_same_halves(out.get(), emu.run(half_call("softmax", (x,), {"axis": -1}, dtype)))
 
 
 # ------------------------------------------------------------------ 16-byte paths and their fallbacks
@@ -428,10 +411,6 @@ def test_half_device_in_device_out(emu, rng, dtype):
 # and rms_norm rows held in registers, _p1/_p2/_p4 packs per thread) when every pointer is 16-byte
 # aligned, and fall back to the scalar / shared-memory kernels otherwise. Each test below says which
 # kernel the glue launched (its name is the path) and checks the result against the outside reference.
-TYPES = {"float32": np.dtype(np.float32), **HALF}
-# test ids: the half ones carry "half", so CI's asynchronous and racecheck steps (-k "not half") leave
-# them out as they leave out the other half tests (.ci/run says why)
-TYPE_IDS = [t if t == "float32" else f"half-{t}" for t in TYPES]
 
 
 @pytest.fixture
@@ -451,7 +430,7 @@ def same(got, want):
     if got.dtype == np.float32:
         np.testing.assert_array_equal(got, want)
     else:
-        assert_same_bits(got, want)
+        assert_same_halves(got, want)
 
 
 def offset_view(rt, x):
@@ -529,7 +508,7 @@ def test_softmax_register_and_fallback_paths(emu, rng, launched, dtype):
         if dtype == "float32":
             np.testing.assert_allclose(g, CPU.run(OPS["softmax"].prepare(x)), rtol=4e-6, atol=1e-7)
         else:   # the float32 kernel on the widened rows (the same path), rounded
-            assert_same_bits(g, rounded(_emu_f32(emu, "softmax", x, {"axis": -1}), dtype))
+            assert_same_halves(g, rounded(_emu_f32(emu, "softmax", x, {"axis": -1}), dtype))
     # a row off 16-byte alignment (a foreign device view): the scalar kernel
     x = (rng.standard_normal((3, 1000)) * 5).astype(t)
     del launched[:]
@@ -615,7 +594,7 @@ def test_half_matmul_tiled_kernel(emu, rng, dtype, sa, sb):
     g = emu.run(half_call("matmul", (a, b), {}, dtype))   # HIPSCHED_BLAS=none: the tiled kernel
     assert g.dtype == t
     # products accumulate in float32 as in the float32 kernel, then C is rounded once
-    assert_same_bits(g, rounded(_emu_f32(emu, "matmul", a, {}, b), dtype))
+    assert_same_halves(g, rounded(_emu_f32(emu, "matmul", a, {}, b), dtype))
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     ref, mag = a64 @ b64, np.abs(a64) @ np.abs(b64)
     K = sa[-1]
@@ -641,7 +620,7 @@ def test_half_attention_head_classes(emu, rng, dtype, hd):
             continue
         # the SIMT kernel: float32 running max, sum and output as in the float32 kernel, one rounding on
         # the store
-        assert_same_bits(g, rounded(_emu_f32(emu, "attention", q, params, k, v), dtype))
+        assert_same_halves(g, rounded(_emu_f32(emu, "attention", q, params, k, v), dtype))
         q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
         s = q64 @ k64.transpose(0, 1, 3, 2) / np.sqrt(hd)
         if causal:
@@ -780,7 +759,7 @@ def test_half_qmatmul(emu, rng, dtype, qtype):
         g = emu.run(call)
         assert g.dtype == t and g.shape == (69,) + shape[1:]
         x32 = x.astype(np.float32)
-        assert_same_bits(g, rounded(emu.run(OPS["qmatmul"].prepare(W, x32)), dtype))
+        assert_same_halves(g, rounded(emu.run(OPS["qmatmul"].prepare(W, x32)), dtype))
         ref = Wf.astype(np.float64) @ x32.astype(np.float64)
         bound = UNIT[dtype] * np.abs(ref) + qmatmul_bound(Wf, x32) + TINY[dtype]
         np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
@@ -802,10 +781,10 @@ def test_half_qmatmul_device_x(emu, rng, dtype):
     for dev in (to_device(x, runtime=rt), view):
         out = emu.run(OPS["qmatmul"].prepare(W, dev))
         assert isinstance(out, DeviceArray) and out.dtype == t
-        assert_same_bits(out.get(), emu.run(OPS["qmatmul"].prepare(W, x)))
+        assert_same_halves(out.get(), emu.run(OPS["qmatmul"].prepare(W, x)))
     xm = rng.standard_normal((64, 5)).astype(t)
     out = emu.run(OPS["qmatmul"].prepare(W, to_device(xm, runtime=rt)))
-    assert_same_bits(out.get(), emu.run(OPS["qmatmul"].prepare(W, xm)))
+    assert_same_halves(out.get(), emu.run(OPS["qmatmul"].prepare(W, xm)))
 
 
 def test_half_supports_table(emu):

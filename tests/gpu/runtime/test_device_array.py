@@ -15,6 +15,7 @@ from hipsched.gpu.memory import dlpack
 from hipsched.gpu.memory.device_array import DeviceArray, is_device_array, to_device, to_host
 from hipsched.gpu.memory.resident_cache import ResidentCache, fingerprint
 
+from half_formats import HALF, TYPE_IDS, TYPES
 from host_memory import HostMemoryRuntime
 
 
@@ -33,6 +34,19 @@ def test_cuda_array_interface_v3():
     assert DeviceArray(0x1000, (5,), np.float32, None, stream=1234).__cuda_array_interface__["stream"] == 1234
     strided = DeviceArray(0x1000, (3, 4), np.float32, None, strides=(32, 4))
     assert strided.__cuda_array_interface__["strides"] == (32, 4)
+
+
+def test_cuda_array_interface_half_rules(rt):
+    f16 = to_device(np.ones(4, np.float16), runtime=rt)
+    assert f16.__cuda_array_interface__["typestr"] == "<f2"
+    bf = to_device(np.ones(4, HALF["bfloat16"]), runtime=rt)
+    assert not hasattr(bf, "__cuda_array_interface__")   # bfloat16 has no typestr: consumers take DLPack
+
+    class _Opaque:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<V2", "data": (bf.ptr, False), "version": 3,
+                                    "strides": None, "stream": None}
+    with pytest.raises(GpuError, match="DLPack"):   # 2 opaque bytes are not guessed to be bfloat16
+        DeviceArray.from_external(_Opaque(), runtime=rt)
 
 
 def test_dlpack_device_follows_platform():
@@ -84,6 +98,25 @@ def test_dlpack_export_strided_and_dtypes():
                                                              device=(1, 0))), i8)
     with pytest.raises(BufferError):
         d.__dlpack__(dl_device=(dlpack.kDLCUDA, 0))
+
+
+# DLPack's type codes: kDLFloat for float32 and float16, kDLBfloat for bfloat16 (ml_dtypes' type)
+DL_CODES = {"float32": (2, 32, 1), "float16": (2, 16, 1), "bfloat16": (dlpack.kDLBfloat, 16, 1)}
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=TYPE_IDS)
+def test_dlpack_type_codes(dtype):
+    t = dlpack.dl_dtype(TYPES[dtype])
+    assert (t.code, t.bits, t.lanes) == DL_CODES[dtype]
+    assert dlpack.np_dtype(dlpack.DLDataType(*DL_CODES[dtype])) == TYPES[dtype]
+
+
+@pytest.mark.half
+def test_dlpack_bfloat16_without_ml_dtypes_is_a_clear_error(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)   # import fails as if not installed
+    with pytest.raises(GpuError, match="ml_dtypes"):
+        dlpack.np_dtype(dlpack.DLDataType(dlpack.kDLBfloat, 16, 1))
 
 
 def test_consume_numpy_and_torch_capsules():
@@ -194,6 +227,29 @@ def test_managed_memory_is_taken_in_place_and_copied_back(rt):
     pinned = OnDlDevice(host, (dlpack.kDLCUDAHost, 0))
     with pytest.raises(GpuError, match="not a GPU"):
         DeviceArray.from_external(pinned, runtime=rt)
+
+
+class _DlpackOnly:
+    """A foreign producer offering only DLPack (as a PyTorch bfloat16 tensor does: torch gives bf16 no
+    __cuda_array_interface__)."""
+
+    def __init__(self, dev):
+        self._dev = dev
+
+    def __dlpack__(self, stream=None):
+        return self._dev.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._dev.__dlpack_device__()
+
+
+@pytest.mark.parametrize("dtype", list(HALF))
+def test_dlpack_round_trip_keeps_half_dtype(rt, dtype):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4).astype(HALF[dtype])
+    dev = to_device(x, runtime=rt)
+    back = DeviceArray.from_external(_DlpackOnly(dev), runtime=rt)
+    assert back.dtype == HALF[dtype] and back.shape == (3, 4)
+    np.testing.assert_array_equal(back.get().view(np.uint16), x.view(np.uint16))
 
 
 def test_to_device_get_and_owned_memory_is_freed(rt):

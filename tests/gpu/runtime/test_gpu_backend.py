@@ -1,7 +1,8 @@
 """GpuBackend without a GPU: it must report itself unavailable with the runtimes' reasons, refuse to run
 with GpuError(unavailable), and answer the scheduler's capability and transfer questions from tables.
 Also the contract pieces that need no device: launch-argument conversion, error conversion in run(),
-the vendor-BLAS loader's "absent" answer, and that every kernel the glue names exists in the sources."""
+the vendor-BLAS loader's "absent" answer and its half-precision GEMM's argument lists, and that every
+kernel the glue names exists in the sources."""
 import ctypes
 import os
 import re
@@ -214,6 +215,57 @@ def test_blas_absent_means_none(monkeypatch):
     monkeypatch.delenv("HIPSCHED_BLAS")
     monkeypatch.setenv("HIPSCHED_BLAS_LIBRARY", "/nonexistent/libcublas.so")
     assert blas.load_blas("nvidia") is None and blas.load_blas("amd") is None
+
+
+@pytest.mark.parametrize("flavour", ["cublas", "rocblas"])
+def test_gemm_ex_arguments_follow_the_library_signature(flavour):
+    """The mixed-precision GEMM's argument lists, against the declared argtypes and the vendors'
+    documented order (no library needed: the calls are captured). Row-major C = A @ B is the column-major
+    C^T = B^T A^T, as for sgemm: B first, then A, with m = N and n = M. A batch goes to the
+    strided-batched call; a single product to the plain Ex call (cublasGemmEx / rocblas_gemm_ex), as
+    PyTorch's gemm<at::Half> makes it: float32 compute, CUBLAS_GEMM_DEFAULT_TENSOR_OP on cuBLAS."""
+    import threading
+
+    from hipsched.gpu.launch.blas import FLAVOURS, GEMM_EX, Blas
+    blas = Blas.__new__(Blas)
+    blas.flavour, blas._op_n = flavour, FLAVOURS[flavour][6]
+    blas._handle, blas._lock = ctypes.c_void_p(7), threading.Lock()
+    blas._alpha, blas._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    _, blas._ex_types, blas._ex_compute, blas._ex_algo, _ = GEMM_EX[flavour]
+    batched, single = [], []
+    blas._gemm_ex = lambda *args: batched.append(args) or 0
+    blas._gemm_ex1 = lambda *args: single.append(args) or 0
+    blas._set_stream = lambda handle, stream: 0
+    assert blas.supports_dtype("float16") and blas.supports_dtype("bfloat16") and not blas.supports_dtype("int8")
+    M, N, K = 3, 5, 4
+    blas.gemm_ex_rowmajor(1000, 2000, 3000, M, N, K, 2, M * K, 0, M * N, 0, "bfloat16")
+    (args,) = batched
+    assert len(args) == len(Blas._ex_argtypes(flavour)) and not single
+    t = GEMM_EX[flavour][1]["bfloat16"]
+    assert args[3:6] == (N, M, K)
+    assert (args[7].value, args[8], args[9], args[10]) == (2000, t, N, 0)        # B^T: ld N, broadcast
+    assert (args[11].value, args[12], args[13], args[14]) == (1000, t, K, M * K)  # A^T: ld K
+    assert (args[16].value, args[17], args[18], args[19]) == (3000, t, N, M * N)  # C^T: ld N
+    if flavour == "rocblas":   # D = C, then batch, f32_r compute, standard algorithm, solution 0, flags 0
+        assert (args[20].value, args[21], args[22], args[23]) == (3000, t, N, M * N)
+        assert args[24:] == (2, 151, 0, 0, 0)
+    else:                      # batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP
+        assert args[20:] == (2, 68, 99)
+    blas.gemm_ex_rowmajor(1000, 2000, 3000, M, N, K, 1, 0, 0, M * N, 0, "float16")
+    (args,) = single
+    assert len(args) == len(Blas._ex_argtypes(flavour, batched=False)) and len(batched) == 1
+    t = GEMM_EX[flavour][1]["float16"]
+    assert args[3:6] == (N, M, K)
+    assert (args[7].value, args[8], args[9]) == (2000, t, N)     # B^T
+    assert (args[10].value, args[11], args[12]) == (1000, t, K)  # A^T
+    assert (args[14].value, args[15], args[16]) == (3000, t, N)  # C^T
+    if flavour == "rocblas":   # D = C, f32_r compute, standard algorithm, solution 0, flags 0
+        assert (args[17].value, args[18], args[19]) == (3000, t, N)
+        assert args[20:] == (151, 0, 0, 0)
+    else:
+        assert args[17:] == (68, 99)
+    with pytest.raises(GpuError):
+        blas.gemm_ex_rowmajor(1000, 2000, 3000, M, N, K, 1, 0, 0, 0, 0, "float32")
 
 
 def test_every_kernel_named_by_the_glue_exists():

@@ -1,0 +1,106 @@
+"""prelude.h's warp-matrix operations, which the tensor-core attention kernels (hs_attention_*_mma_*) are
+built from, as the kernel emulator runs them: mma.m16n8k16 (float16 and bfloat16 inputs, float32
+accumulation) and ldmatrix .x4 (plain and .trans), against NumPy and the PTX ISA's fragment layouts. CI's
+memcheck and racecheck steps run this file with the tensor-core kernels (.ci/run)."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import gpu_emulator
+from half_formats import HALF
+from hipsched.gpu.launch.context import Launch
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
+
+pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
+
+# The fragments are filled and read here from the PTX ISA's tables ("Matrix Fragments for mma.m16n8k16
+# with floating point type": element i of a thread's A fragment a0..a7 at row g (+8 for i in 2, 3, 6, 7),
+# column 2t + (i & 1) (+8 for i >= 4); B's b0..b3 at row 2t + (i & 1) (+8 for i >= 2), column g; C's c0..c3
+# at row g (+8 for i >= 2), column 2t + (i & 1); g = lane / 4, t = lane % 4; element 2j in the low half of
+# register j), written element by element rather than register by register as the shim's are, so a wrong
+# layout in the shim cannot pass for a right one. ldmatrix after its own section of the ISA: lane l
+# receives matrix i's row l / 4, columns 2(l % 4) and 2(l % 4) + 1 (.trans: the transposed matrix's).
+WARP_MATRIX = r"""
+template <class T> HS_DEV void t_mma(const hs_u16* A, const hs_u16* B, const float* C, float* D) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    hs_u32 a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    float d[4];
+    for (int i = 0; i < 8; ++i) {
+        const int row = g + ((i % 4) >= 2 ? 8 : 0), col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+        a[i / 2] |= (hs_u32)A[row * 16 + col] << (16 * (i & 1));
+    }
+    for (int i = 0; i < 4; ++i) {
+        const int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0), col = g;
+        b[i / 2] |= (hs_u32)B[row * 8 + col] << (16 * (i & 1));
+    }
+    for (int i = 0; i < 4; ++i) d[i] = C[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)];
+    hs_mma_16816<T>(d, a, b);
+    for (int i = 0; i < 4; ++i) D[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = d[i];
+}
+HS_KERNEL void t_mma_f16(const hs_u16* A, const hs_u16* B, const float* C, float* D) { t_mma<hs_half>(A, B, C, D); }
+HS_KERNEL void t_mma_bf16(const hs_u16* A, const hs_u16* B, const float* C, float* D) { t_mma<hs_bf16>(A, B, C, D); }
+// M: 16 x 24 (rows padded: a row's address is not the previous row's end); matrix i = rows 8 (i % 2)..,
+// columns 8 (i / 2)..; out[lane * 4 + i] = register i of the lane
+HS_KERNEL void t_ldmatrix(const hs_u16* M, hs_u32* out, int trans) {
+    __shared__ hs_u16 sm[16][24];
+    const int lane = threadIdx.x % 32;
+    for (int e = lane; e < 16 * 24; e += 32) sm[e / 24][e % 24] = M[e];
+    __syncthreads();
+    hs_u32 r[4];
+    const void* row = &sm[8 * ((lane / 8) % 2) + lane % 8][8 * (lane / 16)];
+    if (trans) hs_ldsm_x4_trans(r, row); else hs_ldsm_x4(r, row);
+    for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def warp_matrix(tmp_path_factory):
+    rt, ctx = gpu_emulator.prelude_context(str(tmp_path_factory.mktemp("kernels")), "wm.hip", WARP_MATRIX)
+
+    def run(kernel, inputs, out_shape, out_dtype, *scalars):
+        d_in = [to_device(np.ascontiguousarray(x), runtime=rt) for x in inputs]
+        d_out = DeviceArray.empty(out_shape, out_dtype, runtime=rt)
+        ctx.run(Launch.of("wm.hip", kernel, 1, 32), (*d_in, d_out, *scalars), 0)
+        return d_out.get()
+    yield run
+    ctx.close()
+    rt.close()
+
+
+@pytest.mark.parametrize("name,kernel", [("float16", "t_mma_f16"), ("bfloat16", "t_mma_bf16")],
+                         ids=["float16", "bfloat16"])
+def test_emulated_mma_m16n8k16_against_numpy(warp_matrix, name, kernel):
+    t = HALF[name]
+    rng = np.random.default_rng(21)
+    # small integers: every product and sum is exact in float32, so D must be A B + C exactly, and an
+    # element taken from the wrong row, column or lane shows
+    A = rng.integers(-8, 9, (16, 16)).astype(t)
+    B = rng.integers(-8, 9, (16, 8)).astype(t)
+    C = rng.integers(-64, 65, (16, 8)).astype(np.float32)
+    got = warp_matrix(kernel, (A.view(np.uint16), B.view(np.uint16), C), (16, 8), np.float32)
+    np.testing.assert_array_equal(got, A.astype(np.float64) @ B.astype(np.float64) + C)
+    # full-width values: the products of the 16-bit inputs are exact and only the float32 sums round
+    # (16 additions to c), far below the 16-bit rounding a product kept in half precision would add
+    A = (rng.standard_normal((16, 16)) * 3).astype(t)
+    B = (rng.standard_normal((16, 8)) * 3).astype(t)
+    C = rng.standard_normal((16, 8)).astype(np.float32)
+    got = warp_matrix(kernel, (A.view(np.uint16), B.view(np.uint16), C), (16, 8), np.float32)
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    ref = A64 @ B64 + C
+    bound = 16 * 2.0 ** -24 * (np.abs(A64) @ np.abs(B64) + np.abs(C))
+    np.testing.assert_array_less(np.abs(got - ref), bound)
+
+
+@pytest.mark.parametrize("trans", [0, 1], ids=["ldmatrix", "ldmatrix_trans"])
+def test_emulated_ldmatrix_x4_against_the_isa(warp_matrix, trans):
+    M = np.arange(16 * 24, dtype=np.uint16).reshape(16, 24)
+    got = warp_matrix("t_ldmatrix", (M,), (32, 4), np.uint32, ctypes.c_int32(trans))
+    for lane in range(32):
+        for i in range(4):
+            mat = M[8 * (i % 2):8 * (i % 2) + 8, 8 * (i // 2):8 * (i // 2) + 8]
+            if trans:
+                mat = mat.T
+            r, c = lane // 4, 2 * (lane % 4)
+            assert got[lane, i] == int(mat[r, c]) | (int(mat[r, c + 1]) << 16), (lane, i)
