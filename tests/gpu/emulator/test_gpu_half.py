@@ -51,12 +51,12 @@ HS_FOR_EACH_FLOAT(T_PACKS)
 """
 
 
-def _prelude_context(tmp_path_factory, name, source):
+def _prelude_context(tmp_path_factory, name, source, warp=32):
     """(runtime, context) whose only kernel source is `name`: the prelude, then `source` (test kernels of
-    the prelude's own functions), on the emulator at warp 32."""
+    the prelude's own functions), on the emulator at `warp`."""
     if not gpu_emulator.available():
         pytest.skip("needs g++ (C++20) for the kernel emulator")
-    rt = gpu_emulator.EmuRuntime(32)
+    rt = gpu_emulator.EmuRuntime(warp)
     ctx = GpuContext(rt, cache_dir=str(tmp_path_factory.mktemp("kernels")))
     prelude = (_source_dir() / PRELUDE).read_text()
     ctx.cache = KernelCache(rt.compiler, ctx.cache.cache_dir,
@@ -146,15 +146,19 @@ def test_packs_of_8_round_like_numpy_and_ml_dtypes(conv, kernel, t):
     _nan_aware_equal(got, want, lambda u: (u & 0x7fff) > (0x7c00 if t is np.float16 else 0x7f80))
 
 
-# prelude.h's warp-matrix operations as the emulator runs them, against NumPy. The fragments are filled
+# prelude.h's warp-matrix operations as the emulator runs them, against NumPy. NVIDIA's fragments are filled
 # and read here from the PTX ISA's tables ("Matrix Fragments for mma.m16n8k16 with floating point type":
 # element i of a thread's A fragment a0..a7 at row g (+8 for i in 2, 3, 6, 7), column 2t + (i & 1) (+8 for
 # i >= 4); B's b0..b3 at row 2t + (i & 1) (+8 for i >= 2), column g; C's c0..c3 at row g (+8 for i >= 2),
 # column 2t + (i & 1); g = lane / 4, t = lane % 4; element 2j in the low half of register j), written
 # element by element rather than register by register as the shim's are, so a wrong layout in the shim
 # cannot pass for a right one. ldmatrix after its own section of the ISA: lane l receives matrix i's row
-# l / 4, columns 2(l % 4) and 2(l % 4) + 1 (.trans: the transposed matrix's).
+# l / 4, columns 2(l % 4) and 2(l % 4) + 1 (.trans: the transposed matrix's). AMD's v_mfma_f32_16x16x16
+# from AMD's matrix instruction calculator's tables for it (wavefront 64): A[i][k] in lane i + 16 (k / 4),
+# B[k][j] in lane j + 16 (k / 4), item k % 4 of both (two per 32-bit register, the lower item in the low
+# half); C[i][j] in lane j + 16 (i / 4), item i % 4. Each vendor's kernels are built where its macro is.
 WARP_MATRIX = r"""
+#if defined(HS_MMA_M16N8K16)
 template <class T> HS_DEV void t_mma(const hs_u16* A, const hs_u16* B, const float* C, float* D) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     hs_u32 a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
@@ -185,43 +189,93 @@ HS_KERNEL void t_ldmatrix(const hs_u16* M, hs_u32* out, int trans) {
     if (trans) hs_ldsm_x4_trans(r, row); else hs_ldsm_x4(r, row);
     for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
 }
+#endif
+#if defined(HS_MFMA_16X16X16)
+template <class T> HS_DEV void t_mfma(const hs_u16* A, const hs_u16* B, const float* C, float* D) {
+    const int lane = threadIdx.x % 64;
+    hs_u32 a[2] = {0, 0}, b[2] = {0, 0};
+    float d[4];
+    for (int row = 0; row < 16; ++row) {
+        for (int col = 0; col < 16; ++col) {
+            // the calculator's tables: A[i][k] and B[k][j] in lane (i or j) + 16 (k / 4), item k % 4;
+            // C[i][j] in lane j + 16 (i / 4), item i % 4
+            if (lane == row + 16 * (col / 4)) a[(col % 4) / 2] |= (hs_u32)A[row * 16 + col] << (16 * (col % 2));
+            if (lane == col + 16 * (row / 4)) b[(row % 4) / 2] |= (hs_u32)B[row * 16 + col] << (16 * (row % 2));
+            if (lane == col + 16 * (row / 4)) d[row % 4] = C[row * 16 + col];
+        }
+    }
+    hs_mfma_16x16x16<T>(d, a, b);
+    for (int row = 0; row < 16; ++row)
+        for (int col = 0; col < 16; ++col)
+            if (lane == col + 16 * (row / 4)) D[row * 16 + col] = d[row % 4];
+}
+HS_KERNEL void t_mfma_f16(const hs_u16* A, const hs_u16* B, const float* C, float* D) { t_mfma<hs_half>(A, B, C, D); }
+HS_KERNEL void t_mfma_bf16(const hs_u16* A, const hs_u16* B, const float* C, float* D) { t_mfma<hs_bf16>(A, B, C, D); }
+#endif
 """
 
 
-@pytest.fixture(scope="module")
-def warp_matrix(tmp_path_factory):
-    rt, ctx = _prelude_context(tmp_path_factory, "wm.hip", WARP_MATRIX)
+def _warp_matrix(tmp_path_factory, warp):
+    rt, ctx = _prelude_context(tmp_path_factory, "wm.hip", WARP_MATRIX, warp)
 
     def run(kernel, inputs, out_shape, out_dtype, *scalars):
         d_in = [to_device(np.ascontiguousarray(x), runtime=rt) for x in inputs]
         d_out = DeviceArray.empty(out_shape, out_dtype, runtime=rt)
-        ctx.run(Launch.of("wm.hip", kernel, 1, 32), (*d_in, d_out, *scalars), 0)
+        ctx.run(Launch.of("wm.hip", kernel, 1, warp), (*d_in, d_out, *scalars), 0)
         return d_out.get()
+    return rt, ctx, run
+
+
+@pytest.fixture(scope="module")
+def warp_matrix(tmp_path_factory):
+    """NVIDIA's operations, at warp 32."""
+    rt, ctx, run = _warp_matrix(tmp_path_factory, 32)
     yield run
     ctx.close()
     rt.close()
 
 
-@pytest.mark.parametrize("t,kernel", [(np.float16, "t_mma_f16"), (BF16, "t_mma_bf16")], ids=["float16", "bfloat16"])
-def test_emulated_mma_m16n8k16_against_numpy(warp_matrix, t, kernel):
+@pytest.fixture(scope="module")
+def wave_matrix(tmp_path_factory):
+    """AMD's MFMA, at wavefront 64."""
+    rt, ctx, run = _warp_matrix(tmp_path_factory, 64)
+    yield run
+    ctx.close()
+    rt.close()
+
+
+def _check_product(run, kernel, t, m, n):
+    """D = A B + C for A (m x 16), B (16 x n), C (m x n) through `kernel`, against NumPy."""
     rng = np.random.default_rng(21)
     # small integers: every product and sum is exact in float32, so D must be A B + C exactly, and an
     # element taken from the wrong row, column or lane shows
-    A = rng.integers(-8, 9, (16, 16)).astype(t)
-    B = rng.integers(-8, 9, (16, 8)).astype(t)
-    C = rng.integers(-64, 65, (16, 8)).astype(np.float32)
-    got = warp_matrix(kernel, (A.view(np.uint16), B.view(np.uint16), C), (16, 8), np.float32)
+    A = rng.integers(-8, 9, (m, 16)).astype(t)
+    B = rng.integers(-8, 9, (16, n)).astype(t)
+    C = rng.integers(-64, 65, (m, n)).astype(np.float32)
+    got = run(kernel, (A.view(np.uint16), B.view(np.uint16), C), (m, n), np.float32)
     np.testing.assert_array_equal(got, A.astype(np.float64) @ B.astype(np.float64) + C)
     # full-width values: the products of the 16-bit inputs are exact and only the float32 sums round
     # (16 additions to c), far below the 16-bit rounding a product kept in half precision would add
-    A = (rng.standard_normal((16, 16)) * 3).astype(t)
-    B = (rng.standard_normal((16, 8)) * 3).astype(t)
-    C = rng.standard_normal((16, 8)).astype(np.float32)
-    got = warp_matrix(kernel, (A.view(np.uint16), B.view(np.uint16), C), (16, 8), np.float32)
+    A = (rng.standard_normal((m, 16)) * 3).astype(t)
+    B = (rng.standard_normal((16, n)) * 3).astype(t)
+    C = rng.standard_normal((m, n)).astype(np.float32)
+    got = run(kernel, (A.view(np.uint16), B.view(np.uint16), C), (m, n), np.float32)
     A64, B64 = A.astype(np.float64), B.astype(np.float64)
     ref = A64 @ B64 + C
     bound = 16 * 2.0 ** -24 * (np.abs(A64) @ np.abs(B64) + np.abs(C))
     np.testing.assert_array_less(np.abs(got - ref), bound)
+
+
+@pytest.mark.parametrize("t,kernel", [(np.float16, "t_mma_f16"), (BF16, "t_mma_bf16")], ids=["float16", "bfloat16"])
+def test_emulated_mma_m16n8k16_against_numpy(warp_matrix, t, kernel):
+    _check_product(warp_matrix, kernel, t, 16, 8)
+
+
+@pytest.mark.parametrize("t,kernel", [(np.float16, "t_mfma_f16"), (BF16, "t_mfma_bf16")], ids=["float16", "bfloat16"])
+def test_emulated_mma_mfma_16x16x16_against_numpy(wave_matrix, t, kernel):
+    """The MFMA's fragments filled and read from AMD's tables, written here element by element (the
+    shim gathers by register): a transposed or lane-shifted layout in either shows as a wrong product."""
+    _check_product(wave_matrix, kernel, t, 16, 16)
 
 
 @pytest.mark.parametrize("trans", [0, 1], ids=["ldmatrix", "ldmatrix_trans"])
