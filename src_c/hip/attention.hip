@@ -202,15 +202,17 @@ HSA_ENTRY(256)
 // without the tensor core, visible keys only. Keys past Sk (and dims past hd) are zeros in shared
 // memory, so a zero weight meets a zero value there. A row that sees no key (Sk == 0) gets zeros.
 // Launch: block 128, grid (ceil(Sq / 64) * B * H), the heaviest causal tiles first.
-#if defined(HS_MMA_M16N8K16)
-#define HSM_WARPS 4
-#define HSM_THREADS 128   // HSM_WARPS * 32, spelled out: __launch_bounds__ takes it (the emulator reads it unnested)
-#define HSM_ROWS 64       // HSM_WARPS * 16
-
+#if defined(HS_MMA_M16N8K16) || defined(HS_MFMA_16X16X16)
 template <class E> HS_DEV bool hsm_nonfinite2(hs_u32 w);
 // exponent all ones in either half: inf or NaN
 template <> HS_DEV bool hsm_nonfinite2<hs_half>(hs_u32 w) { return (w & 0x7c00u) == 0x7c00u || (w & 0x7c000000u) == 0x7c000000u; }
 template <> HS_DEV bool hsm_nonfinite2<hs_bf16>(hs_u32 w) { return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u; }
+#endif
+
+#if defined(HS_MMA_M16N8K16)
+#define HSM_WARPS 4
+#define HSM_THREADS 128   // HSM_WARPS * 32, spelled out: __launch_bounds__ takes it (the emulator reads it unnested)
+#define HSM_ROWS 64       // HSM_WARPS * 16
 
 // One BN x D tile of K and of V into shared memory, rows of LD elements, zeros past `kend` and `hd`.
 // `vec`: hd a multiple of 8 and k, v 16-byte aligned, so rows go as 16-byte cp.async copies.
@@ -435,3 +437,257 @@ HSM_ENTRY(32)
 HSM_ENTRY(64)
 HSM_ENTRY(128)
 #endif  // HS_MMA_M16N8K16
+
+// ------------------------------------------------------------------------------------ matrix cores (AMD)
+// The same FlashAttention-2 scheme and entry points (hs_attention_{f16,bf16}_mma_d<D>) on AMD's MFMA
+// 16x16x16 at wavefront 64 (prelude.h's HS_MFMA_16X16X16: gfx908, gfx90a, gfx940-942). Its accumulator
+// holds columns where A and B hold rows (prelude.h's layouts), so each wave computes the transposes:
+// S^T = K Q^T, with K's rows as A and Q^T as B, and O^T = V^T P^T. A lane then holds, in S^T and in O^T
+// alike, values of one query row (lane % 16): keys (or dims) 4q .. 4q + 3 of each 16, q = lane / 16. The
+// S^T accumulator rounded to the input type is, register for register, the B fragment of P^T, and the
+// online softmax keeps one running max and sum per lane, combined over the 4 lanes of a row (2 shuffles).
+// Arithmetic, rounding and causal handling are the NVIDIA kernel's above (the accuracy contract is the
+// same): scores scaled in float32, P rounded to the input type, l summing the rounded P, the diagonal
+// 16 x 16 step done without the matrix core when one of its V rows holds inf or NaN.
+//
+// A block of 4 waves (256 threads) owns 64 query rows, 16 per wave. CDNA has no asynchronous copy to
+// LDS, so the next K/V tile is prefetched into registers (16-byte global loads) while the waves compute
+// on this one, then written to the one LDS buffer between two barriers. K stays row-major (a lane's A
+// fragment is 4 consecutive dims of one key: one 8-byte LDS read); V is stored transposed, dims by keys,
+// so that V^T's A fragment (4 consecutive keys of one dim) is one 8-byte read too. Rows are padded by 8
+// bytes, spreading a fragment read's 16 rows over the banks.
+// Launch: block 256, grid (ceil(Sq / 64) * B * H), the heaviest causal tiles first.
+#if defined(HS_MFMA_16X16X16)
+#define HSF_WARPS 4
+#define HSF_THREADS 256   // HSF_WARPS * 64, spelled out for __launch_bounds__ (as HSM_THREADS)
+#define HSF_ROWS 64       // HSF_WARPS * 16
+
+// This thread's 16-byte chunks of the BN x D tiles of K and V at key kt, as 16-bit patterns: zeros past
+// `kend` and `hd`. `vec`: hd a multiple of 8 and k, v 16-byte aligned, so a chunk is one 16-byte load.
+template <int D, int BN, int N>
+HS_DEV void hsf_fetch(hs_u32 (&kr)[N][4], hs_u32 (&vr)[N][4], const hs_u16* kb, const hs_u16* vb, hs_i64 kt,
+                      hs_i64 kend, int hd, bool vec) {
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        const int idx = threadIdx.x + n * HSF_THREADS;
+        const int j = idx / CH, c = (idx % CH) * 8;
+        const hs_i64 key = kt + j;
+        if (idx >= BN * CH) break;
+        if (vec && key < kend && c < hd) {
+            const float4 kw = *reinterpret_cast<const float4*>(kb + key * hd + c);
+            const float4 vw = *reinterpret_cast<const float4*>(vb + key * hd + c);
+            kr[n][0] = __float_as_uint(kw.x); kr[n][1] = __float_as_uint(kw.y);
+            kr[n][2] = __float_as_uint(kw.z); kr[n][3] = __float_as_uint(kw.w);
+            vr[n][0] = __float_as_uint(vw.x); vr[n][1] = __float_as_uint(vw.y);
+            vr[n][2] = __float_as_uint(vw.z); vr[n][3] = __float_as_uint(vw.w);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int d = c + 2 * e;
+                const bool lo = key < kend && d < hd, hi = key < kend && d + 1 < hd;
+                kr[n][e] = (lo ? (hs_u32)kb[key * hd + d] : 0u) | ((hi ? (hs_u32)kb[key * hd + d + 1] : 0u) << 16);
+                vr[n][e] = (lo ? (hs_u32)vb[key * hd + d] : 0u) | ((hi ? (hs_u32)vb[key * hd + d + 1] : 0u) << 16);
+            }
+        }
+    }
+}
+
+// The fetched chunks into LDS: K's row-major (two 8-byte stores), V's transposed (element by element).
+template <int D, int BN, int N, int LDK, int LDV>
+HS_DEV void hsf_store(hs_u16 (*ks)[LDK], hs_u16 (*vt)[LDV], const hs_u32 (&kr)[N][4], const hs_u32 (&vr)[N][4]) {
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        const int idx = threadIdx.x + n * HSF_THREADS;
+        const int j = idx / CH, c = (idx % CH) * 8;
+        if (idx >= BN * CH) break;
+        hs_u64* kd = reinterpret_cast<hs_u64*>(&ks[j][c]);
+        kd[0] = (hs_u64)kr[n][0] | ((hs_u64)kr[n][1] << 32);
+        kd[1] = (hs_u64)kr[n][2] | ((hs_u64)kr[n][3] << 32);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            vt[c + 2 * e][j] = (hs_u16)(vr[n][e] & 0xffffu);
+            vt[c + 2 * e + 1][j] = (hs_u16)(vr[n][e] >> 16);
+        }
+    }
+}
+
+// The two registers of a fragment: 4 consecutive 16-bit elements (8-byte aligned) of LDS.
+HS_DEV void hsf_frag(hs_u32* r, const hs_u16* p) {
+    const hs_u64 w = *reinterpret_cast<const hs_u64*>(p);
+    r[0] = (hs_u32)w;
+    r[1] = (hs_u32)(w >> 32);
+}
+
+template <int D, class E>
+HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+    constexpr int BN = D == 128 ? 32 : 64;   // keys per tile: LDS about 17 KiB, 3 blocks per CU
+    constexpr int LDK = D + 4, LDV = BN + 4;
+    constexpr int KS = D / 16;               // k steps of S^T = K Q^T
+    constexpr int NT = BN / 16;              // 16-key steps of a tile
+    constexpr int DT = D / 16;               // 16-dim tiles of O^T
+    constexpr int NCH = (BN * D / 8 + HSF_THREADS - 1) / HSF_THREADS;   // 16-byte chunks per thread per tile
+    alignas(16) __shared__ hs_u16 ks[BN][LDK];
+    alignas(16) __shared__ hs_u16 vt[D][LDV];
+
+    const int warp = threadIdx.x / 64, lane = threadIdx.x % 64, qi = lane % 16, qd = lane / 16;
+    const hs_i64 tiles = (sq + HSF_ROWS - 1) / HSF_ROWS;
+    const hs_i64 bh = (hs_i64)blockIdx.x / tiles;
+    const hs_i64 q0 = (tiles - 1 - (hs_i64)blockIdx.x % tiles) * HSF_ROWS;   // causal: longest rows first
+    const hs_i64 r0 = q0 + 16 * warp, row = r0 + qi;
+    const hs_u16* qb = reinterpret_cast<const hs_u16*>(q) + bh * sq * hd;
+    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + bh * sk * hd;
+    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + bh * sk * hd;
+    const bool vec = hd % 8 == 0 && ((hs_u64)kb % 16) == 0 && ((hs_u64)vb % 16) == 0;
+
+    // Q^T's B fragments: this lane's row, dims 16 kk + 4 qd .. + 3
+    hs_u32 qf[KS][2];
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int col = 16 * kk + 4 * qd + 2 * h;
+            const hs_u32 lo = row < sq && col < hd ? qb[row * hd + col] : 0u;
+            const hs_u32 hi = row < sq && col + 1 < hd ? qb[row * hd + col + 1] : 0u;
+            qf[kk][h] = lo | (hi << 16);
+        }
+    }
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m = -HS_INF, l = 0.0f;   // this lane's row; l is this lane's part (its keys 4 qd .. of each 16)
+    const float qs = scale * HSA_LOG2E;
+
+    hs_i64 kend = sk;
+    if (causal && q0 + HSF_ROWS < kend) kend = q0 + HSF_ROWS;
+    const hs_i64 ntiles = (kend + BN - 1) / BN;
+    hs_u32 kr[NCH][4], vr[NCH][4];
+    if (ntiles > 0) hsf_fetch<D, BN, NCH>(kr, vr, kb, vb, 0, kend, hd, vec);
+#pragma unroll 1
+    for (hs_i64 it = 0; it < ntiles; ++it) {
+        const hs_i64 kt = it * BN;
+        __syncthreads();   // every wave is done with the previous tile
+        hsf_store<D, BN, NCH, LDK, LDV>(ks, vt, kr, vr);
+        __syncthreads();
+        if (it + 1 < ntiles) hsf_fetch<D, BN, NCH>(kr, vr, kb, vb, kt + BN, kend, hd, vec);   // in flight meanwhile
+        if (causal && kt > r0 + 15) continue;   // wave-uniform: no key of the tile is visible to the wave
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                hs_u32 a[2];
+                hsf_frag(a, &ks[16 * nt + qi][16 * kk + 4 * qd]);
+                hs_mfma_16x16x16<E>(s[nt], a, qf[kk]);
+            }
+        }
+        float mx = m;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const hs_i64 key = kt + 16 * nt + 4 * qd + r;
+                const bool vis = key < sk && (!causal || key <= row);
+                s[nt][r] = vis ? s[nt][r] * qs : -HS_INF;
+                mx = fmaxf(mx, s[nt][r]);
+            }
+        }
+        mx = fmaxf(mx, HS_SHFL_XOR(mx, 16));
+        mx = fmaxf(mx, HS_SHFL_XOR(mx, 32));
+        // as the other kernels: a finite stand-in for a row with no key yet keeps exp2 at exactly 0
+        const float ms = (mx == -HS_INF) ? 0.0f : mx;
+        const float alpha = exp2f(m - ms);
+        m = mx;
+        l *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) { o[dt][0] *= alpha; o[dt][1] *= alpha; o[dt][2] *= alpha; o[dt][3] *= alpha; }
+        // P^T's B fragments, key step nt: the S^T accumulator rounded, two keys per register
+        hs_u32 pb[NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const hs_u32 p = hs_pack2<E>(exp2f(s[nt][2 * h] - ms), exp2f(s[nt][2 * h + 1] - ms));
+                pb[nt][h] = p;
+                l += hs_unpack_lo<E>(p) + hs_unpack_hi<E>(p);
+            }
+        }
+        // The diagonal step (rows r0..r0+15 against keys r0..r0+15), if in this tile: a V row with inf or
+        // NaN there? Its 16 keys are 8 words of each of V^T's D rows; one vote of the wave.
+        const int jd = causal && kt <= r0 && r0 < kt + BN ? (int)((r0 - kt) / 16) : -1;
+        bool bad = false;
+        if (jd >= 0) {
+#pragma unroll
+            for (int w = lane; w < 8 * D; w += 64)
+                bad |= hsm_nonfinite2<E>(*reinterpret_cast<const hs_u32*>(&vt[w / 8][16 * jd + 2 * (w % 8)]));
+            bad = hs_warp_reduce<HsMax>(bad ? 1.0f : 0.0f) > 0.0f;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            if (causal && kt + 16 * nt > r0 + 15) break;   // this step and the rest: above every row of the wave
+            if (nt == jd && bad) continue;                 // below, without the matrix core
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                hs_u32 a[2];
+                hsf_frag(a, &vt[16 * dt + qi][16 * nt + 4 * qd]);
+                hs_mfma_16x16x16<E>(o[dt], a, pb[nt]);
+            }
+        }
+        if (bad) {
+            // Each output element sums its row's visible keys of the step (key r0 + jj is visible to row
+            // r0 + qi when jj <= qi). Key jj's weight for row qi is item jj % 4 of lane qi + 16 (jj / 4):
+            // a shuffle, with every lane in it (the loop is uniform, only the sum is per lane).
+            hs_u32 pd[2] = {0u, 0u};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                if (nt == jd) { pd[0] = pb[nt][0]; pd[1] = pb[nt][1]; }
+#pragma unroll 1
+            for (int jj = 0; jj < 16; ++jj) {
+                const hs_u32 reg = (jj & 2) ? pd[1] : pd[0];
+                const float mine = (jj & 1) ? hs_unpack_hi<E>(reg) : hs_unpack_lo<E>(reg);
+                const float wj = HS_SHFL(mine, qi + 16 * (jj / 4));
+                if (jj > qi) continue;
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        E e; e.bits = vt[16 * dt + 4 * qd + r][16 * jd + jj];
+                        o[dt][r] += wj * hs_ld(e);
+                    }
+                }
+            }
+        }
+    }
+
+    float lr = l;
+    lr += HS_SHFL_XOR(lr, 16);
+    lr += HS_SHFL_XOR(lr, 32);
+    if (row >= sq) return;
+    const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+    E* orow = out + (bh * sq + row) * hd;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int d = 16 * dt + 4 * qd + r;
+            if (d < hd) orow[d] = hs_st<E>(o[dt][r] * inv);
+        }
+    }
+}
+
+#define HSF_ENTRY_T(P, E, D)                                                                              \
+    HS_KERNEL void __launch_bounds__(HSF_THREADS) hs_attention_##P##mma_d##D(                             \
+        const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
+        hsf_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
+    }
+#define HSF_ENTRY(D) HSF_ENTRY_T(f16_, hs_half, D) HSF_ENTRY_T(bf16_, hs_bf16, D)
+
+HSF_ENTRY(32)
+HSF_ENTRY(64)
+HSF_ENTRY(128)
+#endif  // HS_MFMA_16X16X16

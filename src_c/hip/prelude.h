@@ -228,10 +228,13 @@ template <class T> HS_DEV void hs_st8(T* y, hs_i64 p, const float (&v)[8]) { HsP
 HS_DEV float hs_sum8(const float (&v)[8]) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
 
 // ---------------------------------------------------------------------------------------- warp matrix
-// Tensor-core fragments for the attention kernels (src_c/hip/attention.hip), NVIDIA's mma.sync
-// m16n8k16 at warp 32. Fragment layouts are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with
-// floating point type"); with g = lane / 4 and t = lane % 4, each 32-bit register holds two 16-bit
-// elements, the lower-indexed one in the low half:
+// Matrix-core fragments for the attention kernels (src_c/hip/attention.hip): NVIDIA's mma.sync m16n8k16
+// at warp 32 (HS_MMA_M16N8K16) and AMD's MFMA 16x16x16 at wavefront 64 (HS_MFMA_16X16X16). Each
+// vendor's fragment layout is its ISA's; the kernels index fragments by these tables, so each vendor's
+// kernel body is written for its own layout and shares only these functions' names and the packing.
+//
+// NVIDIA, the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating point type": with g = lane / 4
+// and t = lane % 4, each 32-bit register holds two 16-bit elements, the lower-indexed one in the low half:
 //   A (16 x 16, row):  a0 = A[g][2t..2t+1]  a1 = A[g+8][2t..]  a2 = A[g][2t+8..]  a3 = A[g+8][2t+8..]
 //   B (16 x 8, col):   b0 = B[2t..2t+1][g]  b1 = B[2t+8..2t+9][g]
 //   C, D (16 x 8, f32): c0, c1 = C[g][2t], C[g][2t+1]   c2, c3 = C[g+8][2t], C[g+8][2t+1]
@@ -239,22 +242,35 @@ HS_DEV float hs_sum8(const float (&v)[8]) { return ((v[0] + v[1]) + (v[2] + v[3]
 // product's result feeds the next product as A without leaving the registers.
 // HS_MMA_M16N8K16: the target has them (sm_80+: the bf16 form and cp.async are sm_80's), or the kernel
 // emulator (tests/support/gpu_emulator.py) defines HS_EMU_WARP_MATRIX and implements the same operations
-// on the CPU in its shim: the kernels then run unchanged, lane for lane. Other targets (AMD, where MFMA's
-// accumulator layout is not its A layout and needs its own kernel, and older NVIDIA parts) have no
-// tensor-core attention kernels: the glue picks the SIMT ones there (hipsched/gpu/ops/attention.py).
+// on the CPU in its shim: the kernels then run unchanged, lane for lane.
+//
+// AMD, v_mfma_f32_16x16x16{f16,bf16_1k} (the CDNA ISA's dense matrix layouts, as AMD's matrix
+// instruction calculator prints them): with i = lane % 16 and q = lane / 16, two 32-bit registers hold
+// four 16-bit elements, k = 4q .. 4q + 3 in order, the lower k in the low half:
+//   A (16 x 16):  A[i][4q .. 4q+3]      B (16 x 16):  B[4q .. 4q+3][i]
+//   C, D (16 x 16, f32): c0..c3 = C[4q .. 4q+3][i]
+// C holds its columns as A and B hold their rows: a product's D is, element for element, the B (and A)
+// fragment of its transpose. So the AMD kernel computes S^T = K Q^T and O^T = V^T P^T, and every value
+// a lane holds belongs to one query row (i).
+// HS_MFMA_16X16X16: CDNA targets (gfx908, gfx90a, gfx940-942), or the emulator at wavefront 64. gfx908
+// (CDNA1) has the float16 instruction but no 16x16x16 bfloat16 one: its bfloat16 product is two
+// v_mfma_f32_16x16x8bf16 (A[i][2q..2q+1] per lane), one on each register: the first multiplies the
+// k = 4q, 4q+1 elements, the second 4q+2, 4q+3, so together they sum all 16 products, in another order.
+// RDNA3's WMMA (gfx11xx) is not used: ROCm 5.2's hiprtc (what CI has) cannot compile for gfx11xx, so such
+// a kernel could not be checked; gfx10xx/gfx11xx and other targets run the SIMT kernels (the glue picks
+// them, hipsched/gpu/ops/attention.py).
 #if defined(HS_NVIDIA) && (defined(HS_EMU_WARP_MATRIX) || __CUDA_ARCH__ >= 800)
 #define HS_MMA_M16N8K16 1
+#endif
+#if defined(HS_AMD) && (defined(HS_EMU_WARP_MATRIX) || defined(__gfx908__) || defined(__gfx90a__) || \
+                        defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
+#define HS_MFMA_16X16X16 1
+#endif
 
+#if defined(HS_MMA_M16N8K16) || defined(HS_MFMA_16X16X16)
 // Two floats rounded to the 16-bit type T (nearest even, as hs_st<T>) in one register: lo in the low half.
 template <class T> HS_DEV hs_u32 hs_pack2(float lo, float hi);
-#if defined(HS_EMU_WARP_MATRIX)
-template <> HS_DEV hs_u32 hs_pack2<hs_half>(float lo, float hi) {
-    return (hs_u32)hs_float_to_half(lo) | ((hs_u32)hs_float_to_half(hi) << 16);
-}
-template <> HS_DEV hs_u32 hs_pack2<hs_bf16>(float lo, float hi) {
-    return (hs_u32)hs_float_to_bf16(lo) | ((hs_u32)hs_float_to_bf16(hi) << 16);
-}
-#else
+#if defined(HS_NVIDIA) && !defined(HS_EMU_WARP_MATRIX)
 // cvt.rn.{f16x2,bf16x2}.f32 d, a, b puts a in the upper half: hi first
 template <> HS_DEV hs_u32 hs_pack2<hs_half>(float lo, float hi) {
     hs_u32 r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
@@ -262,11 +278,54 @@ template <> HS_DEV hs_u32 hs_pack2<hs_half>(float lo, float hi) {
 template <> HS_DEV hs_u32 hs_pack2<hs_bf16>(float lo, float hi) {
     hs_u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
+#else
+// AMD's hs_float_to_half is v_cvt_f16_f32 (CDNA has no packed bf16 conversion: the integer rounding)
+template <> HS_DEV hs_u32 hs_pack2<hs_half>(float lo, float hi) {
+    return (hs_u32)hs_float_to_half(lo) | ((hs_u32)hs_float_to_half(hi) << 16);
+}
+template <> HS_DEV hs_u32 hs_pack2<hs_bf16>(float lo, float hi) {
+    return (hs_u32)hs_float_to_bf16(lo) | ((hs_u32)hs_float_to_bf16(hi) << 16);
+}
 #endif
 // The two elements of a packed register, widened (exact).
 template <class T> HS_DEV float hs_unpack_lo(hs_u32 r) { T e; e.bits = (hs_u16)(r & 0xffffu); return hs_ld(e); }
 template <class T> HS_DEV float hs_unpack_hi(hs_u32 r) { T e; e.bits = (hs_u16)(r >> 16); return hs_ld(e); }
+#endif
 
+#if defined(HS_MFMA_16X16X16)
+// d = a * b + c, one 16x16x16 product (a, b: 2 registers each, d: 4 floats): the products of the 16-bit
+// inputs are exact, the sums float32.
+template <class T> HS_DEV void hs_mfma_16x16x16(float* d, const hs_u32* a, const hs_u32* b);
+#if defined(HS_EMU_WARP_MATRIX)
+template <> HS_DEV void hs_mfma_16x16x16<hs_half>(float* d, const hs_u32* a, const hs_u32* b) { emu_mfma_16x16x16(d, a, b, false); }
+template <> HS_DEV void hs_mfma_16x16x16<hs_bf16>(float* d, const hs_u32* a, const hs_u32* b) { emu_mfma_16x16x16(d, a, b, true); }
+#else
+typedef float hs_f32x4 __attribute__((ext_vector_type(4)));
+typedef _Float16 hs_f16x4 __attribute__((ext_vector_type(4)));
+typedef short hs_i16x4 __attribute__((ext_vector_type(4)));
+typedef short hs_i16x2 __attribute__((ext_vector_type(2)));
+HS_DEV hs_u64 hs_u64_of(const hs_u32* r) { return (hs_u64)r[0] | ((hs_u64)r[1] << 32); }
+template <> HS_DEV void hs_mfma_16x16x16<hs_half>(float* d, const hs_u32* a, const hs_u32* b) {
+    hs_f32x4 c = {d[0], d[1], d[2], d[3]};
+    c = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(hs_f16x4, hs_u64_of(a)),
+                                              __builtin_bit_cast(hs_f16x4, hs_u64_of(b)), c, 0, 0, 0);
+    d[0] = c[0]; d[1] = c[1]; d[2] = c[2]; d[3] = c[3];
+}
+template <> HS_DEV void hs_mfma_16x16x16<hs_bf16>(float* d, const hs_u32* a, const hs_u32* b) {
+    hs_f32x4 c = {d[0], d[1], d[2], d[3]};
+#if defined(__gfx908__)
+    c = __builtin_amdgcn_mfma_f32_16x16x8bf16(__builtin_bit_cast(hs_i16x2, a[0]), __builtin_bit_cast(hs_i16x2, b[0]), c, 0, 0, 0);
+    c = __builtin_amdgcn_mfma_f32_16x16x8bf16(__builtin_bit_cast(hs_i16x2, a[1]), __builtin_bit_cast(hs_i16x2, b[1]), c, 0, 0, 0);
+#else
+    c = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(hs_i16x4, hs_u64_of(a)),
+                                                  __builtin_bit_cast(hs_i16x4, hs_u64_of(b)), c, 0, 0, 0);
+#endif
+    d[0] = c[0]; d[1] = c[1]; d[2] = c[2]; d[3] = c[3];
+}
+#endif
+#endif  // HS_MFMA_16X16X16
+
+#if defined(HS_MMA_M16N8K16)
 // d = a * b + c, one m16n8k16 product: the products of the 16-bit inputs are exact, the sums float32.
 template <class T> HS_DEV void hs_mma_16816(float* d, const hs_u32* a, const hs_u32* b);
 #if defined(HS_EMU_WARP_MATRIX)

@@ -115,10 +115,10 @@ static inline int __any_sync(unsigned, int p) {
     w.bar->arrive_and_wait();
     return any;
 }
-// Warp-matrix operations (prelude.h's "warp matrix" section, under HS_EMU_WARP_MATRIX), at warp 32 with
-// the PTX ISA's fragment layouts: every lane posts its registers in the warp's buffer, then computes
-// its own result from the whole matrix, as the hardware's lanes together do. (prelude.h enables them on
-// NVIDIA-like builds only: at warp 64 nothing calls them.)
+// Warp-matrix operations (prelude.h's "warp matrix" section, under HS_EMU_WARP_MATRIX): mma.sync and
+// ldmatrix at warp 32 with the PTX ISA's fragment layouts, MFMA at warp 64 with the CDNA ISA's. Every
+// lane posts its registers in the warp's buffer, then computes its own result from the whole matrix, as
+// the hardware's lanes together do.
 static inline float emu_half_bits(unsigned h, bool bf16) {
     if (bf16) return __uint_as_float(h << 16);
     const unsigned sign = (h & 0x8000u) << 16, em = h & 0x7fffu;
@@ -148,6 +148,29 @@ static inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned*
             // (k % 8) / 2, register 4 + k / 8; the element's half is k % 2 in both
             const float av = emu_frag_elem(w, (r % 8) * 4 + (k % 8) / 2, r / 8 + 2 * (k / 8), k, bf16);
             const float bv = emu_frag_elem(w, n * 4 + (k % 8) / 2, 4 + k / 8, k, bf16);
+            acc = std::fma(av, bv, acc);
+        }
+        d[i] = acc;
+    }
+    w.bar->arrive_and_wait();
+}
+// v_mfma_f32_16x16x16{f16,bf16_1k} at wavefront 64: d (4 floats, in and out: the C operand), a and b (2
+// registers each). With i = lane % 16 and q = lane / 16, lane l holds A[i][4q..4q+3], B[4q..4q+3][i] (k
+// in order, two per register, the lower k in the low half) and C[4q..4q+3][i]. As for mma.sync: exact
+// products, each d element adding its 16 products to c in k order in float32.
+static inline void emu_mfma_16x16x16(float* d, const unsigned* a, const unsigned* b, bool bf16) {
+    const int lane = EMU_LANE; EmuWarp& w = emu_warps[threadIdx.x / EMU_WARP];
+    for (int i = 0; i < 2; ++i) { w.frag[lane][i] = a[i]; w.frag[lane][2 + i] = b[i]; }
+    w.bar->arrive_and_wait();
+    const int n = lane % 16, q = lane / 16;
+    for (int i = 0; i < 4; ++i) {
+        const int r = 4 * q + i;
+        float acc = d[i];
+        for (int k = 0; k < 16; ++k) {
+            // A[r][k]: lane r + 16 (k / 4), register (k % 4) / 2; B[k][n]: lane n + 16 (k / 4), register
+            // 2 + (k % 4) / 2; the element's half is k % 2 in both
+            const float av = emu_frag_elem(w, r + 16 * (k / 4), (k % 4) / 2, k, bf16);
+            const float bv = emu_frag_elem(w, n + 16 * (k / 4), 2 + (k % 4) / 2, k, bf16);
             acc = std::fma(av, bv, acc);
         }
         d[i] = acc;

@@ -5,10 +5,11 @@ output has that dtype). The kernel for the smallest head-dim class >= hd runs wi
 zero-padded (hd up to 256). Two kernel families:
 - the SIMT flash-attention kernels (hs_attention_[f16_|bf16_]d<D>, every class and target): float32
   arithmetic throughout, half inputs widened;
-- the tensor-core kernels (hs_attention_{f16,bf16}_mma_d<D>, D in MMA_CLASSES) for half inputs on
-  targets with mma.sync m16n8k16 (NVIDIA sm_80 and later; prelude.h's HS_MMA_M16N8K16): Q K^T
-  accumulated in float32, P rounded to the input type for P V (docs/gpu.md, "Attention on tensor
-  cores"). Other targets (AMD, older NVIDIA) run the SIMT kernels for every dtype."""
+- the matrix-core kernels (hs_attention_{f16,bf16}_mma_d<D>, D in MMA_CLASSES) for half inputs on
+  targets with mma.sync m16n8k16 (NVIDIA sm_80 and later; prelude.h's HS_MMA_M16N8K16) or MFMA
+  16x16x16 (AMD gfx908, gfx90a, gfx940-942; HS_MFMA_16X16X16): Q K^T accumulated in float32, P rounded
+  to the input type for P V (docs/gpu.md, "Attention on tensor cores"). A block is 4 warps of the
+  target's width. Other targets (older NVIDIA, AMD RDNA and GCN) run the SIMT kernels for every dtype."""
 from __future__ import annotations
 
 import ctypes
@@ -25,9 +26,10 @@ _THREADS = 128  # HSA_THREADS
 _ROWS_PER_THREAD = 2  # HSA_R
 _DIMS_PER_THREAD = 16  # a query row is spread over head_dim_class / 16 threads
 MMA_CLASSES = (32, 64, 128)   # head-dim classes with tensor-core kernels (d256 would spill its registers)
-MMA_ROWS = 64                 # HSM_ROWS: query rows per block, 16 per warp
-MMA_THREADS = 128             # HSM_THREADS
+MMA_ROWS = 64                 # HSM_ROWS / HSF_ROWS: query rows per block, 16 per warp
+MMA_WARPS = 4                 # HSM_WARPS / HSF_WARPS: 128 threads at warp 32, 256 at wavefront 64
 _MMA_MIN_SM = 80              # mma.sync m16n8k16 in bf16, cp.async, ldmatrix: sm_80's
+_MFMA_TARGETS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942")   # prelude.h's HS_MFMA_16X16X16
 
 
 def head_dim_class(hd: int) -> int:
@@ -38,19 +40,26 @@ def head_dim_class(hd: int) -> int:
 
 
 def has_mma(arch: str | None) -> bool:
-    """Whether kernels compiled for `arch` ("sm_90", "gfx90a:xnack-") include the tensor-core ones: the
-    test prelude.h's HS_MMA_M16N8K16 makes with __CUDA_ARCH__, on the target name."""
-    found = re.fullmatch(r"sm_(\d+)[a-z]?", (arch or "").strip())
+    """Whether kernels compiled for `arch` ("sm_90", "gfx90a:xnack-") include the matrix-core ones: the
+    tests prelude.h's HS_MMA_M16N8K16 (__CUDA_ARCH__) and HS_MFMA_16X16X16 (the __gfx*__ macros) make,
+    on the target name (an AMD target's features after the colon do not matter)."""
+    arch = (arch or "").strip()
+    if arch.split(":")[0] in _MFMA_TARGETS:
+        return True
+    found = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
     return bool(found) and int(found.group(1)) >= _MMA_MIN_SM
 
 
 @pure_plan
-def attention_launches(b: int, h: int, sq: int, hd: int, suffix: str = "f32", mma: bool = False) -> list[Launch]:
-    """One block per query tile of one (batch, head), all on grid x: the tensor-core kernel when `mma`
-    (the target has it) and the dtype and head-dim class do, else the SIMT kernel."""
+def attention_launches(b: int, h: int, sq: int, hd: int, suffix: str = "f32", mma: bool = False,
+                       warp: int = 32) -> list[Launch]:
+    """One block per query tile of one (batch, head), all on grid x: the matrix-core kernel when `mma`
+    (the target has it) and the dtype and head-dim class do (4 warps of `warp` lanes), else the SIMT
+    kernel."""
     d = head_dim_class(hd)
     if mma and suffix != "f32" and d in MMA_CLASSES:
-        return [Launch.of("attention", f"hs_attention_{suffix}_mma_d{d}", -(-sq // MMA_ROWS) * b * h, MMA_THREADS)]
+        return [Launch.of("attention", f"hs_attention_{suffix}_mma_d{d}", -(-sq // MMA_ROWS) * b * h,
+                          MMA_WARPS * warp)]
     rows = _ROWS_PER_THREAD * _THREADS // (d // _DIMS_PER_THREAD)
     name = f"hs_attention_d{d}" if suffix == "f32" else f"hs_attention_{suffix}_d{d}"
     return [Launch.of("attention", name, -(-sq // rows) * b * h, _THREADS)]
@@ -60,7 +69,7 @@ def attention_plan(ctx, call) -> list[Launch]:
     suffix = kernel_suffix(call)
     b, h, sq, hd = (int(s) for s in call.args[0].shape)
     head_dim_class(hd)  # an empty call with too large a head_dim is refused as well: the kernels never take it
-    return attention_launches(b, h, sq, hd, suffix, has_mma(ctx.arch)) if b * h * sq * hd else []
+    return attention_launches(b, h, sq, hd, suffix, has_mma(ctx.arch), ctx.warp_size) if b * h * sq * hd else []
 
 
 def attention(ctx, call, stream):
@@ -81,8 +90,8 @@ def attention(ctx, call, stream):
 
 
 def report_launches(warp: int, multiprocessors: int, arch: str | None = None) -> list[Launch]:
-    """Every head-dim class's kernel (the compile report's occupancy rows): the tensor-core ones too for
-    `arch` when it has them, or for any warp-32 target when no arch is given."""
-    mma = has_mma(arch) if arch is not None else warp == 32
+    """Every head-dim class's kernel (the compile report's occupancy rows): the matrix-core ones too for
+    `arch` when it has them, or for any target when no arch is given (both widths have some)."""
+    mma = has_mma(arch) if arch is not None else True
     return [launch for sfx in KERNEL_SUFFIX.values() for hd in HEAD_DIM_CLASSES for use in {False, mma}
-            for launch in attention_launches(1, 2, 100, hd, sfx, use)]
+            for launch in attention_launches(1, 2, 100, hd, sfx, use, warp)]

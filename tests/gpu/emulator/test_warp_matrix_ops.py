@@ -1,7 +1,8 @@
 """prelude.h's warp-matrix operations, which the tensor-core attention kernels (hs_attention_*_mma_*) are
-built from, as the kernel emulator runs them: mma.m16n8k16 (float16 and bfloat16 inputs, float32
-accumulation) and ldmatrix .x4 (plain and .trans), against NumPy and the PTX ISA's fragment layouts. CI's
-memcheck and racecheck steps run this file with the tensor-core kernels (.ci/run)."""
+built from, as the kernel emulator runs them: NVIDIA's mma.m16n8k16 (float16 and bfloat16 inputs, float32
+accumulation) and ldmatrix .x4 (plain and .trans) at warp 32, against NumPy and the PTX ISA's fragment
+layouts, and AMD's v_mfma_f32_16x16x16 at wavefront 64 against AMD's. CI's memcheck and racecheck steps
+run this file with the tensor-core kernels (.ci/run)."""
 import ctypes
 
 import numpy as np
@@ -21,7 +22,12 @@ pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ 
 # register j), written element by element rather than register by register as the shim's are, so a wrong
 # layout in the shim cannot pass for a right one. ldmatrix after its own section of the ISA: lane l
 # receives matrix i's row l / 4, columns 2(l % 4) and 2(l % 4) + 1 (.trans: the transposed matrix's).
+# AMD's v_mfma_f32_16x16x16 from AMD's matrix instruction calculator's tables for it (wavefront 64):
+# A[i][k] in lane i + 16 (k / 4), B[k][j] in lane j + 16 (k / 4), item k % 4 of both (two per 32-bit
+# register, the lower item in the low half); C[i][j] in lane j + 16 (i / 4), item i % 4. Each vendor's
+# kernels are built where its macro is.
 WARP_MATRIX = r"""
+#if defined(HS_MMA_M16N8K16)
 template <class T> HS_DEV void t_mma(const hs_u16* A, const hs_u16* B, const float* C, float* D) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     hs_u32 a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
@@ -52,45 +58,95 @@ HS_KERNEL void t_ldmatrix(const hs_u16* M, hs_u32* out, int trans) {
     if (trans) hs_ldsm_x4_trans(r, row); else hs_ldsm_x4(r, row);
     for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
 }
+#endif
+#if defined(HS_MFMA_16X16X16)
+template <class T> HS_DEV void t_mfma(const hs_u16* A, const hs_u16* B, const float* C, float* D) {
+    const int lane = threadIdx.x % 64;
+    hs_u32 a[2] = {0, 0}, b[2] = {0, 0};
+    float d[4];
+    for (int row = 0; row < 16; ++row) {
+        for (int col = 0; col < 16; ++col) {
+            // the calculator's tables: A[i][k] and B[k][j] in lane (i or j) + 16 (k / 4), item k % 4;
+            // C[i][j] in lane j + 16 (i / 4), item i % 4
+            if (lane == row + 16 * (col / 4)) a[(col % 4) / 2] |= (hs_u32)A[row * 16 + col] << (16 * (col % 2));
+            if (lane == col + 16 * (row / 4)) b[(row % 4) / 2] |= (hs_u32)B[row * 16 + col] << (16 * (row % 2));
+            if (lane == col + 16 * (row / 4)) d[row % 4] = C[row * 16 + col];
+        }
+    }
+    hs_mfma_16x16x16<T>(d, a, b);
+    for (int row = 0; row < 16; ++row)
+        for (int col = 0; col < 16; ++col)
+            if (lane == col + 16 * (row / 4)) D[row * 16 + col] = d[row % 4];
+}
+HS_KERNEL void t_mfma_f16(const hs_u16* A, const hs_u16* B, const float* C, float* D) { t_mfma<hs_half>(A, B, C, D); }
+HS_KERNEL void t_mfma_bf16(const hs_u16* A, const hs_u16* B, const float* C, float* D) { t_mfma<hs_bf16>(A, B, C, D); }
+#endif
 """
 
 
-@pytest.fixture(scope="module")
-def warp_matrix(tmp_path_factory):
-    rt, ctx = gpu_emulator.prelude_context(str(tmp_path_factory.mktemp("kernels")), "wm.hip", WARP_MATRIX)
+def _matrix_runner(tmp_path_factory, warp):
+    rt, ctx = gpu_emulator.prelude_context(str(tmp_path_factory.mktemp("kernels")), "wm.hip", WARP_MATRIX, warp)
 
     def run(kernel, inputs, out_shape, out_dtype, *scalars):
         d_in = [to_device(np.ascontiguousarray(x), runtime=rt) for x in inputs]
         d_out = DeviceArray.empty(out_shape, out_dtype, runtime=rt)
-        ctx.run(Launch.of("wm.hip", kernel, 1, 32), (*d_in, d_out, *scalars), 0)
+        ctx.run(Launch.of("wm.hip", kernel, 1, warp), (*d_in, d_out, *scalars), 0)
         return d_out.get()
+    return rt, ctx, run
+
+
+@pytest.fixture(scope="module")
+def warp_matrix(tmp_path_factory):
+    """NVIDIA's operations, at warp 32."""
+    rt, ctx, run = _matrix_runner(tmp_path_factory, 32)
     yield run
     ctx.close()
     rt.close()
 
 
-@pytest.mark.parametrize("name,kernel", [("float16", "t_mma_f16"), ("bfloat16", "t_mma_bf16")],
-                         ids=["float16", "bfloat16"])
-def test_emulated_mma_m16n8k16_against_numpy(warp_matrix, name, kernel):
-    t = HALF[name]
+@pytest.fixture(scope="module")
+def wave_matrix(tmp_path_factory):
+    """AMD's MFMA, at wavefront 64."""
+    rt, ctx, run = _matrix_runner(tmp_path_factory, 64)
+    yield run
+    ctx.close()
+    rt.close()
+
+
+def _check_product(run, kernel, t, m, n):
+    """D = A B + C for A (m x 16), B (16 x n), C (m x n) through `kernel`, against NumPy."""
     rng = np.random.default_rng(21)
     # small integers: every product and sum is exact in float32, so D must be A B + C exactly, and an
     # element taken from the wrong row, column or lane shows
-    A = rng.integers(-8, 9, (16, 16)).astype(t)
-    B = rng.integers(-8, 9, (16, 8)).astype(t)
-    C = rng.integers(-64, 65, (16, 8)).astype(np.float32)
-    got = warp_matrix(kernel, (A.view(np.uint16), B.view(np.uint16), C), (16, 8), np.float32)
+    A = rng.integers(-8, 9, (m, 16)).astype(t)
+    B = rng.integers(-8, 9, (16, n)).astype(t)
+    C = rng.integers(-64, 65, (m, n)).astype(np.float32)
+    got = run(kernel, (A.view(np.uint16), B.view(np.uint16), C), (m, n), np.float32)
     np.testing.assert_array_equal(got, A.astype(np.float64) @ B.astype(np.float64) + C)
     # full-width values: the products of the 16-bit inputs are exact and only the float32 sums round
     # (16 additions to c), far below the 16-bit rounding a product kept in half precision would add
-    A = (rng.standard_normal((16, 16)) * 3).astype(t)
-    B = (rng.standard_normal((16, 8)) * 3).astype(t)
-    C = rng.standard_normal((16, 8)).astype(np.float32)
-    got = warp_matrix(kernel, (A.view(np.uint16), B.view(np.uint16), C), (16, 8), np.float32)
+    A = (rng.standard_normal((m, 16)) * 3).astype(t)
+    B = (rng.standard_normal((16, n)) * 3).astype(t)
+    C = rng.standard_normal((m, n)).astype(np.float32)
+    got = run(kernel, (A.view(np.uint16), B.view(np.uint16), C), (m, n), np.float32)
     A64, B64 = A.astype(np.float64), B.astype(np.float64)
     ref = A64 @ B64 + C
     bound = 16 * 2.0 ** -24 * (np.abs(A64) @ np.abs(B64) + np.abs(C))
     np.testing.assert_array_less(np.abs(got - ref), bound)
+
+
+@pytest.mark.parametrize("name,kernel", [("float16", "t_mma_f16"), ("bfloat16", "t_mma_bf16")],
+                         ids=["float16", "bfloat16"])
+def test_emulated_mma_m16n8k16_against_numpy(warp_matrix, name, kernel):
+    _check_product(warp_matrix, kernel, HALF[name], 16, 8)
+
+
+@pytest.mark.parametrize("name,kernel", [("float16", "t_mfma_f16"), ("bfloat16", "t_mfma_bf16")],
+                         ids=["float16", "bfloat16"])
+def test_emulated_mma_mfma_16x16x16_against_numpy(wave_matrix, name, kernel):
+    """The MFMA's fragments filled and read from AMD's tables, written here element by element (the
+    shim gathers by register): a transposed or lane-shifted layout in either shows as a wrong product."""
+    _check_product(wave_matrix, kernel, HALF[name], 16, 16)
 
 
 @pytest.mark.parametrize("trans", [0, 1], ids=["ldmatrix", "ldmatrix_trans"])

@@ -1,9 +1,10 @@
 """The instruction check: what the machine code of the hot kernels does, read from the disassembly of the
 real compilers' output for the H100 (sm_90, NVRTC, `cuobjdump -sass`) and MI200 (gfx90a, hiprtc,
-`llvm-objdump`). Without a GPU in CI this is the evidence the kernels are built for the hardware's speed
-(docs/gpu.md, "Roofline"): tensor-core instructions in the half-precision attention kernels, 128-bit
-global loads in the bandwidth kernels, no local memory (spills) in any kernel. The parser itself is
-checked on fixed disassembly text, so a change of the tools' format cannot turn the check vacuous."""
+`llvm-objdump`; the half attention kernels for MI100, gfx908, too). Without a GPU in CI this is the
+evidence the kernels are built for the hardware's speed (docs/gpu.md, "Roofline"): matrix-core
+instructions (HMMA, v_mfma) in the half-precision attention kernels, 128-bit global loads in the
+bandwidth kernels, no local memory (spills) in any kernel. The parser itself is checked on fixed
+disassembly text, so a change of the tools' format cannot turn the check vacuous."""
 import re
 
 import pytest
@@ -75,6 +76,23 @@ def test_hot_kernels_use_the_hardware(source, arch, cache_dir):
         if f.local and kernel not in LOCAL_ALLOWED:
             problems.append(f"{kernel}: {f.local} local-memory instructions (a spill or a stack array)")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx90a", "gfx908"])
+def test_the_glues_matrix_kernels_are_built_and_use_matrix_cores(arch, cache_dir):
+    """Every half attention kernel the glue picks on a target with matrix cores is in that target's code
+    object and contains HMMA / v_mfma (gfx908 too: its bfloat16 product is another instruction). The rule
+    above checks only the kernels it finds: a prelude condition that left them out of a target's build
+    would leave it nothing to check, and the glue launching a kernel that is not there."""
+    from hipsched.gpu.compilation.targets import TARGETS
+    from hipsched.gpu.ops import attention
+    facts = _facts(arch, "attention.hip", cache_dir)
+    planned = {launch.kernel for launch in attention.report_launches(TARGETS[arch].wavefront, 1, arch)
+               if MATRIX.search(launch.kernel)}
+    assert planned == {f"hs_attention_{t}_mma_d{d}" for t in ("f16", "bf16") for d in attention.MMA_CLASSES}
+    for kernel in sorted(planned):
+        assert kernel in facts, f"{kernel} is not built for {arch}"
+        assert facts[kernel].matrix > 0, f"{kernel}: no matrix-core instruction on {arch}"
 
 
 def test_every_rule_names_a_kernel(cache_dir):

@@ -242,7 +242,7 @@ BIG = 2**40
 SEG = similarity.TOPK_SEG
 
 
-def sweep(warp, cus, amd):
+def sweep(warp, cus, amd, arch):
     """(op, shape, launches, expected): every op's launch plan over its shape range, edges included.
     `expected` is None (the device must take every launch), a set of limit names one of which must be
     reported, or "glue" (the glue itself refuses the shape with GpuError "unsupported")."""
@@ -316,10 +316,11 @@ def sweep(warp, cus, amd):
             expect = "glue" if hd > attention.MAX_HEAD_DIM else (
                 {"grid-x", "work-items"} if b * h * sq >= 2**34 else None)
             for sfx in common.KERNEL_SUFFIX.values():
-                # the tensor-core kernels where the target has them (every NVIDIA target here is sm_80+)
-                for mma in (False,) if amd else (False, True):
+                # the matrix-core kernels where the target has them (every NVIDIA target here is sm_80+;
+                # gfx90a has MFMA, gfx1030 neither MFMA nor a usable WMMA)
+                for mma in {False, attention.has_mma(arch)}:
                     yield plan("attention", (b, h, sq, hd, sfx, mma), attention.attention_launches, b, h, sq, hd,
-                               sfx, mma, expect=expect)
+                               sfx, mma, warp, expect=expect)
     for n in (1, 255, 2**20, 2**31, BIG):
         for dtype in (np.int32, np.int64):
             yield plan("spread_activation", (n, dtype.__name__), graph.spread_launches, n, dtype, cus)
@@ -355,7 +356,7 @@ def test_every_launch_config_fits_the_target(arch, cache_dir):
     warp = target.wavefront
     planned, failures, checked = set(), [], 0
     for cus in CUS:
-        for op, shape, launches, expect in sweep(warp, cus, target.platform == "amd"):
+        for op, shape, launches, expect in sweep(warp, cus, target.platform == "amd", arch):
             found = set()
             for launch in launches:
                 assert launch.kernel in res, f"{op} {shape}: {launch.kernel} is not compiled for {arch}"
