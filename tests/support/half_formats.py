@@ -86,8 +86,9 @@ def assert_same_halves(got, want):
 
 
 def rounded(x32, name):
-    """A float32 array rounded to the format, as NumPy (float16) and ml_dtypes (bfloat16) round."""
-    return np.asarray(x32, np.float32).astype(npdt(name))
+    """A float32 array rounded to the format, as NumPy (float16) and ml_dtypes (bfloat16) round; float32
+    as it is, for a test that runs in every type of TYPES."""
+    return np.asarray(x32, np.float32).astype(TYPES[name])
 
 
 def all_patterns(name):

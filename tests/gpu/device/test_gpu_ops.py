@@ -405,8 +405,9 @@ def test_cupy_arrays_in_and_out(gpu, rng):
 
 
 # ------------------------------------------------------------------ half precision on the emulator's terms
-# The emulator's half-kernel tests, collected here with this module's `emu`; their names all say "half",
-# so tools/gpu_proof.sh's racecheck (-k "not half") leaves them out as CI's emulator racecheck does.
+# The emulator's tests of the half kernels, collected here with this module's `emu`, in the half types only
+# (pytest_generate_tests: the float32 tests are this module's own, above); their ids all say "half", so
+# tools/gpu_proof.sh's racecheck (-k "not half") leaves them out as CI's emulator racecheck does.
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
@@ -427,8 +428,12 @@ def emu(tmp_path_factory):
 # the emulator's tests live in tests/gpu/emulator, which pytest puts on the path only when it collects there
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "emulator"))
 from test_gpu_kernels_emulated import (  # noqa: E402, F401  (collected here, with this module's `emu`)
-    test_half_add_scale, test_half_attention_head_classes, test_half_cosine, test_half_device_in_device_out,
-    test_half_dtype_without_kernels_is_refused, test_half_matmul_tiled_kernel, test_half_overflow_nan_inf,
+    test_add_scale, test_attention_head_classes, test_cosine, test_device_in_device_out,
+    test_half_dtype_without_kernels_is_refused, test_matmul_tiled_kernel, test_half_overflow_nan_inf,
     test_half_qmatmul, test_half_qmatmul_device_x,
-    test_half_rms_norm, test_half_softmax, test_half_softmax_nan_inf, test_half_supports_table,
-    test_half_top_k, half_call)   # half_call: also the Calls of the half tests above
+    test_rms_norm, test_softmax, test_softmax_nan_inf, test_half_supports_table,
+    test_top_k, half_call, parametrize_dtype)   # half_call: also the Calls of the half tests above
+
+
+def pytest_generate_tests(metafunc):
+    parametrize_dtype(metafunc, list(HALF))
