@@ -1,10 +1,11 @@
 # The performance model of one (op, backend, dtype): log2 size buckets holding a window of latencies
-# (median read in O(1), updated in O(window)) and a weighted least-squares line for unseen sizes.
+# (median read in O(1), updated in O(window)); an unseen size between measured ones joins its neighbours
+# in log-log, and a weighted least-squares line serves sizes beyond them.
 # Inline C only (no runtime module): hipsched._sched cimports it. See docs/scheduling.md.
 from libc.stdlib cimport calloc, free
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy, memmove
-from libc.math cimport NAN
+from libc.math cimport NAN, exp, log
 
 cdef enum:
     # quarter-octave size buckets (4 per power of two): sizes up to 2**48 work units. Whole octaves
@@ -162,11 +163,37 @@ cdef inline double fit_at(Fit *f, double w) noexcept nogil:
     return f.a + f.b * w
 
 
+cdef inline double between_measured(Bucket *bks, int b, double size) noexcept nogil:
+    """The time at `size`, in empty bucket b, from the nearest measured buckets on either side: their
+    medians at their mean work joined by a straight line in log(work)-log(time), the shape an op's
+    cost has between sizes (a power law per stretch: a cache level, a launch's fixed cost); NaN when
+    b is not between two measured buckets. The fit is one line through every bucket, weighted to the
+    small sizes; it missed the steps between them (the simulated H100's top_k on the CPU: 288 us
+    predicted at 8.3M work between measured 86 us at 2.1M and 452 us at 8.4M, 431 us measured, so the
+    GPU, faster there, lost the call; cosine on the CPU: 369 us predicted at 16.6M, 1253 us measured)."""
+    cdef int lo = b - 1, hi = b + 1
+    cdef double x1, y1, x2, y2
+    while lo >= 0 and bks[lo].n == 0:
+        lo -= 1
+    while hi < NBUCKETS and bks[hi].n == 0:
+        hi += 1
+    if lo < 0 or hi >= NBUCKETS:
+        return NAN
+    x1 = bks[lo].work_sum / bks[lo].n
+    x2 = bks[hi].work_sum / bks[hi].n
+    y1 = bucket_median(&bks[lo])
+    y2 = bucket_median(&bks[hi])
+    if not (x1 > 0 and x2 > x1 and y1 > 0 and y2 > 0 and size > 0):
+        return NAN
+    return y1 * exp(log(y2 / y1) * log(size / x1) / log(x2 / x1))
+
+
 cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
-    """Bucket median (scaled by the fit's slope within the bucket), else the fit, else NaN."""
+    """Bucket median (scaled by the fit's slope within the bucket), else the measured buckets on either
+    side (between_measured), else the fit, else NaN."""
     cdef int b = bucket_of(size)
     cdef Bucket *bk = &bks[b]
-    cdef double med, ratio, at_mean
+    cdef double med, ratio, at_mean, t
     if f.dirty or f.pending >= REFIT_EVERY:
         refit(bks, f)
     if bk.n > 0:
@@ -181,6 +208,9 @@ cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
                     ratio = 2.0
                 med *= ratio
         return med
+    t = between_measured(bks, b, size)
+    if t == t:
+        return t
     if f.valid:
         return fit_at(f, size)
     return NAN

@@ -157,6 +157,26 @@ def test_fit_predicts_unseen_sizes():
     assert math.isnan(c.predict(s, 1, 2 ** 20))
 
 
+def test_an_unseen_size_between_measured_ones_joins_its_neighbours_in_log_log():
+    """A cost that steps between sizes (a cache level: 86 us at 2M, 452 us at 8.4M, as the simulated
+    H100's top_k on the CPU) is predicted between them from those two, not from the line through every
+    bucket, which the small sizes pull down; beyond the measured sizes the line still serves."""
+    c = core()
+    s = c.slot("top_k", "float32")
+    points = [(2 ** 13, 33.0), (2 ** 17, 46.0), (2 ** 21, 86.0), (2 ** 23, 452.0), (2 ** 25, 1900.0)]
+    for n, t in points:
+        for _ in range(3):
+            c.record(s, 0, n, t)
+    n = 8_300_000                                      # just below 2^23: a bucket with no sample
+    x1, y1, x2, y2 = 2 ** 21, 86.0, 2 ** 23, 452.0
+    want = y1 * math.exp(math.log(y2 / y1) * math.log(n / x1) / math.log(x2 / x1))
+    assert c.predict(s, 0, n) == pytest.approx(want, rel=1e-9)
+    assert 440 < c.predict(s, 0, n) < 452
+    for n in (3 * 2 ** 18, 3 * 2 ** 22):              # between other pairs: monotone between their times
+        assert 46.0 < c.predict(s, 0, n) < 1900.0
+    assert c.predict(s, 0, 2 ** 28) > 1900.0           # beyond: the fit's line, growing with the work
+
+
 def test_transfers_count_for_host_data_only():
     c = _sched.SchedCore()
     c.set_transfer(10.0, 1.0, 10.0, 1.0)     # 10 us + 1 GB/s each way

@@ -250,7 +250,11 @@ class SimulatedGpu(GpuBackendBase):
 
 
 def simulated_machine(clock=None, seed=0, sigma=0.05):
-    """{"gpu_backend": ..., "cpu_backend": ...} for an Executor on the simulated H100 machine."""
+    """{"gpu_backend": ..., "cpu_backend": ..., "split": False}: the Executor options of the simulated
+    H100 machine. Splitting is off: the virtual clock is one for the process, so two parts running at
+    once would each advance it by their own time and the split call would take their sum (and the
+    splitter times its parts on the wall clock, which here measures this machine computing the results);
+    a split call's worth is measured by bench/split.py with a device that really runs beside the CPU."""
     clock = clock if clock is not None else SimClock()
     return {"gpu_backend": SimulatedGpu(clock, sigma=sigma, seed=2 * seed + 1),
-            "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed)}
+            "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed), "split": False}
