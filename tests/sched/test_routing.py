@@ -164,8 +164,8 @@ def test_demo_exits_nonzero_when_a_self_check_fails(tmp_path, monkeypatch, capsy
 
 
 # ---------------------------------------------------------------- the demo on the simulated H100
-@pytest.mark.parametrize("start,floor", [("calibrated", 0.75)])
-def test_demo_oracle_on_the_simulated_h100(tmp_path, start, floor):
+@pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.90, 0.06)])
+def test_demo_oracle_on_the_simulated_h100(tmp_path, start, floor, regret):
     """The quick demo through the simulated H100 machine, judged by `demo --oracle`. The floor is below
     what bench/routing.py measured (docs/scheduling.md), and the time is virtual, so it does not
     depend on this machine's load."""
@@ -178,6 +178,7 @@ def test_demo_oracle_on_the_simulated_h100(tmp_path, start, floor):
     o = res["overall"]
     assert o["judged"] >= 0.95 * o["calls"]
     assert o["accuracy"] >= floor, text
+    assert o["regret"] <= regret, text
     assert "Routing against the oracle" in text
 
 
