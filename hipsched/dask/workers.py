@@ -88,6 +88,10 @@ class HipschedWorkerPlugin(WorkerPlugin):
         elif pin["gpu_device_id"] is not None:
             # the index is into the visible list; one the client set explicitly applies to every worker
             values.setdefault("gpu_device_id", pin["gpu_device_id"])
+        # one worker per GPU: a worker takes parts of split calls to its own device only (dask-cuda's
+        # rotated CUDA_VISIBLE_DEVICES shows every worker every GPU), unless the client lists devices
+        if values.get("gpu_devices") is None:
+            values["gpu_devices"] = [values.get("gpu_device_id", 0)]
         values["telemetry_worker"] = str(worker_name)
         values["telemetry_job"] = self.job
         path = None

@@ -187,6 +187,12 @@ def test_plugin_pins_the_executor_with_the_variables_set(monkeypatch, tmp_path):
     # an explicit gpu_device_id from the client is an index into the visible list, for every worker
     plugin = HipschedWorkerPlugin(client_settings({"gpu_device_id": 1}), "pin")
     assert plugin.worker_config("w", env={"CUDA_VISIBLE_DEVICES": "3,1"})[0].gpu_device_id == 1
+    # its own device alone, though it sees both: the other is another worker's
+    assert plugin.worker_config("w", env={"CUDA_VISIBLE_DEVICES": "3,1"})[0].gpu_devices == [1]
+    assert HipschedWorkerPlugin(client_settings({}), "pin").worker_config(
+        "w", env={"CUDA_VISIBLE_DEVICES": "2,3,0,1"})[0].gpu_devices == [0]
+    assert HipschedWorkerPlugin(client_settings({"gpu_devices": [0, 1]}), "pin").worker_config(
+        "w", env={"CUDA_VISIBLE_DEVICES": "2,3"})[0].gpu_devices == [0, 1]
     # no device visible: everything on the CPU
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     plugin = HipschedWorkerPlugin(client_settings({"persist_model": False}), "pin")
