@@ -388,3 +388,49 @@ HS_DEV void hs_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "me
 template <int N> HS_DEV void hs_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 #endif
 #endif  // HS_MMA_M16N8K16
+
+// ------------------------------------------------------------------ 16 x 16 tiles, either vendor
+// One product that a kernel body can be written against once for both vendors (quant.hip's
+// hs_qmatmat_*_mma_*): C (16 x 16, float32) += A (16 x 16) B (16 x 16) in the 16-bit type T, with both
+// operands in shared memory stored k-contiguous, A as its rows and B as its columns (row i of B's tile is
+// column i of B). Both vendors' fragments hold pairs of consecutive k in a register, so in that storage one
+// load routine serves A and B alike. NVIDIA: two m16n8k16 (B's columns 0-7, then 8-15), fragments by
+// ldmatrix .x4; AMD: one MFMA 16x16x16, a fragment one 8-byte LDS read. A fragment is HS_MM16_REGS
+// registers, an accumulator HS_MM16_ACC floats, its element e being C[hs_mm16_row(e)][hs_mm16_col(e)].
+#if defined(HS_MMA_M16N8K16) || defined(HS_MFMA_16X16X16)
+#define HS_MM16 1
+#if defined(HS_MMA_M16N8K16)
+#define HS_MM16_REGS 4
+#define HS_MM16_ACC 8
+// `tile`: the operand's 16 x 16 corner, rows `ld` elements apart, 16-byte aligned (ld a multiple of 8).
+// Lane l points ldmatrix at row l % 8 + 8 ((l / 8) % 2), column 8 (l / 16), so r[0..3] are the 8 x 8
+// matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15): for A the
+// m16n8k16 registers a0..a3; for B (rows = B's columns) b0, b1 of columns 0-7 in r[0], r[2] and of
+// columns 8-15 in r[1], r[3].
+HS_DEV void hs_mm16_frag(hs_u32* r, const hs_u16* tile, int ld) {
+    const int l = threadIdx.x % 32;
+    hs_ldsm_x4(r, tile + (l % 8 + 8 * ((l / 8) % 2)) * ld + 8 * (l / 16));
+}
+template <class T> HS_DEV void hs_mm16(float* c, const hs_u32* a, const hs_u32* b) {
+    const hs_u32 lo[2] = {b[0], b[2]}, hi[2] = {b[1], b[3]};
+    hs_mma_16816<T>(c, a, lo);
+    hs_mma_16816<T>(c + 4, a, hi);
+}
+HS_DEV int hs_mm16_row(int e) { return (int)(threadIdx.x % 32) / 4 + 8 * ((e / 2) % 2); }
+HS_DEV int hs_mm16_col(int e) { return 2 * (int)(threadIdx.x % 4) + e % 2 + 8 * (e / 4); }
+#else
+#define HS_MM16_REGS 2
+#define HS_MM16_ACC 4
+// `tile` as above, 8-byte aligned (ld a multiple of 4): lane l reads row l % 16, k 4 (l / 16) .. + 3,
+// which is A[i][4q..4q+3] for A and B[4q..4q+3][i] for B in the MFMA layout.
+HS_DEV void hs_mm16_frag(hs_u32* r, const hs_u16* tile, int ld) {
+    const int l = threadIdx.x % 64;
+    const hs_u64 w = *reinterpret_cast<const hs_u64*>(tile + (l % 16) * ld + 4 * (l / 16));
+    r[0] = (hs_u32)w;
+    r[1] = (hs_u32)(w >> 32);
+}
+template <class T> HS_DEV void hs_mm16(float* c, const hs_u32* a, const hs_u32* b) { hs_mfma_16x16x16<T>(c, a, b); }
+HS_DEV int hs_mm16_row(int e) { return 4 * ((int)(threadIdx.x % 64) / 16) + e; }
+HS_DEV int hs_mm16_col(int) { return (int)(threadIdx.x % 16); }
+#endif
+#endif  // HS_MM16

@@ -299,8 +299,8 @@ HS_DEV void hsq_matvecn(const hs_u8* __restrict__ w, const T* __restrict__ x, T*
 // once and reused by 64 columns, and the X tile is widened to float32 there, so the inner loop is the
 // same whatever T. Thread (tr, tc) computes rows 4*tr..4*tr+3 and columns tc, tc+16, tc+32, tc+48
 // (strided so the shared X reads of a warp hit 16 consecutive banks). Launch: grid (ceil(n/64),
-// ceil(m/64)), block 256. (Tensor-core tiles for large m are not written: this path is kept as it was,
-// reading the repacked layout.)
+// ceil(m/64)), block 256. A float32 x always takes this kernel, a half x on targets without matrix cores
+// (a half x with them: hsq_matmat_mma below).
 #define HSQ_TM 64
 #define HSQ_TN 64
 
@@ -380,6 +380,150 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const T* __restrict__ x, T* 
         }
     }
 }
+
+// ------------------------------------------------------------------ matrix-matrix on matrix cores
+
+// Y = W X for m > 16 and a half x (float16, bfloat16) on targets with matrix cores (prelude.h's HS_MM16:
+// mma.sync m16n8k16 on NVIDIA sm_80+, MFMA 16x16x16 on CDNA), one body for both through prelude.h's
+// 16 x 16 tile product. Exact to float32 accumulation, as the SIMT kernels: a weight's quant (an int8
+// for Q8_0, nibble - 8 for Q4_0) is an integer of at most 8 bits, exact in float16 and in bfloat16, and x
+// is already half, so the matrix core multiplies the quants, not q * d (which would round to 16 bits),
+// by x exactly and sums the 32 products of one quant block in float32; that block sum is then scaled by
+// the block's d in float32 and added to the row's float32 total. A float32 x is never sent here: the
+// matrix cores would round it to 16 bits (or TF32).
+//
+// A block of 4 warps (waves) owns a 64 x 64 output tile, each warp a 32 x 32 quarter (2 x 2 tiles of
+// 16 x 16), and walks k in steps of 64 (two quant blocks): the W tile's quants, converted to T, and the
+// X tile, transposed so that k is contiguous for both operands, go through shared memory (rows padded by
+// 16 bytes: ldmatrix's 8 rows of 16 bytes fall in distinct bank groups), with the two blocks' scales of
+// the 64 rows. The 64 k's of a step lie in one group of 16 lanes of one superblock (lanes 0-15 or 16-31
+// of group g): one 32-bit word of 4 quants per lane and row. A step past k reads the last superblock's
+// padding (quants 0, scale 0) and zeros of x. Launch: grid (ceil(n/64), ceil(m/64)), block 4 warps.
+#if defined(HS_MM16)
+#ifdef HS_NVIDIA
+#define HSQ_MMA_THREADS 128   // 4 warps; spelled out for __launch_bounds__ (the emulator reads it unnested)
+#else
+#define HSQ_MMA_THREADS 256   // 4 waves of 64
+#endif
+#define HSQ_KT 64             // k's of a step: two quant blocks
+#define HSQ_LDT (HSQ_KT + 8)  // row stride of the shared tiles, in elements
+
+template <int Q8, class T>
+HS_DEV void hsq_matmat_mma(const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y,
+                           hs_i64 n, hs_i64 k, hs_i64 m) {
+    alignas(16) __shared__ hs_u16 ws[HSQ_TM][HSQ_LDT];   // quants of 64 rows as T
+    alignas(16) __shared__ hs_u16 xs[HSQ_TN][HSQ_LDT];   // x transposed: 64 columns, k contiguous
+    __shared__ float ds[2][HSQ_TM];                       // the step's two block scales per row
+    const int tid = threadIdx.x, warp = tid / HS_WARP;
+    const int wr = 32 * (warp / 2), wc = 32 * (warp % 2);
+    const hs_i64 r0 = (hs_i64)blockIdx.x * HSQ_TM, c0 = (hs_i64)blockIdx.y * HSQ_TN;
+    const hs_i64 rowb = (k + HSQ_SBK(Q8) - 1) / HSQ_SBK(Q8) * HSQ_SBB(Q8);
+    const hs_u16* xb = reinterpret_cast<const hs_u16*>(x);
+    float acc[2][2][HS_MM16_ACC];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < HS_MM16_ACC; ++e) acc[i][j][e] = 0.0f;
+
+    for (hs_i64 kb = 0; kb < k; kb += HSQ_KT) {
+        const hs_i64 s = kb / HSQ_SBK(Q8);
+        const int off = (int)(kb - s * HSQ_SBK(Q8)), g = off / 128, l0 = (off % 128) / 4;
+        // W: row, lane l0 + j of the group: weights kb + 4 j .. + 3
+        for (int i = tid; i < HSQ_TM * 16; i += HSQ_MMA_THREADS) {
+            const int row = i / 16, j = i % 16;
+            hs_u64 v = 0;
+            if (r0 + row < n) {
+                const hs_u8* sb = w + (r0 + row) * rowb + s * HSQ_SBB(Q8);
+                const hs_u32 word = *reinterpret_cast<const hs_u32*>(sb + 16 * (l0 + j) + 4 * (Q8 ? g : g / 2));
+                const hs_u32 q = Q8 ? word : (word >> (4 * (g % 2))) & 0x0f0f0f0fu;
+                v = (hs_u64)hs_pack2<T>(HSQ_BYTE_F(q, 0, HSQ_BIAS(Q8)), HSQ_BYTE_F(q, 1, HSQ_BIAS(Q8))) |
+                    ((hs_u64)hs_pack2<T>(HSQ_BYTE_F(q, 2, HSQ_BIAS(Q8)), HSQ_BYTE_F(q, 3, HSQ_BIAS(Q8))) << 32);
+            }
+            *reinterpret_cast<hs_u64*>(&ws[row][4 * j]) = v;
+        }
+        // lanes l0 .. l0 + 7 and l0 + 8 .. l0 + 15 of group g: blocks 4 g + l0 / 8 and the next
+        for (int i = tid; i < 2 * HSQ_TM; i += HSQ_MMA_THREADS) {
+            const int row = i % HSQ_TM, b = i / HSQ_TM;
+            float d = 0.0f;
+            if (r0 + row < n) {
+                const hs_u8* sb = w + (r0 + row) * rowb + s * HSQ_SBB(Q8);
+                d = hs_half_to_float(*reinterpret_cast<const hs_u16*>(sb + HSQ_SBQ + 2 * ((l0 / 8 + b) * HSQ_NG(Q8) + g)));
+            }
+            ds[b][row] = d;
+        }
+        // X: 4 k's of one column per item, consecutive items consecutive columns (coalesced reads)
+        for (int i = tid; i < HSQ_TN * (HSQ_KT / 4); i += HSQ_MMA_THREADS) {
+            const int c = i % HSQ_TN, kq = i / HSQ_TN;
+            hs_u64 v = 0;
+            if (c0 + c < m) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const hs_i64 kk = kb + 4 * kq + e;
+                    if (kk < k) v |= (hs_u64)xb[kk * m + c0 + c] << (16 * e);
+                }
+            }
+            *reinterpret_cast<hs_u64*>(&xs[c][4 * kq]) = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            // one quant block: its 32 exact products summed in float32 by the matrix core, then scaled
+            float p[2][2][HS_MM16_ACC];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < HS_MM16_ACC; ++e) p[i][j][e] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int kk = 32 * b + 16 * h;
+                hs_u32 a[2][HS_MM16_REGS], bx[2][HS_MM16_REGS];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) hs_mm16_frag(a[i], &ws[wr + 16 * i][kk], HSQ_LDT);
+#pragma unroll
+                for (int j = 0; j < 2; ++j) hs_mm16_frag(bx[j], &xs[wc + 16 * j][kk], HSQ_LDT);
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) hs_mm16<T>(p[i][j], a[i], bx[j]);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int e = 0; e < HS_MM16_ACC; ++e) {
+                    const float d = ds[b][wr + 16 * i + hs_mm16_row(e)];
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) acc[i][j][e] += p[i][j][e] * d;
+                }
+        }
+        __syncthreads();   // the next step's staging overwrites the tiles
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < HS_MM16_ACC; ++e) {
+                const hs_i64 r = r0 + wr + 16 * i + hs_mm16_row(e), c = c0 + wc + 16 * j + hs_mm16_col(e);
+                if (r < n && c < m) y[r * m + c] = hs_st<T>(acc[i][j][e]);
+            }
+}
+
+// hs_qmatmat_<P>_mma_<qtype>: the half types only (a float32 x stays on hs_qmatmat_f32_*)
+#define HSQ_MMA_ENTRY(P, T, Q, Q8)                                                                             \
+    HS_KERNEL void __launch_bounds__(HSQ_MMA_THREADS) hs_qmatmat_##P##_mma_##Q(                               \
+            const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k,      \
+            hs_i64 m) {                                                                                        \
+        hsq_matmat_mma<Q8, T>(w, x, y, n, k, m);                                                               \
+    }
+HSQ_MMA_ENTRY(f16, hs_half, q8_0, 1)
+HSQ_MMA_ENTRY(f16, hs_half, q4_0, 0)
+HSQ_MMA_ENTRY(bf16, hs_bf16, q8_0, 1)
+HSQ_MMA_ENTRY(bf16, hs_bf16, q4_0, 0)
+#endif  // HS_MM16
 
 // The products per element type S/T of x and y and per quant type (kernel names hs_<kind>_<S>_<qtype>):
 // hs_qmatvec (a vector), hs_qmatvecn (2..16 columns, HSQ_MC per block column), hs_qmatmat (more).

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import ctypes
 import math
-import re
 
 from ...errors import GpuError
 from ..launch.context import Launch, pure_plan
-from .common import KERNEL_SUFFIX, kernel_suffix, np_dtype
+from .common import KERNEL_SUFFIX, has_mma, kernel_suffix, np_dtype
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
@@ -28,8 +27,6 @@ _DIMS_PER_THREAD = 16  # a query row is spread over head_dim_class / 16 threads
 MMA_CLASSES = (32, 64, 128)   # head-dim classes with tensor-core kernels (d256 would spill its registers)
 MMA_ROWS = 64                 # HSM_ROWS / HSF_ROWS: query rows per block, 16 per warp
 MMA_WARPS = 4                 # HSM_WARPS / HSF_WARPS: 128 threads at warp 32, 256 at wavefront 64
-_MMA_MIN_SM = 80              # mma.sync m16n8k16 in bf16, cp.async, ldmatrix: sm_80's
-_MFMA_TARGETS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942")   # prelude.h's HS_MFMA_16X16X16
 
 
 def head_dim_class(hd: int) -> int:
@@ -37,17 +34,6 @@ def head_dim_class(hd: int) -> int:
         if hd <= d:
             return d
     raise GpuError("unsupported", f"attention: head_dim {hd} exceeds the GPU kernel's maximum {MAX_HEAD_DIM}")
-
-
-def has_mma(arch: str | None) -> bool:
-    """Whether kernels compiled for `arch` ("sm_90", "gfx90a:xnack-") include the matrix-core ones: the
-    tests prelude.h's HS_MMA_M16N8K16 (__CUDA_ARCH__) and HS_MFMA_16X16X16 (the __gfx*__ macros) make,
-    on the target name (an AMD target's features after the colon do not matter)."""
-    arch = (arch or "").strip()
-    if arch.split(":")[0] in _MFMA_TARGETS:
-        return True
-    found = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
-    return bool(found) and int(found.group(1)) >= _MMA_MIN_SM
 
 
 @pure_plan

@@ -8,6 +8,7 @@ gives them for a call, and each module's `report_launches` lists what reaches ev
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -26,6 +27,22 @@ RESIDENT_BLOCKS_V8 = 4
 
 # Kernel name suffix per element type (prelude.h's HS_FOR_EACH_FLOAT).
 KERNEL_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+# Targets whose kernels include the matrix-core ones (attention's and qmatmul's `_mma_` kernels).
+_MMA_MIN_SM = 80              # mma.sync m16n8k16 in bf16, cp.async, ldmatrix: sm_80's
+_MFMA_TARGETS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942")   # prelude.h's HS_MFMA_16X16X16
+
+
+def has_mma(arch: str | None) -> bool:
+    """Whether kernels compiled for `arch` ("sm_90", "gfx90a:xnack-") include the matrix-core ones: the
+    tests prelude.h's HS_MMA_M16N8K16 (__CUDA_ARCH__) and HS_MFMA_16X16X16 (the __gfx*__ macros) make,
+    on the target name (an AMD target's features after the colon do not matter)."""
+    arch = (arch or "").strip()
+    if arch.split(":")[0] in _MFMA_TARGETS:
+        return True
+    found = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    return bool(found) and int(found.group(1)) >= _MMA_MIN_SM
 
 
 def kernel_suffix(call, op=None, dtypes=tuple(KERNEL_SUFFIX)) -> str:

@@ -6,7 +6,10 @@ are uploaded once, in our own device layout (`device_layout`: repacked on the ho
 go up, so the host bytes, what `dequantize` and the CPU engine read, stay gguf's). qmatmul's x is
 float32, float16 or bfloat16, read in its own type (the kernels of x's element type are launched,
 whatever Call.dtype says) and never re-quantized: the product accumulates in float32 and comes back in
-x's dtype, rounded once, as on the CPU. dequantize gives float32."""
+x's dtype, rounded once, as on the CPU. More than 16 columns of a half x on a target with matrix cores
+(common.has_mma) go to the tensor-core tiles, hs_qmatmat_{f16,bf16}_mma_<qtype>: the quants, exact in 16
+bits, times x, each block's float32 sum then scaled by its d, so the product is the same float32
+accumulation of exact products (quant.hip, docs/gpu.md). dequantize gives float32."""
 from __future__ import annotations
 
 import ctypes
@@ -16,7 +19,7 @@ import numpy as np
 from ...errors import GpuError
 from ...gguf_blocks import BLOCK_BYTES, QK, SUPERBLOCK, device_bytes
 from ..launch.context import Launch, grid_stride_blocks, pure_plan
-from .common import KERNEL_SUFFIX
+from .common import KERNEL_SUFFIX, has_mma
 
 _DEQ_BLOCK = 256
 _MATVEC_BLOCK = 128      # threads: 4 teams of 32 lanes (a warp, or half an AMD wavefront)
@@ -25,6 +28,7 @@ _MATVECN_ROWS = {"q8_0": 4, "q4_0": 2}   # HSQ_NRN: rows per team of the several
 _MATVECN_COLS = 8        # HSQ_MC: columns per block of it (grid y: chunks of columns)
 _MATVEC_MAX_COLS = 16    # up to this many columns of x go through the mat-vec kernels; more, the tiles
 _TILE = 64               # HSQ_TM / HSQ_TN in quant.hip
+_MMA_WARPS = 4           # warps (waves) per block of the matrix-core tiles, hs_qmatmat_<x>_mma_<qtype>
 _LANES = 32              # lanes per superblock (each 16 bytes of quants)
 _GROUP_SPAN = 128        # weights between a lane's consecutive groups of 4
 
@@ -152,11 +156,13 @@ def dequantize_launches(n: int, k: int, qtype: str, multiprocessors: int) -> lis
 
 
 @pure_plan
-def qmatmul_launches(n: int, m: int, qtype: str, warp: int, suffix: str = "f32") -> list[Launch]:
+def qmatmul_launches(n: int, m: int, qtype: str, warp: int, suffix: str = "f32", mma: bool = False) -> list[Launch]:
     """W (n, k) x X (k, m): the one-column mat-vec (a team of 32 lanes per _MATVEC_ROWS rows) for m == 1,
     the several-column one (teams of _MATVECN_ROWS rows, grid y: chunks of _MATVECN_COLS columns) up to
-    _MATVEC_MAX_COLS, else 64x64 output tiles on grid (n / 64, m / 64). The geometry is in teams of 32
-    lanes whatever the warp size; `suffix`, x's element type, only renames the kernel."""
+    _MATVEC_MAX_COLS, else 64x64 output tiles on grid (n / 64, m / 64): on the matrix cores when `mma`
+    (the target has them) and x is a half type (4 warps of `warp` lanes), else SIMT (256 threads). The
+    mat-vecs' geometry is in teams of 32 lanes whatever the warp size; `suffix`, x's element type, only
+    renames those kernels."""
     if m == 1:
         rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVEC_ROWS
         return [Launch.of("quant", f"hs_qmatvec_{suffix}_{qtype}", -(-n // rows_per_block), _MATVEC_BLOCK)]
@@ -164,7 +170,10 @@ def qmatmul_launches(n: int, m: int, qtype: str, warp: int, suffix: str = "f32")
         rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVECN_ROWS[qtype]
         return [Launch.of("quant", f"hs_qmatvecn_{suffix}_{qtype}", (-(-n // rows_per_block), -(-m // _MATVECN_COLS)),
                           _MATVEC_BLOCK)]
-    return [Launch.of("quant", f"hs_qmatmat_{suffix}_{qtype}", (-(-n // _TILE), -(-m // _TILE)), 256)]
+    grid = (-(-n // _TILE), -(-m // _TILE))
+    if mma and suffix != "f32":   # a float32 x would be rounded by the matrix cores: SIMT (quant.hip)
+        return [Launch.of("quant", f"hs_qmatmat_{suffix}_mma_{qtype}", grid, _MMA_WARPS * warp)]
+    return [Launch.of("quant", f"hs_qmatmat_{suffix}_{qtype}", grid, 256)]
 
 
 def dequantize_plan(ctx, call) -> list[Launch]:
@@ -190,7 +199,7 @@ def qmatmul_plan(ctx, call) -> list[Launch]:
     n, k = w.shape
     m = 1 if len(x.shape) == 1 else int(x.shape[1])
     qtype, suffix = _suffix(w), _x_suffix(x)
-    return qmatmul_launches(n, m, qtype, ctx.warp_size, suffix) if n * m * k else []
+    return qmatmul_launches(n, m, qtype, ctx.warp_size, suffix, has_mma(ctx.arch)) if n * m * k else []
 
 
 def qmatmul(ctx, call, stream):
@@ -219,12 +228,17 @@ def qmatmul(ctx, call, stream):
     return ctx.finish(out, call, stream)
 
 
-def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
-    """Every quant kernel at the block sizes the glue uses (the compile report's occupancy rows)."""
+def report_launches(warp: int, multiprocessors: int, arch: str | None = None) -> list[Launch]:
+    """Every quant kernel at the block sizes the glue uses (the compile report's occupancy rows): the
+    matrix-core tiles too when `arch` has them. Without an arch only the kernels every target has (the
+    names kernel_names finds in quant.hip: the `_mma_` ones exist only where prelude.h's HS_MM16 is)."""
+    mma = has_mma(arch)
     plans = []
     for qtype in ("q8_0", "q4_0"):
         plans += dequantize_launches(100, 1024, qtype, multiprocessors)
         for suffix in KERNEL_SUFFIX.values():
             for m in (1, 2, 17):
                 plans += qmatmul_launches(100, m, qtype, warp, suffix)
+            if mma:
+                plans += qmatmul_launches(100, 17, qtype, warp, suffix, mma=True)
     return plans

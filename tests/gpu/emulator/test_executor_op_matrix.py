@@ -238,14 +238,17 @@ def _check_dequantize(out, args, kwargs, dtype):
     np.testing.assert_array_equal(out, _gguf_dequantized(args[0]))   # fp16 scale x int: exact
 
 
-QMATMUL_COLUMNS = {"vector": None, "columns": 3, "matrix": 70}   # mat-vec, 8-column mat-vec, 64x64 tiles
+# the mat-vec, the 8-column mat-vec, and the 64x64 tiles (on the emulated sm_90 a half x takes the
+# tensor-core ones, a float32 x the SIMT ones) with a partial column tile (17, 100) and a whole one (64)
+QMATMUL_COLUMNS = {"vector": None, "columns": 3, "tiles17": 17, "tiles64": 64, "tiles100": 100}
 
 
 def _qmatmul(rng, dtype, form):
     qtype = dtype.partition("/")[0]
-    W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)   # 69: partial row pairs and tiles
+    # 69 rows: partial row pairs and tiles; k = 96: the tiles' last 64-k step is half padding
+    W = quantize(rng.standard_normal((69, 96)).astype(np.float32), qtype)
     m = QMATMUL_COLUMNS[form]
-    return (W, randn(rng, dtype, *((64,) if m is None else (64, m)))), {}
+    return (W, randn(rng, dtype, *((96,) if m is None else (96, m)))), {}
 
 
 def _check_qmatmul(out, args, kwargs, dtype):

@@ -717,12 +717,16 @@ def test_tensor_core_attention_hidden_inf_nan(emu, rng, dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
-def test_half_qmatmul(emu, rng, dtype, qtype):
-    """qmatmul's three products with a half x (a vector, 3 and 16 columns, 70 columns), through the op spec's
-    prepare: x read in its own type, y in x's type, bit for bit the float32 kernel's result on the widened
-    x rounded once to the half type; and within the half rounding of gguf's dequantization times x in
-    float64 (before the fix, x's 2-byte elements were read as float32: values near 1e35)."""
+def test_half_qmatmul(emu, rng, dtype, qtype, monkeypatch):
+    """qmatmul's three SIMT products with a half x (a vector, 3 and 16 columns, 70 columns), through the op
+    spec's prepare: x read in its own type, y in x's type, bit for bit the float32 kernel's result on the
+    widened x rounded once to the half type; and within the half rounding of gguf's dequantization times x
+    in float64 (before the fix, x's 2-byte elements were read as float32: values near 1e35). Both emulated
+    targets have matrix cores, where the glue sends 70 half columns to the tensor-core tiles
+    (test_half_qmatmul_tensor_core): here the glue is told the target has none, as on gfx906 or gfx1030."""
     from hipsched import quantize
+    from hipsched.gpu.ops import quant
+    monkeypatch.setattr(quant, "has_mma", lambda arch: False)
     t = HALF[dtype]
     W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)
     Wf = gguf_dequantized(W)
@@ -737,6 +741,47 @@ def test_half_qmatmul(emu, rng, dtype, qtype):
         ref = Wf.astype(np.float64) @ x32.astype(np.float64)
         bound = UNIT[dtype] * np.abs(ref) + qmatmul_bound(Wf, x32) + TINY[dtype]
         np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+
+
+def _qmatmul_kernel(emu, call) -> str:
+    from hipsched.gpu.ops.quant import qmatmul_plan
+    (launch,) = qmatmul_plan(emu._ctx, call)
+    return launch.kernel
+
+
+# Tensor-core qmatmul (hs_qmatmat_{f16,bf16}_mma_*: warp 32, the emulated sm_90's mma.sync; warp 64, the
+# emulated gfx90a's MFMA), more than 16 columns of a half x: 17 and 100 columns are partial 64-column
+# tiles, 64 one whole; 69 rows a partial 64-row tile; k = 96 ends in half a 64-k step (the last
+# superblock's padding), k = 1056 crosses superblocks (three Q8_0, two Q4_0) and every group of 16 lanes.
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("n,k,m", [(69, 96, 17), (69, 96, 100), (37, 1056, 64)], ids=["m17", "m100", "m64_k1056"])
+def test_half_qmatmul_tensor_core(emu, rng, dtype, qtype, n, k, m):
+    """Each quant (an integer of 8 bits at most) is exact in either half type, so the matrix core's
+    products of quants and x are exact and each block's 32 are summed in float32 before the block's scale:
+    the error of a float32 sum of k products, k 2^-24 (|W| @ |x|) (the block sums, their scaling and the
+    sum over k / 32 blocks together take 32 + 1 + k / 32 roundings at most), then y's rounding. Against
+    the float64 product of gguf's dequantization and x, and the CPU engine; a float32 x is not sent to
+    the tensor cores."""
+    from hipsched import quantize
+    t = HALF[dtype]
+    W = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+    Wf = gguf_dequantized(W).astype(np.float64)
+    x = (rng.standard_normal((k, m)) * 2).astype(t)
+    call = OPS["qmatmul"].prepare(W, x)
+    assert _qmatmul_kernel(emu, call) == f"hs_qmatmat_{'f16' if dtype == 'float16' else 'bf16'}_mma_{qtype}"
+    assert "_mma_" not in _qmatmul_kernel(emu, OPS["qmatmul"].prepare(W, x.astype(np.float32)))
+    g = emu.run(call)
+    assert g.dtype == t and g.shape == (n, m)
+    x64 = x.astype(np.float64)
+    ref, mag = Wf @ x64, np.abs(Wf) @ np.abs(x64)
+    u = UNIT[dtype]
+    bound = u * np.abs(ref) + (1 + u) * k * 2.0 ** -24 * mag + TINY[dtype]
+    np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound)
+    # the CPU engine: a float32 sum in its own order (qmatmul_bound), rounded once
+    c = CPU.run(OPS["qmatmul"].prepare(W, x)).astype(np.float64)
+    np.testing.assert_array_less(np.abs(g.astype(np.float64) - c),
+                                 bound + u * np.abs(ref) + qmatmul_bound(Wf, x64) + TINY[dtype])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -1,8 +1,8 @@
 """The instruction check: what the machine code of the hot kernels does, read from the disassembly of the
 real compilers' output for the H100 (sm_90, NVRTC, `cuobjdump -sass`) and MI200 (gfx90a, hiprtc,
-`llvm-objdump`; the half attention kernels for MI100, gfx908, too). Without a GPU in CI this is the
-evidence the kernels are built for the hardware's speed (docs/gpu.md, "Roofline"): matrix-core
-instructions (HMMA, v_mfma) in the half-precision attention kernels, 128-bit global loads in the
+`llvm-objdump`; the half attention and qmatmul tile kernels for MI100, gfx908, too). Without a GPU in CI
+this is the evidence the kernels are built for the hardware's speed (docs/gpu.md, "Roofline"): matrix-core
+instructions (HMMA, v_mfma) in the half-precision attention and qmatmul tile kernels, 128-bit global loads in the
 bandwidth kernels, no local memory (spills) in any kernel. The parser itself is checked on fixed
 disassembly text, so a change of the tools' format cannot turn the check vacuous."""
 import re
@@ -16,7 +16,7 @@ from real_compilers import cache_dir, compiler_or_skip  # noqa: F401 (cache_dir 
 
 SOURCES = sorted(kernel_sources())
 
-# Kernels on tensor / matrix cores are named with _mma_ (src_c/hip/attention.hip).
+# Kernels on tensor / matrix cores are named with _mma_ (src_c/hip/attention.hip, quant.hip).
 MATRIX = re.compile(r"_mma_")
 # Bandwidth-bound kernels whose element loads and stores are 128 bits wide: they must contain 128-bit
 # global loads and stores. Narrower ones may stand beside them (the tail past the last 16-byte pack,
@@ -40,9 +40,10 @@ LOCAL_ALLOWED: dict[str, str] = {
                              "(8 bytes of loads per call, outside the key loop); not yet reworked"
     for t in ("", "f16_", "bf16_") for d in (64, 128, 256)
 } | {
-    f"hs_qmatmat_{t}_{q}": "the many-column qmatmat with a half x (no bandwidth kernel) keeps one 4-byte value "
-                           "on the stack on sm_90 at 80 registers: stored before its k-tile loop, read once per "
-                           "tile, not in the inner loop"
+    f"hs_qmatmat_{t}_{q}": "the SIMT many-column qmatmat with a half x (what targets without matrix cores run; "
+                           "the _mma_ tiles have no local memory) keeps one 4-byte value on the stack on sm_90 "
+                           "at 80 registers: stored before its k-tile loop, read once per tile, not in the "
+                           "inner loop"
     for t in ("f16", "bf16") for q in ("q8_0", "q4_0")
 }
 
@@ -79,17 +80,21 @@ def test_hot_kernels_use_the_hardware(source, arch, cache_dir):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx90a", "gfx908"])
-def test_the_glues_matrix_kernels_are_built_and_use_matrix_cores(arch, cache_dir):
-    """Every half attention kernel the glue picks on a target with matrix cores is in that target's code
-    object and contains HMMA / v_mfma (gfx908 too: its bfloat16 product is another instruction). The rule
-    above checks only the kernels it finds: a prelude condition that left them out of a target's build
-    would leave it nothing to check, and the glue launching a kernel that is not there."""
+@pytest.mark.parametrize("family", ["attention", "quant"])
+def test_the_glues_matrix_kernels_are_built_and_use_matrix_cores(family, arch, cache_dir):
+    """Every half attention and qmatmul kernel the glue picks on a target with matrix cores is in that
+    target's code object and contains HMMA / v_mfma (gfx908 too: its bfloat16 product is another
+    instruction). The rule above checks only the kernels it finds: a prelude condition that left them out
+    of a target's build would leave it nothing to check, and the glue launching a kernel that is not there."""
     from hipsched.gpu.compilation.targets import TARGETS
-    from hipsched.gpu.ops import attention
-    facts = _facts(arch, "attention.hip", cache_dir)
-    planned = {launch.kernel for launch in attention.report_launches(TARGETS[arch].wavefront, 1, arch)
+    from hipsched.gpu.ops import attention, quant
+    module = {"attention": attention, "quant": quant}[family]
+    facts = _facts(arch, f"{family}.hip", cache_dir)
+    planned = {launch.kernel for launch in module.report_launches(TARGETS[arch].wavefront, 1, arch=arch)
                if MATRIX.search(launch.kernel)}
-    assert planned == {f"hs_attention_{t}_mma_d{d}" for t in ("f16", "bf16") for d in attention.MMA_CLASSES}
+    assert planned == ({f"hs_attention_{t}_mma_d{d}" for t in ("f16", "bf16") for d in attention.MMA_CLASSES}
+                       if family == "attention" else
+                       {f"hs_qmatmat_{t}_mma_{q}" for t in ("f16", "bf16") for q in ("q8_0", "q4_0")})
     for kernel in sorted(planned):
         assert kernel in facts, f"{kernel} is not built for {arch}"
         assert facts[kernel].matrix > 0, f"{kernel}: no matrix-core instruction on {arch}"

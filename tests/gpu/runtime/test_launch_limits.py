@@ -318,7 +318,7 @@ def sweep(warp, cus, amd, arch):
             for sfx in common.KERNEL_SUFFIX.values():
                 # the matrix-core kernels where the target has them (every NVIDIA target here is sm_80+;
                 # gfx90a has MFMA, gfx1030 neither MFMA nor a usable WMMA)
-                for mma in {False, attention.has_mma(arch)}:
+                for mma in {False, common.has_mma(arch)}:
                     yield plan("attention", (b, h, sq, hd, sfx, mma), attention.attention_launches, b, h, sq, hd,
                                sfx, mma, warp, expect=expect)
     for n in (1, 255, 2**20, 2**31, BIG):
@@ -339,10 +339,13 @@ def sweep(warp, cus, amd, arch):
                     expect = work_items(-(-n // (16 if qtype == "q8_0" else 8)), 128)
                 else:
                     expect = work_items(-(-n // 64), 256)
-                # x's element type only renames the kernel (the same grid and block), as above
+                # x's element type only renames the kernel (the same grid and block), as above; past 16
+                # columns a half x takes the matrix-core tiles where the target has them (the same grid,
+                # 4 warps: 256 threads at wave64, so the same work-items)
                 for sfx in common.KERNEL_SUFFIX.values():
-                    yield plan("qmatmul", (n, m, qtype, sfx), quant.qmatmul_launches, n, m, qtype, warp, sfx,
-                               expect=expect)
+                    for mma in {False, common.has_mma(arch)}:
+                        yield plan("qmatmul", (n, m, qtype, sfx, mma), quant.qmatmul_launches, n, m, qtype, warp,
+                                   sfx, mma, expect=expect)
 
 
 # multiprocessor counts: one, a small part, A100 / H100 / MI250X GCD / MI100 sizes, and more than any
