@@ -272,6 +272,20 @@ def test_attention_head_classes(emu, rng, hd):
         np.testing.assert_array_less(np.abs(g - ref), 2e-5 * (1 + np.abs(ref)))   # test_gpu_quant_attention_spread.py's bound
 
 
+@pytest.mark.parametrize("hd", [40, 100], ids=["d64", "d128"])
+def test_attention_query_blocks_and_key_tiles(emu, rng, hd):
+    """More query rows than a block holds (128 at d64, 64 at d128, the last block partial) and keys over
+    several shared tiles (the last partial): the key chunks every row of a thread sees run without a
+    test per key, those on the causal diagonal or past Sk with one, and both must agree with float64."""
+    q = rng.standard_normal((1, 1, 150, hd)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 1, 141, hd)).astype(np.float32) for _ in range(2))
+    for causal in (False, True):
+        g, c = both(emu, "attention", q, k, v, causal=causal)
+        np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-6)
+        ref = _attention_f64(q, k, v, causal)
+        np.testing.assert_array_less(np.abs(g - ref), 2e-5 * (1 + np.abs(ref)))
+
+
 @pytest.mark.parametrize("index", [np.int32, np.int64])   # the _i32 and _i64 push kernels
 def test_spread_activation(emu, rng, index):
     from graph_data import random_graph
