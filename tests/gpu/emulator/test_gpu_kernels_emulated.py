@@ -251,11 +251,13 @@ def test_quant_device_layout_round_trip(rng):
 def _attention_f64(q, k, v, causal):
     """softmax(q k^T / sqrt(d) [+ causal mask, torch SDPA's: query i sees keys j <= i]) v, in float64."""
     q, k, v = (a.astype(np.float64) for a in (q, k, v))
-    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    # einsum, not @: at a few hundred rows @ goes to OpenBLAS's threads, whose synchronisation
+    # ThreadSanitizer (CI's racecheck step runs this file) cannot see, so it aborts
+    s = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
     s = np.exp(s - s.max(-1, keepdims=True))
-    return (s / s.sum(-1, keepdims=True)) @ v
+    return np.einsum("...qk,...kd->...qd", s / s.sum(-1, keepdims=True), v)
 
 
 @pytest.mark.parametrize("hd", [20, 40, 100, 200], ids=["d32", "d64", "d128", "d256"])
