@@ -5,10 +5,17 @@
 // row, each holding 16 of its (padded) dims as 4 float4 chunks interleaved across the group (chunk t
 // of thread g covers dims 4*(t*G+g) .. +3, so the G lanes of a row read consecutive 16-byte words of
 // a shared key: no bank conflicts, and every row group of the warp reads the same words: broadcast).
-// Each thread carries R rows (rows tid/G + i*128/G), so every K or V value read from shared memory
-// feeds R FMAs: shared-memory traffic, not the FMA pipes, would otherwise bound the kernel.
-// K and V stream through shared memory in tiles of BK keys (32 KiB for both); an online softmax in base
-// 2 (q pre-scaled by scale*log2(e)) keeps the state per row at (m, l, o): no Sq x Sk matrix.
+// Each thread carries R = 4 rows, so every float a lane reads from shared memory (one LDS.128 = 4
+// floats) feeds 4 FMAs, and a score's cross-lane sum (log2(G) shuffles) is paid once per row and key
+// for 16 FMAs. At R = 2 the shared-memory pipe (128 bytes a clock per SM, i.e. one float per lane and
+// clock, against 4 warp-FMAs a clock) bound the kernel at under half the FMA peak; at R = 4 the reads
+// and shuffles take 40 clocks per warp and key at d64 against the FMAs' 32 (docs/gpu.md, "Attention on
+// SIMT cores"). R = 8 would not fit the registers: q and o alone are 32 * R of them.
+// The two lanes of a pair (2n, 2n+1) hold the same dims of two rows, so they read the same shared
+// addresses (a pair-uniform read, which NVIDIA's shared memory can return packed); a row's lanes are
+// therefore 2 apart and its sums shuffle with masks 2 .. G.
+// K and V stream through shared memory in tiles of BK keys (HSA_KV_BYTES for both); an online softmax
+// in base 2 (q pre-scaled by scale*log2(e)) keeps the state per row at (m, l, o): no Sq x Sk matrix.
 // Causal is top-left aligned like torch SDPA(is_causal=True): row i sees keys j <= i, and key tiles
 // entirely above a block's last row are skipped. A row that sees no key (Sk == 0) gets zeros.
 //
@@ -21,11 +28,19 @@
 // Launch bounds matter on AMD: without them hipcc budgets registers for 1024-thread blocks (64 VGPRs)
 // and this kernel would spill most of its state to scratch.
 #define HSA_THREADS 128
-#define HSA_R 2               // query rows per thread
+#define HSA_R 4               // query rows per thread
 #define HSA_CHUNK 8           // keys scored together before one online-softmax rescale
 #define HSA_LOG2E 1.4426950408889634f
+// K and V tiles together: at 255 registers (sm_90) or 351 VGPRs (gfx90a) registers already hold an SM
+// to 2 blocks and a CU to 1 wave per SIMD, so 32 KiB costs no occupancy on either (nor sm_75's 64 KiB).
+#define HSA_KV_BYTES 32768
 
-HS_DEV float hsa_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+HS_DEV float hsa_dot4(float4 a, float4 b, float acc) {
+    return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+}
+HS_DEV void hsa_axpy4(float4& o, float p, float4 v) {
+    o.x = fmaf(p, v.x, o.x); o.y = fmaf(p, v.y, o.y); o.z = fmaf(p, v.z, o.z); o.w = fmaf(p, v.w, o.w);
+}
 
 template <int D, class E>
 HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
@@ -33,17 +48,18 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     constexpr int G = D / 16;                        // threads per query row
     constexpr int STRIDE = HSA_THREADS / G;          // distance between a thread's rows
     constexpr int ROWS = STRIDE * HSA_R;             // query rows per block
-    constexpr int BK = 4096 / D;                     // keys per shared tile: 2 * BK * D * 4 bytes = 32 KiB
+    constexpr int BK = HSA_KV_BYTES / (8 * D);       // keys per shared tile
     constexpr int D4 = D / 4;
+    static_assert(BK % HSA_CHUNK == 0, "a key tile is whole chunks");
     __shared__ float4 ks[BK][D4];
     __shared__ float4 vs[BK][D4];
 
     const int tid = threadIdx.x;
-    const int g = tid % G;
+    const int g = (tid >> 1) % G;
     const hs_i64 tiles = (sq + ROWS - 1) / ROWS;
     const hs_i64 bh = (hs_i64)blockIdx.x / tiles;
     const hs_i64 q0 = ((hs_i64)blockIdx.x % tiles) * ROWS;
-    const hs_i64 row0 = q0 + tid / G;                // rows row0 + i * STRIDE
+    const hs_i64 row0 = q0 + ((tid & 1) | (((tid >> 1) / G) << 1));   // rows row0 + i * STRIDE
     const E* kb = k + bh * sk * hd;
     const E* vb = v + bh * sk * hd;
 
@@ -85,24 +101,33 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
         __syncthreads();
 #pragma unroll 1
         for (int c0 = 0; c0 < BK; c0 += HSA_CHUNK) {
+            // Row i sees the chunk's keys jj < lim[i] (both bounds, Sk and causal, are upper bounds on
+            // the key), in 32-bit chunk coordinates: 64-bit key and row compares per key and row would
+            // cost registers the accumulators need.
+            int lim[HSA_R];
+#pragma unroll
+            for (int i = 0; i < HSA_R; ++i) {
+                hs_i64 end = kend - (kt + c0);
+                if (causal && row0 + i * STRIDE + 1 - (kt + c0) < end) end = row0 + i * STRIDE + 1 - (kt + c0);
+                lim[i] = (int)(end < 0 ? 0 : end < HSA_CHUNK ? end : HSA_CHUNK);
+            }
             float s[HSA_R][HSA_CHUNK];
 #pragma unroll
             for (int jj = 0; jj < HSA_CHUNK; ++jj) {
                 float4 kv[4];
 #pragma unroll
                 for (int t = 0; t < 4; ++t) kv[t] = ks[c0 + jj][t * G + g];
-                const hs_i64 key = kt + c0 + jj;
 #pragma unroll
                 for (int i = 0; i < HSA_R; ++i) {
-                    float p = hsa_dot4(qr[i][0], kv[0]) + hsa_dot4(qr[i][1], kv[1]) +
-                              hsa_dot4(qr[i][2], kv[2]) + hsa_dot4(qr[i][3], kv[3]);
+                    float p = hsa_dot4(qr[i][0], kv[0], 0.0f);
+                    p = hsa_dot4(qr[i][1], kv[1], p);
+                    p = hsa_dot4(qr[i][2], kv[2], p);
+                    p = hsa_dot4(qr[i][3], kv[3], p);
 #pragma unroll
-                    for (int msk = 1; msk < G; msk <<= 1) p += HS_SHFL_XOR(p, msk);
-                    const bool vis = key < kend && (!causal || key <= row0 + i * STRIDE);
-                    s[i][jj] = vis ? p : -HS_INF;
+                    for (int msk = 2; msk < 2 * G; msk <<= 1) p += HS_SHFL_XOR(p, msk);
+                    s[i][jj] = jj < lim[i] ? p : -HS_INF;
                 }
             }
-            float ms[HSA_R];
 #pragma unroll
             for (int i = 0; i < HSA_R; ++i) {
                 float mnew = m[i];
@@ -110,8 +135,8 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
                 for (int jj = 0; jj < HSA_CHUNK; ++jj) mnew = fmaxf(mnew, s[i][jj]);
                 // Until a row has seen a key its max is -inf; a finite stand-in keeps exp2 at exactly 0
                 // instead of NaN, without a branch that would split the lanes of a shuffle group.
-                ms[i] = (mnew == -HS_INF) ? 0.0f : mnew;
-                const float alpha = exp2f(m[i] - ms[i]);
+                const float ms = (mnew == -HS_INF) ? 0.0f : mnew;
+                const float alpha = exp2f(m[i] - ms);
                 m[i] = mnew;
                 l[i] *= alpha;
 #pragma unroll
@@ -120,26 +145,36 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
                 }
 #pragma unroll
                 for (int jj = 0; jj < HSA_CHUNK; ++jj) {
-                    s[i][jj] = exp2f(s[i][jj] - ms[i]);
+                    s[i][jj] = exp2f(s[i][jj] - ms);
                     l[i] += s[i][jj];
                 }
             }
+            // A key hidden from this row must not reach it at all: weight 0 times an inf or NaN value
+            // would still be NaN (the CPU engine skips hidden keys the same way). Only the chunks on the
+            // causal diagonal or past Sk check each key; the rest run the loop without a test per key.
+            if (lim[0] == HSA_CHUNK) {   // row0 is the thread's first row: every row sees every key
 #pragma unroll
-            for (int jj = 0; jj < HSA_CHUNK; ++jj) {
-                float4 vv[4];
+                for (int jj = 0; jj < HSA_CHUNK; ++jj) {
+                    float4 vv[4];
 #pragma unroll
-                for (int t = 0; t < 4; ++t) vv[t] = vs[c0 + jj][t * G + g];
-                const hs_i64 key = kt + c0 + jj;
+                    for (int t = 0; t < 4; ++t) vv[t] = vs[c0 + jj][t * G + g];
 #pragma unroll
-                for (int i = 0; i < HSA_R; ++i) {
-                    // A key hidden from this row must not reach it at all: weight 0 times an inf or NaN
-                    // value would still be NaN (the CPU engine skips hidden keys the same way).
-                    if (!(key < kend && (!causal || key <= row0 + i * STRIDE))) continue;
-                    const float p = s[i][jj];
+                    for (int i = 0; i < HSA_R; ++i) {
 #pragma unroll
-                    for (int t = 0; t < 4; ++t) {
-                        o[i][t].x += p * vv[t].x; o[i][t].y += p * vv[t].y;
-                        o[i][t].z += p * vv[t].z; o[i][t].w += p * vv[t].w;
+                        for (int t = 0; t < 4; ++t) hsa_axpy4(o[i][t], s[i][jj], vv[t]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int jj = 0; jj < HSA_CHUNK; ++jj) {
+                    float4 vv[4];
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) vv[t] = vs[c0 + jj][t * G + g];
+#pragma unroll
+                    for (int i = 0; i < HSA_R; ++i) {
+                        if (jj >= lim[i]) continue;
+#pragma unroll
+                        for (int t = 0; t < 4; ++t) hsa_axpy4(o[i][t], s[i][jj], vv[t]);
                     }
                 }
             }

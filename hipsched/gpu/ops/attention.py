@@ -22,7 +22,7 @@ from .common import KERNEL_SUFFIX, has_mma, kernel_suffix, np_dtype
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
 _THREADS = 128  # HSA_THREADS
-_ROWS_PER_THREAD = 2  # HSA_R
+_ROWS_PER_THREAD = 4  # HSA_R
 _DIMS_PER_THREAD = 16  # a query row is spread over head_dim_class / 16 threads
 MMA_CLASSES = (32, 64, 128)   # head-dim classes with tensor-core kernels (d256 would spill its registers)
 MMA_ROWS = 64                 # HSM_ROWS / HSF_ROWS: query rows per block, 16 per warp

@@ -36,10 +36,6 @@ WIDE_LOADS = [
 ]
 # Kernels allowed to use local memory, each with the reason.
 LOCAL_ALLOWED: dict[str, str] = {
-    f"hs_attention_{t}d{d}": "the SIMT attention kernel at 168 registers keeps 4 bytes on the stack on sm_90 "
-                             "(8 bytes of loads per call, outside the key loop); not yet reworked"
-    for t in ("", "f16_", "bf16_") for d in (64, 128, 256)
-} | {
     f"hs_qmatmat_{t}_{q}": "the SIMT many-column qmatmat with a half x (what targets without matrix cores run; "
                            "the _mma_ tiles have no local memory) keeps one 4-byte value on the stack on sm_90 "
                            "at 80 registers: stored before its k-tile loop, read once per tile, not in the "
