@@ -40,6 +40,8 @@ ROUNDS = 5
 # starts on a multiple of 64 rows keeps the 16-byte alignment the GPU's vector kernels need for any row
 # length, and 1-d arrays (add, scale) split on elements.
 ALIGN = 64
+# How long the calling thread waits for the GPU parts' threads to start before it runs the CPU's part
+_START_WAIT_S = 0.002
 # The flags a further device's own core decides with: present, supporting and fitting (judged by its
 # backend first), so its answer is its health alone (see Side)
 _HEALTH_FLAGS = F_GPU_PRESENT | F_GPU_SUPPORTS | F_FITS
@@ -235,7 +237,9 @@ class Splitter:
             self._pool = None
 
     @staticmethod
-    def _gpu_part(backend, call, stream):
+    def _gpu_part(backend, call, stream, started=None):
+        if started is not None:
+            started.release()
         t0 = time.perf_counter_ns()
         try:
             return backend.run(call, stream), (time.perf_counter_ns() - t0) * 1e-3, None
@@ -253,8 +257,16 @@ class Splitter:
         # the caller's stream belongs to the executor's GPU; a further device's part runs on its own
         streams = [stream if s is self.gpu_side else None for s in sides]
         t0 = time.perf_counter_ns()
-        pending = {i: self._worker().submit(self._gpu_part, s.backend, calls[i], streams[i])
+        started = threading.Semaphore(0)
+        pending = {i: self._worker().submit(self._gpu_part, s.backend, calls[i], streams[i], started)
                    for i, s in enumerate(sides) if i != here}
+        # The GPU parts' threads start before the CPU part takes every core: a woken thread waits for a
+        # core the CPU kernel's threads hold (on 2 cores, milliseconds with two GPUs), and its part,
+        # launched that late, ends that late. Bounded: a pool thread that cannot start soon is not awaited.
+        deadline = time.monotonic() + _START_WAIT_S
+        for _ in pending:
+            if not started.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
         results = [None] * len(sides)
         try:
             if sides[here].is_cpu:
