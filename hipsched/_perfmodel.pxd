@@ -208,9 +208,12 @@ cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
                     ratio = 2.0
                 med *= ratio
         return med
-    t = between_measured(bks, b, size)
-    if t == t:
-        return t
+    # only inside the measured range, which the fit keeps: a side never measured (the GPU of a machine
+    # without one, on every decision of the compiled path) or a size beyond it costs no scan
+    if f.npts >= 2 and f.lo < size < f.hi:
+        t = between_measured(bks, b, size)
+        if t == t:
+            return t
     if f.valid:
         return fit_at(f, size)
     return NAN
