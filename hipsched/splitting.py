@@ -52,11 +52,11 @@ class Side:
     (strategy gpu_preferred, min_batch 0, so that its decide() answers with the breaker's state alone).
     `name` is what events call it: cpu, gpu (an executor with one GPU) or gpu:<device index>."""
 
-    __slots__ = ("name", "backend", "core", "is_cpu", "own_core")
+    __slots__ = ("name", "backend", "core", "is_cpu")
 
-    def __init__(self, name, backend, core, is_cpu=False, own_core=False):
+    def __init__(self, name, backend, core, is_cpu=False):
         self.name, self.backend, self.core = name, backend, core
-        self.is_cpu, self.own_core = is_cpu, own_core
+        self.is_cpu = is_cpu
 
 
 class SplitPlan:
@@ -97,7 +97,7 @@ class Splitter:
         several = bool(others)
         self.cpu_side = Side("cpu", cpu, core, is_cpu=True)
         self.gpu_side = Side(f"gpu:{gpu.device_index}" if several else "gpu", gpu, core)
-        self.others = [Side(f"gpu:{g.device_index}", g, make_core(), own_core=True) for g in others]
+        self.others = [Side(f"gpu:{g.device_index}", g, make_core()) for g in others]
         self._pool = None
         self._pool_lock = threading.Lock()
         # a forked child has the pool object but not its thread: a part submitted there would wait
@@ -150,15 +150,14 @@ class Splitter:
             judged = self._judge(side, call, slot, size)
             if judged is None:
                 continue
-            s_slot, up, down, predict = judged
+            slots[side.name], up, down, predict = judged
             t = gpu_time(predict, up, down)
-            if not t(1.0) <= limit:
-                side.core.release_probe(s_slot)   # not used: a half-open probe waits for the next call
-                continue
-            sides.append(side)
-            times.append(t)
-            slots[side.name], copies[side.name] = s_slot, (up, down)
+            if t(1.0) <= limit:
+                sides.append(side)
+                times.append(t)
+                copies[side.name] = (up, down)
         plan = self._cut(part, sides, times, best)
+        # a device judged but given no part: a half-open probe it was granted waits for the next call
         for side in self.others:
             if side.name in slots and (plan is None or side not in plan.sides):
                 side.core.release_probe(slots[side.name])

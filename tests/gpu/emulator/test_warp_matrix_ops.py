@@ -85,6 +85,7 @@ HS_KERNEL void t_mfma_bf16(const hs_u16* A, const hs_u16* B, const float* C, flo
 
 
 def _matrix_runner(tmp_path_factory, warp):
+    """Yields run(kernel, inputs, out_shape, out_dtype, *scalars) on the emulator at `warp`, then closes it."""
     rt, ctx = gpu_emulator.prelude_context(str(tmp_path_factory.mktemp("kernels")), "wm.hip", WARP_MATRIX, warp)
 
     def run(kernel, inputs, out_shape, out_dtype, *scalars):
@@ -92,25 +93,21 @@ def _matrix_runner(tmp_path_factory, warp):
         d_out = DeviceArray.empty(out_shape, out_dtype, runtime=rt)
         ctx.run(Launch.of("wm.hip", kernel, 1, warp), (*d_in, d_out, *scalars), 0)
         return d_out.get()
-    return rt, ctx, run
+    yield run
+    ctx.close()
+    rt.close()
 
 
 @pytest.fixture(scope="module")
 def warp_matrix(tmp_path_factory):
     """NVIDIA's operations, at warp 32."""
-    rt, ctx, run = _matrix_runner(tmp_path_factory, 32)
-    yield run
-    ctx.close()
-    rt.close()
+    yield from _matrix_runner(tmp_path_factory, 32)
 
 
 @pytest.fixture(scope="module")
 def wave_matrix(tmp_path_factory):
     """AMD's MFMA, at wavefront 64."""
-    rt, ctx, run = _matrix_runner(tmp_path_factory, 64)
-    yield run
-    ctx.close()
-    rt.close()
+    yield from _matrix_runner(tmp_path_factory, 64)
 
 
 def _check_product(run, kernel, t, m, n):
