@@ -176,6 +176,7 @@ cdef class SchedCore:
         cdef int on_device = flags & F_ON_DEVICE
         cdef long long calls
         cdef double c, g, copies
+        cdef bint early
         c = predict_us(s.buckets[CPU], &s.fit[CPU], size)
         g = predict_us(s.buckets[GPU], &s.fit[GPU], size)
         # the copies are paid by the side the data is not on: host data goes up and back for the GPU,
@@ -245,7 +246,15 @@ cdef class SchedCore:
             if isnan(c) and not isnan(g) and not on_device:
                 return CPU | R_EXPLORING << 1
         if bg.n < p.min_samples or bc.n < p.min_samples:
-            if p.explore_period > 0 and calls % p.explore_period == 0:
+            # A bucket's first two calls also explore, but only a side whose prediction is a guess (no
+            # measurement at or around the size) within EXPLORE_MAX_RATIO of the other's: on the
+            # simulated H100 a calibrated model extrapolated top_k's GPU time past the calibrated sizes
+            # at 1.4-1.9x the 327-340 us measured, and spread_activation's CPU time at 2.5x, so the
+            # first 4 calls of each new size (of 6 to 33) ran on the slower side before the 5th explored.
+            # Two calls, not one: the first GPU run of a new input is its upload more than its kernel,
+            # which teaches nothing (see UNSURE_COPY_BYTES); the second finds it resident.
+            early = calls <= 2 and not isnan(c) and not isnan(g)
+            if p.explore_period > 0 and (early or calls % p.explore_period == 0):
                 # ...but a side predicted EXPLORE_MAX_RATIO times slower than the other, from
                 # measurements at or around this size, is not worth a call to confirm it: each is that
                 # side's full time lost, copies included (on the H100 a calibrated top_k sent 1 call in
@@ -258,9 +267,17 @@ cdef class SchedCore:
                 # Device data costs the CPU at least its copies, whatever its kernel takes: when the GPU
                 # beats even those, a CPU run could not win and learning its time is not worth one.
                 if bg.n <= bc.n:
-                    if not ((g > EXPLORE_MAX_RATIO * c and measured_near(s.buckets[GPU], &s.fit[GPU], size))
-                            or (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c)):
+                    if early:
+                        if (not (g > EXPLORE_MAX_RATIO * c) and not measured_near(s.buckets[GPU], &s.fit[GPU], size)
+                                and not (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c)):
+                            return GPU | R_EXPLORING << 1
+                    elif not ((g > EXPLORE_MAX_RATIO * c and measured_near(s.buckets[GPU], &s.fit[GPU], size))
+                              or (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c)):
                         return GPU | R_EXPLORING << 1
+                elif early:
+                    if (not (c > EXPLORE_MAX_RATIO * g) and not measured_near(s.buckets[CPU], &s.fit[CPU], size)
+                            and not (on_device and g * p.speedup_threshold < copies)):
+                        return CPU | R_EXPLORING << 1
                 elif not ((c > EXPLORE_MAX_RATIO * g and measured_near(s.buckets[CPU], &s.fit[CPU], size))
                           or (on_device and g * p.speedup_threshold < copies)):
                     return CPU | R_EXPLORING << 1

@@ -3,14 +3,18 @@ input checks (dtype, shape, memory) each op's `prepare` composes. Validation hap
 before any scheduling decision, so both backends receive identical, well-formed inputs."""
 from __future__ import annotations
 
+import collections
 import importlib
 import os
+import threading
+import weakref
 
 import numpy as np
 
 from ..device_arrays import is_device_array
 from ..errors import GpuError
 from ..gguf_blocks import QuantizedTensor
+from ..resident import immutable
 
 
 class Call:
@@ -263,7 +267,7 @@ def as_float(x, op: str, arg: str, dtypes=FLOATS, allow_device: bool = True):
             a = a.astype(a.dtype.newbyteorder("="))
     elif a.dtype.kind in _CONVERTIBLE_KINDS or name in HALF:
         if a.dtype != np.float32:
-            a = a.astype(np.float32)
+            a = converted_once(a, "float32", lambda a: contiguous_aligned(a.astype(np.float32)))
     else:
         raise TypeError(f"{op}: argument {arg!r} has dtype {a.dtype}; {op} takes {', '.join(dtypes)} (other real "
                         f"numeric types are converted to float32)")
@@ -287,6 +291,61 @@ def contiguous_aligned(a, dtype=None):
     out = np.empty(a.shape, a.dtype)
     out.reshape(-1).view(np.uint8)[:] = a.reshape(-1).view(np.uint8)
     return out
+
+
+# Converted copies of inputs whose bytes cannot change (hipsched.resident.immutable), kept while the input
+# lives, within _CONVERTED_MAX_BYTES (least recently used first out). A graph with int64 offsets and int32
+# indices, or a float64 corpus, was converted by every call: the copy cost a pass over the data each
+# time, and on the GPU, being a new writable array each time, it was never kept resident and every call
+# uploaded it (the demo's spread_activation: 64 MB per call, 8 ms of its 14).
+_CONVERTED_MAX_BYTES = 1 << 30
+_converted = collections.OrderedDict()   # (id(source), key) -> (weakref to source, copy)
+_converted_bytes = 0
+_converted_lock = threading.Lock()
+
+
+def _drop_converted(k):
+    global _converted_bytes
+    e = _converted.pop(k, None)
+    if e is not None:
+        _converted_bytes -= e[1].nbytes
+
+
+def converted_once(src, key, convert):
+    """convert(src), made once per `src` and `key` (what the conversion does, e.g. a dtype) when src
+    cannot change and the copy fits the budget; the copy is read-only. Otherwise convert(src) afresh."""
+    global _converted_bytes
+    if not isinstance(src, np.ndarray) or not immutable(src):
+        return convert(src)
+    k = (id(src), key)
+    with _converted_lock:
+        e = _converted.get(k)
+        if e is not None and e[0]() is src:
+            _converted.move_to_end(k)
+            return e[1]
+    out = convert(src)
+    if out is None or out is src or out.nbytes > _CONVERTED_MAX_BYTES:
+        return out
+    out.flags.writeable = False
+    try:
+        # the entry goes with its source (an id is reused once its array is gone)
+        ref = weakref.ref(src, lambda _, k=k: _forget(k))
+    except TypeError:
+        return out
+    with _converted_lock:
+        _drop_converted(k)
+        while _converted and _converted_bytes + out.nbytes > _CONVERTED_MAX_BYTES:
+            _drop_converted(next(iter(_converted)))
+        _converted[k] = (ref, out)
+        _converted_bytes += out.nbytes
+    return out
+
+
+def _forget(k):
+    with _converted_lock:
+        e = _converted.get(k)
+        if e is not None and e[0]() is None:
+            _drop_converted(k)
 
 
 def promote(op: str, **arrays):

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Call, _resolve, as_f32, check_ndim, contiguous_aligned, finite_scalar, register, shape_mismatch
+from .base import (Call, _resolve, as_f32, check_ndim, contiguous_aligned, converted_once, finite_scalar, register,
+                   shape_mismatch)
 
 OP = "spread_activation"
 MAX_STEPS = 2**31 - 1
@@ -63,11 +64,26 @@ def _index_array(x, name: str):
     return a
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _fits_int32(a) -> bool:
+    return a.size == 0 or (int(a.min()) >= 0 and int(a.max()) <= _INT32_MAX)
+
+
 def _index_pair(indptr, indices):
     """indptr and indices as C-contiguous arrays of one dtype: both int32 when both already are (SciPy's
-    usual case, no copy), else both int64 (uint64 beyond int64 wraps negative: the checks reject it)."""
+    usual case, no copy), or when indices are int32 and the offsets fit in int32 (n + 1 offsets are
+    converted, not nnz indices: large graphs often come with int64 offsets), else both int64 (uint64
+    beyond int64 wraps negative: the checks reject it). A conversion of an input that cannot change is
+    made once (ops.base.converted_once), so a fixed graph is neither converted nor uploaded again."""
+    if indices.dtype == np.int32 and indptr.dtype != np.int32 and indptr.shape[0] - 1 <= _INT32_MAX:
+        narrow = converted_once(indptr, "int32 offsets",
+                                lambda a: contiguous_aligned(a, np.int32) if _fits_int32(a) else None)
+        if narrow is not None:
+            return narrow, contiguous_aligned(indices)
     dt = np.int32 if indptr.dtype == np.int32 and indices.dtype == np.int32 else np.int64
-    return tuple(contiguous_aligned(a, dt) for a in (indptr, indices))
+    return tuple(converted_once(a, ("index", dt), lambda a, dt=dt: contiguous_aligned(a, dt)) for a in (indptr, indices))
 
 
 def _seed_array(seeds, n: int):

@@ -238,13 +238,59 @@ def test_call_work_measures():
     g = (np.array([0, 1, 3]), np.array([1, 0, 1], np.int32), np.ones(3, np.float32))
     call = OPS["spread_activation"].prepare(g, np.ones(2), decay=0.5, steps=4, threshold=0.1)
     assert call.size == 3 * 4
-    assert [a.dtype for a in call.args] == [np.int64, np.int64, np.float32, np.float32]  # mixed: both int64
+    # int64 offsets with int32 indices: the n + 1 offsets narrow (they fit), the nnz indices stay
+    assert [a.dtype for a in call.args] == [np.int32, np.int32, np.float32, np.float32]
+    assert call.args[1] is g[1]
     assert call.params == {"decay": 0.5, "steps": 4, "threshold": 0.1}
-    assert call.nbytes == 3 * 8 + 3 * 8 + 3 * 4 + 2 * 2 * 4
+    assert call.nbytes == 3 * 4 + 3 * 4 + 3 * 4 + 2 * 2 * 4
+    wide = (g[0], g[1].astype(np.int64), g[2])                   # both int64: no conversion at all
+    assert [a.dtype for a in OPS["spread_activation"].prepare(wide, np.ones(2)).args[:2]] == [np.int64, np.int64]
+    assert OPS["spread_activation"].prepare(wide, np.ones(2)).args[0] is g[0]
     assert OPS["spread_activation"].prepare(g, np.ones(2), steps=0).size == 3
     ip32 = g[0].astype(np.int32)
     call = OPS["spread_activation"].prepare((ip32, g[1], g[2]), np.ones(2))
     assert call.args[0] is ip32 and call.args[1] is g[1]  # SciPy's int32 pair passes through uncopied
+
+
+def test_offsets_past_int32_are_never_narrowed_into_a_valid_looking_graph():
+    """Narrowing int64 offsets to int32 must not wrap: 2**32 + 1 would become 1 and [0, 1, 3] a valid
+    graph. Offsets outside int32 keep both arrays int64, where the check sees them as they are."""
+    indices = np.array([1, 0, 1], np.int32)
+    for bad in (2**32 + 1, -(2**32) + 1):
+        with pytest.raises(ValueError, match="indptr is not a valid CSR row pointer"):
+            OPS["spread_activation"].prepare((np.array([0, bad, 3]), indices, np.ones(3, np.float32)), np.ones(2))
+
+
+def test_a_fixed_graph_is_converted_once(rng):
+    """A graph whose arrays cannot change (read-only, owning their memory) is converted once and the
+    same read-only copy passed on every call, so the GPU keeps it resident (a new copy per call was
+    uploaded per call: the demo's 8M-edge graph, 64 MB of its indices widened to int64 each time). A
+    writable graph, or a read-only view of a writable one, is converted afresh: it may have changed."""
+    indptr, indices, weights = random_graph(rng, 200, 2000)
+    indptr = indptr.astype(np.int64)
+    indices = indices.astype(np.int32)
+    seeds = np.where(rng.random(200) < 0.3, rng.random(200), 0).astype(np.float32)
+    prep = OPS["spread_activation"].prepare
+    first = prep((indptr, indices, weights), seeds).args[0]
+    assert first is not prep((indptr, indices, weights), seeds).args[0]          # writable: afresh
+    view = indptr[:]
+    view.flags.writeable = False
+    assert prep((view, indices, weights), seeds).args[0] is not prep((view, indices, weights), seeds).args[0]
+    frozen = indptr.copy()
+    frozen.flags.writeable = False
+    a = prep((frozen, indices, weights), seeds).args[0]
+    assert a is prep((frozen, indices, weights), seeds).args[0]
+    assert a.dtype == np.int32 and not a.flags.writeable
+    np.testing.assert_array_equal(a, indptr)
+    wide = indices.astype(np.int64)            # int64 indices: the offsets stay int64, nothing converted
+    assert prep((frozen, wide, weights), seeds).args[0] is frozen
+    check(frozen, indices, weights, seeds, 0.4, 2, 0.05)
+    # the kept copy goes with its source
+    from hipsched.ops import base
+    key = id(frozen)
+    assert any(k[0] == key for k in base._converted)
+    del frozen, a, view
+    assert not any(k[0] == key for k in base._converted)
 
 
 def test_prepare_validates_before_any_backend_runs():

@@ -14,6 +14,25 @@ T8 = np.arange(24, dtype=np.float32).reshape(6, 4)
 
 
 # float16 is not here: the ops that read half precision keep it (the half-precision sections of tests/cpu/test_cpu_*.py)
+def test_an_input_that_cannot_change_is_converted_once():
+    """A float64 corpus that is read-only and owns its memory converts to float32 once: later calls get
+    the same read-only copy (no pass over the data per call, and the GPU may keep the copy resident). A
+    writable one, or a read-only view of a writable one, is converted by every call."""
+    from hipsched.ops.base import as_float
+    T = np.random.default_rng(0).standard_normal((64, 8))
+    a, b = as_float(T, "top_k", "corpus"), as_float(T, "top_k", "corpus")
+    assert a is not b and a.flags.writeable
+    view = T[:]
+    view.flags.writeable = False
+    assert as_float(view, "top_k", "corpus") is not as_float(view, "top_k", "corpus")
+    T.flags.writeable = False
+    a = as_float(T, "top_k", "corpus")
+    assert a is as_float(T, "top_k", "corpus") and a.dtype == np.float32 and not a.flags.writeable
+    np.testing.assert_array_equal(a, T.astype(np.float32))
+    q = np.ones(8, np.float32)
+    np.testing.assert_array_equal(ex.top_k(q, T, 3)[1], ex.top_k(q, T.astype(np.float32), 3)[1])
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint16, np.float64, np.bool_])
 def test_numeric_dtypes_convert_as_numpy_does(dtype):
     a = (np.arange(12) % 5).astype(dtype).reshape(3, 4)

@@ -58,6 +58,75 @@ def test_exploration_skips_a_side_measured_far_slower_around_the_size():
     assert ("cpu", R.EXPLORING) in picks or ("gpu", R.EXPLORING) in picks
 
 
+def test_a_guessed_side_close_to_the_other_is_tried_at_a_new_sizes_first_calls():
+    """Past the calibrated sizes a calibrated model guesses by extrapolation: on the simulated H100 it put
+    top_k's GPU at 1.4-1.9x the 327-340 us it took and spread_activation's CPU at 2.5x, and the first
+    4 calls of each new size went to the slower side until the 5th explored. A side guessed within 1.5x
+    of the other is tried at a new bucket's first two calls (two: a first GPU run that uploads its input
+    teaches nothing); one measured at or around the size is not, nor a guess far slower."""
+    c = core(min_samples=3, exploration_share=0.2)
+    s = c.slot("top_k", "float32")
+    for size in (1e5, 1e6, 8e6):                      # calibrated up to 8M work
+        for _ in range(3):
+            c.record(s, 0, size, 50.0 + size * 5e-5)
+            c.record(s, 1, size, 300.0 + size * 4e-5)
+    be, r, pc, pg = decide(c, s, 1.66e7)              # beyond: both sides guessed, the GPU the loser
+    assert (be, r) == ("gpu", R.EXPLORING) and pg > pc and pg < 1.5 * pc
+    c.record(s, 1, 1.66e7, 330.0)
+    assert decide(c, s, 1.66e7)[:2] == ("gpu", R.COST_MODEL)   # measured: the faster side at once
+    # inside the calibrated range a prediction rests on measurements: no early exploration
+    picks = [decide(c, s, 3e6)[:2] for _ in range(2)]
+    assert R.EXPLORING not in [r for _, r in picks]
+    # nor of a guess 1.5x slower than the other side
+    c2 = core(min_samples=3, exploration_share=0.2)
+    s2 = c2.slot("top_k", "float32")
+    for _ in range(3):
+        c2.record(s2, 0, 1e6, 100.0)
+        c2.record(s2, 1, 1e6, 1000.0)
+    assert decide(c2, s2, 1e8)[:2] == ("cpu", R.COST_MODEL)
+
+
+def test_an_upload_is_charged_by_what_inputs_have_been_worth_per_byte():
+    """A search that runs each new corpus slice through its queries and a cosine: once a few inputs have
+    shown what the calls over them would save on the GPU per byte of input, a new input's first call is
+    charged its upload in proportion to its own saving over what the input is expected to save (that
+    figure times its bytes). Noted as totals instead, the smaller slices' savings made the simulated
+    H100's demo fall back to the whole upload on every new slice, and half of each slice's queries ran
+    on the CPU."""
+    clock = SimClock()
+    with clock.executor_clock(), Executor(persist_model=False, telemetry_enabled=False,
+                                          **simulated_machine(clock, sigma=0)) as ex:
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal(768, dtype=np.float32)
+        def corpus(rows):
+            T = rng.standard_normal((rows, 768), dtype=np.float32)
+            T.flags.writeable = False
+            return T
+
+        for rows in (16384, 49152):                   # teach both sides at both sizes (the GPU is faster)
+            T = corpus(rows)
+            for side in ("cpu", "gpu", "gpu", "gpu", "gpu"):   # the GPU's later runs find T resident
+                ex.top_k(q, T, 10, backend=side)
+
+        def gpu_estimate(T):
+            return ex.select_backend("top_k", args=(q, T, 10)).estimated_cost["gpu"]
+
+        small, large = corpus(16384), corpus(49152)
+        whole = gpu_estimate(large.copy())            # writable: the whole upload, always
+        assert gpu_estimate(large) == pytest.approx(whole, rel=1e-6)   # nothing learned yet
+        for _ in range(4):                            # four small inputs, 8 calls each
+            S = corpus(16384)
+            for _ in range(8):
+                ex.top_k(q, S, 10)
+        # a larger input is expected to be worth as much per byte: its first call already shares the
+        # upload, by more than the 1/8 a count of uses would give, since each of its calls saves more
+        upload = large.nbytes / (MEASURED_TRANSFER["h2d_gbps"] * 1e3)
+        first = gpu_estimate(large)
+        assert whole - first > upload * (1 - 1 / 8)
+        assert gpu_estimate(large.copy()) == pytest.approx(whole, rel=1e-6)
+        assert gpu_estimate(small) < gpu_estimate(small.copy())
+
+
 def test_quarter_octave_buckets_keep_a_cost_step_apart():
     """On the H100 host top_k's CPU time stepped from ~80 us to ~8 ms inside one octave (0.6M to 0.9M
     work): one median for both sizes stood for the cheap one and sent the slow size's calls there."""
@@ -164,7 +233,7 @@ def test_demo_exits_nonzero_when_a_self_check_fails(tmp_path, monkeypatch, capsy
 
 
 # ---------------------------------------------------------------- the demo on the simulated H100
-@pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.90, 0.06)])
+@pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.95, 0.03), ("cold", 0.85, 0.12)])
 def test_demo_oracle_on_the_simulated_h100(tmp_path, start, floor, regret):
     """The quick demo through the simulated H100 machine, judged by `demo --oracle`. The floor is below
     what bench/routing.py measured (docs/scheduling.md), and the time is virtual, so it does not

@@ -11,7 +11,8 @@ What it models, and why that much:
   output back, so only uploads are added to them.
 - Residency: the real backend's rule (hipsched.gpu.memory.resident_cache.ResidentCache): a host array uploaded once
   stays on the device only when its bytes cannot change unseen (read-only through its base chain,
-  registered, or a QuantizedTensor's blocks), LRU by bytes within RESIDENT_BYTES; writable arrays,
+  registered, or a QuantizedTensor's blocks), LRU by bytes within the package's default budget (half the
+  device memory free at start, DEFAULT_RESIDENT_SHARE) or a budget given; writable arrays,
   arrays larger than the budget and non-contiguous ones are uploaded on every call. transfer_bytes()
   reports what a call would upload now, and would_keep() what a run would keep, as the real ones.
 - Link: uploads of non-resident inputs cost latency + bytes / bandwidth at the link hipsched measured
@@ -46,8 +47,13 @@ from hipsched.backends.interface import GpuBackendBase
 from hipsched.ops.base import host_arrays
 from hipsched.resident import handle_of, immutable
 
+from hipsched.gpu.memory.resident_cache import DEFAULT_RESIDENT_SHARE
+
 from h100_latency import (CPU_US, GPU_US, LARGE_UPLOAD_BYTES, LARGE_UPLOAD_GBPS,  # noqa: E402
-                          MEASURED_TRANSFER, RESIDENT_BYTES)
+                          MEASURED_TRANSFER)
+
+# what the simulated device reports free, and so what the default budget is a share of
+FREE_BYTES = 79 << 30
 
 
 def _host_arrays(args, trusted=None):
@@ -149,7 +155,7 @@ class SimulatedGpu(GpuBackendBase):
     """GpuBackend with the H100's times (see the module docstring)."""
     name = "gpu"
 
-    def __init__(self, clock, ops=None, sigma=0.05, seed=0, resident_bytes=RESIDENT_BYTES, table=GPU_US,
+    def __init__(self, clock, ops=None, sigma=0.05, seed=0, resident_bytes=None, table=GPU_US,
                  device_name="simulated NVIDIA H100 80GB HBM3"):
         self.clock = clock
         self.available = True
@@ -160,7 +166,8 @@ class SimulatedGpu(GpuBackendBase):
         self._table = table
         self._ops = set(ops if ops is not None else table)
         self._noise = _Noise(sigma, seed)
-        self._budget = resident_bytes
+        # the real backend's default (resident_cache.resident_budget) unless a budget is given
+        self._budget = int(FREE_BYTES * DEFAULT_RESIDENT_SHARE) if resident_bytes is None else resident_bytes
         self._resident = collections.OrderedDict()   # id(host) -> (weakref, nbytes)
         self._resident_total = 0
         self._lock = threading.Lock()
@@ -176,7 +183,7 @@ class SimulatedGpu(GpuBackendBase):
         return 1 << 40
 
     def free_memory(self):
-        return 79 << 30
+        return FREE_BYTES
 
     def unsupported(self, call):
         return None
@@ -249,12 +256,12 @@ class SimulatedGpu(GpuBackendBase):
             self._resident_total -= e[1]
 
 
-def simulated_machine(clock=None, seed=0, sigma=0.05):
+def simulated_machine(clock=None, seed=0, sigma=0.05, resident_bytes=None):
     """{"gpu_backend": ..., "cpu_backend": ..., "split": False}: the Executor options of the simulated
-    H100 machine. Splitting is off: the virtual clock is one for the process, so two parts running at
+    H100 machine (`resident_bytes`: the device's resident budget, None the package's default). Splitting is off: the virtual clock is one for the process, so two parts running at
     once would each advance it by their own time and the split call would take their sum (and the
     splitter times its parts on the wall clock, which here measures this machine computing the results);
     a split call's worth is measured by bench/split.py with a device that really runs beside the CPU."""
     clock = clock if clock is not None else SimClock()
-    return {"gpu_backend": SimulatedGpu(clock, sigma=sigma, seed=2 * seed + 1),
+    return {"gpu_backend": SimulatedGpu(clock, sigma=sigma, seed=2 * seed + 1, resident_bytes=resident_bytes),
             "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed), "split": False}
