@@ -5,7 +5,8 @@ A leaf (imports nothing of hipsched): the op specs accept a handle wherever they
 (it converts to its host array through `__array__`), the GPU memory layer keeps the device copies
 (`hipsched.gpu.memory.resident_cache.ResidentCache.pin` attaches one per GPU context) and the Executor hands out
 handles (`Executor.resident`). Without a GPU a handle is just its host array, so the CPU side runs the
-same op on the same bytes either way.
+same op on the same bytes either way. `immutable` and `fingerprint` say which host arrays may be kept
+(on a device, or as a converted copy: hipsched.ops.base.converted_once) and when a kept one changed.
 
 Why updates go through the handle: a device copy cannot see a write to host memory. A handle makes
 its host array read-only, so `T[i] = v` raises instead of leaving the GPU on the old corpus, and
@@ -34,6 +35,20 @@ def handle_of(x):
         if h is not None and h._host is x:
             return h
     return None
+
+
+_SAMPLES = 256
+
+
+def fingerprint(arr: np.ndarray) -> tuple:
+    """Cheap version stamp of a host array: data pointer, shape, dtype, strides and a hash of up to
+    256 evenly spaced elements plus the last one. Only a second line of defence for arrays that are
+    read-only by declaration (it sees a bulk rewrite after write access came back, not a single element
+    between the samples), never what makes a writable array safe to keep."""
+    flat = arr.reshape(-1) if arr.flags.c_contiguous else np.ravel(arr)
+    step = max(1, flat.size // _SAMPLES)
+    sample = flat[::step][:_SAMPLES].tobytes() + (flat[-1:].tobytes() if flat.size else b"")
+    return (arr.ctypes.data, arr.shape, arr.dtype.str, arr.strides, hash(sample))
 
 
 def immutable(arr) -> bool:

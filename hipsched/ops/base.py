@@ -14,7 +14,7 @@ import numpy as np
 from ..device_arrays import is_device_array
 from ..errors import GpuError
 from ..gguf_blocks import QuantizedTensor
-from ..resident import immutable
+from ..resident import fingerprint, immutable
 
 
 class Call:
@@ -299,7 +299,7 @@ def contiguous_aligned(a, dtype=None):
 # time, and on the GPU, being a new writable array each time, it was never kept resident and every call
 # uploaded it (the demo's spread_activation: 64 MB per call, 8 ms of its 14).
 _CONVERTED_MAX_BYTES = 1 << 30
-_converted = collections.OrderedDict()   # (id(source), key) -> (weakref to source, copy)
+_converted = collections.OrderedDict()   # (id(source), key) -> (weakref to source, copy, source's fingerprint)
 _converted_bytes = 0
 _converted_lock = threading.Lock()
 
@@ -313,16 +313,21 @@ def _drop_converted(k):
 
 def converted_once(src, key, convert):
     """convert(src), made once per `src` and `key` (what the conversion does, e.g. a dtype) when src
-    cannot change and the copy fits the budget; the copy is read-only. Otherwise convert(src) afresh."""
+    cannot change and the copy fits the budget; the copy is read-only. Otherwise convert(src) afresh.
+    The source's fingerprint is checked as the resident cache checks it (write access given back,
+    bytes rewritten, then taken away again between two calls)."""
     global _converted_bytes
     if not isinstance(src, np.ndarray) or not immutable(src):
         return convert(src)
     k = (id(src), key)
     with _converted_lock:
         e = _converted.get(k)
-        if e is not None and e[0]() is src:
-            _converted.move_to_end(k)
-            return e[1]
+    stamp = fingerprint(src)
+    if e is not None and e[0]() is src and e[2] == stamp:
+        with _converted_lock:
+            if k in _converted:
+                _converted.move_to_end(k)
+        return e[1]
     out = convert(src)
     if out is None or out is src or out.nbytes > _CONVERTED_MAX_BYTES:
         return out
@@ -336,7 +341,7 @@ def converted_once(src, key, convert):
         _drop_converted(k)
         while _converted and _converted_bytes + out.nbytes > _CONVERTED_MAX_BYTES:
             _drop_converted(next(iter(_converted)))
-        _converted[k] = (ref, out)
+        _converted[k] = (ref, out, stamp)
         _converted_bytes += out.nbytes
     return out
 

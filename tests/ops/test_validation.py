@@ -31,6 +31,13 @@ def test_an_input_that_cannot_change_is_converted_once():
     np.testing.assert_array_equal(a, T.astype(np.float32))
     q = np.ones(8, np.float32)
     np.testing.assert_array_equal(ex.top_k(q, T, 3)[1], ex.top_k(q, T.astype(np.float32), 3)[1])
+    # write access given back, the bytes rewritten, then taken away again: the copy is not served
+    T.flags.writeable = True
+    T *= 2
+    T.flags.writeable = False
+    b = as_float(T, "top_k", "corpus")
+    assert b is not a
+    np.testing.assert_array_equal(b, T.astype(np.float32))
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint16, np.float64, np.bool_])

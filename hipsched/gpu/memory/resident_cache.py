@@ -1,6 +1,6 @@
 """The resident cache: device copies of host arrays reused across calls, kept only for bytes that cannot
 change unseen (read-only arrays, and ResidentArray handles whose updates reach the copy), within a
-budget (resident_budget); fingerprint, the version stamp of a kept array; _Pin, a handle's device copy."""
+budget (resident_budget); _Pin, a handle's device copy."""
 from __future__ import annotations
 
 import collections
@@ -12,7 +12,7 @@ import weakref
 import numpy as np
 
 from ... import resident as _resident
-from ...resident import immutable
+from ...resident import fingerprint, immutable  # noqa: F401 (fingerprint: also its import path here)
 from .device_array import DeviceArray, to_device
 from .streams import _retired_streams
 
@@ -26,20 +26,6 @@ FALLBACK_RESIDENT_BYTES = 1 << 30
 # An update of more separate row runs than this copies the span from the first to the last changed row
 # at once: each copy of pageable memory costs about 10 us, the span's bytes usually less.
 MAX_ROW_COPIES = 256
-
-_SAMPLES = 256
-
-
-def fingerprint(arr: np.ndarray) -> tuple:
-    """Cheap version stamp of a host array: data pointer, shape, dtype, strides and a hash of up to
-    256 evenly spaced elements plus the last one. Only a second line of defence for arrays that are
-    read-only by declaration (it sees a bulk rewrite after write access came back, not a single element
-    between the samples), never what makes a writable array safe to keep."""
-    flat = arr.reshape(-1) if arr.flags.c_contiguous else np.ravel(arr)
-    step = max(1, flat.size // _SAMPLES)
-    sample = flat[::step][:_SAMPLES].tobytes() + (flat[-1:].tobytes() if flat.size else b"")
-    return (arr.ctypes.data, arr.shape, arr.dtype.str, arr.strides, hash(sample))
-
 
 def resident_budget(runtime, configured: int | None = None) -> tuple[int, str]:
     """(bytes the resident cache may hold, where that figure comes from): `configured`, else
