@@ -219,6 +219,25 @@ cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
     return NAN
 
 
+cdef inline double floor_below(Bucket *bks, double size) noexcept nogil:
+    """The least of the medians of the two nearest measured buckets below `size`'s (NaN with fewer
+    than two samples between them): more work does not make a kernel faster, so a side at least this
+    slow at smaller sizes is about as slow here. Two samples at least, the least of two medians, so
+    that a single spike (a first launch) does not count. For exploration only: it keeps a side from
+    being tried where it cannot win, never decides a call."""
+    cdef int b = bucket_of(size) - 1, found = 0, samples = 0
+    cdef double m, least = NAN
+    while b >= 0 and found < 2:
+        if bks[b].n > 0:
+            m = bucket_median(&bks[b])
+            if found == 0 or m < least:
+                least = m
+            samples += bks[b].n
+            found += 1
+        b -= 1
+    return least if samples >= 2 else NAN
+
+
 cdef inline bint measured_near(Bucket *bks, Fit *f, double size) noexcept nogil:
     """Whether a prediction at `size` rests on measurements there: its bucket has samples, or the fit
     interpolates between two measured buckets on either side of it (a line through a few distant

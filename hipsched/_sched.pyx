@@ -8,7 +8,7 @@ Python threads. Decisions never allocate; a record allocates only for a size buc
 from libc.stdlib cimport calloc, free, malloc
 from libc.math cimport isfinite, isnan
 
-from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, measured_near, predict_us
+from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, floor_below, measured_near, predict_us
 
 import threading
 
@@ -176,7 +176,7 @@ cdef class SchedCore:
         cdef int on_device = flags & F_ON_DEVICE
         cdef long long calls
         cdef double c, g, copies
-        cdef bint early
+        cdef bint early, slow
         c = predict_us(s.buckets[CPU], &s.fit[CPU], size)
         g = predict_us(s.buckets[GPU], &s.fit[GPU], size)
         # the copies are paid by the side the data is not on: host data goes up and back for the GPU,
@@ -266,21 +266,26 @@ cdef class SchedCore:
                 # the CPU's whole run: it would measure the copies more than the kernel.
                 # Device data costs the CPU at least its copies, whatever its kernel takes: when the GPU
                 # beats even those, a CPU run could not win and learning its time is not worth one.
+                # A side is also known to lose when it took that much longer than the other's
+                # prediction at a smaller size (work does not make a kernel faster: _perfmodel.floor_below):
+                # an empty model's GPU, measured at ~340 us on a small top_k, was tried again at each
+                # new size up to where the CPU takes ~250 us, 6 calls of the quick demo's cold run.
                 if bg.n <= bc.n:
+                    slow = ((g > EXPLORE_MAX_RATIO * c and measured_near(s.buckets[GPU], &s.fit[GPU], size))
+                            or floor_below(s.buckets[GPU], size) > EXPLORE_MAX_RATIO * c
+                            or (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c))
                     if early:
-                        if (not (g > EXPLORE_MAX_RATIO * c) and not measured_near(s.buckets[GPU], &s.fit[GPU], size)
-                                and not (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c)):
-                            return GPU | R_EXPLORING << 1
-                    elif not ((g > EXPLORE_MAX_RATIO * c and measured_near(s.buckets[GPU], &s.fit[GPU], size))
-                              or (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c)):
+                        slow = slow or g > EXPLORE_MAX_RATIO * c or measured_near(s.buckets[GPU], &s.fit[GPU], size)
+                    if not slow:
                         return GPU | R_EXPLORING << 1
-                elif early:
-                    if (not (c > EXPLORE_MAX_RATIO * g) and not measured_near(s.buckets[CPU], &s.fit[CPU], size)
-                            and not (on_device and g * p.speedup_threshold < copies)):
+                else:
+                    slow = ((c > EXPLORE_MAX_RATIO * g and measured_near(s.buckets[CPU], &s.fit[CPU], size))
+                            or floor_below(s.buckets[CPU], size) > EXPLORE_MAX_RATIO * g
+                            or (on_device and g * p.speedup_threshold < copies))
+                    if early:
+                        slow = slow or c > EXPLORE_MAX_RATIO * g or measured_near(s.buckets[CPU], &s.fit[CPU], size)
+                    if not slow:
                         return CPU | R_EXPLORING << 1
-                elif not ((c > EXPLORE_MAX_RATIO * g and measured_near(s.buckets[CPU], &s.fit[CPU], size))
-                          or (on_device and g * p.speedup_threshold < copies)):
-                    return CPU | R_EXPLORING << 1
         elif p.reprobe_period > 0 and calls % p.reprobe_period == 0:
             if g * p.speedup_threshold < c:   # GPU wins: re-probe the CPU unless far behind
                 if c < REPROBE_MAX_RATIO * g:

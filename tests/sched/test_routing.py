@@ -86,6 +86,37 @@ def test_a_guessed_side_close_to_the_other_is_tried_at_a_new_sizes_first_calls()
     assert decide(c2, s2, 1e8)[:2] == ("cpu", R.COST_MODEL)
 
 
+def test_a_side_slower_at_smaller_sizes_is_not_tried_at_a_larger_one():
+    """An empty model's GPU, measured at ~340 us on small top_k calls, was tried again at every new
+    size where the CPU still took 70-90 us (the quick demo's cold run: 6 calls at ~280 us lost each).
+    Work does not make a kernel faster: a side that took over 1.5x the other's prediction at the two
+    nearest smaller measured sizes is not explored; where the other side is predicted slower than that,
+    it is again."""
+    c = core(min_samples=3, exploration_share=0.2)
+    s = c.slot("top_k", "float32")
+    for size in (4e5, 5e5):
+        c.record(s, 1, size, 340.0)
+        for _ in range(3):
+            c.record(s, 0, size, 70.0 + size * 1e-5)
+    for size in (7e5, 9e5, 1.2e6):                      # new sizes: the GPU guessed, the CPU ~80-90 us
+        picks = [decide(c, s, size)[:2] for _ in range(10)]
+        assert ("gpu", R.EXPLORING) not in picks, (size, picks)
+        for _ in range(3):
+            c.record(s, 0, size, 70.0 + size * 1e-5)
+    for _ in range(3):                                  # far larger: the CPU now predicted ~470 us
+        c.record(s, 0, 4e7, 470.0)
+    picks = [decide(c, s, 3e7)[:2] for _ in range(10)]
+    assert ("gpu", R.EXPLORING) in picks
+    # one sample below is not enough (a first launch can be a spike)
+    c2 = core(min_samples=3, exploration_share=0.2)
+    s2 = c2.slot("top_k", "float32")
+    c2.record(s2, 1, 4e5, 340.0)
+    for _ in range(3):
+        c2.record(s2, 0, 4e5, 74.0)
+        c2.record(s2, 0, 9e5, 79.0)
+    assert ("gpu", R.EXPLORING) in [decide(c2, s2, 9e5)[:2] for _ in range(10)]
+
+
 def test_an_upload_is_charged_by_what_inputs_have_been_worth_per_byte():
     """A search that runs each new corpus slice through its queries and a cosine: once a few inputs have
     shown what the calls over them would save on the GPU per byte of input, a new input's first call is
