@@ -7,8 +7,8 @@ CPU, a failed GPU run rerun on the CPU) is here too, so a call never leaves this
 its result."""
 from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
                               F_WANT_CPU, F_WANT_GPU, R_COST_MODEL, R_CPU_FALLBACK, R_GPU_UNAVAILABLE,
-                              R_GPU_UNSUPPORTED, R_SPLIT,
-                              ST_BACKEND_ONLY, MAX_SLOTS, Params, SchedCore, hs_lock, hs_unlock, now_ns)
+                              R_GPU_UNSUPPORTED, R_SPLIT, ST_BACKEND_ONLY, ST_CPU_PREFERRED,
+                              MAX_SLOTS, Params, SchedCore, hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
 from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan
 from hipsched.telemetry._record cimport Recorder
@@ -54,6 +54,18 @@ _USE_HISTORY_MIN = 3
 
 
 _MAX_PENDING = 1024   # entries of FastPath.timed / early: far more than the device keeps readings for
+
+
+def _device_indices(args, set out):
+    """Adds to `out` the device index of every device array among `args` (nested tuples and lists too),
+    read as GpuBackend._check_devices reads it."""
+    for a in args:
+        if isinstance(a, (tuple, list)):
+            _device_indices(a, out)
+            continue
+        device = getattr(a, "device", None)
+        if isinstance(device, tuple) and len(device) == 2 and hasattr(a, "ptr"):
+            out.add(device[1])
 
 
 def _bounded_put(d, key, value):
@@ -130,6 +142,7 @@ cdef class FastPath:
     cdef public Recorder tel        # the executor's telemetry recorder, or None
     cdef double min_batch
     cdef public object splitter     # hipsched.splitting.Splitter, or None (splitting off, or no GPU)
+    cdef public object further      # {device index: splitting.Side} of the further GPUs, or None
     cdef bint allow_fallback
     cdef bint learning      # _learn_timings is running (a driver call may let another thread in)
     cdef tuple reason_str
@@ -170,6 +183,7 @@ cdef class FastPath:
         self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
         self.hot = {}
         self.splitter = None
+        self.further = None
 
     cdef tuple _entry(self, str op, dtype):
         """(core slot, capability flags, GPU max size, CPU function or None, HotOp or None)."""
@@ -222,10 +236,14 @@ cdef class FastPath:
         """(backend, reason index, predicted cpu us, predicted gpu us, detail) the call would get now,
         changing nothing."""
         cdef Decision d
+        cdef int want = self._want(call.op, backend)
+        entry = self._entry(call.op, call.dtype)
+        side = self._further_side(call, entry, want)
+        if side is not None:
+            return self._decide_further(side, call, entry[0], want, False)[1:]
         self.tls.what_if = True   # a question, not a call: the inputs' uses are not counted
         try:
-            detail = self._decide_call(call, call.size, self._want(call.op, backend),
-                                       self._entry(call.op, call.dtype), False, &d)
+            detail = self._decide_call(call, call.size, want, entry, False, &d)
         finally:
             self.tls.what_if = False
         return d.backend, d.reason, d.pc, d.pg, detail
@@ -310,6 +328,7 @@ cdef class FastPath:
         run with a plan key recorded for the compiled path), or a split across both sides where the model
         predicts one to finish sooner (a call both sides are measured for, the model's own choice)."""
         cdef Decision d
+        cdef int want
         cdef GpuPath gp = self.path
         prep = self.prepare.get(op)
         if prep is None:
@@ -317,7 +336,12 @@ cdef class FastPath:
         call = prep(*args, **kwargs)
         dtype = call.dtype
         entry = self._entry(op, dtype)
-        detail = self._decide_call(call, call.size, self._want(op, backend), entry, True, &d)
+        want = self._want(op, backend)
+        if call.on_device and self.further is not None:
+            side = self._further_side(call, entry, want)
+            if side is not None:
+                return self._run_further(side, call, entry[0], want, stream)
+        detail = self._decide_call(call, call.size, want, entry, True, &d)
         if split and d.reason == R_COST_MODEL and self.splitter is not None and not call.on_device:
             plan = self.splitter.plan(call, d.slot, d.pc, d.pg, d.h2d, d.d2h)
             if plan is not None:
@@ -677,6 +701,103 @@ cdef class FastPath:
                 slot, size, host_us = entry
                 self.core.learn(slot, GPU, size, max(host_us, device_us))
 
+    # ------------------------------------------------------------------ device data on a further GPU
+    def _further_side(self, call, tuple entry, int want):
+        """The further GPU (its splitting.Side) a call runs on because its device inputs all live there,
+        or None: no further devices, host data, inputs on the executor's own GPU or on several devices
+        (these take the executor's GPU's decision as before: for mixed devices, the CPU, which can read
+        every array), or a call that would stay on the CPU whatever a GPU said (backend='cpu',
+        force_cpu_mode, a strategy fixed on the CPU without backend='gpu', a size below
+        gpu_min_batch_size)."""
+        cdef Params *p = &self.core.p
+        if not self.further or not call.on_device:
+            return None
+        if want == 0 and (p.strategy == ST_CPU_PREFERRED or (p.strategy == ST_BACKEND_ONLY and p.backend_only == CPU)):
+            return None
+        if not self._asks_gpu(<int>entry[1] | want | F_FITS, want, call.size):
+            return None
+        devices = set()
+        _device_indices(call.args, devices)
+        return self.further.get(devices.pop()) if len(devices) == 1 else None
+
+    def _decide_further(self, side, call, int slot, int want, bint commit):
+        """(the device core's slot, backend, reason, predicted cpu us, predicted gpu us, detail) of a call
+        on a further GPU's data. That device's own core decides, from its backend's judgement of the call
+        and its breaker: it decides as gpu_preferred (Executor._device_core), so a device that is up,
+        takes the call and is healthy runs it where its data is. The executor's model, which weighs the
+        CPU's copies against its own GPU's measured times, has no such times for this device (its runs
+        leave their work queued and are not timed). The CPU's prediction is the executor's core's (one
+        CPU), the GPU's this device's own, else the executor's GPU's."""
+        g, core = side.backend, side.core
+        flags = F_GPU_PRESENT | F_GPU_SUPPORTS | F_FITS | F_ON_DEVICE | want
+        detail = None
+        try:
+            if not g.available:
+                flags &= ~F_GPU_PRESENT
+                detail = g.unavailable_reason
+            elif not g.supports(call.op, call.dtype) or call.size > g.max_elements(call.op):
+                flags &= ~F_GPU_SUPPORTS
+            else:
+                why, fits, _, _ = g.judge(call)
+                if why is not None:
+                    flags |= F_CALL_UNSUPPORTED
+                    detail = why
+                elif not g.available:   # a query found the device gone
+                    flags &= ~F_GPU_PRESENT
+                    detail = g.unavailable_reason
+                elif not fits:
+                    flags &= ~F_FITS
+        except Exception as e:  # a failing query means the device cannot be trusted with this call
+            log.debug("hipsched: GPU %s query failed for %s: %s", g.device_index, call.op, e)
+            flags &= ~F_GPU_SUPPORTS
+        up, down = self.device_copy_bytes(call)
+        s_slot = core.slot(call.op, call.dtype)
+        be, reason, _, pg = core.decide(s_slot, call.size, up, down, flags, commit)
+        _, _, pc, main_pg = self.core.decide(slot, call.size, up, down, F_ON_DEVICE, False)
+        if pg != pg:   # NaN: not measured on this device yet
+            pg = main_pg
+        if reason != R_GPU_UNSUPPORTED and reason != R_GPU_UNAVAILABLE:
+            detail = None
+        return s_slot, be, reason, pc, pg, detail
+
+    def _run_further(self, side, call, int slot, int want, stream):
+        """Run a call on a further GPU's data on that device, through its backend: the result stays
+        there, as a run on the executor's GPU leaves it. Its health is that device's core's (the one its
+        split parts answer to), never the executor's GPU's; a failure reruns on the CPU, as there."""
+        s_slot, be, reason, pc, pg, detail = self._decide_further(side, call, slot, want, True)
+        g, core = side.backend, side.core
+        if be != GPU:
+            if want == F_WANT_GPU and not self.allow_fallback:
+                raise GpuError("unsupported" if reason == R_GPU_UNSUPPORTED else "unavailable",
+                               f"{call.op}: backend='gpu' was asked for but GPU {g.device_index}, where its inputs "
+                               f"live, cannot take this call ({self.reason_str[reason]}"
+                               f"{': ' + str(detail) if detail else ''})")
+            return self._run_cpu_device(call, slot, reason, pc, pg, stream, detail=detail)
+        t0 = _perf_ns()
+        try:
+            out = g.run(call, stream)
+        except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
+            dur = (_perf_ns() - t0) * 1e-3
+            err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
+            if err.kind == "unsupported":   # a fact about the call, not the device's health
+                core.release_probe(s_slot)
+            else:
+                core.record(s_slot, GPU, call.size, dur, 0.0, 0.0, False, False, False)
+            if err.kind == "oom":
+                g.forget_free_memory()
+            return self._fallback(call, slot, err, pc, pg, stream, side.name)
+        except BaseException:  # interrupted: the breaker must still see an outcome (see _run_gpu)
+            core.record(s_slot, GPU, call.size, -1.0, 0.0, 0.0, False, False, False)
+            raise
+        dur = (_perf_ns() - t0) * 1e-3
+        # the work is left queued on the device: a success for its breaker, but no completion time
+        core.record(s_slot, GPU, call.size, -1.0, 0.0, 0.0, True, False, False)
+        self.core.count_gpu_run(-1.0)
+        if self.tel is not None:
+            self.tel.record(call.op, "gpu", self.reason_str[reason], call.size, call.dtype, call.nbytes, dur, pc, pg,
+                            stream, None, None, None, None, g.device_index)
+        return out
+
     def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
         # the decision may have charged an amortized upload; the copies this run makes are the real one
         real = getattr(self.tls, "h2d", None)
@@ -752,7 +873,9 @@ cdef class FastPath:
             self.gpu.disable(err.message)
         return self._fallback(call, slot, err, pc, pg, stream)
 
-    def _fallback(self, call, slot, err, pc, pg, stream):
+    def _fallback(self, call, slot, err, pc, pg, stream, where=None):
+        """Rerun a call whose GPU run failed on the CPU; `where`: the further GPU that failed ("gpu:1",
+        named in the event's error as split events name it), None for the executor's GPU."""
         if not self.allow_fallback:  # no result, so no event; the op's GPU health saw the failure
             raise err
         key = (call.op, err.kind)
@@ -764,11 +887,12 @@ cdef class FastPath:
                 log.warning("hipsched: %s failed on the GPU (%s); rerunning on the CPU. Later %s failures "
                             "of this op fall back silently (see telemetry 'fallback').", call.op, err, err.kind)
         reason = R_CPU_FALLBACK
+        fallback = ("gpu", str(err) if where is None else f"{where}: {err}")
         if call.on_device:
-            return self._run_cpu_device(call, slot, reason, pc, pg, stream, ("gpu", str(err)))
+            return self._run_cpu_device(call, slot, reason, pc, pg, stream, fallback)
         t0 = _perf_ns()
         out = self.cpu.run(call)
-        self._finish(call, slot, CPU, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, ("gpu", str(err)))
+        self._finish(call, slot, CPU, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, fallback)
         return out
 
     def learn_pending(self):

@@ -439,6 +439,17 @@ cdef class SchedCore:
             self.c.gpu_time_us += gpu_us
         hs_unlock(&self.lock)
 
+    def count_gpu_run(self, double gpu_us):
+        """One call run whole on a further GPU (its health and samples are that device's own core's):
+        counted once among this core's GPU operations, leaving this core's GPU health alone, which is
+        another device's. gpu_us < 0: no time (work left queued on the device)."""
+        hs_lock(&self.lock)
+        self.c.total += 1
+        self.c.gpu += 1
+        if gpu_us > 0:
+            self.c.gpu_time_us += gpu_us
+        hs_unlock(&self.lock)
+
     def learn(self, int slot, int backend, double size, double duration_us, double h2d_bytes=0.0,
               double d2h_bytes=0.0):
         """A latency sample of a run already recorded (its health and counts taken then) whose completion

@@ -24,7 +24,7 @@ from .model_store import ModelPersistence
 from .ops import OPS
 from .ops.base import Call
 from .resident import ResidentArray
-from .splitting import Splitter
+from .splitting import Side, Splitter
 from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
                          PerformanceTracker, us_or_none)
 
@@ -94,8 +94,8 @@ class Executor:
     the CPU engine with an object that has CpuBackend's `run(call)` and `run_device_data(call)` (a
     simulated machine in tests/support): every call then takes the general path, none the compiled
     kernels directly. `gpu_backend` may also be a list of backends, one per device: the first is the
-    one backend="gpu" means, the others take parts of split calls (as the config's gpu_devices would
-    make them)."""
+    one backend="gpu" means, the others take parts of split calls and run the calls whose device
+    arrays live on them (as the config's gpu_devices would make them)."""
 
     def __init__(self, config=None, *, gpu_backend=None, cpu_backend=None, **overrides):
         if config is None:
@@ -112,8 +112,11 @@ class Executor:
             gpu, others = gpu_backend[0], [g for g in gpu_backend[1:] if g.available]
         else:
             gpu = gpu_backend if gpu_backend is not None else _create_gpu(cfg)
-            # further devices serve split calls only: without splitting none is opened
-            others = _further_gpus(cfg, gpu) if gpu_backend is None and gpu.available and cfg.split else []
+            # Further devices take parts of split calls and whole calls on their own device data. Without
+            # splitting only those gpu_devices names are opened: "every device" would otherwise hold a
+            # context (and its memory) on each GPU of the machine for data that may never live there.
+            others = (_further_gpus(cfg, gpu) if gpu_backend is None and gpu.available
+                      and (cfg.split or cfg.gpu_devices is not None) else [])
         self._injector = None
         if cfg.fault_inject and gpu.available:
             gpu = self._injector = FaultInjectingBackend(gpu, cfg.fault_inject)
@@ -142,6 +145,12 @@ class Executor:
         if cfg.split and self._gpu_present:
             self._fast.splitter = Splitter(self._core, self._cpu, gpu, cfg.split_min_us, self._record_split,
                                            others, self._device_core)
+        if others and self._gpu_present:
+            # a call on a further device's data runs there; that device's core is its splitter side's, so
+            # one breaker sees both its split parts and its whole calls
+            sides = (self._fast.splitter.others if self._fast.splitter is not None else
+                     [Side(f"gpu:{g.device_index}", g, self._device_core()) for g in others])
+            self._fast.further = {s.backend.device_index: s for s in sides}
         version = getattr(sys.modules.get("hipsched"), "__version__", "0")
         self._model = ModelPersistence(self._core, cfg.cache_dir,
                                        gpu.device_name if self._gpu_present else None, version)
@@ -166,7 +175,8 @@ class Executor:
     @property
     def gpu_devices(self) -> list[dict]:
         """The GPUs this executor uses, the one backend="gpu" means first: index, name, and whether it is
-        up (a device whose breaker is open for an op is still listed; see gpu_health)."""
+        up (a device whose breaker is open for an op is still listed; see gpu_health, which is the first
+        device's)."""
         gpus = [self._gpu, *self._other_gpus] if self._gpu_present else []
         return [{"index": g.device_index, "name": g.device_name, "available": bool(g.available)} for g in gpus]
 

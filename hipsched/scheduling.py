@@ -21,7 +21,8 @@ SelectionReason = Enum("SelectionReason", [(r.upper(), r) for r in _sched.REASON
                        qualname="SelectionReason")
 SelectionReason.__doc__ = """Why a backend was chosen (BackendSelection.reason, the events' "reason"):
 
-    GPU_AVAILABLE      strategy gpu_preferred sent it to the GPU
+    GPU_AVAILABLE      strategy gpu_preferred sent it to the GPU, or its device inputs live on a further
+                       GPU, which runs it while it is up and healthy
     GPU_UNAVAILABLE    no GPU, or none for this op / dtype / size
     CPU_FALLBACK       the GPU failed; the call reran on the CPU
     COST_MODEL         least predicted completion time

@@ -180,7 +180,8 @@ def run(args) -> int:
     if sp["on"]:
         devs = sp["devices"]
         print(f"  devices: {devs[0] if devs else 'none'} (backend='gpu')" +
-              (f", then {', '.join(map(str, devs[1:]))} for parts of split calls" if len(devs) > 1 else "") +
+              (f", then {', '.join(map(str, devs[1:]))} for parts of split calls and the calls on their own "
+               "device arrays" if len(devs) > 1 else "") +
               (f"; listed in gpu_devices but not found: {sp['missing_devices']}" if sp["missing_devices"] else ""))
     print("Compilers (work without a device):")
     for platform, c in info["compilers"].items():

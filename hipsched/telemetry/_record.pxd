@@ -15,4 +15,4 @@ cdef class Recorder:
     cdef object scope_var        # the ContextVar of the current scope
 
     cpdef record(self, op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us, pred_gpu_us,
-                 stream=*, fallback=*, detail=*, resident=*, split=*)
+                 stream=*, fallback=*, detail=*, resident=*, split=*, gpu_device=*)

@@ -21,7 +21,7 @@ cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(PyObject *o)
     bint PyTuple_CheckExact(PyObject *o)
 
-DEF NFIELDS = 17   # the layout of events.py (TS, SEQ, OP, ... DETAIL, RESIDENT, SPLIT)
+DEF NFIELDS = 18   # the layout of events.py (TS, SEQ, OP, ... DETAIL, RESIDENT, SPLIT, GPU_DEVICE)
 cdef double INF = float("inf")
 
 
@@ -83,7 +83,7 @@ cdef class Recorder:
         return (t1 - t0) * 1e9 / n
 
     cpdef record(self, op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us, pred_gpu_us,
-                 stream=None, fallback=None, detail=None, resident=None, split=None):
+                 stream=None, fallback=None, detail=None, resident=None, split=None, gpu_device=None):
         """See Telemetry.record."""
         if not self.enabled:
             return None
@@ -101,7 +101,7 @@ cdef class Recorder:
         new[6] = <PyObject *>dtype; new[7] = <PyObject *>nbytes; new[8] = <PyObject *>duration_us
         new[9] = <PyObject *>pred_cpu_us; new[10] = <PyObject *>pred_gpu_us; new[11] = <PyObject *>stream
         new[12] = <PyObject *>scope; new[13] = <PyObject *>fallback; new[14] = <PyObject *>detail
-        new[15] = <PyObject *>resident; new[16] = <PyObject *>split
+        new[15] = <PyObject *>resident; new[16] = <PyObject *>split; new[17] = <PyObject *>gpu_device
         for i in range(NFIELDS):
             Py_INCREF(<object>new[i])
         if self.cap > 0:

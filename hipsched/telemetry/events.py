@@ -17,7 +17,7 @@ SCHEMA_VERSION = 1
 
 # Layout of the tuple Telemetry.record stores (indices used by the writer, store and formatter).
 TS, SEQ, OP, BACKEND, REASON, SIZE, DTYPE, NBYTES, DURATION, PRED_CPU, PRED_GPU, STREAM, SCOPE, FALLBACK, DETAIL, \
-    RESIDENT, SPLIT = range(17)
+    RESIDENT, SPLIT, GPU_DEVICE = range(18)
 
 FIELDS = ("v", "ts", "run", "seq", "host", "device", "op", "backend", "reason", "size", "dtype", "bytes",
           "duration_us", "predicted_us", "stream", "phase", "tags", "fallback")
@@ -27,8 +27,9 @@ OPTIONAL_IDENT = ("worker", "job")
 # Present only where they apply, last, so every other line is byte for byte what it was: `detail` on
 # events whose reason has one (gpu_unsupported: why the GPU refused the call), `resident` on GPU runs of
 # host inputs (bytes uploaded, bytes read from device copies kept across calls), `split` on calls cut
-# across processors (the shares and each part's rows and time).
-OPTIONAL_EVENT = ("detail", "resident", "split")
+# across processors (the shares and each part's rows and time), `gpu_device` on GPU runs on a further
+# device of an executor with several (the device its inputs live on; docs/gpu.md, "Two devices").
+OPTIONAL_EVENT = ("detail", "resident", "split", "gpu_device")
 
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -118,6 +119,7 @@ def to_dict(rec, run, host, device, extra=None) -> dict:
         **({} if rec[DETAIL] is None else {"detail": str(rec[DETAIL])}),
         **({} if rec[RESIDENT] is None else {"resident": _resident(rec[RESIDENT])}),
         **({} if rec[SPLIT] is None else {"split": _split(rec[SPLIT])}),
+        **({} if rec[GPU_DEVICE] is None else {"gpu_device": int(rec[GPU_DEVICE])}),
     }
 
 
@@ -134,7 +136,7 @@ def _split(s) -> dict:
 
 _INF = float("inf")  # the range test below also rejects NaN (every comparison with it is False)
 _NUMBERS = ',"size":%d,"bytes":%d,"duration_us":%.3f,"predicted_us":{"cpu":%.3f,"gpu":%.3f}'
-_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s%s%s%s}\n'
+_LINE = '%s%s.%06dZ"%s,"seq":%d%s%s,"stream":%s,"phase":%s,"tags":%s,"fallback":%s%s%s%s%s}\n'
 
 
 class LineFormatter:
@@ -181,7 +183,7 @@ class LineFormatter:
                 f'"predicted_us":{{"cpu":{num(pc)},"gpu":{num(pg)}}}')
 
     def line(self, rec) -> str:
-        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb, detail, resident, split = rec
+        t, seq, op, backend, reason, size, dtype, nbytes, dur, pc, pg, st, sc, fb, detail, resident, split, dev = rec
         sec = int(t)
         if sec != self._sec:
             self._sec = sec
@@ -210,8 +212,9 @@ class LineFormatter:
         rs = "" if resident is None else ',"resident":{"uploaded":%d,"reused":%d}' % (
             int(resident["uploaded"]), int(resident["reused"]))
         sp = "" if split is None else ',"split":' + json.dumps(_split(split), separators=(",", ":"))
+        gd = "" if dev is None else ',"gpu_device":%d' % int(dev)
         return _LINE % (self.head, self._sec_text, micro, self.ident, seq, names, nums, st, sc.phase_json,
-                        sc.tags_json, fbt, dt, rs, sp)
+                        sc.tags_json, fbt, dt, rs, sp, gd)
 
     def dropped_line(self, t, count, total) -> str:
         """The record that reports events lost to a full queue (they are still in the counters)."""

@@ -65,16 +65,18 @@ class Telemetry:
 
     # ---------------------------------------------------------------- hot path
     def record(self, op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us, pred_gpu_us,
-               stream=None, fallback=None, detail=None, resident=None, split=None):
+               stream=None, fallback=None, detail=None, resident=None, split=None, gpu_device=None):
         """Record one executed call. Thread safe, never blocks on I/O, never raises for I/O problems.
         `fallback` is None or (failed_backend, error_str); `backend` is the one that produced the result;
         `detail` is None or the text behind the reason (gpu_unsupported: why the GPU refuses the call);
         `resident` is None or, for a GPU run on host inputs, {"uploaded": bytes, "reused": bytes}: what
         it copied to the device and what it read from device copies kept across calls; `split` is None or,
-        for a call cut across processors, {"shares", "parts", "predicted_us", "balance"} (schema.json).
+        for a call cut across processors, {"shares", "parts", "predicted_us", "balance"} (schema.json);
+        `gpu_device` is None or, for a GPU run on a further device of an executor with several (its
+        inputs live there), that device's index.
         (Each instance replaces this with its compiled recorder's method; this is its documentation.)"""
         return self.recorder.record(op, backend, reason, size, dtype, nbytes, duration_us, pred_cpu_us,
-                                    pred_gpu_us, stream, fallback, detail, resident, split)
+                                    pred_gpu_us, stream, fallback, detail, resident, split, gpu_device)
 
     def scope(self, phase=None, **tags):
         """Context manager: events recorded inside carry this phase and these tags (contextvars, so

@@ -3,11 +3,12 @@
 metadata ("M") events at the end; events of a distributed job's worker (a `worker` field) share one
 process per worker instead. A call split across processors is a slice on the SPLIT track and each of
 its parts a slice, from the call's start, on the track of the side that ran it (cpu, gpu, or one track
-per device, gpu:0, gpu:1, ..., with several GPUs: the lanes show the sides working at once). Calls from several threads overlap in time, and slices on one track
-must nest, so overlapping calls go to extra lanes of their track ("CPU #2", ...). A lane keeps only the
-span it covers: for a log in completion order (as the writer writes it) the lanes match the calls in
-flight at once; input far out of order could open more, so a track has at most MAX_LANES, the last
-taking whatever does not fit elsewhere."""
+per device, gpu:0, gpu:1, ..., with several GPUs: the lanes show the sides working at once; a whole call
+on a further GPU, with `gpu_device`, is on that device's track). Calls from several threads overlap in
+time, and slices on one track must nest, so overlapping calls go to extra lanes of their track ("CPU #2",
+...). A lane keeps only the span it covers: for a log in completion order (as the writer writes it) the
+lanes match the calls in flight at once; input far out of order could open more, so a track has at most
+MAX_LANES, the last taking whatever does not fit elsewhere."""
 from __future__ import annotations
 
 import json
@@ -53,7 +54,9 @@ class TraceWriter:
                                 else f"hipsched {d.get('host')} run {d.get('run')}")
         backend, stream = str(d.get("backend")), d.get("stream")
         start = round(end * 1e6 - dur, 3)
-        tid = self._lane(pid, backend, stream, start, start + dur)
+        # a whole call run on a further GPU goes on that device's track, where its split parts go
+        gd = d.get("gpu_device") if backend == "gpu" else None
+        tid = self._lane(pid, backend if gd is None else f"gpu:{gd}", stream, start, start + dur)
         fb = d.get("fallback")
         name = d.get("op", "?") if not fb else f"{d.get('op', '?')} (fallback from {fb.get('backend')})"
         args = {"size": d.get("size"), "bytes": d.get("bytes"), "reason": d.get("reason"), "dtype": d.get("dtype"),

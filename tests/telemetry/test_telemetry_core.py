@@ -45,6 +45,31 @@ def test_event_fields_match_the_schema(validator):
     assert b["fallback"] == {"backend": "gpu", "error": "[oom/hipErrorOutOfMemory] out of memory"}
 
 
+def test_a_run_on_a_further_gpu_names_its_device(validator, tmp_path):
+    """gpu_device is on the events of GPU runs on an executor's further device, and on no other: the line
+    written equals the in-memory event, both validate, and the trace puts the call on that device's track."""
+    import json
+    from hipsched.telemetry.trace import TraceWriter
+    path = tmp_path / "t.jsonl"
+    with Telemetry(path=path, host="h", device="d") as tel:
+        tel.record("add", "gpu", "gpu_available", 4096, "float32", 49152, 12.5, 30.0, 8.0, gpu_device=1)
+        rec(tel, backend="gpu")
+    with open(path) as f:
+        lines = [json.loads(line) for line in f]
+    a, b = tel.events
+    assert lines == [a, b] and a["gpu_device"] == 1 and "gpu_device" not in b
+    for e in (a, b):
+        validator.validate(e)
+    out = tmp_path / "trace.json"
+    tw = TraceWriter(str(out))
+    for e in (a, b):
+        tw.add(e)
+    tw.close()
+    evs = json.load(open(out))["traceEvents"]
+    tracks = {m["tid"]: m["args"]["name"] for m in evs if m["name"] == "thread_name"}
+    assert sorted(tracks[e["tid"]] for e in evs if e["ph"] == "X") == ["GPU", "GPU:1"]
+
+
 def test_enum_reasons_and_stream_objects_become_plain_values():
     class Reason(str, Enum):
         COST_MODEL = "cost_model"
