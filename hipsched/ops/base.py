@@ -301,7 +301,9 @@ def contiguous_aligned(a, dtype=None):
 _CONVERTED_MAX_BYTES = 1 << 30
 _converted = collections.OrderedDict()   # (id(source), key) -> (weakref to source, copy, source's fingerprint)
 _converted_bytes = 0
-_converted_lock = threading.Lock()
+# re-entrant: a source's weakref callback (_forget) can run inside a locked section of the same thread,
+# when an allocation there sets off the garbage collector and it frees a source held in a cycle
+_converted_lock = threading.RLock()
 
 
 def _drop_converted(k):

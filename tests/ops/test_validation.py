@@ -40,6 +40,33 @@ def test_an_input_that_cannot_change_is_converted_once():
     np.testing.assert_array_equal(b, T.astype(np.float32))
 
 
+def test_a_kept_copys_source_freed_by_the_collector_inside_the_lock_does_not_deadlock():
+    """A source held only by a reference cycle dies when the collector runs, which can be during an
+    allocation inside converted_once's own locked section: its entry's callback must not wait on the
+    lock its own thread holds."""
+    import gc
+    import threading
+    from hipsched.ops import base
+
+    def work():
+        src = np.arange(16, dtype=np.float64)
+        src.flags.writeable = False
+        base.as_float(src, "top_k", "corpus")
+        cycle = [src]
+        cycle.append(cycle)
+        key = id(src)
+        del src, cycle
+        with base._converted_lock:
+            gc.collect()      # frees the cycle, and the source with it, while the lock is held
+        gone.append(not any(k[0] == key for k in base._converted))   # and its entry went with it
+    gone = []
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    assert gone == [True]
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint16, np.float64, np.bool_])
 def test_numeric_dtypes_convert_as_numpy_does(dtype):
     a = (np.arange(12) % 5).astype(dtype).reshape(3, 4)
