@@ -73,6 +73,11 @@ def _further_gpus(config, gpu) -> list:
     return others
 
 
+def _save_models(models):
+    for m in models:
+        m.save_quietly()
+
+
 def _create_telemetry(config, device):
     if not config.telemetry_enabled:
         return None
@@ -154,11 +159,18 @@ class Executor:
         version = getattr(sys.modules.get("hipsched"), "__version__", "0")
         self._model = ModelPersistence(self._core, cfg.cache_dir,
                                        gpu.device_name if self._gpu_present else None, version)
+        # each further device's model (what its split parts taught it) in a file of its own, keyed by its
+        # name and index: two devices of one name may still sit on different links
+        self._device_models = [
+            ModelPersistence(side.core, cfg.cache_dir, f"{side.backend.device_name} (device {side.backend.device_index})",
+                             version)
+            for side in (self._fast.further or {}).values()]
         self._save_at_exit = None
         if cfg.persist_model:
-            self._model.load()
+            for m in (self._model, *self._device_models):
+                m.load()
             # the model outlives processes that never call close() (the module-level default executor)
-            self._save_at_exit = weakref.finalize(self, self._model.save_quietly)
+            self._save_at_exit = weakref.finalize(self, _save_models, (self._model, *self._device_models))
         if self._gpu_present and not self._model.transfer_known:
             self._measure_transfer()
 
@@ -193,7 +205,11 @@ class Executor:
             log.warning("hipsched: could not measure host<->device transfers (%s); assuming a PCIe link", e)
 
     def save_model(self, path=None) -> str:
-        """Writes the learned model to its file in the cache directory (or to `path`); returns the path."""
+        """Writes the learned model to its file in the cache directory (or to `path`); returns the path.
+        Into the cache directory, the further GPUs' models are written too, each to its own file."""
+        if path is None:
+            for m in self._device_models:
+                m.save()
         return self._model.save(path)
 
     # ------------------------------------------------------------------ the hot path

@@ -224,6 +224,28 @@ def test_a_failing_second_device_reruns_its_rows_on_the_cpu_and_its_health_says_
         assert ex.gpu_health("top_k")["failures"] == 0
 
 
+def test_a_further_devices_model_is_saved_and_loaded_in_a_file_of_its_own(rt2, tmp_path):
+    """What a further device learned (its split parts' times) outlives the process, as the executor's own
+    model does, in its own file: it was lost at every close, so each process split on guesses again."""
+    import math
+
+    def make():
+        first = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt2)
+        return Executor(gpu_backend=[first, first.for_device(1)], persist_model=True,
+                        cache_dir=str(tmp_path / "cache"))
+    with make() as ex:
+        core = ex._fast.further[1].core
+        assert core is ex._fast.splitter.others[0].core        # the core its split parts teach
+        s = core.slot("top_k", "float32")
+        for _ in range(3):
+            core.record(s, 1, 1e6, 250.0)
+    assert len(list((tmp_path / "cache").glob("model-*.json"))) == 2
+    with make() as ex:
+        core = ex._fast.further[1].core
+        assert core.predict(core.slot("top_k", "float32"), 1, 1e6) == pytest.approx(250.0)
+        assert math.isnan(ex._core.predict(ex._core.slot("top_k", "float32"), 1, 1e6))   # not the executor's
+
+
 def test_info_lists_the_devices_an_executor_would_split_across(rt2, monkeypatch, capsys):
     from hipsched.cli import info
     from hipsched.gpu.bindings import detect
