@@ -23,6 +23,7 @@ import numpy as np
 
 from .backends.cpu import CpuBackend
 from .chunking import chunkable, run_chunked
+from .device_arrays import device_indices
 from .errors import GpuError
 from .ops import OPS
 from .ops.base import host_arrays
@@ -54,18 +55,6 @@ _USE_HISTORY_MIN = 3
 
 
 _MAX_PENDING = 1024   # entries of FastPath.timed / early: far more than the device keeps readings for
-
-
-def _device_indices(args, set out):
-    """Adds to `out` the device index of every device array among `args` (nested tuples and lists too),
-    read as GpuBackend._check_devices reads it."""
-    for a in args:
-        if isinstance(a, (tuple, list)):
-            _device_indices(a, out)
-            continue
-        device = getattr(a, "device", None)
-        if isinstance(device, tuple) and len(device) == 2 and hasattr(a, "ptr"):
-            out.add(device[1])
 
 
 def _bounded_put(d, key, value):
@@ -716,8 +705,7 @@ cdef class FastPath:
             return None
         if not self._asks_gpu(<int>entry[1] | want | F_FITS, want, call.size):
             return None
-        devices = set()
-        _device_indices(call.args, devices)
+        devices = device_indices(call.args)
         return self.further.get(devices.pop()) if len(devices) == 1 else None
 
     def _decide_further(self, side, call, int slot, int want, bint commit):

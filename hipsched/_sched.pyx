@@ -53,6 +53,17 @@ DEF COPY_DOMINATED_SHARE = 0.5
 BACKEND_CPU = CPU
 BACKEND_GPU = GPU
 
+cdef inline bint _not_worth_exploring(Bucket *bks, Fit *f, double mine, double other, double size, bint early,
+                                      bint copies_lose) noexcept nogil:
+    """Whether an under-sampled bucket's call should not explore this side (predicted `mine` us against
+    the other side's `other`), by the rules in SchedCore._decide step 6; `copies_lose`: its copies alone
+    rule it out. At a bucket's first two calls (`early`) only a guess within EXPLORE_MAX_RATIO is tried."""
+    cdef bint near = measured_near(bks, f, size)
+    if copies_lose or (mine > EXPLORE_MAX_RATIO * other and near) or floor_below(bks, size) > EXPLORE_MAX_RATIO * other:
+        return True
+    return early and (mine > EXPLORE_MAX_RATIO * other or near)
+
+
 cdef class SchedCore:
     """Owns the C state (declared in _sched.pxd); the dispatcher (_dispatch.FastPath) decides and
     records through its C methods, Python code through `decide` and `record`."""
@@ -176,7 +187,7 @@ cdef class SchedCore:
         cdef int on_device = flags & F_ON_DEVICE
         cdef long long calls
         cdef double c, g, copies
-        cdef bint early, slow
+        cdef bint early
         c = predict_us(s.buckets[CPU], &s.fit[CPU], size)
         g = predict_us(s.buckets[GPU], &s.fit[GPU], size)
         # the copies are paid by the side the data is not on: host data goes up and back for the GPU,
@@ -271,21 +282,12 @@ cdef class SchedCore:
                 # an empty model's GPU, measured at ~340 us on a small top_k, was tried again at each
                 # new size up to where the CPU takes ~250 us, 6 calls of the quick demo's cold run.
                 if bg.n <= bc.n:
-                    slow = ((g > EXPLORE_MAX_RATIO * c and measured_near(s.buckets[GPU], &s.fit[GPU], size))
-                            or floor_below(s.buckets[GPU], size) > EXPLORE_MAX_RATIO * c
-                            or (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c))
-                    if early:
-                        slow = slow or g > EXPLORE_MAX_RATIO * c or measured_near(s.buckets[GPU], &s.fit[GPU], size)
-                    if not slow:
+                    if not _not_worth_exploring(s.buckets[GPU], &s.fit[GPU], g, c, size, early,
+                                                not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c):
                         return GPU | R_EXPLORING << 1
-                else:
-                    slow = ((c > EXPLORE_MAX_RATIO * g and measured_near(s.buckets[CPU], &s.fit[CPU], size))
-                            or floor_below(s.buckets[CPU], size) > EXPLORE_MAX_RATIO * g
-                            or (on_device and g * p.speedup_threshold < copies))
-                    if early:
-                        slow = slow or c > EXPLORE_MAX_RATIO * g or measured_near(s.buckets[CPU], &s.fit[CPU], size)
-                    if not slow:
-                        return CPU | R_EXPLORING << 1
+                elif not _not_worth_exploring(s.buckets[CPU], &s.fit[CPU], c, g, size, early,
+                                              on_device and g * p.speedup_threshold < copies):
+                    return CPU | R_EXPLORING << 1
         elif p.reprobe_period > 0 and calls % p.reprobe_period == 0:
             if g * p.speedup_threshold < c:   # GPU wins: re-probe the CPU unless far behind
                 if c < REPROBE_MAX_RATIO * g:

@@ -64,3 +64,18 @@ def is_device_array(x) -> bool:
         return False
     dev = dlpack_device(x)
     return dev is not None and bool(dev) and dev[0] in GPU_DEVICE_TYPES
+
+
+def device_indices(args, out=None) -> set:
+    """The device indices of hipsched's device arrays (DeviceArray: `ptr` and `device` = (type, index))
+    among `args`, nested tuples and lists too: where a call's device inputs live. Foreign arrays are
+    wrapped in DeviceArrays by the op specs before any backend sees them."""
+    out = set() if out is None else out
+    for a in args:
+        if isinstance(a, (tuple, list)):
+            device_indices(a, out)
+            continue
+        device = getattr(a, "device", None)
+        if isinstance(device, tuple) and len(device) == 2 and hasattr(a, "ptr"):
+            out.add(device[1])
+    return out

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ..device_arrays import device_indices
 from ..errors import GpuError
 from ..gpu.bindings import detect
 from ..gpu.bindings import runtime as _rt
@@ -275,17 +276,12 @@ class GpuBackend(GpuBackendBase):
     def _check_devices(self, args):
         """A device array on another device than this backend's: its pointers mean nothing in this
         device's context (CUDA_ERROR_ILLEGAL_ADDRESS, which kills the context), so refuse it here."""
-        for a in args:
-            if isinstance(a, (tuple, list)):
-                self._check_devices(a)
-                continue
-            device = getattr(a, "device", None)
-            if isinstance(device, tuple) and len(device) == 2 and hasattr(a, "ptr") and \
-                    device[1] != self.device_index:
-                raise GpuError("unsupported", f"a device array on GPU {device[1]} was passed to the GPU backend "
+        for index in device_indices(args):
+            if index != self.device_index:
+                raise GpuError("unsupported", f"a device array on GPU {index} was passed to the GPU backend "
                                               f"of GPU {self.device_index} ({self.device_name}): copy it to GPU "
                                               f"{self.device_index} first, or use an Executor with "
-                                              f"gpu_device_id={device[1]}", name="wrong-device")
+                                              f"gpu_device_id={index}", name="wrong-device")
 
     def run(self, call, stream=None):
         return self._run(call, stream, False)[0]

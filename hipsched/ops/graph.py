@@ -83,7 +83,9 @@ def _index_pair(indptr, indices):
         if narrow is not None:
             return narrow, contiguous_aligned(indices)
     dt = np.int32 if indptr.dtype == np.int32 and indices.dtype == np.int32 else np.int64
-    return tuple(converted_once(a, ("index", dt), lambda a, dt=dt: contiguous_aligned(a, dt)) for a in (indptr, indices))
+    # an array the kernels take as it is (SciPy's int32 pair) is passed on without a look at the memo
+    return tuple(a if a.dtype == dt and a.flags.c_contiguous and a.flags.aligned else
+                 converted_once(a, ("index", dt), lambda a, dt=dt: contiguous_aligned(a, dt)) for a in (indptr, indices))
 
 
 def _seed_array(seeds, n: int):
