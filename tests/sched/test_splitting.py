@@ -19,6 +19,7 @@ from hipsched.splitting import Splitter
 
 from fake_gpu import FakeGpuBackend
 from forced_split import force_split
+from requires import need
 
 CPU = CpuBackend()
 
@@ -289,7 +290,7 @@ def test_controls_turn_splitting_off(rng):
 
 
 def test_the_split_event_is_schema_valid_and_its_line_the_same(rng, tmp_path):
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = need("jsonschema")
     from hipsched.telemetry.events import schema_path
     schema = json.load(open(schema_path()))
     log = tmp_path / "t.jsonl"

@@ -30,6 +30,7 @@ from hipsched.errors import GpuError
 from hipsched.gpu.bindings.runtime import Compiler, DeviceInfo, Runtime
 
 import emu_limits
+import requires
 
 SHIM = r"""
 #include <atomic>
@@ -247,8 +248,25 @@ _KERNEL = re.compile(_MARK + r"\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?
                      r"(\w+)\s*\(([^)]*)\)")
 
 
+_AVAILABLE: list[bool] = []
+
+
 def available() -> bool:
-    return shutil.which("g++") is not None
+    """Whether g++ is there and compiles C++20 (the shim's std::atomic_ref). Where tools are
+    required (HIPSCHED_REQUIRE_TOOLS, set by CI) a missing or too old g++ raises instead: every module
+    gated on this would otherwise report its tests skipped and the run would pass without them."""
+    if not _AVAILABLE:
+        ok = shutil.which("g++") is not None
+        if ok:
+            r = subprocess.run(["g++", "-std=c++20", "-fsyntax-only", "-x", "c++", "-"],
+                               input="#include <atomic>\nint main(){int x=0; std::atomic_ref<int>(x).store(1);}\n",
+                               capture_output=True, text=True)
+            ok = r.returncode == 0
+        _AVAILABLE.append(ok)
+    if not _AVAILABLE[0] and requires.tools_required():
+        raise RuntimeError("the kernel emulator needs g++ with C++20 (Debian: apt-get install g++), and "
+                           "HIPSCHED_REQUIRE_TOOLS is set: its tests must run, not skip")
+    return _AVAILABLE[0]
 
 
 # Memcheck and racecheck: HIPSCHED_EMU_SANITIZE=address builds every kernel with AddressSanitizer and

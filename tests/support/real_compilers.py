@@ -8,13 +8,15 @@ import pytest
 
 from hipsched.errors import GpuError
 from hipsched.gpu.compilation.compilers import get_compiler
+from requires import missing_tool
 
 
 def compiler_or_skip(arch):
     try:
         return get_compiler(arch)
     except GpuError as e:
-        pytest.skip(str(e))
+        missing_tool(f"the compiler for {arch} ({e})",
+                     "pip install -e '.[test]' for NVRTC; Debian's libamdhip64-dev for hiprtc")
 
 
 @pytest.fixture(scope="session")

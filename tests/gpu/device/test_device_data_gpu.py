@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hipsched import Executor
+from requires import need
 
 pytestmark = pytest.mark.gpu
 
@@ -14,10 +15,7 @@ N = 1 << 20
 
 
 def _torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        return None
+    torch = need("torch")      # the test extra's CPU build: a GPU test then skips for want of CUDA, not torch
     return torch if torch.cuda.is_available() else None
 
 
@@ -75,7 +73,7 @@ def test_torch_cuda_tensors_in_torch_tensors_out(ex, backend):
 
 @pytest.mark.parametrize("backend", ["gpu", "cpu"])
 def test_cupy_arrays_in_cupy_arrays_out(ex, backend):
-    cp = pytest.importorskip("cupy")
+    cp = need("cupy")            # outside the test extra: skipped where it is not installed
     rng = np.random.default_rng(6)
     a, b = rng.standard_normal((2, 4096), dtype=np.float32)
     out = ex.add(cp.asarray(a), cp.asarray(b), backend=backend)

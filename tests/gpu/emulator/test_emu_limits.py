@@ -17,6 +17,7 @@ from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
 from hipsched.gpu.launch.context import GpuContext
 from hipsched.gpu.compilation.targets import check_launch
+from requires import missing_tool
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 
@@ -33,7 +34,8 @@ def ctx(request, tmp_path_factory):
 def _real_resources_or_skip(ctx):
     res = emu_limits._kernel_resources(ctx.arch)
     if not res:
-        pytest.skip(f"no compiler for {ctx.arch}: register counts and launch bounds unknown")
+        missing_tool(f"a compiler for {ctx.arch} (register counts and launch bounds unknown without it)",
+                     "pip install -e '.[test]' for NVRTC; Debian's libamdhip64-dev for hiprtc")
     return res
 
 

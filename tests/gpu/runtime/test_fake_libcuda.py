@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import fake_libcuda
+from requires import missing_tool
 
 if not fake_libcuda.available():
-    pytest.skip("no C compiler to build the fake libcuda with (set CC)", allow_module_level=True)
+    missing_tool("a C compiler to build the fake libcuda with", "set CC, or apt-get install gcc", allow_module_level=True)
 
 import hipsched  # noqa: E402
 from hipsched.gpu.memory.device_array import DeviceArray, to_device  # noqa: E402

@@ -15,15 +15,15 @@ import pytest
 
 from hipsched.errors import GpuError
 from hipsched.gpu.bindings import hip_python
+from requires import missing_tool, need
 
 
 def _real_hip():
-    if importlib.util.find_spec("hip") is None and importlib.util.find_spec("rocm") is None:
-        pytest.skip("hip-python not installed (it is in the test extra: pip install -e '.[test]')")
+    need("hip")
     try:
         return hip_python._import_hip()
     except GpuError as e:
-        pytest.skip(f"hip-python installed but not loadable here: {e}")
+        missing_tool(f"a loadable hip-python ({e})", "pip install -e '.[test]'; Debian: apt-get install libamdhip64-dev")
 
 
 def _hip_library_present():
@@ -35,7 +35,7 @@ def _hip_library_present():
 def test_real_hip_python_reports_no_device_like_the_ctypes_path():
     _real_hip()
     if not _hip_library_present():
-        pytest.skip("no HIP runtime library (Debian: apt-get install libamdhip64-dev)")
+        missing_tool("the HIP runtime library", "Debian: apt-get install libamdhip64-dev")
     with pytest.raises(GpuError) as info:
         hip_python.HipPythonRuntime()
     assert info.value.kind == "unavailable" and info.value.name == "hipErrorNoDevice"
@@ -44,7 +44,7 @@ def test_real_hip_python_reports_no_device_like_the_ctypes_path():
 def test_real_hip_python_detect_and_info_say_why(tmp_path):
     _real_hip()
     if not _hip_library_present():
-        pytest.skip("no HIP runtime library (Debian: apt-get install libamdhip64-dev)")
+        missing_tool("the HIP runtime library", "Debian: apt-get install libamdhip64-dev")
     env = dict(os.environ, HIPSCHED_GPU_RUNTIME="hip-python")
     r = subprocess.run([sys.executable, "-m", "hipsched", "info"], capture_output=True, text=True, env=env,
                        timeout=120, cwd=tmp_path)

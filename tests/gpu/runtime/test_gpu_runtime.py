@@ -11,6 +11,7 @@ import pytest
 from hipsched.errors import GpuError
 from hipsched.gpu.bindings import detect, libs
 from hipsched.gpu.bindings.status import classify, gpu_error
+from requires import missing_tool, need
 
 
 def _lib_present(kind):
@@ -202,13 +203,12 @@ def test_hip_python_hiprtc_pointed_at_libamdhip64():
     # to the library that holds hiprtc, and hip-python's own hiprtc then compiles. Own process: the
     # redirection is process-wide and must happen before hip-python's first hiprtc call.
     import importlib.util
-    if importlib.util.find_spec("hip") is None:
-        pytest.skip("hip-python not installed")
+    need("hip")
     from hipsched.gpu.compilation.compilers import get_compiler
     try:
         path = get_compiler("amd").library_path
     except GpuError as e:
-        pytest.skip(str(e))
+        missing_tool(f"hiprtc ({e})", "Debian: apt-get install libamdhip64-dev")
     code = ("import sys\nfrom hipsched.gpu.bindings.hip_python import point_hiprtc_at\npoint_hiprtc_at(sys.argv[1])\n"
             "from hip import hiprtc\n"
             "err, prog = hiprtc.hiprtcCreateProgram(b'extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }',"

@@ -12,6 +12,7 @@ from hipsched.errors import GpuError
 from hipsched.gpu.compilation import kernels
 from hipsched.gpu.compilation.kernels import KernelCache, cache_key, read_entry, write_entry
 from hipsched.gpu.bindings.runtime import DeviceInfo
+from requires import missing_tool
 
 SRC = {"a.hip": 'extern "C" __global__ void ka(float* x) { x[0] = 1.0f; }',
        "b.hip": 'extern "C" __global__ void kb(float* x) { x[0] = 2.0f; }'}
@@ -236,7 +237,7 @@ def test_real_hiprtc_round_trip_through_disk(tmp_path):
     try:
         comp = get_compiler("gfx906")
     except GpuError as e:
-        pytest.skip(str(e))
+        missing_tool(f"hiprtc for gfx906 ({e})", "Debian: apt-get install libamdhip64-dev")
     first = KernelCache(comp, tmp_path, sources=SRC)
     code = first.code_object("a.hip", "gfx906")
     second = KernelCache(comp, tmp_path, sources=SRC)

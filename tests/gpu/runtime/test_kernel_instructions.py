@@ -13,6 +13,7 @@ from hipsched.gpu.compilation.disassembly import _amd_facts, _sass_facts, disass
 from hipsched.gpu.compilation.kernels import KernelCache, kernel_sources
 
 from real_compilers import cache_dir, compiler_or_skip  # noqa: F401 (cache_dir is a fixture)
+from requires import missing_tool
 
 SOURCES = sorted(kernel_sources())
 
@@ -51,7 +52,7 @@ def _facts(arch, source, cache_dir):
         if compiler.platform == "nvidia":
             pytest.fail("cuobjdump not found: the test extra installs nvidia-cuda-cuobjdump and "
                         "nvidia-cuda-nvdisasm (pip install -e '.[test]')", pytrace=False)
-        pytest.skip("no llvm-objdump (Debian: apt-get install llvm)")
+        missing_tool("llvm-objdump", "Debian: apt-get install llvm")
     code = KernelCache(compiler, cache_dir).code_object(source, arch)
     facts = instruction_facts(code, compiler.platform, arch)
     assert facts, f"{tool} read no kernels from {source} for {arch}"
