@@ -39,8 +39,18 @@ def _copy_tree(dst: Path) -> None:
     shutil.copytree(ROOT, dst, ignore=ignore, symlinks=True)
 
 
-def _extension_of(pyx: str) -> str:
-    return Path(pyx).stem.lstrip("_")
+def _extension_to_rebuild(path: str) -> str | None:
+    """HIPSCHED_BUILD_ONLY's value for a changed file: its .pyx's extension, or the CPU family whose C it
+    is (src_c/cpu/graph.inc -> graph); "" for a shared header (every extension); None when nothing is
+    compiled ahead of time (Python, and the HIP sources, compiled at run time)."""
+    p = Path(path)
+    if p.suffix in (".pyx", ".pxd"):
+        return p.stem.lstrip("_")
+    if p.parts[:2] == ("src_c", "cpu"):
+        family = p.name.split(".")[0].split("_")[0]
+        has_own = list(ROOT.glob(f"hipsched/cpu/_{family}.pyx"))
+        return family if has_own else ""
+    return None
 
 
 def run_one(m: Mutant, verbose: bool) -> tuple[bool, str]:
@@ -54,10 +64,11 @@ def run_one(m: Mutant, verbose: bool) -> tuple[bool, str]:
         # the copy's package, not the installed (editable) one: the working directory comes first on
         # sys.path under `python -m pytest`, and PYTHONPATH for any subprocess a test starts
         env["PYTHONPATH"] = str(copy) + os.pathsep + env.get("PYTHONPATH", "")
-        if m.path.endswith((".pyx", ".pxd")):
-            build = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=copy,
-                                   env=dict(env, HIPSCHED_BUILD_ONLY=_extension_of(m.path)),
-                                   capture_output=True, text=True)
+        only = _extension_to_rebuild(m.path)
+        if only is not None:
+            build_env = dict(env, HIPSCHED_BUILD_ONLY=only) if only else env
+            build = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--force"],
+                                   cwd=copy, env=build_env, capture_output=True, text=True)
             if build.returncode != 0:
                 return False, "the mutant did not build:\n" + build.stderr[-3000:]
         cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.pytest_args, *m.kill]
