@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-from ..config import HybridConfig
 from ..ops.base import host_arrays
+from .logs import demo_log_dirs
 
 
 # The self-checks' bounds. float32 results: the cosine of 768-d vectors is within ~1e-6 of a float64
@@ -61,17 +60,15 @@ def add_arguments(p):
 
 def _default_log():
     name = time.strftime("demo-%Y%m%dT%H%M%S.jsonl", time.gmtime())
-    d = os.path.join(HybridConfig().cache_dir, "logs")
-    try:
-        os.makedirs(d, exist_ok=True)
-        if os.access(d, os.W_OK):
-            return os.path.join(d, name)
-    except OSError:
-        pass
-    # the cache dir is not writable (read-only home, a file in the way): the temp dir still is
-    d = os.path.join(tempfile.gettempdir(), "hipsched-logs")
-    os.makedirs(d, exist_ok=True)
-    return os.path.join(d, name)
+    # the cache dir's logs/, or where it is not writable (read-only home, a file in the way) the temp dir's
+    for d in demo_log_dirs():
+        try:
+            os.makedirs(d, exist_ok=True)
+            if os.access(d, os.W_OK):
+                return os.path.join(d, name)
+        except OSError:
+            pass
+    raise OSError(f"hipsched demo: none of {', '.join(demo_log_dirs())} is writable: give --log PATH")
 
 
 class _Workload:

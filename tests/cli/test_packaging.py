@@ -106,6 +106,8 @@ def test_unbuilt_checkout_import_error_names_the_fix(checkout, numpy_only):
 def test_module_level_names_resolve_lazily():
     import hipsched
     assert {"Executor", "top_k", "QuantizedTensor", "OpType"} <= set(dir(hipsched))
+    # what the package imports for its own use is not part of what it offers
+    assert not {"os", "threading", "importlib", "annotations"} & set(dir(hipsched))
     assert hipsched.top_k.__doc__ == hipsched.Executor.top_k.__doc__
     with pytest.raises(AttributeError):
         hipsched.no_such_name
