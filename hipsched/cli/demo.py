@@ -16,6 +16,7 @@ regret is (auto time - oracle-best time) / oracle-best time over all calls (see 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -407,7 +408,8 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
             if bad:
                 failed_checks.append(name)
             bound = "" if limit is None else f" (limit {limit:.0e}){': FAILED' if bad else ''}"
-            print(f"  check: {name}: {value:.3g}{bound}")
+            shown = f"{int(value)}" if float(value).is_integer() and limit is None else f"{value:.3g}"  # a count
+            print(f"  check: {name}: {shown}{bound}")
         if oracle and caps.gpu_available:
             auto_events = _events_of_last(ex, rec.calls)
             opts = {k: v for k, v in executor_options.items()
@@ -423,8 +425,10 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
             judgement = judge(auto_events, pairs, keep_calls=True)
         elif oracle:
             print("\n--oracle: no GPU in use, so there is nothing to choose between: routing not judged")
-        print()
-        ex.print_debug_summary(file=sys.stdout)
+        # the in-memory summary is printed only where the log's report below cannot be (its per-op table
+        # is the report's first, and the demo printed both)
+        summary = io.StringIO()
+        ex.print_debug_summary(file=summary)
         failed = getattr(ex.telemetry, "writer_error", None)
     if judgement is not None:
         print()
@@ -434,6 +438,7 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
     if failed_checks:
         print(f"hipsched demo: self-check(s) FAILED: {', '.join(failed_checks)} (exit status 1)")
     if not os.path.isfile(log):
+        print(summary.getvalue())
         print(f"telemetry log {log} could not be written ({failed or 'telemetry off'}); the summary above "
               "is from memory")
         return rc, judgement
