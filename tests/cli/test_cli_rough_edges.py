@@ -81,3 +81,38 @@ def test_gpu_reasons_are_one_line_per_runtime():
               "cuda: libcuda.so.1 not found")
     assert _reason_lines(reason) == ("hip-python: cannot load libamdhip64.so; is ROCm installed?",
                                      "hip: hipErrorNoDevice (no device)", "cuda: libcuda.so.1 not found")
+
+
+class _Terminal:
+    """A stream that says it is a terminal, as a user's stderr does."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_progress_is_tqdms_on_a_terminal_and_silent_elsewhere():
+    import io
+    from tqdm import tqdm
+    from hipsched.progress import progress
+    tty = _Terminal()
+    bar = progress(4, "calibrating", file=tty)
+    assert isinstance(bar, tqdm)
+    for _ in range(4):
+        bar.update(1)
+    bar.set_postfix_str("scale size=64")
+    bar.close()
+    assert "calibrating" in tty.text and "4/4" in tty.text and "\r" in tty.text
+    for stream, enabled in ((io.StringIO(), True), (_Terminal(), False)):
+        bar = progress(4, "calibrating", enabled=enabled, file=stream)
+        bar.update(4)
+        bar.close()
+        assert (stream.getvalue() if isinstance(stream, io.StringIO) else stream.text) == ""
