@@ -78,6 +78,13 @@ if "OMP_WAIT_POLICY" not in os.environ:
     finally:
         del os.environ["OMP_WAIT_POLICY"]
 
+# The pool's module (a user's OMP_WAIT_POLICY skipped the import above): threadpoolctl finds the pool by
+# its library, which must be loaded for threadpool_info to list it
+try:
+    from . import _features  # noqa: F401,F811
+except ImportError:   # not built: as above
+    pass
+
 # threadpoolctl lists hipsched's pool and limits it (threadpool_info(), threadpool_limits()): registered
 # here, where the pool's module is loaded, when threadpoolctl is installed (it is a dependency; a copy
 # without it still runs)

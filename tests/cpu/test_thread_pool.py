@@ -25,13 +25,17 @@ def _hipsched_pools():
     return [i for i in threadpoolctl.threadpool_info() if i["internal_api"] == "hipsched"]
 
 
-def test_threadpool_info_lists_hipsched_once_its_compute_is_loaded():
+@pytest.mark.parametrize("policy", [None, "ACTIVE"])
+def test_threadpool_info_lists_hipsched_once_its_compute_is_loaded(policy):
     # (`import hipsched` alone loads nothing compiled, so that log tools run on a bare checkout: the pool's
     # library is loaded, and registered, with the Executor or the first op)
     code = ("import hipsched, threadpoolctl\n"
             "hipsched.Executor\n"
             "print([i['internal_api'] for i in threadpoolctl.threadpool_info()].count('hipsched'))\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if policy:   # the user's own wait policy: hipsched then leaves libgomp's loading alone
+        env["OMP_WAIT_POLICY"] = policy
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1"]
 
