@@ -2,6 +2,10 @@
 import os
 import threading
 
+# the package's version, restated here (a leaf may not import the package above it): threadpoolctl
+# reports it as the pool's version; tests/cpu/test_thread_pool.py holds the two equal
+__version__ = "0.1.0"
+
 # Each family's extension module keeps its own thread cap (src_c/cpu/cpu_features.h): these are their
 # setters, each module adding its own when it is imported (hipsched/cpu/_threads.pxi), and the cap last
 # set (None: each module's default, the OpenMP thread count capped by HIPSCHED_NUM_THREADS).

@@ -25,8 +25,7 @@ class HipschedController(LibController):
         _cpu.set_num_threads(max(1, int(num_threads)))
 
     def get_version(self):
-        from hipsched import __version__
-        return __version__
+        return _cpu.__version__
 
 
 _registered = False
