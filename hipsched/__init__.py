@@ -100,7 +100,11 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__getattr__("__all__")))
+    # the public names, dunders and the package's own submodules; not what this file imports for itself
+    # (os, threading, importlib, the __future__ feature `annotations`)
+    own = {n for n, v in globals().items()
+           if n.startswith("__") or getattr(v, "__name__", "").startswith(__name__ + ".")}
+    return sorted(own | set(__getattr__("__all__")))
 
 
 def cpu_features() -> dict:

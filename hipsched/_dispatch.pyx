@@ -26,7 +26,7 @@ from .chunking import chunkable, run_chunked
 from .device_arrays import device_indices
 from .errors import GpuError
 from .ops import OPS
-from .ops.base import host_arrays
+from .ops.base import host_arrays, result_converter
 
 log = logging.getLogger("hipsched")
 # the general path's clock (a module global: tests/support/sim_gpu.py runs it on a simulated clock)
@@ -298,9 +298,14 @@ cdef class FastPath:
         # foreign arrays with that stream as the consumer (DeviceArray.from_external), so their producer
         # orders exactly the stream that reads them after its pending writes
         if stream is None:
-            return self._general(op, backend, stream, args, kwargs, key, &ins, split)
-        with self._consumer_stream(stream):
-            return self._general(op, backend, stream, args, kwargs, key, &ins, split)
+            out = self._general(op, backend, stream, args, kwargs, key, &ins, split)
+        else:
+            with self._consumer_stream(stream):
+                out = self._general(op, backend, stream, args, kwargs, key, &ins, split)
+        # another library's host arrays in (a torch CPU tensor): its arrays out, sharing the result's memory
+        # (only here: the compiled paths above take NumPy and device arrays alone)
+        convert = result_converter(args, kwargs)
+        return out if convert is None else convert(out)
 
     cdef object _stream_handle(self, stream):
         # deferred: the GPU layer's stream helpers load only for a call given a stream object

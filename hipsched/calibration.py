@@ -37,7 +37,8 @@ def _numpy_dtype(name):
 
 def calibrate(ex, ops=None, progress=True, repeats=3, max_seconds_per_op=None, seed=0, dtypes=("float32",)):
     """Runs the sweep through `ex` (so the model learns from real runs, exactly as in use); returns
-    {op: [(size, median cpu us, median gpu us or None)]}, a float16/bfloat16 sweep under "op[dtype]".
+    {op: [(size, median cpu us, median gpu us or None)]}, a float16/bfloat16 sweep under "op[dtype]", and
+    an op of quantized weights per quantization type, "qmatmul[q8_0]" and "qmatmul[q4_0]".
     `dtypes` (of float32, float16, bfloat16) are swept for each op whose CPU side takes them. Ops that
     cannot run here are skipped with a log line, and a size whose CPU run takes longer than
     max_seconds_per_op ends that op's sweep."""
@@ -68,9 +69,18 @@ def calibrate(ex, ops=None, progress=True, repeats=3, max_seconds_per_op=None, s
                 continue
             name = op if dtype == "float32" else f"{op}[{dtype}]"
             try:
-                plans[(name, op, dtype)] = list(_sweep(op, rng, dtype))
+                calls = list(_sweep(op, rng, dtype))
             except Exception as e:  # e.g. the quant family is not built here, ml_dtypes absent
                 log.info("hipsched calibrate: skipping %s (%s)", name, e)
+                continue
+            if native:
+                # one row list per quantization type, named as the float dtypes are ("qmatmul[q8_0]"): in
+                # one list each size came twice, one row per type, with nothing to tell them apart
+                for size, args, kwargs in calls:
+                    qtype = args[0].qtype
+                    plans.setdefault((f"{op}[{qtype}]", op, qtype), []).append((size, args, kwargs))
+            else:
+                plans[(name, op, dtype)] = calls
     bar = _progress(sum(len(p) for p in plans.values()), "calibrating", enabled=progress)
     table = {}
     try:

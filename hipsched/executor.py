@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import re
 import sys
 import weakref
 from contextlib import nullcontext
@@ -90,6 +91,17 @@ def _create_telemetry(config, device):
     return Telemetry(path=config.telemetry_path or path_from_env(), ring_size=config.telemetry_ring_size,
                      queue_size=config.telemetry_queue_size, rotate_bytes=config.telemetry_rotate_bytes,
                      device=device, worker=config.telemetry_worker, job=config.telemetry_job)
+
+
+
+# where one runtime's reason ends in the backend's "hip: ...; cuda: ..." (detect.unavailable_reason): a
+# "; " before a runtime's name. A runtime's own reason may hold "; " too (hip-python's does), and split at
+# every "; " it printed as bullets cut in the middle of a sentence.
+_NEXT_RUNTIME = re.compile(r";\s+(?=(?:hip-python|hip|cuda|HIPSCHED_GPU_RUNTIME)\b)")
+
+
+def _reason_lines(reason: str) -> tuple:
+    return tuple(p.strip() for p in _NEXT_RUNTIME.split(reason) if p.strip())
 
 
 class Executor:
@@ -274,7 +286,7 @@ class Executor:
                     continue
         else:
             r = self._gpu.unavailable_reason or "no GPU backend"
-            reasons = tuple(p.strip() for p in str(r).split(";") if p.strip())
+            reasons = _reason_lines(str(r))
         if self.config.force_cpu_mode:
             reasons += ("force_cpu_mode is set",)
         return ExecutorCapabilities(

@@ -8,7 +8,7 @@ import sys
 # on a laptop with nothing built or installed, standard library only.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hipsched.__main__ import main  # noqa: E402
+from hipsched.__main__ import run_command  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["analyze", *sys.argv[1:]]))
+    sys.exit(run_command("analyze", sys.argv[1:], prog=os.path.basename(sys.argv[0])))

@@ -1,10 +1,12 @@
-"""python -m hipsched analyze LOG... [--trace out.json] [--plot DIR] [--json]: per op/backend tables,
+"""python -m hipsched analyze [LOG...] [--trace out.json] [--plot DIR] [--json]: per op/backend tables,
 speedup by size, crossovers, routing accuracy and regret, fallbacks and advice (telemetry/analysis.py)."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from .logs import default_log
 
 
 def _positive(text):
@@ -18,7 +20,8 @@ def _positive(text):
 
 
 def add_arguments(p):
-    p.add_argument("logs", nargs="+", metavar="LOG", help="JSONL telemetry logs (rotated LOG.1, LOG.2 ... are included)")
+    p.add_argument("logs", nargs="*", metavar="LOG", help="JSONL telemetry logs (rotated LOG.1, LOG.2 ... are "
+                   "included); default: $HIPSCHED_TELEMETRY, else the last demo log")
     p.add_argument("--trace", metavar="OUT.json", help="write Chrome trace events (Perfetto opens them)")
     p.add_argument("--plot", metavar="DIR", help="write latency-vs-size PNGs per op (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
@@ -33,11 +36,16 @@ def add_arguments(p):
 def run(args) -> int:
     # deferred: __main__ imports every command, so this loads only when the command runs (monitor needs neither)
     from ..telemetry import analysis, report
+    if not args.logs:
+        log = default_log(args.prog)
+        if log is None:
+            return 2
+        args.logs = [log]
     opts = dict(min_samples=args.min_samples, tie_band=args.tie_band, pcie_gbps=args.pcie_gbps)
     try:
         res = analysis.analyze(args.logs, trace=args.trace, rotated=not args.no_rotated, **opts)
     except OSError as e:
-        print(f"hipsched analyze: {e}", file=sys.stderr)
+        print(f"{args.prog}: {e}", file=sys.stderr)
         return 2
     notes = []
     if args.trace:
@@ -47,7 +55,7 @@ def run(args) -> int:
         try:
             notes += write_plots(res, args.plot)
         except OSError as e:
-            print(f"hipsched analyze: plots not written: {e}", file=sys.stderr)
+            print(f"{args.prog}: plots not written: {e}", file=sys.stderr)
     if args.json:
         print(json.dumps(res, indent=1, default=str))
         for n in notes:

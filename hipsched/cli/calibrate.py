@@ -31,12 +31,14 @@ def run(args) -> int:
         except ValueError as e:
             print(f"hipsched calibrate: {e}", file=sys.stderr)
             return 2
-        print(f"{'op':<24} {'size':>12} {'cpu us':>12} {'gpu us':>12}")
-        for op, rows in table.items():
+        print(f"{'op':<24} {'dtype':<9} {'size':>12} {'cpu us':>12} {'gpu us':>12}")
+        for name, rows in table.items():
+            op, _, dtype = name.partition("[")
+            dtype = dtype.rstrip("]") or "float32"
             for size, c, g in rows:
                 cs = f"{c:12.1f}" if c is not None else f"{'-':>12}"
                 gs = f"{g:12.1f}" if g is not None else f"{'-':>12}"
-                print(f"{op:<24} {size:>12} {cs} {gs}")
+                print(f"{op:<24} {dtype:<9} {size:>12} {cs} {gs}")
         caps = ex.capabilities()
         if not caps.gpu_available:
             print("no GPU: only the CPU side was measured (" + "; ".join(caps.reasons) + ")")

@@ -16,15 +16,15 @@ regret is (auto time - oracle-best time) / oracle-best time over all calls (see 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-from ..config import HybridConfig
 from ..ops.base import host_arrays
+from .logs import demo_log_dirs
 
 
 # The self-checks' bounds. float32 results: the cosine of 768-d vectors is within ~1e-6 of a float64
@@ -61,17 +61,15 @@ def add_arguments(p):
 
 def _default_log():
     name = time.strftime("demo-%Y%m%dT%H%M%S.jsonl", time.gmtime())
-    d = os.path.join(HybridConfig().cache_dir, "logs")
-    try:
-        os.makedirs(d, exist_ok=True)
-        if os.access(d, os.W_OK):
-            return os.path.join(d, name)
-    except OSError:
-        pass
-    # the cache dir is not writable (read-only home, a file in the way): the temp dir still is
-    d = os.path.join(tempfile.gettempdir(), "hipsched-logs")
-    os.makedirs(d, exist_ok=True)
-    return os.path.join(d, name)
+    # the cache dir's logs/, or where it is not writable (read-only home, a file in the way) the temp dir's
+    for d in demo_log_dirs():
+        try:
+            os.makedirs(d, exist_ok=True)
+            if os.access(d, os.W_OK):
+                return os.path.join(d, name)
+        except OSError:
+            pass
+    raise OSError(f"hipsched demo: none of {', '.join(demo_log_dirs())} is writable: give --log PATH")
 
 
 class _Workload:
@@ -410,7 +408,8 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
             if bad:
                 failed_checks.append(name)
             bound = "" if limit is None else f" (limit {limit:.0e}){': FAILED' if bad else ''}"
-            print(f"  check: {name}: {value:.3g}{bound}")
+            shown = f"{int(value)}" if float(value).is_integer() and limit is None else f"{value:.3g}"  # a count
+            print(f"  check: {name}: {shown}{bound}")
         if oracle and caps.gpu_available:
             auto_events = _events_of_last(ex, rec.calls)
             opts = {k: v for k, v in executor_options.items()
@@ -426,8 +425,10 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
             judgement = judge(auto_events, pairs, keep_calls=True)
         elif oracle:
             print("\n--oracle: no GPU in use, so there is nothing to choose between: routing not judged")
-        print()
-        ex.print_debug_summary(file=sys.stdout)
+        # the in-memory summary is printed only where the log's report below cannot be (its per-op table
+        # is the report's first, and the demo printed both)
+        summary = io.StringIO()
+        ex.print_debug_summary(file=summary)
         failed = getattr(ex.telemetry, "writer_error", None)
     if judgement is not None:
         print()
@@ -437,6 +438,7 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
     if failed_checks:
         print(f"hipsched demo: self-check(s) FAILED: {', '.join(failed_checks)} (exit status 1)")
     if not os.path.isfile(log):
+        print(summary.getvalue())
         print(f"telemetry log {log} could not be written ({failed or 'telemetry off'}); the summary above "
               "is from memory")
         return rc, judgement

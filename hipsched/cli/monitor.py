@@ -1,4 +1,4 @@
-"""python -m hipsched monitor FILE [--tail] [--summary] [--op X] [--phase P] [--backend gpu]: show a
+"""python -m hipsched monitor [FILE] [--tail] [--summary] [--op X] [--phase P] [--backend gpu]: show a
 telemetry log one line per event, following it like `tail -F` with --tail, or as per op/backend counts,
 p50/p95 and fallbacks with --summary (refreshed every --every seconds when following)."""
 from __future__ import annotations
@@ -7,10 +7,12 @@ import os
 import sys
 import time
 
+from .logs import default_log
+
 
 def add_arguments(p):
-    p.add_argument("file", metavar="FILE", help="JSONL telemetry log, or a distributed job's folder (its *.jsonl, "
-                   "one per worker; without --tail)")
+    p.add_argument("file", metavar="FILE", nargs="?", help="JSONL telemetry log, or a distributed job's folder (its "
+                   "*.jsonl, one per worker; without --tail); default: $HIPSCHED_TELEMETRY, else the last demo log")
     p.add_argument("--tail", action="store_true", help="follow the file as it grows (copes with rotation)")
     p.add_argument("--summary", action="store_true", help="per op/backend counts, p50/p95 and fallbacks")
     p.add_argument("--op", help="only this op")
@@ -96,6 +98,10 @@ def run(args) -> int:
     # deferred: __main__ imports every command, so this loads only when the command runs (log analysis)
     from ..telemetry.follow import Follower
     from ..telemetry.reader import DropCounter, ReadStats, iter_records
+    if args.file is None:
+        args.file = default_log("hipsched monitor")
+        if args.file is None:
+            return 2
     ok = _matcher(args)
     stats = ReadStats()
     summary = Summary() if args.summary else None

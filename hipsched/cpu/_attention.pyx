@@ -46,3 +46,6 @@ def attention(cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, causal=False, scale=N
     if rc != 0:
         raise MemoryError("attention: could not allocate the per-thread scratch buffers")
     return out
+
+
+include "_threads.pxi"

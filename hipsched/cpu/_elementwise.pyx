@@ -224,3 +224,6 @@ cdef class SoftmaxHot(HotOp):
 add_hot = AddHot()
 scale_hot = ScaleHot()
 softmax_hot = SoftmaxHot()
+
+
+include "_threads.pxi"

@@ -7,7 +7,11 @@ cdef extern from "cpu_features.h":
     int hs_cpu_has_avx512_bf16()
     int hs_cpu_has_avx512_fp16()
     int hs_cpu_bf16_dot()
-    int hs_num_threads()
+
+include "_threads.pxi"
+
+# threadpoolctl finds hipsched's pool by this symbol in this module's library (hipsched/cpu/threadpool.py)
+cdef public int hipsched_cpu_thread_pool = 1
 
 
 def cpu_features():
@@ -27,3 +31,4 @@ def cpu_features():
         "avx512_fp16": bool(hs_cpu_has_avx512_fp16()),
         "bf16_dot": bool(hs_cpu_bf16_dot()),
     }
+

@@ -103,3 +103,6 @@ def spread_activation(cnp.ndarray indptr, cnp.ndarray indices, cnp.ndarray weigh
             rc = hs_spread_activation_i32(<int32_t *>pp, <int32_t *>pi, pw, n, nnz, ps, po, d, st, th, &bad)
     _raise_for(rc, bad, indptr, indices)
     return out
+
+
+include "_threads.pxi"

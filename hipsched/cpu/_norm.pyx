@@ -35,3 +35,6 @@ def rms_norm(x, weight, double eps=1e-6):
     with nogil:
         hs_rms_norm(dt, px, pw, eps, po, rows, length)
     return out
+
+
+include "_threads.pxi"

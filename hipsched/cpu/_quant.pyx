@@ -130,3 +130,6 @@ def qmatmul(w, cnp.ndarray x):
     with nogil:
         hs_qmatmul(qt, d, n, k, xp, m, o)
     return out
+
+
+include "_threads.pxi"

@@ -264,3 +264,6 @@ def matmul(a, b):
         hi = min(m, lo + rows)
         narrow_into(np.matmul(widen(a[lo:hi]), b32), out[lo:hi])
     return out
+
+
+include "_threads.pxi"

@@ -174,11 +174,11 @@ def partition_graph(graph, rows_per_part) -> PartitionedGraph:
 def _push(block, a, row_start, n):
     """A_p^T a_p for the partition's rows: the float32 products w_ij * a_i, as the CPU kernel forms them,
     summed per target node in float64 (then rounded once), so a partition adds no more rounding than
-    one float32 sum would. An edge out of a node whose activation is exactly 0 is never multiplied (an
-    inf or NaN weight there adds nothing), as on one machine."""
+    one float32 sum would. An edge out of a node whose activation is exactly 0 adds nothing but where
+    its weight is NaN or infinite, which adds NaN (0 * w), as on one machine and in SciPy's A.T @ a."""
     indptr, indices, weights = block
     src = np.repeat(a[row_start:row_start + indptr.shape[0] - 1], np.diff(indptr))
-    live = src != 0
+    live = (src != 0) | ~np.isfinite(weights)
     return np.bincount(indices[live], weights=weights[live] * src[live], minlength=n).astype(np.float32)
 
 

@@ -10,7 +10,10 @@ the previous step's activations a (all of them, so the order of nodes does not m
     a_new[a_new < threshold] = 0
 
 `steps` = 0 returns the seeds unchanged (as float32), the graph still validated. An edge out of a node
-whose activation is exactly 0 adds nothing, even with an inf or NaN weight (it is never multiplied).
+whose activation is exactly 0 adds nothing, unless its weight is NaN or inf: 0 * w is NaN there, which
+reaches the target as SciPy's `a + decay * (A.T @ a)` gives it (NaN stays NaN through the clamp). The
+kernels skip inactive nodes' edges all the same, reading only their weights in the first step (a graph
+with no NaN or inf weight costs one pass over the weights of nodes inactive in the first step).
 Results are float32, accumulated in float32: within ~1e-6 absolute per step of a float64 evaluation
 for activations in [0, 1] and moderate degrees (summation order differs).
 

@@ -142,7 +142,11 @@ static inline const char *hs_cpu_level_name(int level) {
     return level == HS_LEVEL_AVX512_BF16 ? "avx512_bf16" : level == HS_LEVEL_AVX512 ? "avx512" : level == HS_LEVEL_AVX2 ? "avx2" : level == HS_LEVEL_SCALAR ? "scalar" : "auto";
 }
 
-static int hs__threads = 0;
+/* The thread cap, one per extension module: every translation unit that includes this defines it weak,
+ * and the linker keeps one per module (hidden: modules do not share it). 0 until first read, then the
+ * default (below), or what hs_set_num_threads gave: hipsched.cpu.set_num_threads, which threadpoolctl
+ * calls, sets it in every loaded family module, so one setting reaches all of a module's kernels. */
+__attribute__((weak, visibility("hidden"))) int hs__threads = 0;
 static int hs__forked = 0;
 
 /* libgomp's thread pool does not survive fork(): a child that starts a parallel region after the parent
@@ -178,6 +182,9 @@ static inline int hs_num_threads(void) {
     }
     return hs__threads;
 }
+
+/* n > 0: at most n threads from now on; n <= 0: back to the default. */
+static inline void hs_set_num_threads(int n) { hs__threads = n > 0 ? n : 0; }
 
 /* Threads worth using for `work` elements: parallel regions cost microseconds, so small calls stay
  * on the calling thread. `grain` is the least work one thread should get. Every parallel region that

@@ -2,7 +2,9 @@
 // on one stream: memset(acc, 0); push; finish. The CPU rule, per step, from the previous activations a:
 //     a_new[j] = a[j] + decay * sum_i w_ij a[i];  then clamp to [0, 1];  then 0 where a_new < threshold.
 // Push walks the rows (sources) in CSR order and atomically adds w_ij * a[i] into acc[j]; rows whose
-// activation is exactly 0 add nothing and are skipped (early steps touch only the seeds' neighbourhood).
+// activation is exactly 0 add nothing but where a weight is NaN or infinite (0 * w is NaN there, as
+// SciPy's A.T @ a and the CPU engine give), so they read only their weights (early steps touch only
+// the seeds' neighbourhood).
 // Float atomics make the summation order vary between runs: results agree with the CPU engine to
 // rounding, not bit for bit. indptr and indices are both int32 or both int64 (two entry points), as
 // the op hands them to either engine (SciPy's int32 arrays go through without a copy).
@@ -17,10 +19,13 @@ HS_DEV void hsg_push(const I* __restrict__ indptr, const I* __restrict__ indices
     for (hs_i64 t = hs_gid(); t < total; t += hs_gstride()) {
         const hs_i64 row = t / HSG_GROUP;
         const float ai = a[row];
-        if (ai == 0.0f) continue;
+        const bool idle = ai == 0.0f;
         const hs_i64 end = (hs_i64)indptr[row + 1];
-        for (hs_i64 e = (hs_i64)indptr[row] + (t % HSG_GROUP); e < end; e += HSG_GROUP)
-            atomicAdd(acc + (hs_i64)indices[e], weights[e] * ai);
+        for (hs_i64 e = (hs_i64)indptr[row] + (t % HSG_GROUP); e < end; e += HSG_GROUP) {
+            const float w = weights[e];
+            if (idle && w - w == 0.0f) continue;   // finite: 0 * w adds nothing
+            atomicAdd(acc + (hs_i64)indices[e], w * ai);
+        }
     }
 }
 

@@ -106,6 +106,79 @@ def test_unbuilt_checkout_import_error_names_the_fix(checkout, numpy_only):
 def test_module_level_names_resolve_lazily():
     import hipsched
     assert {"Executor", "top_k", "QuantizedTensor", "OpType"} <= set(dir(hipsched))
+    # what the package imports for its own use is not part of what it offers
+    assert not {"os", "threading", "importlib", "annotations"} & set(dir(hipsched))
     assert hipsched.top_k.__doc__ == hipsched.Executor.top_k.__doc__
     with pytest.raises(AttributeError):
         hipsched.no_such_name
+
+
+def _setup_py(monkeypatch):
+    """setup.py's globals and what it hands setup(), run with setup() and cythonize() stood in for."""
+    import runpy
+    import types
+    import setuptools
+    captured = {}
+    fake = types.ModuleType("Cython.Build")
+    fake.cythonize = lambda exts, **kw: captured.update(cythonize=kw) or exts
+    monkeypatch.setitem(sys.modules, "Cython", types.ModuleType("Cython"))
+    monkeypatch.setitem(sys.modules, "Cython.Build", fake)
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: captured.update(kw))
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("HIPSCHED_BUILD_JOBS", raising=False)
+    monkeypatch.delenv("HIPSCHED_CYTHON_JOBS", raising=False)
+    return runpy.run_path(os.path.join(ROOT, "setup.py")), captured
+
+
+def test_the_build_uses_every_core(monkeypatch):
+    """`pip install .` compiled for minutes on one core: Cython and build_ext default to the core count."""
+    import setuptools
+    g, captured = _setup_py(monkeypatch)
+    cores = os.cpu_count()
+    assert captured["cythonize"]["nthreads"] == cores
+    cmd = captured["cmdclass"]["build_ext"](setuptools.Distribution({"ext_modules": captured["ext_modules"]}))
+    cmd.initialize_options()
+    cmd.finalize_options()
+    assert cmd.parallel == cores
+
+
+def test_one_extensions_c_files_compile_side_by_side(monkeypatch):
+    import threading
+    import time
+    g, _ = _setup_py(monkeypatch)
+    monkeypatch.setitem(g["compile_in_parallel"].__globals__, "_slots", threading.BoundedSemaphore(3))
+    monkeypatch.setitem(g["compile_in_parallel"].__globals__, "JOBS", 3)
+    state = {"now": 0, "most": 0, "done": []}
+    lock = threading.Lock()
+
+    class Compiler:
+        def _setup_compile(self, output_dir, macros, include_dirs, sources, depends, extra):
+            objs = [s + ".o" for s in sources]
+            return macros, objs, extra, [], {o: (s, ".c") for o, s in zip(objs, sources)}
+
+        def _get_cc_args(self, pp_opts, debug, before):
+            return []
+
+        def _compile(self, obj, src, ext, cc_args, extra_postargs, pp_opts):
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+            time.sleep(0.2)
+            with lock:
+                state["now"] -= 1
+                state["done"].append(obj)
+
+    objs = g["compile_in_parallel"](Compiler(), [f"f{i}.c" for i in range(6)])
+    assert objs == [f"f{i}.c.o" for i in range(6)] and sorted(state["done"]) == sorted(objs)
+    assert state["most"] == 3   # as many at once as allowed, and no more
+
+
+def test_dependencies_include_what_the_package_imports():
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        import tomli as tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    names = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in deps}
+    assert {"numpy", "threadpoolctl", "tqdm"} <= names

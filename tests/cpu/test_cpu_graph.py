@@ -132,10 +132,31 @@ def test_nan_and_inf_follow_the_rule():
     out = hipsched.spread_activation((indptr, indices, weights), np.array([np.nan, 0.5, 0.0], np.float32),
                                      decay=0.5, steps=1)
     assert np.isnan(out[0]) and np.isnan(out[1]) and out[2] == 1.0
-    # an inactive node's inf weight is never multiplied: its target stays finite (documented)
+    # an inactive node's inf weight: 0 * inf is NaN, which reaches its target as in SciPy's A.T @ a
     out = hipsched.spread_activation((indptr, indices, weights), np.array([0.0, 0.0, 0.4], np.float32),
                                      decay=0.5, steps=1)
-    np.testing.assert_allclose(out, [0.2, 0.0, 0.4])
+    np.testing.assert_allclose(out, [0.2, 0.0, np.nan])
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_non_finite_weights_of_inactive_nodes_match_scipy(rng, steps):
+    """SciPy's formula multiplies every stored weight, 0 * NaN and 0 * inf included, so a NaN or inf
+    weight out of an inactive node makes its target NaN (the README: NaN propagates as NumPy's
+    formulas would). The kernel skips inactive nodes' edges; these must still count, in the first step
+    and after (a node active in step 1, inactive in step 2, with a NaN weight)."""
+    indptr, indices, weights = random_graph(rng, 400, 3000, isolated=40)
+    weights = weights.copy()
+    bad = rng.choice(weights.size, 12, replace=False)
+    weights[bad[:6]] = np.nan
+    weights[bad[6:9]] = np.inf
+    weights[bad[9:]] = -np.inf
+    seeds = np.where(rng.random(400) < 0.1, rng.random(400), 0).astype(np.float32)
+    out = hipsched.spread_activation((indptr, indices, weights), seeds, decay=0.3, steps=steps, threshold=0.05)
+    ref, _ = reference(indptr, indices, weights, seeds, 0.3, steps, 0.05)
+    assert np.isnan(ref).sum() > 0
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    finite = ~np.isnan(ref)
+    np.testing.assert_allclose(out[finite], ref[finite], rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("value,error", [("high", TypeError), (1j, TypeError), (None, TypeError),

@@ -81,3 +81,17 @@ def test_half_dtypes_are_swept_under_their_own_name_and_model_slot():
     with pytest.raises(ValueError, match="dtypes must be"):
         ex.calibrate(ops=["scale"], progress=False, dtypes=("float64",))
     ex.close()
+
+
+def test_calibrate_command_tells_the_quantization_types_apart(tmp_path):
+    """`calibrate --ops qmatmul` printed each size twice (one row per quantization type) with nothing to
+    tell them apart: each type has its own rows, with a dtype column."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    r = subprocess.run([sys.executable, "-m", "hipsched", "calibrate", "--ops", "dequantize", "--repeats", "1",
+                        "--no-progress"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["op", "dtype", "size"]
+    rows = [tuple(line.split()[:3]) for line in lines[1:] if line.startswith("dequantize ")]
+    assert {d for _, d, _ in rows} == {"q8_0", "q4_0"}
+    assert len(rows) == len(set(rows)) and len(rows) >= 8

@@ -299,7 +299,8 @@ def test_calibrate_sweeps_quantized_ops_at_a_transformers_sizes():
     with clock.executor_clock(), Executor(persist_model=False, telemetry_enabled=False,
                                           **simulated_machine(clock)) as ex:
         table = ex.calibrate(ops=["qmatmul"], progress=False, repeats=1)
-        rows = table["qmatmul"]
+        assert set(table) == {"qmatmul[q8_0]", "qmatmul[q4_0]"}
+        rows = table["qmatmul[q8_0]"] + table["qmatmul[q4_0]"]
         assert max(size for size, _, _ in rows) >= 2 ** 31
         assert all(cpu is not None and gpu is not None for _, cpu, gpu in rows)
         assert {(b, d) for b in ("cpu", "gpu") for d in ("q8_0", "q4_0")
