@@ -109,7 +109,7 @@ def cpu_features() -> dict:
     `bf16_dot`: whether bfloat16 matmul and attention's Q.K^T multiply on vdpbf16ps (AVX512_BF16, not
     turned off by HIPSCHED_CPU_FEATURES=avx512; it flushes bf16 denormals to zero). The avx512 level has
     its own kernels for elementwise, similarity, norm, attention and quant; graph runs its AVX2 ones there
-    (docs/architecture.md, "CPU SIMD levels")."""
+    (docs/guide/cpu.md, "CPU SIMD levels")."""
     return _import_compiled(".cpu._features").cpu_features()
 
 
