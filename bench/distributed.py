@@ -14,7 +14,7 @@ tasks per query do not grow with the chunks, and each group task depends on one 
 others from its worker's memory, so no key per chunk goes through Dask per query either.
 
 hipsched.dask.search is the same query computed now without a task graph: one request per worker to a
-handler that scans the chunks it holds, the client merging the candidate lists (docs/distributed.md,
+handler that scans the chunks it holds, the client merging the candidate lists (docs/guide/distributed.md,
 "Queries served directly"). Both paths are measured, interleaved with the peers, and both checked
 equal to the one-machine result bit for bit.
 

@@ -6,7 +6,7 @@ the two times. With a bench/gpu_ops.py results table (`--measured FILE.md`) each
 measured there and its share of the bound (bound / measured: 1.0 is the hardware's limit).
 
 Usage: python bench/roofline.py [--measured bench/results/gpu_ops.md] [--bandwidth GBPS]
-Prints a markdown table (docs/gpu.md, "Roofline", is this output)."""
+Prints a markdown table (docs/design/kernel-report.md, "Instruction check and roofline", is this output)."""
 from __future__ import annotations
 
 import argparse

@@ -112,8 +112,8 @@ def cpu_features() -> dict:
     HIPSCHED_CPU_FEATURES requested, the thread count, whether the CPU has AVX512_BF16 / AVX512_FP16, and
     `bf16_dot`: whether bfloat16 matmul and attention's Q.K^T multiply on vdpbf16ps (AVX512_BF16, not
     turned off by HIPSCHED_CPU_FEATURES=avx512; it flushes bf16 denormals to zero). The avx512 level has
-    its own kernels for elementwise, similarity, norm, attention and quant; graph runs its AVX2 ones there
-    (docs/architecture.md, "CPU SIMD levels")."""
+    its own kernels for elementwise, similarity, norm, attention and quant; graph has no kernels per level
+    (plain C, with an AVX2 index check at the avx2 and avx512 levels: docs/guide/cpu.md, "CPU SIMD levels")."""
     return _import_compiled(".cpu._features").cpu_features()
 
 

@@ -1,7 +1,7 @@
 # The performance model of one (op, backend, dtype): log2 size buckets holding a window of latencies
 # (median read in O(1), updated in O(window)); an unseen size between measured ones joins its neighbours
 # in log-log, and a weighted least-squares line serves sizes beyond them.
-# Inline C only (no runtime module): hipsched._sched cimports it. See docs/scheduling.md.
+# Inline C only (no runtime module): hipsched._sched cimports it. See docs/design/scheduling.md.
 from libc.stdlib cimport calloc, free
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy, memmove

@@ -4,7 +4,7 @@
 
 Every sample, decision and health change happens under one lock, so counts stay exact with many
 Python threads. Decisions never allocate; a record allocates only for a size bucket's first sample
-(its rings), once per bucket. The rules and the model are described in docs/scheduling.md."""
+(its rings), once per bucket. The rules and the model are described in docs/guide/backends-and-routing.md and docs/design/scheduling.md."""
 from libc.stdlib cimport calloc, free, malloc
 from libc.math cimport isfinite, isnan
 

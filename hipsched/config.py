@@ -45,7 +45,7 @@ class HybridConfig:
     min_samples: int = 3                         # samples a size bucket needs on a side before it is trusted
     exploration_share: float = 0.2               # share of an under-sampled bucket's calls sent to learn (0..1)
     reprobe_interval: int = 200                  # 1 call in this many re-measures the losing side (0 = never)
-    # splitting one call across the CPU and the GPU (hipsched/splitting.py, docs/scheduling.md)
+    # splitting one call across the CPU and the GPU (hipsched/splitting.py, docs/guide/splitting.md)
     split: bool = True                           # False: every call runs whole on one side
     split_min_us: float = 5000.0                 # calls the model predicts faster than this stay whole
     # GPU health

@@ -11,7 +11,7 @@ op its time is predicted as the executor's GPU's. Each part's time is learned as
 the part's size, so the shares follow what the sides really do (a CPU part slowed by the GPU parts'
 pageable uploads is what the CPU does while splitting, and the next shares take it into account). A GPU
 part that fails reruns on the CPU (nothing lost, nothing twice), and the failure counts against that
-device's health like any GPU run's. docs/scheduling.md, "Splitting one call"."""
+device's health like any GPU run's. docs/guide/splitting.md, "Splitting one call"."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/gpu_proof.sh OUT_DIR: the GPU proof, one command on a bare GPU machine (docs/gpu.md, "The GPU proof").
+# tools/gpu_proof.sh OUT_DIR: the GPU proof, one command on a bare GPU machine (docs/design/emulator-and-proof.md, "The GPU proof").
 #
 # Builds hipsched in place (no build isolation: such machines reach no package registry), then runs the
 # GPU tests, the same tests again under compute-sanitizer's memcheck and racecheck, the GPU benchmark

@@ -11,7 +11,7 @@ is run again forced on the CPU and forced on the GPU (by a second executor that 
 model, so the forced runs teach the first one nothing; its events go to the same log, where they give
 the analyzer both sides of every size bucket). A call's faster side is the one whose forced run took
 less (both are right within TIE_BAND); accuracy is the share of auto calls on their faster side, and
-regret is (auto time - oracle-best time) / oracle-best time over all calls (see docs/scheduling.md,
+regret is (auto time - oracle-best time) / oracle-best time over all calls (see docs/design/scheduling.md,
 "Routing accuracy")."""
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ class _Workload:
         corpus = self.rng.standard_normal((self.corpus_n, 768), dtype=np.float32)
         queries = self.rng.standard_normal((64, 768), dtype=np.float32)
         # an index built once and then only searched, as a search service holds it: read-only, so the
-        # GPU may keep it (a writable corpus is uploaded by every GPU call: docs/gpu.md, "Residency")
+        # GPU may keep it (a writable corpus is uploaded by every GPU call:
+        # docs/guide/residency-and-device-data.md, "Resident cache")
         corpus.flags.writeable = False
         sizes = np.unique(np.geomspace(512, self.corpus_n, 16).astype(int))
         for i, n in enumerate(sizes):

@@ -1,6 +1,6 @@
 """hipsched on a Dask cluster: one Executor per worker, the ops on Dask arrays, one telemetry log per
 worker in a folder per job. Needs `pip install "hipsched[dask]"` (dask[array] and distributed);
-`import hipsched` never imports this. See docs/distributed.md.
+`import hipsched` never imports this. See docs/guide/distributed.md.
 
     from dask.distributed import Client
     import hipsched.dask as hd

@@ -12,7 +12,7 @@ who_has says they are: the placement cache that top_k uses), and whenever this p
 exact answer (a worker gone, a chunk moved or lost, a worker without the handler) the query runs as
 top_k's graph, where Dask's retries and recomputation apply. The handler is a worker RPC handler, not
 an actor: an actor is a task the scheduler pins to its worker, and a worker holding one cannot be
-retired gracefully. See docs/distributed.md, "Queries served directly"."""
+retired gracefully. See docs/guide/distributed.md, "Queries served directly"."""
 from __future__ import annotations
 
 import asyncio

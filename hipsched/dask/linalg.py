@@ -1,6 +1,6 @@
 """matmul, attention, dequantize and qmatmul on Dask arrays, as blockwise maps through each worker's
 executor (workers.executor). Shapes, dtypes and chunking are checked on the client before any task is
-built, with the single-machine ops' messages. See docs/distributed.md for the equality to expect."""
+built, with the single-machine ops' messages. See docs/guide/distributed.md for the equality to expect."""
 from __future__ import annotations
 
 import math

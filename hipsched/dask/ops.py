@@ -1,6 +1,6 @@
 """The single-machine ops on Dask arrays: every chunk runs through its worker's Executor (workers.executor),
 so each worker picks its own CPU or GPU per chunk. Inputs are checked on the client, before any task
-is built. See docs/distributed.md for what each op moves and what equality to expect."""
+is built. See docs/guide/distributed.md for what each op moves and what equality to expect."""
 from __future__ import annotations
 
 import numbers
@@ -86,7 +86,7 @@ def _cos_block(qb, tb):
 def cosine_similarity(q, T):
     """hipsched.cosine_similarity on a Dask corpus T (n, d) chunked by rows -> a Dask array (n,) or
     (m, n) chunked as T's rows. Each chunk's scores equal the single-machine op's for those rows (the
-    kernel scores each row on its own) when q has at most 12 rows; see docs/distributed.md."""
+    kernel scores each row on its own) when q has at most 12 rows; see docs/guide/distributed.md."""
     qd, T = _corpus(q, T, "cosine_similarity")
     if qd.ndim == 1:
         return da.blockwise(_cos_block, "n", qd, "d", T, "nd", dtype=np.float32, concatenate=True,
@@ -346,7 +346,7 @@ def top_k(q, T, k, *, split_every: int = SPLIT_EVERY):
     list; a merge tree of fan-in `split_every` joins the groups. Every merge keeps the single-machine
     order (ties on the lower index, NaN last), so the result is the same however the chunks are grouped:
     equal to hipsched.top_k on the computed corpus, bit for bit when q has at most 12 rows (see
-    docs/distributed.md)."""
+    docs/guide/distributed.md)."""
     qd, T = _corpus(q, T, "top_k")
     k = int(finite_scalar(k, "top_k", "k", lo=1, integer=True))
     check_split_every(split_every)

@@ -2,7 +2,7 @@
 (client.nthreads, client.who_has), cut into one run of chunks per worker thread, and read again when it
 is older than PLACEMENT_TTL_S, when a group task reports on PLACEMENT_TOPIC that it ran away from its
 planned worker or missed a chunk there, or when forget_placements drops it. hipsched.dask.ops builds
-top_k's graph from it. See docs/distributed.md."""
+top_k's graph from it. See docs/guide/distributed.md."""
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,5 @@
 """One Executor per Dask worker: the WorkerPlugin that builds it, the function tasks find it with, and
-the GPU pinning read from the visible-devices variables. See docs/distributed.md."""
+the GPU pinning read from the visible-devices variables. See docs/guide/distributed.md."""
 from __future__ import annotations
 
 import os

@@ -110,8 +110,8 @@ def _partition_top_k(call):
 def _sweep(*extra, queries=1):
     """One query over 128-d corpora, then 768-d corpora (an embedding search's) up to 65536 rows, and
     with `queries` > 1 a batch of that many queries over those: a sweep that ended at 8M work left the
-    demo's 12M-6G calls to a line extrapolated 10-1000x beyond its last point (docs/scheduling.md,
-    "Routing accuracy")."""
+    demo's 12M-6G calls to a line extrapolated 10-1000x beyond its last point (docs/design/history.md,
+    "Routing accuracy: what the runs missed")."""
     def sweep(rng):
         for n in (64, 256, 1024, 4096, 16384, 65536):
             yield n * 128, (rand_f32(rng, 128), rand_f32(rng, n, 128)) + extra, {}

@@ -1,6 +1,6 @@
 """Event schema v1. The hot path stores one tuple per call (layout below); this module turns those
 tuples into schema dicts (for `Telemetry.events`) and JSON lines (for the writer thread), so dict
-building and encoding never run in the caller. Field meanings: docs/telemetry.md; JSON Schema:
+building and encoding never run in the caller. Field meanings: docs/guide/telemetry.md; JSON Schema:
 schema.json next to this file."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ OPTIONAL_IDENT = ("worker", "job")
 # events whose reason has one (gpu_unsupported: why the GPU refused the call), `resident` on GPU runs of
 # host inputs (bytes uploaded, bytes read from device copies kept across calls), `split` on calls cut
 # across processors (the shares and each part's rows and time), `gpu_device` on GPU runs on a further
-# device of an executor with several (the device its inputs live on; docs/gpu.md, "Two devices").
+# device of an executor with several (the device its inputs live on; docs/guide/devices.md, "Two devices").
 OPTIONAL_EVENT = ("detail", "resident", "split", "gpu_device")
 
 

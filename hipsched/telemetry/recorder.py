@@ -25,7 +25,7 @@ def path_from_env():
 
 class Telemetry:
     """One per Executor: records every call in memory and, with `path`, in a JSONL log (see
-    docs/telemetry.md). `run_id`, `host` and `device` identify its events; they default to a new id,
+    docs/guide/telemetry.md). `run_id`, `host` and `device` identify its events; they default to a new id,
     the host name and "cpu". `worker` and `job` (a distributed job's worker name and job id) are added
     to every record when given, and left out otherwise."""
 

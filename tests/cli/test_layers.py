@@ -92,7 +92,8 @@ RANKS = (
 )
 # The two arrows that still skip a layer (docs/architecture.md, "Two arrows still skip a layer"):
 # ops/base.py's as_device_array wraps a foreign device array in gpu.memory.device_array.DeviceArray (on
-# first use), and the dispatcher takes gpu.memory.device_array.consumer_stream. The second points down, so
+# first use), and the dispatcher takes gpu.memory.streams.as_stream_handle and
+# gpu.memory.device_array.consumer_stream. The second points down, so
 # the rank rule lets it be; the first is the one exception to the specs' own rule, named here so that no
 # other slips in.
 SPEC_EXCEPTIONS = {("hipsched/ops/base.py", "hipsched.gpu.memory.device_array")}

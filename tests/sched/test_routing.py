@@ -1,4 +1,4 @@
-"""Routing accuracy: the rules that made the H100 demo miss (docs/scheduling.md, "Routing accuracy"), the
+"""Routing accuracy: the rules that made the H100 demo miss (docs/design/scheduling.md, "Routing accuracy"), the
 oracle that measures it (`hipsched demo --oracle`), the analyzer saying when a log cannot be judged, and
 the demo on the simulated H100 machine (tests/support/sim_gpu.py), with a floor below what it measured."""
 import argparse
@@ -267,7 +267,7 @@ def test_demo_exits_nonzero_when_a_self_check_fails(tmp_path, monkeypatch, capsy
 @pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.95, 0.03), ("cold", 0.85, 0.12)])
 def test_demo_oracle_on_the_simulated_h100(tmp_path, start, floor, regret):
     """The quick demo through the simulated H100 machine, judged by `demo --oracle`. The floor is below
-    what bench/routing.py measured (docs/scheduling.md), and the time is virtual, so it does not
+    what bench/routing.py measured (docs/design/history.md), and the time is virtual, so it does not
     depend on this machine's load."""
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

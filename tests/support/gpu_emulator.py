@@ -275,7 +275,7 @@ def available() -> bool:
 # touching the same shared or global word, one writing, with no __syncthreads or warp barrier between,
 # is a report). A finding ends the process (halt on error) so it cannot be lost behind a CPU fallback;
 # the instrumented code only loads into a process that started with the sanitizer's runtime: run
-# pytest under sanitizer_env(kind), or see docs/gpu.md for the command.
+# pytest under sanitizer_env(kind), or see docs/design/emulator-and-proof.md for the command.
 SANITIZERS = ("address", "thread")
 _SANITIZE_FLAGS = {
     "address": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],

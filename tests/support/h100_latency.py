@@ -57,7 +57,7 @@ GPU_US = {
 # The host CPU (16 threads), same sources. Its top_k was bimodal between processes: the calibrated demo
 # ran 393k-3.1M sizes in 67-89 us, the cold one ran 0.9M-57M sizes in 6-12 ms (a multi-threaded pass
 # that waited ~8 ms on its threads there); this table is the calibrated process's, the other a finding
-# (docs/scheduling.md, "Routing accuracy").
+# (docs/design/scheduling.md, "Routing accuracy").
 CPU_US = {
     "add": [(64, 6.7, "calibrate"), (256, 3.6, "calibrate"), (1024, 2.7, "calibrate"), (4096, 3.3, "calibrate"),
             (16384, 7.5, "calibrate"), (65536, 17.4, "calibrate"), (262144, 150.2, "calibrate"),

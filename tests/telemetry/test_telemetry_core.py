@@ -262,12 +262,12 @@ def test_record_with_missing_or_nan_duration_keeps_counters_finite(tmp_path):
 
 
 def test_telemetry_doc_names_every_op():
-    """docs/telemetry.md's `op` field lists the values a log can hold: every public op (it had left out
+    """docs/guide/telemetry.md's `op` field lists the values a log can hold: every public op (it had left out
     rms_norm), read from the op specs so a new op is listed or this fails."""
     import os
     import re
     import hipsched
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, "docs", "telemetry.md")) as f:
+    with open(os.path.join(root, "docs", "guide", "telemetry.md")) as f:
         row = next(line for line in f if line.startswith("| `op` |"))
     assert set(re.findall(r"`(\w+)`", row.split("|")[3])) == set(hipsched.OPS)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Exhaustive check of the SIMD levels' element-wise primitives (docs/architecture.md, "CPU SIMD levels"):
+# Exhaustive check of the SIMD levels' element-wise primitives (docs/guide/cpu.md, "CPU SIMD levels"):
 # every float32 bit pattern through the vector exp, exp_neg and the float16/bfloat16 stores, every 16-bit
 # pattern through the loads, AVX2 against AVX-512 and each against simd.h's scalar reference.
 # Needs an AVX-512 CPU (F/DQ/BW/VL), gcc and NumPy; a few minutes on 16 cores. Run from anywhere:

@@ -155,7 +155,7 @@ class Runtime(ABC):
         hipMallocAsync): usable by work queued on `stream` from now on, and by other streams once ordered
         after that point. The pool keeps freed memory for the next allocation instead of handing it back
         to the driver, so a call's result costs microseconds where malloc costs 100 us or more and
-        free_async of malloc'd memory as much again (measured on an H100: docs/gpu.md).
+        free_async of malloc'd memory as much again (measured on an H100: docs/design/gpu-runtime.md, "Runtimes").
 
         Without a pool (the driver or device has none: `_pool_malloc` gives None) it is malloc."""
         try:

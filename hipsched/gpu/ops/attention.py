@@ -8,7 +8,7 @@ zero-padded (hd up to 256). Two kernel families:
 - the matrix-core kernels (hs_attention_{f16,bf16}_mma_d<D>, D in MMA_CLASSES) for half inputs on
   targets with mma.sync m16n8k16 (NVIDIA sm_80 and later; prelude.h's HS_MMA_M16N8K16) or MFMA
   16x16x16 (AMD gfx908, gfx90a, gfx940-942; HS_MFMA_16X16X16): Q K^T accumulated in float32, P rounded
-  to the input type for P V (docs/gpu.md, "Attention on tensor cores"). A block is 4 warps of the
+  to the input type for P V (docs/design/kernels.md, "Attention on tensor cores"). A block is 4 warps of the
   target's width. Other targets (older NVIDIA, AMD RDNA and GCN) run the SIMT kernels for every dtype."""
 from __future__ import annotations
 

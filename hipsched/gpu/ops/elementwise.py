@@ -1,7 +1,7 @@
 """Launch glue for add, scale and softmax (src_c/hip/{elementwise,softmax}.hip), float32, float16 and
 bfloat16 (Call.dtype): the kernels of that element type are launched, and results have the inputs'
 dtype. Where every pointer is 16-byte aligned the 16-byte kernels run (_v8 elementwise, softmax rows in
-registers: docs/gpu.md, "Bandwidth-bound kernels"); otherwise the scalar ones."""
+registers: docs/design/kernels.md, "Bandwidth-bound kernels"); otherwise the scalar ones."""
 from __future__ import annotations
 
 from ctypes import c_float, c_int32, c_int64

@@ -9,7 +9,7 @@ whatever Call.dtype says) and never re-quantized: the product accumulates in flo
 x's dtype, rounded once, as on the CPU. More than 16 columns of a half x on a target with matrix cores
 (common.has_mma) go to the tensor-core tiles, hs_qmatmat_{f16,bf16}_mma_<qtype>: the quants, exact in 16
 bits, times x, each block's float32 sum then scaled by its d, so the product is the same float32
-accumulation of exact products (quant.hip, docs/gpu.md). dequantize gives float32."""
+accumulation of exact products (quant.hip, docs/design/kernels.md). dequantize gives float32."""
 from __future__ import annotations
 
 import ctypes

@@ -388,7 +388,7 @@ def test_torch_half_tensors_in_and_out(gpu, rng, dtype, op):
     bound = 2 * unit * r.abs() + 2e-6
     if op == "attention":
         # the tensor-core kernels round P to the input type: 2u/(1-u) M more, M = attention applied to |v|
-        # (docs/gpu.md, "Attention on tensor cores")
+        # (docs/design/kernels.md, "Attention on tensor cores")
         bound = bound + 2 * unit / (1 - unit) * F.scaled_dot_product_attention(q.double(), kk.double(), v.double().abs())
     np.testing.assert_array_less((g - r).abs().cpu().numpy(), bound.cpu().numpy() + 1e-300)
 

@@ -3,7 +3,7 @@ what they are there for, so each is run on kernels with a planted bug: one eleme
 device allocation, past the end of dynamic shared memory, a misaligned float4 load, and a block reduction
 with one barrier removed. Each bug kernel has a twin without the bug that must run clean, so a checker
 that reports everything fails here too. The real kernels run under both checkers in CI's separate steps
-(docs/gpu.md, "Memcheck and racecheck on the emulator").
+(docs/design/emulator-and-proof.md, "Memcheck and racecheck on the emulator").
 
 A sanitized kernel only loads into a process that started with the sanitizer's runtime, and a finding
 ends that process, so each launch runs in a child Python under gpu_emulator.sanitizer_env."""

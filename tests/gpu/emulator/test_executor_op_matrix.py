@@ -196,7 +196,7 @@ def _check_attention(out, args, kwargs, dtype):
     bound = UNIT[elem(dtype)] * np.abs(ref) + 2e-5 * (1 + np.abs(ref)) + TINY[elem(dtype)]
     if dtype != "float32":
         # the GPU's tensor-core kernels also round the softmax numerators P to the input type: 2u/(1-u) M
-        # more, M the output's magnitude scale (attention applied to |v|; docs/gpu.md, "Attention on
+        # more, M the output's magnitude scale (attention applied to |v|; docs/design/kernels.md, "Attention on
         # tensor cores"). The CPU engine's result, checked here too, is well inside it.
         mag = torch.nn.functional.scaled_dot_product_attention(q, k, v.abs(), is_causal=kwargs["causal"]).numpy()
         u = UNIT[elem(dtype)]

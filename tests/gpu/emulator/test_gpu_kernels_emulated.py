@@ -351,7 +351,7 @@ def test_device_in_device_out(emu, rng, dtype):
 
 
 # Every kernel runs in this file at least once (the ones below are reached by no test above), because
-# this file is also what CI's memcheck and racecheck steps run (docs/gpu.md).
+# this file is also what CI's memcheck and racecheck steps run (docs/design/emulator-and-proof.md).
 
 def gguf_dequantized(W):
     """The outside reference for the quant kernels: the gguf package's dequantization of W's blocks."""
@@ -629,7 +629,7 @@ def _attention_kernel(emu, call) -> str:
 
 
 def attention_contract(q, k, v, causal, dtype):
-    """(float64 reference, the error bound docs/gpu.md states for the tensor-core kernels), elementwise.
+    """(float64 reference, the error bound docs/design/kernels.md states for the tensor-core kernels), elementwise.
 
     With weights w_j = softmax_j(s) and M = sum_j w_j |v_j| (the output's magnitude scale: attention
     applied to |V|), u the unit roundoff of the output type: rounding each P to the input type moves the

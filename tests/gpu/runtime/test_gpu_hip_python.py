@@ -3,7 +3,7 @@ CI, so it must say "no device" the way the ctypes path does, and unwrap hip-pyth
 tuples with its real enum types), and against a fake for the per-thread device (hipSetDevice is per
 host thread, so a runtime set to device 1 must still allocate/launch on device 1 from another thread).
 
-hip-python versions tried (docs/gpu.md): 10.0.0.0.1.2 (the test extra), 7.2.2.562.43, 6.2.0.499.16, each
+hip-python versions tried (docs/design/gpu-runtime.md): 10.0.0.0.1.2 (the test extra), 7.2.2.562.43, 6.2.0.499.16, each
 with ROCm 5.2's libamdhip64 from Debian 12."""
 import importlib.util
 import os

@@ -1,8 +1,8 @@
 """The instruction check: what the machine code of the hot kernels does, read from the disassembly of the
 real compilers' output for the H100 (sm_90, NVRTC, `cuobjdump -sass`) and MI200 (gfx90a, hiprtc,
 `llvm-objdump`; the half attention and qmatmul tile kernels for MI100, gfx908, too). Without a GPU in CI
-this is the evidence the kernels are built for the hardware's speed (docs/gpu.md, "Roofline"): matrix-core
-instructions (HMMA, v_mfma) in the half-precision attention and qmatmul tile kernels, 128-bit global loads in the
+this is the evidence the kernels are built for the hardware's speed (docs/design/kernel-report.md,
+"Instruction check and roofline"): matrix-core instructions (HMMA, v_mfma) in the half-precision attention and qmatmul tile kernels, 128-bit global loads in the
 bandwidth kernels, no local memory (spills) in any kernel. The parser itself is checked on fixed
 disassembly text, so a change of the tools' format cannot turn the check vacuous."""
 import re
