@@ -2,6 +2,10 @@
 the command line's rough edges, calibrate's quantized rows, the progress bar."""
 from mutants.mutant import Mutant
 
+# the CPU kernel's first step reads an inactive row's weights only for NaN/inf; the mutant reads none
+CPU_GRAPH_FIND = "                for (int64_t e = lo; e < hi; e++)\n                    if (!(w[e] - w[e] == 0.0f)) {"
+CPU_GRAPH_REPLACE = "                for (int64_t e = lo; e < lo; e++)\n                    if (!(w[e] - w[e] == 0.0f)) {"
+
 MUTANTS = [
     Mutant(name="thread_cap_not_given_to_late_modules",
            why="issue 35 item 1: a family module imported after threadpool_limits ran on every core",
@@ -51,4 +55,22 @@ MUTANTS = [
            find="    live = (src != 0) | ~np.isfinite(weights)\n",
            replace="    live = src != 0\n",
            kill=("tests/dask/test_dask_graph.py::test_a_non_finite_weight_of_an_inactive_node_gives_nan_as_on_one_machine",)),
+    Mutant(name="gpu_push_skips_non_finite_inactive_edges",
+           why="issue 35 item 5: the GPU's push kernel skipped a 0-activation row's NaN/inf weights",
+           path="src_c/hip/graph.hip",
+           find="            if (idle && w - w == 0.0f) continue;",
+           replace="            if (idle) continue;",
+           kill=("tests/gpu/emulator/test_gpu_kernels_emulated.py::test_spread_activation_non_finite_weights_of_inactive_nodes",)),
+    Mutant(name="cpu_push_skips_non_finite_inactive_edges",
+           why="issue 35 item 5: the CPU kernel skipped a 0-activation row's NaN/inf weights",
+           path="src_c/cpu/graph.inc",
+           find=CPU_GRAPH_FIND,
+           replace=CPU_GRAPH_REPLACE,
+           kill=("tests/cpu/test_cpu_graph.py::test_non_finite_weights_of_inactive_nodes_match_scipy",)),
+    Mutant(name="gpu_push_forgets_non_finite_products",
+           why="issue 35 item 5: an inf weight out of a node active in step 1 and inactive later stayed 1, not NaN",
+           path="src_c/hip/graph.hip",
+           find="    const bool read_idle = first || acc[n] != 0.0f;",
+           replace="    const bool read_idle = first;",
+           kill=("tests/gpu/emulator/test_gpu_kernels_emulated.py::test_spread_activation_inf_weight_of_a_node_that_falls_inactive",)),
 ]

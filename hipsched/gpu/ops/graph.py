@@ -61,13 +61,13 @@ def spread_activation(ctx, call, stream):
     push, finish = plan
     ip, ix = ctx.upload(indptr, stream), ctx.upload(indices, stream)
     w = ctx.upload(np.ascontiguousarray(weights, dtype=np.float32), stream)
-    acc = ctx.empty((n,), np.float32, stream)
+    acc = ctx.empty((n + 1,), np.float32, stream)   # acc[n]: the push kernel's non-finite mark (graph.hip)
     other = ctx.empty((n,), np.float32, stream) if steps > 1 else None
     # The last step must land in `out`: with an even count the first step writes `other`.
     dst = out if steps % 2 == 1 else other
-    for _ in range(steps):
-        ctx.rt.memset(acc.ptr, 0, 4 * n, s)
-        ctx.run(push, (ip, ix, w, cur, acc, ctypes.c_int64(n)), stream)
+    for step in range(steps):
+        ctx.rt.memset(acc.ptr, 0, 4 * (n + 1 if step == 0 else n), s)   # the mark lives on after step 1
+        ctx.run(push, (ip, ix, w, cur, acc, ctypes.c_int64(n), ctypes.c_int32(step == 0)), stream)
         ctx.run(finish, (cur, acc, dst, ctypes.c_int64(n), ctypes.c_float(decay), ctypes.c_float(threshold)),
                 stream)
         cur, dst = dst, (other if dst is out else out)

@@ -510,6 +510,44 @@ def test_spread_activation(emu, rng, index):
     np.testing.assert_allclose(g, a, rtol=1e-5, atol=1e-6)
 
 
+def test_spread_activation_non_finite_weights_of_inactive_nodes(emu, rng):
+    """The push kernel skips a row whose activation is 0, but 0 * NaN and 0 * inf are NaN in SciPy's
+    A.T @ a: such a row's non-finite weights must still reach their targets (first step, and a node
+    active in one step and back at 0 in the next)."""
+    from graph_data import random_graph
+    indptr, indices, weights = random_graph(rng, 60, 400, isolated=6)
+    weights = weights * np.float32(0.4)
+    bad = rng.choice(weights.size, 9, replace=False)
+    weights[bad[:3]], weights[bad[3:6]], weights[bad[6:]] = np.nan, np.inf, -np.inf
+    seeds = np.where(rng.random(60) < 0.1, rng.random(60), 0).astype(np.float32)
+    sparse = need("scipy.sparse", reason="SciPy's sparse matrices are the reference (test extra)")
+    A = sparse.csr_matrix((weights.astype(np.float64), indices, indptr), shape=(60, 60))
+    for steps in (1, 2):
+        g, c = both(emu, "spread_activation", (indptr, indices, weights), seeds, 0.5, steps, 0.01)
+        a = seeds.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            for _ in range(steps):
+                a = np.clip(a + 0.5 * (A.T @ a), 0, 1)
+                a[a < 0.01] = 0
+        assert np.isnan(a).any()
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(a))
+        np.testing.assert_array_equal(np.isnan(c), np.isnan(a))
+        ok = ~np.isnan(a)
+        np.testing.assert_allclose(g[ok], a[ok], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("w", [np.inf, -np.inf])
+def test_spread_activation_inf_weight_of_a_node_that_falls_inactive(emu, w):
+    """Node 0 is active in step 1 (its inf weight sends node 1 to +-inf, clamped) and under the threshold
+    after it: in step 2 SciPy's 0 * inf makes node 1 NaN. Only a kernel that remembers the first step's
+    non-finite product reads node 0's weights again."""
+    graph = (np.array([0, 1, 1, 1], np.int64), np.array([1], np.int64), np.array([w], np.float32))
+    seeds = np.array([0.005, 0.0, 0.0], np.float32)
+    g, c = both(emu, "spread_activation", graph, seeds, 0.5, 2, 0.01)
+    np.testing.assert_array_equal(np.isnan(g), [False, True, False])
+    np.testing.assert_array_equal(np.isnan(c), [False, True, False])
+
+
 # ------------------------------------------------------------------ 16-byte paths and their fallbacks
 # The bandwidth-bound kernels move 8-element packs in 16-byte accesses (_v8 elementwise kernels; softmax
 # and rms_norm rows held in registers, _p1/_p2/_p4 packs per thread) when every pointer is 16-byte
