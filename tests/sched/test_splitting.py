@@ -308,6 +308,33 @@ def test_a_device_whose_breaker_is_open_takes_no_part():
     assert s.others[0].core.health("top_k")["state"] == "open"
 
 
+def test_the_executor_cuts_where_the_models_plan_says(rng):
+    """No forced shares: the executor's model (the GPU 3x the CPU's throughput) plans the split, and the
+    call is cut at that plan's bounds, each side's share the one the plan gave it (about 3/4 to the GPU
+    less what the corpus's upload costs it)."""
+    gpu = FakeGpuBackend()
+    with hs.Executor(gpu_backend=gpu, persist_model=False, exploration_share=0.0, split_min_us=0.0) as ex:
+        slot = ex._core.slot("top_k", "float32")
+        for size in (1e5, 1e6, 1e7, 1e8):
+            for _ in range(3):
+                ex._core.record(slot, _sched.BACKEND_CPU, size, size * 1e-3)
+                ex._core.record(slot, _sched.BACKEND_GPU, size, 50.0 + size * 1e-3 / 3)
+        plans = []
+        splitter = ex._fast.splitter
+        plan = splitter.plan
+        splitter.plan = lambda *a: plans.append(plan(*a)) or plans[-1]
+        q, T = rng.standard_normal(64).astype(np.float32), rng.standard_normal((20000, 64)).astype(np.float32)
+        got = ex.top_k(q, T, 10)
+        assert len(plans) == 1 and plans[0] is not None
+        ev = ex.events[-1]
+        assert ev["backend"] == "split", ev
+        asked = plans[0]
+        assert [p["rows"] for p in ev["split"]["parts"]] == [list(b) for b in zip(asked.bounds, asked.bounds[1:])]
+        assert ev["split"]["shares"] == pytest.approx(asked.shares, abs=1e-6)
+        assert 0.5 < asked.shares["gpu"] < 0.8, asked.shares
+        assert _same(got, ex.top_k(q, T, 10, backend="cpu"))
+
+
 def test_controls_turn_splitting_off(rng):
     q, T = rng.standard_normal(16).astype(np.float32), rng.standard_normal((2000, 16)).astype(np.float32)
     with hs.Executor(gpu_backend=FakeGpuBackend(), persist_model=False, split=False) as ex:
