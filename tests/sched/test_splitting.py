@@ -161,6 +161,26 @@ def test_a_failed_gpu_part_reruns_on_the_cpu(rng):
         assert ex.stats().fallback_operations == 1
 
 
+@pytest.mark.parametrize("kind", ["launch", "oom"])
+def test_a_failed_gpu_part_of_every_split_op_reruns_on_the_cpu(rng, kind):
+    """Each op that splits, not only top_k: its GPU part fails, the rows rerun on the CPU, and the call is
+    exactly the CPU's whole answer; the failure is the event's and that op's health's."""
+    gpu = FakeGpuBackend(ops=("add", "scale", "softmax", "cosine_similarity", "top_k", "rms_norm", "qmatmul",
+                              "dequantize"), dtypes=("float32", "q8_0", "q4_0"), fail=lambda call: kind)
+    with _forced(gpu, 0.5) as ex:
+        cases = _inputs(rng)
+        for op, args, kwargs in cases:
+            got = getattr(ex, op)(*args, **kwargs)
+            ev = ex.events[-1]
+            assert ev["backend"] == "split" and ev["fallback"]["backend"] == "gpu", (op, ev)
+            assert kind in ev["fallback"]["error"], (op, ev["fallback"])
+            assert [p["backend"] for p in ev["split"]["parts"]] == ["cpu", "cpu"], op
+            assert _same(got, getattr(ex, op)(*args, **kwargs, backend="cpu")), op
+            assert ex.gpu_health(op)["successes"] == 0, op
+        assert gpu.runs == len(cases) and gpu.ok_runs == 0
+        assert ex.stats().fallback_operations == len(cases)
+
+
 class SleepyCpu:
     """A CPU backend whose runs take `us` of wall time without holding the GIL (a kernel's threads)."""
 

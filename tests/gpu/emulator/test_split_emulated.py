@@ -303,6 +303,16 @@ def test_a_failing_second_device_reruns_its_rows_on_the_cpu_and_its_health_says_
         second = ex._fast.splitter.others[0]
         assert second.core.health("top_k")["failures"] == 1          # that device's, not the executor's GPU
         assert ex.gpu_health("top_k")["failures"] == 0
+        # another op: the failed device's rows are the CPU's answer for them, the first device's its own
+        x = rng.standard_normal((90, 40), dtype=np.float32)
+        y = ex.softmax(x)
+        parts = ex.events[-1]["split"]["parts"]
+        assert [p["backend"] for p in parts] == ["cpu", "gpu:0", "cpu"]
+        (a, b), (_, c) = parts[1]["rows"], parts[2]["rows"]
+        np.testing.assert_array_equal(y[:a], ex.softmax(x[:a], backend="cpu"))
+        np.testing.assert_array_equal(y[a:b], ex.softmax(x[a:b], backend="gpu"))
+        np.testing.assert_array_equal(y[b:c], ex.softmax(x[b:c], backend="cpu"))
+        assert second.core.health("softmax")["failures"] == 1
 
 
 def test_a_further_devices_model_is_saved_and_loaded_in_a_file_of_its_own(rt2, tmp_path):
