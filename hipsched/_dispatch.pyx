@@ -658,7 +658,11 @@ cdef class FastPath:
 
     def _run_cpu_device(self, call, slot, reason, pc, pg, stream, fallback=None, detail=None):
         """CPU run of device inputs: its time includes the copies both ways, which the model takes
-        off the sample (it holds the kernel's time; a decision on device data adds them back)."""
+        off the sample (it holds the kernel's time; a decision on device data adds them back), but not
+        the wait for the GPU work queued before it (CpuBackend.wait_device_inputs)."""
+        wait = getattr(self.cpu, "wait_device_inputs", None)
+        if wait is not None:
+            wait(call)
         t0 = _perf_ns()
         out = self.cpu.run_device_data(call)
         dur = (_perf_ns() - t0) * 1e-3

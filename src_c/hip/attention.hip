@@ -555,6 +555,15 @@ HS_DEV void hsf_frag(hs_u32* r, const hs_u16* p) {
     r[1] = (hs_u32)(w >> 32);
 }
 
+// P's scale before its rounding to the input type. MI200's (gfx90a) f16 MFMA reads subnormal inputs
+// as zero: a numerator exp(s - m) under 2^-14, rounded to float16, would count in l but not in P V,
+// and a peaky row's many such keys would move its output by their summed weight. Scaled by 2^15 (exact;
+// the largest, 1, becomes 32768, within float16's 65504) only numerators under 2^-29 are subnormal, which
+// is below the rounding's own underflow (2^-25) without the scale; l and O carry the same factor, which
+// the final division removes. bfloat16 has float32's exponent range: no scale.
+template <class E> struct HsfPScale { static constexpr float v = 1.0f; };
+template <> struct HsfPScale<hs_half> { static constexpr float v = 32768.0f; };
+
 template <int D, class E>
 HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                           E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
@@ -646,7 +655,8 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
         for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const hs_u32 p = hs_pack2<E>(exp2f(s[nt][2 * h] - ms), exp2f(s[nt][2 * h + 1] - ms));
+                const hs_u32 p = hs_pack2<E>(exp2f(s[nt][2 * h] - ms) * HsfPScale<E>::v,
+                                             exp2f(s[nt][2 * h + 1] - ms) * HsfPScale<E>::v);
                 pb[nt][h] = p;
                 l += hs_unpack_lo<E>(p) + hs_unpack_hi<E>(p);
             }

@@ -18,23 +18,40 @@ from hipsched.ops.base import Call
 from hipsched.splitting import Splitter
 
 from fake_gpu import FakeGpuBackend
+from half_formats import TYPE_IDS, TYPES
 from forced_split import force_split
+from planted_ties import exact_query, expected_head, plant
 from requires import need
 
 CPU = CpuBackend()
 
 
-def _inputs(rng):
-    """(op, args, kwargs) of every op that declares a partition, in the forms a split must handle."""
-    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+# the query's own row planted four times (score 1: ranks 1-4) and a 0.75 pair (ranks 5-6) in a corpus of
+# 999 rows: row 0 and row 998 are on different sides of every cut the tests make, rows 4 and 500 of most
+# (tests/support/planted_ties.py: scores exact on every engine)
+BEST, SECOND = (0, 4, 500, 998), (3, 997)
+# the matrix query's other two rows, each with planted rows of its own
+OTHERS = (((1, 333, 996), (5, 666)), ((2, 499, 995), (6, 994)))
+
+
+def _inputs(rng, dtype="float32"):
+    """(op, args, kwargs) of every op that declares a partition, in the forms a split must handle, with
+    float inputs of `dtype` (qmatmul's x; dequantize has none)."""
+    t = TYPES[dtype]
+    f = lambda *s: rng.standard_normal(s).astype(np.float32).astype(t)  # noqa: E731
     T = f(999, 24)
-    T[500] = T[10]            # a tie: the lower index must win across a cut
+    q1 = exact_query(rng, 24)
+    q3 = np.stack([q1, exact_query(rng, 24), exact_query(rng, 24)])
+    plant(rng, T, q1, BEST, SECOND)              # ties inside the top k: the lower index must win across a cut
+    for q, (best, second) in zip(q3[1:], OTHERS):
+        plant(rng, T, q, best, second)
     T[7, 3] = np.nan          # a NaN score ranks after every number
+    q1, q3 = q1.astype(t), q3.astype(t)
     return [
-        ("top_k", (f(24), T, 7), {}),
-        ("top_k", (f(3, 24), T, 20), {}),
-        ("top_k", (f(24), T[:5], 9), {}),            # k > rows: every row, merged
-        ("cosine_similarity", (f(24), T), {}),
+        ("top_k", (q1, T, 7), {}),
+        ("top_k", (q3, T, 20), {}),
+        ("top_k", (q1, T[:5], 9), {}),               # k > rows: every row, merged (ties at rows 0 and 4)
+        ("cosine_similarity", (q1, T), {}),
         ("cosine_similarity", (f(4, 24), T), {}),
         ("add", (f(300, 17), f(300, 17)), {}),
         ("add", (f(300, 17), f(17)), {}),             # a bias row: cut a only
@@ -42,10 +59,21 @@ def _inputs(rng):
         ("scale", (f(257, 9), -1.5), {}),
         ("softmax", (f(129, 33),), {"axis": -1}),
         ("rms_norm", (f(130, 16), f(16)), {"eps": 1e-5}),
-        ("qmatmul", (hs.quantize(f(70, 96), "q8_0"), f(96)), {}),
-        ("qmatmul", (hs.quantize(f(33, 64), "q4_0"), f(64, 5)), {}),   # x with columns: rows of w still
-        ("dequantize", (hs.quantize(f(41, 64), "q4_0"),), {}),
+        ("qmatmul", (hs.quantize(rng.standard_normal((70, 96)).astype(np.float32), "q8_0"), f(96)), {}),
+        ("qmatmul", (hs.quantize(rng.standard_normal((33, 64)).astype(np.float32), "q4_0"), f(64, 5)), {}),
+        ("dequantize", (hs.quantize(rng.standard_normal((41, 64)).astype(np.float32), "q4_0"),), {}),
     ]
+
+
+def _assert_ties_first(op, args, got):
+    """The planted ties head the top k, in ascending index (an outside check: not the merge's own order)."""
+    if op != "top_k" or args[1].shape[0] != 999:
+        return
+    idx = np.atleast_2d(got[0])
+    assert idx.shape[0] in (1, 3)
+    for row, (best, second) in zip(idx, [(BEST, SECOND), *OTHERS]):
+        want = expected_head(best, second)
+        assert list(row[:len(want)]) == want, (row[:len(want)], want)
 
 
 def _same(a, b):
@@ -59,11 +87,13 @@ def test_every_split_op_declares_a_partition():
     assert declared == {"top_k", "cosine_similarity", "add", "scale", "softmax", "rms_norm", "qmatmul", "dequantize"}
 
 
+@pytest.mark.parametrize("dtype", TYPES, ids=TYPE_IDS)
 @pytest.mark.parametrize("case", range(14))
-def test_partition_merges_to_the_unsplit_result(rng, case):
-    op, args, kwargs = _inputs(rng)[case]
+def test_partition_merges_to_the_unsplit_result(rng, case, dtype):
+    op, args, kwargs = _inputs(rng, dtype)[case]
     call = OPS[op].prepare(*args, **kwargs)
     whole = CPU.run(call)
+    _assert_ties_first(op, args, whole)
     part = OPS[op].partition(call)
     assert part is not None
     for cuts in ([0, part.rows // 3, part.rows], [0, 1, part.rows - 1, part.rows], [0, part.rows // 2, part.rows]):
@@ -80,20 +110,25 @@ def _forced(gpu, share, **cfg):
     return force_split(hs.Executor(gpu_backend=gpu, persist_model=False, exploration_share=0.0, **cfg), share)
 
 
+@pytest.mark.parametrize("dtype", TYPES, ids=TYPE_IDS)
 @pytest.mark.parametrize("share", [0.3, 0.75])
-def test_forced_split_is_exactly_the_unsplit_cpu_result(rng, share):
+def test_forced_split_is_exactly_the_unsplit_cpu_result(rng, share, dtype):
     gpu = FakeGpuBackend(ops=("add", "scale", "softmax", "cosine_similarity", "top_k", "rms_norm", "qmatmul",
-                              "dequantize"), dtypes=("float32", "q8_0", "q4_0"))
+                              "dequantize"),
+                         dtypes=(dtype, "q8_0", "q4_0", f"q8_0/{dtype}", f"q4_0/{dtype}"))
     with _forced(gpu, share) as ex:
-        for op, args, kwargs in _inputs(rng):
+        for op, args, kwargs in _inputs(rng, dtype):
             before = len(ex.events)
             got = getattr(ex, op)(*args, **kwargs)
             assert _same(got, getattr(ex, op)(*args, **kwargs, backend="cpu")), op
+            _assert_ties_first(op, args, got)
             ev = ex.events[before]
             assert ev["backend"] == "split" and ev["reason"] == "split", ev
             parts = ev["split"]["parts"]
             rows = OPS[op].partition(OPS[op].prepare(*args, **kwargs)).rows
-            assert parts[0]["rows"][0] == 0 and parts[0]["rows"][1] == parts[1]["rows"][0]
+            # cut where the plan asked: the GPU takes `share` of the rows (rounded), the CPU the rest
+            assert parts[0]["rows"] == [0, int(round((1 - share) * rows))], (op, rows, parts)
+            assert parts[0]["rows"][1] == parts[1]["rows"][0]
             assert parts[1]["rows"][1] == rows and [p["backend"] for p in parts] == ["cpu", "gpu"]
             assert ev["split"]["shares"]["gpu"] == pytest.approx((rows - parts[0]["rows"][1]) / rows, abs=1e-6)
         assert gpu.ok_runs == 14                      # one GPU part per split call
@@ -125,6 +160,26 @@ def test_a_failed_gpu_part_reruns_on_the_cpu(rng):
         h = ex.gpu_health("top_k")
         assert h["failures"] == 1 and h["successes"] == 0
         assert ex.stats().fallback_operations == 1
+
+
+@pytest.mark.parametrize("kind", ["launch", "oom"])
+def test_a_failed_gpu_part_of_every_split_op_reruns_on_the_cpu(rng, kind):
+    """Each op that splits, not only top_k: its GPU part fails, the rows rerun on the CPU, and the call is
+    exactly the CPU's whole answer; the failure is the event's and that op's health's."""
+    gpu = FakeGpuBackend(ops=("add", "scale", "softmax", "cosine_similarity", "top_k", "rms_norm", "qmatmul",
+                              "dequantize"), dtypes=("float32", "q8_0", "q4_0"), fail=lambda call: kind)
+    with _forced(gpu, 0.5) as ex:
+        cases = _inputs(rng)
+        for op, args, kwargs in cases:
+            got = getattr(ex, op)(*args, **kwargs)
+            ev = ex.events[-1]
+            assert ev["backend"] == "split" and ev["fallback"]["backend"] == "gpu", (op, ev)
+            assert kind in ev["fallback"]["error"], (op, ev["fallback"])
+            assert [p["backend"] for p in ev["split"]["parts"]] == ["cpu", "cpu"], op
+            assert _same(got, getattr(ex, op)(*args, **kwargs, backend="cpu")), op
+            assert ex.gpu_health(op)["successes"] == 0, op
+        assert gpu.runs == len(cases) and gpu.ok_runs == 0
+        assert ex.stats().fallback_operations == len(cases)
 
 
 class SleepyCpu:
@@ -272,6 +327,33 @@ def test_a_device_whose_breaker_is_open_takes_no_part():
     s, plan, _ = _three_sides(second_us_per_item=1e-3, failed=True)
     assert [side.name for side in plan.sides] == ["cpu", "gpu:0"]
     assert s.others[0].core.health("top_k")["state"] == "open"
+
+
+def test_the_executor_cuts_where_the_models_plan_says(rng):
+    """No forced shares: the executor's model (the GPU 3x the CPU's throughput) plans the split, and the
+    call is cut at that plan's bounds, each side's share the one the plan gave it (about 3/4 to the GPU
+    less what the corpus's upload costs it)."""
+    gpu = FakeGpuBackend()
+    with hs.Executor(gpu_backend=gpu, persist_model=False, exploration_share=0.0, split_min_us=0.0) as ex:
+        slot = ex._core.slot("top_k", "float32")
+        for size in (1e5, 1e6, 1e7, 1e8):
+            for _ in range(3):
+                ex._core.record(slot, _sched.BACKEND_CPU, size, size * 1e-3)
+                ex._core.record(slot, _sched.BACKEND_GPU, size, 50.0 + size * 1e-3 / 3)
+        plans = []
+        splitter = ex._fast.splitter
+        plan = splitter.plan
+        splitter.plan = lambda *a: plans.append(plan(*a)) or plans[-1]
+        q, T = rng.standard_normal(64).astype(np.float32), rng.standard_normal((20000, 64)).astype(np.float32)
+        got = ex.top_k(q, T, 10)
+        assert len(plans) == 1 and plans[0] is not None
+        ev = ex.events[-1]
+        assert ev["backend"] == "split", ev
+        asked = plans[0]
+        assert [p["rows"] for p in ev["split"]["parts"]] == [list(b) for b in zip(asked.bounds, asked.bounds[1:])]
+        assert ev["split"]["shares"] == pytest.approx(asked.shares, abs=1e-6)
+        assert 0.5 < asked.shares["gpu"] < 0.8, asked.shares
+        assert _same(got, ex.top_k(q, T, 10, backend="cpu"))
 
 
 def test_controls_turn_splitting_off(rng):

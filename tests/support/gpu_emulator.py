@@ -155,10 +155,23 @@ static inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned*
     }
     w.bar->arrive_and_wait();
 }
+// MI200's (CDNA2, gfx90a: the target warp 64 emulates) f16 and bf16 MFMA instructions flush subnormal
+// input and output values to zero (AMD's note, which PyTorch's documentation of "reduced precision
+// FP16 and BF16 GEMMs and convolutions on AMD Instinct MI200 devices" repeats): an A or B element
+// below the 16-bit type's least normal (2^-14 for f16) is read as a zero of its sign, and a result
+// below float32's (2^-126) is written as one. mma.sync keeps subnormals (the PTX ISA), and so does
+// emu_mma_m16n8k16.
+static inline float emu_frag_elem_ftz(EmuWarp& w, int lane, int reg, int c, bool bf16) {
+    const unsigned h = (w.frag[lane][reg] >> (16 * (c & 1))) & 0xffffu;
+    if ((h & (bf16 ? 0x7f80u : 0x7c00u)) == 0) return (h & 0x8000u) ? -0.0f : 0.0f;
+    return emu_half_bits(h, bf16);
+}
+static inline float emu_ftz(float x) { return std::fabs(x) < 1.17549435e-38f ? std::copysign(0.0f, x) : x; }
 // v_mfma_f32_16x16x16{f16,bf16_1k} at wavefront 64: d (4 floats, in and out: the C operand), a and b (2
 // registers each). With i = lane % 16 and q = lane / 16, lane l holds A[i][4q..4q+3], B[4q..4q+3][i] (k
 // in order, two per register, the lower k in the low half) and C[4q..4q+3][i]. As for mma.sync: exact
-// products, each d element adding its 16 products to c in k order in float32.
+// products, each d element adding its 16 products to c in k order in float32; subnormal inputs (c
+// included) and results flushed to zero (above).
 static inline void emu_mfma_16x16x16(float* d, const unsigned* a, const unsigned* b, bool bf16) {
     const int lane = EMU_LANE; EmuWarp& w = emu_warps[threadIdx.x / EMU_WARP];
     for (int i = 0; i < 2; ++i) { w.frag[lane][i] = a[i]; w.frag[lane][2 + i] = b[i]; }
@@ -166,15 +179,15 @@ static inline void emu_mfma_16x16x16(float* d, const unsigned* a, const unsigned
     const int n = lane % 16, q = lane / 16;
     for (int i = 0; i < 4; ++i) {
         const int r = 4 * q + i;
-        float acc = d[i];
+        float acc = emu_ftz(d[i]);
         for (int k = 0; k < 16; ++k) {
             // A[r][k]: lane r + 16 (k / 4), register (k % 4) / 2; B[k][n]: lane n + 16 (k / 4), register
             // 2 + (k % 4) / 2; the element's half is k % 2 in both
-            const float av = emu_frag_elem(w, r + 16 * (k / 4), (k % 4) / 2, k, bf16);
-            const float bv = emu_frag_elem(w, n + 16 * (k / 4), 2 + (k % 4) / 2, k, bf16);
+            const float av = emu_frag_elem_ftz(w, r + 16 * (k / 4), (k % 4) / 2, k, bf16);
+            const float bv = emu_frag_elem_ftz(w, n + 16 * (k / 4), 2 + (k % 4) / 2, k, bf16);
             acc = std::fma(av, bv, acc);
         }
-        d[i] = acc;
+        d[i] = emu_ftz(acc);
     }
     w.bar->arrive_and_wait();
 }

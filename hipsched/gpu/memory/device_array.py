@@ -322,6 +322,10 @@ class DeviceArray:
             runtime.stream_synchronize(s)
         return out
 
+    def wait(self, stream=None) -> None:
+        """Wait (the host) for the work queued on the stream a copy to the host (get) would run on."""
+        _runtime_or_default(self.runtime).stream_synchronize(_stream_int(stream if stream is not None else self.stream))
+
     def set(self, host: np.ndarray, stream=None) -> None:
         """Overwrite with the contents of a host array of the same shape and dtype (synchronous)."""
         host = np.ascontiguousarray(host, dtype=self.dtype)

@@ -726,6 +726,34 @@ def test_tensor_core_attention(emu, rng, dtype, sq, sk, hd):
                                      bound + UNIT[dtype] * np.abs(ref) + 2e-5 * (1 + np.abs(ref)) + TINY[dtype])
 
 
+# Peaky scores: q scaled so that a row's scores spread over tens of units and most of its softmax
+# numerators exp(s - max) fall under 2^-14, float16's least normal: P rounded to float16 is subnormal
+# there, which MI200's MFMA reads as zero (the emulator's warp 64 flushes as it does, gpu_emulator.py).
+PEAKY = 2.0 ** -14
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("b,h,sq,sk,hd,qscale", [(2, 3, 20, 37, 32, 1.5), (2, 2, 24, 70, 32, 7.0)],
+                         ids=["d32_batch2_heads3", "d32_peaky"])
+def test_tensor_core_attention_batches_heads_and_peaky_scores(emu, rng, dtype, b, h, sq, sk, hd, qscale):
+    """Head dim exactly 32 (the d32 class unpadded), batch 2 and 2-3 heads (each (batch, head) its own
+    blocks: a grid or an offset that confuses them reads another head's rows), and peaky scores."""
+    t = HALF[dtype]
+    q = (rng.standard_normal((b, h, sq, hd)) * qscale).astype(t)
+    k, v = (rng.standard_normal((b, h, sk, hd)).astype(t) for _ in range(2))
+    for causal in (False, True):
+        call = half_call("attention", (q, k, v), {"causal": causal, "scale": None}, dtype)
+        assert _attention_kernel(emu, call) == f"hs_attention_{'f16' if dtype == 'float16' else 'bf16'}_mma_d32"
+        g = emu.run(call)
+        assert g.dtype == t and g.shape == q.shape
+        assert_attention_contract(g, q, k, v, causal, dtype)
+    if qscale > 2:
+        s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) / np.sqrt(hd)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        assert (p < PEAKY).mean() > 0.5, (p < PEAKY).mean()        # many probabilities under 2^-14
+        assert ((p > 0.05) & (p < 1)).any()                          # and some others besides each row's max
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_tensor_core_attention_no_keys(emu, dtype):
     t = HALF[dtype]

@@ -8,6 +8,8 @@ import pytest
 
 import gpu_emulator
 from forced_split import force_split
+from half_formats import TYPE_IDS, TYPES
+from planted_ties import exact_query, expected_head, plant
 from hipsched import Executor, HybridConfig
 from hipsched.backends.gpu import GpuBackend
 from hipsched.executor import _further_gpus
@@ -46,18 +48,38 @@ def _assert_merged(ex, got, answers, q, T, k):
     np.testing.assert_allclose(got[1], ws, rtol=1e-5, atol=1e-6)
 
 
+def _planted(rng, n, d, m, rows, dtype=np.float32):
+    """A corpus (n, d) and m exact queries, each with the rows `rows[i]` = (best, second) planted
+    (tests/support/planted_ties.py): ties that head the top k, to be ordered by ascending index."""
+    T = rng.standard_normal((n, d), dtype=np.float32)
+    q = np.stack([exact_query(rng, d) for _ in range(m)])
+    for qi, (best, second) in zip(q, rows):
+        plant(rng, T, qi, best, second)
+    return q.astype(dtype), T.astype(dtype)
+
+
+def _assert_ties_first(idx, rows):
+    for got, (best, second) in zip(idx, rows):
+        want = expected_head(best, second)
+        assert list(got[:len(want)]) == want, (got[:len(want)], want)
+
+
+# One device: the CPU's rows end at 250 (GPU share 0.25) or 133 (0.6); every tie group has a row on each side
+TIES_1 = (((0, 166, 332), (1, 331)), ((2, 250, 330), (100, 300)))
+
+
 @pytest.mark.parametrize("share", [0.25, 0.6])
 def test_split_is_the_merge_of_each_sides_own_answer(rt, tmp_path, share):
     rng = np.random.default_rng(11)
-    T = rng.standard_normal((333, 40), dtype=np.float32)
-    T[200] = T[17]                                # a tie across the cut: the lower index first
-    q = rng.standard_normal((2, 40), dtype=np.float32)
+    q, T = _planted(rng, 333, 40, 2, TIES_1)     # ties inside the top 9, across the cut: the lower index first
     x = rng.standard_normal((129, 64), dtype=np.float32)
     with _executor(rt, tmp_path, share) as ex:
         idx, sc = ex.top_k(q, T, 9)
         ev = ex.events[-1]
         assert ev["backend"] == "split" and ev["split"]["parts"][1]["backend"] == "gpu", ev
         cut = ev["split"]["parts"][0]["rows"][1]
+        assert cut == round((1 - share) * len(T))      # where the plan cut
+        _assert_ties_first(idx, TIES_1)
         _assert_merged(ex, (idx, sc), [((0, cut), ex.top_k(q, T[:cut], 9, backend="cpu")),
                                        ((cut, len(T)), ex.top_k(q, T[cut:], 9, backend="gpu"))], q, T, 9)
 
@@ -73,18 +95,72 @@ def test_split_is_the_merge_of_each_sides_own_answer(rt, tmp_path, share):
         assert ex.stats().split_operations == 3
 
 
+def _each_op(rng, dtype):
+    """(op, args, kwargs) of the split ops with float inputs, small, in `dtype`."""
+    t = TYPES[dtype]
+    f = lambda *s: rng.standard_normal(s, dtype=np.float32).astype(t)  # noqa: E731
+    return [("top_k", (f(24), f(250, 24), 7), {}), ("cosine_similarity", (f(2, 24), f(130, 24)), {}),
+            ("add", (f(70, 33), f(33)), {}), ("add", (f(1000), f(1000)), {}), ("scale", (f(90, 17), -1.5), {}),
+            ("softmax", (f(65, 40),), {"axis": -1}), ("rms_norm", (f(66, 48), f(48)), {"eps": 1e-5})]
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        return all(_same(x, y) for x, y in zip(a, b))
+    return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+
+
 def test_a_failing_gpu_part_reruns_on_the_cpu_exactly(rt, tmp_path):
+    """Every split op: the GPU part's launch fails, its rows rerun on the CPU, and the call is exactly
+    the CPU's whole answer (every row computed there)."""
     rng = np.random.default_rng(12)
-    T = rng.standard_normal((250, 24), dtype=np.float32)
-    q = rng.standard_normal(24, dtype=np.float32)
     with _executor(rt, tmp_path, 0.5, fault="launch=1.0,seed=3") as ex:
-        idx, sc = ex.top_k(q, T, 7)
+        for op, args, kwargs in _each_op(rng, "float32"):
+            got = getattr(ex, op)(*args, **kwargs)
+            ev = ex.events[-1]
+            assert ev["backend"] == "split" and ev["fallback"]["backend"] == "gpu", (op, ev)
+            assert [p["backend"] for p in ev["split"]["parts"]] == ["cpu", "cpu"], op
+            assert _same(got, getattr(ex, op)(*args, **kwargs, backend="cpu")), op
+
+
+@pytest.mark.parametrize("dtype", TYPES, ids=TYPE_IDS)
+def test_each_split_ops_rows_are_what_each_side_computes_alone(rt, tmp_path, dtype):
+    """add, scale, softmax, rms_norm and cosine_similarity in every float type, cut at 0.4: the CPU's rows
+    are the CPU's answer for them and the GPU's rows the GPU kernels' (the emulator's, not the CPU
+    kernels a fake GPU would run); the GPU's rows of a top_k are the merge of the sides' answers."""
+    rng = np.random.default_rng(15)
+    with _executor(rt, tmp_path, 0.4) as ex:
+        for op, args, kwargs in _each_op(rng, dtype):
+            got = getattr(ex, op)(*args, **kwargs)
+            ev = ex.events[-1]
+            assert ev["backend"] == "split" and [p["backend"] for p in ev["split"]["parts"]] == ["cpu", "gpu"], ev
+            assert ev["dtype"] == dtype
+            call = OPS[op].prepare(*args, **kwargs)
+            part = OPS[op].partition(call)
+            cut = ev["split"]["parts"][0]["rows"][1]
+            assert cut == round(0.6 * part.rows), (op, cut, part.rows)
+            if op == "top_k":
+                continue    # the merge: test_half_top_k_split_orders_ties_across_the_cut
+            bounds = [(0, cut), (cut, part.rows)]
+            sides = [backend.run(call.part(part.args(lo, hi), (hi - lo) / part.rows))
+                     for (lo, hi), backend in zip(bounds, (ex._cpu, ex._gpu))]
+            assert _same(got, part.merge(sides, bounds)), op
+            assert got.dtype == sides[0].dtype == sides[1].dtype
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"], ids=["half-float16", "half-bfloat16"])
+def test_half_top_k_split_orders_ties_across_the_cut(rt, tmp_path, dtype):
+    rng = np.random.default_rng(16)
+    q, T = _planted(rng, 333, 40, 2, TIES_1, TYPES[dtype])
+    with _executor(rt, tmp_path, 0.6) as ex:
+        idx, sc = ex.top_k(q, T, 9)
         ev = ex.events[-1]
-        assert ev["backend"] == "split" and ev["fallback"]["backend"] == "gpu"
-        assert [p["backend"] for p in ev["split"]["parts"]] == ["cpu", "cpu"]
-        wi, ws = ex.top_k(q, T, 7, backend="cpu")
-        np.testing.assert_array_equal(idx, wi)
-        np.testing.assert_array_equal(sc, ws)     # every row on the CPU: exactly its whole answer
+        assert ev["backend"] == "split" and ev["dtype"] == dtype and ev["split"]["parts"][1]["backend"] == "gpu"
+        cut = ev["split"]["parts"][0]["rows"][1]
+        _assert_merged(ex, (idx, sc), [((0, cut), ex.top_k(q, T[:cut], 9, backend="cpu")),
+                                       ((cut, len(T)), ex.top_k(q, T[cut:], 9, backend="gpu"))], q, T, 9)
+        _assert_ties_first(idx, TIES_1)
+        assert (sc[:, :3] == 1).all() and (sc[:, 3:5] == 0.75).all()    # exact on both sides
 
 
 @pytest.mark.parametrize("kept_by", ["read-only", "resident handle"])
@@ -178,12 +254,15 @@ def test_the_config_picks_the_devices(rt2, tmp_path):
         first.close()
 
 
+# Two devices: cuts at 160 and 281 (shares 0.3, 0.3) or 160 and 361 (0.5, 0.1); each query's copies
+# fall one in each of the three parts
+TIES_2 = (((0, 200, 400), (1, 399)), ((5, 170, 380), (6, 390)), ((10, 290, 370), (11, 360)))
+
+
 @pytest.mark.parametrize("shares", [(0.3, 0.3), (0.5, 0.1)])
 def test_a_call_split_across_the_cpu_and_two_devices_is_each_sides_own_answer(rt2, tmp_path, shares):
     rng = np.random.default_rng(21)
-    T = rng.standard_normal((401, 40), dtype=np.float32)
-    T[390] = T[3]                                  # a tie across two cuts: the lower index first
-    q = rng.standard_normal((3, 40), dtype=np.float32)
+    q, T = _planted(rng, 401, 40, 3, TIES_2)     # ties inside the top 8, across two cuts: the lower index first
     x = rng.standard_normal((150, 48), dtype=np.float32)
     with _two_device_executor(rt2, tmp_path, shares) as ex:
         assert [d["index"] for d in ex.gpu_devices] == [0, 1] and ex.capabilities().gpu_devices == (0, 1)
@@ -193,6 +272,8 @@ def test_a_call_split_across_the_cpu_and_two_devices_is_each_sides_own_answer(rt
         parts = ev["split"]["parts"]
         assert [p["backend"] for p in parts] == ["cpu", "gpu:0", "gpu:1"]
         (a, b), (_, c) = parts[1]["rows"], parts[2]["rows"]
+        assert (a, b) == (round((1 - sum(shares)) * len(T)), round((1 - shares[1]) * len(T)))   # the plan's cuts
+        _assert_ties_first(idx, TIES_2)
         _assert_merged(ex, (idx, sc), [
             ((0, a), ex.top_k(q, T[:a], 8, backend="cpu")), ((a, b), ex.top_k(q, T[a:b], 8, backend="gpu")),
             # the second device's rows: its own backend, called directly, is what it computes alone
@@ -222,6 +303,16 @@ def test_a_failing_second_device_reruns_its_rows_on_the_cpu_and_its_health_says_
         second = ex._fast.splitter.others[0]
         assert second.core.health("top_k")["failures"] == 1          # that device's, not the executor's GPU
         assert ex.gpu_health("top_k")["failures"] == 0
+        # another op: the failed device's rows are the CPU's answer for them, the first device's its own
+        x = rng.standard_normal((90, 40), dtype=np.float32)
+        y = ex.softmax(x)
+        parts = ex.events[-1]["split"]["parts"]
+        assert [p["backend"] for p in parts] == ["cpu", "gpu:0", "cpu"]
+        (a, b), (_, c) = parts[1]["rows"], parts[2]["rows"]
+        np.testing.assert_array_equal(y[:a], ex.softmax(x[:a], backend="cpu"))
+        np.testing.assert_array_equal(y[a:b], ex.softmax(x[a:b], backend="gpu"))
+        np.testing.assert_array_equal(y[b:c], ex.softmax(x[b:c], backend="cpu"))
+        assert second.core.health("softmax")["failures"] == 1
 
 
 def test_a_further_devices_model_is_saved_and_loaded_in_a_file_of_its_own(rt2, tmp_path):

@@ -157,3 +157,41 @@ def test_emulated_ldmatrix_x4_against_the_isa(warp_matrix, trans):
                 mat = mat.T
             r, c = lane // 4, 2 * (lane % 4)
             assert got[lane, i] == int(mat[r, c]) | (int(mat[r, c + 1]) << 16), (lane, i)
+
+
+def _subnormal_operands(t):
+    """A, B, C whose first 8 columns of A B + C are subnormal inputs' products alone: A's column 0 holds
+    subnormals of the 16-bit type t (its least normal is 2^-14 for float16, 2^-126 for bfloat16) and B's
+    row 0 ones there, C's row 1 a float32 subnormal; columns 8-15 are 2 (A's column 1 times B's row 1)."""
+    tiny = 2.0 ** (-21 if t == HALF["float16"] else -131)   # 16 tiny: still below the least normal
+    A = np.zeros((16, 16), np.float64)
+    A[:, 1] = 1
+    A[:, 0] = tiny * np.arange(1, 17)                # every one a subnormal of t, exact
+    B = np.zeros((16, 16), np.float64)
+    B[0, :8] = 1
+    B[1, 8:] = 2
+    C = np.zeros((16, 16), np.float32)
+    C[1, :8] = np.float32(2.0 ** -140)                # a float32 subnormal
+    return A.astype(t), B.astype(t), C
+
+
+@pytest.mark.parametrize("name,kernel", [("float16", "t_mfma_f16"), ("bfloat16", "t_mfma_bf16")],
+                         ids=["float16", "bfloat16"])
+def test_emulated_mfma_flushes_subnormals_as_mi200_does(wave_matrix, name, kernel):
+    """gfx90a's MFMA reads subnormal 16-bit inputs and float32 C as zeros and writes no subnormal: the
+    columns made of them are zeros, the others 2."""
+    A, B, C = _subnormal_operands(HALF[name])
+    got = wave_matrix(kernel, (A.view(np.uint16), B.view(np.uint16), C), (16, 16), np.float32)
+    np.testing.assert_array_equal(got[:, :8], 0)
+    np.testing.assert_array_equal(got[:, 8:], 2)
+
+
+@pytest.mark.parametrize("name,kernel", [("float16", "t_mma_f16"), ("bfloat16", "t_mma_bf16")],
+                         ids=["float16", "bfloat16"])
+def test_emulated_mma_keeps_subnormals(warp_matrix, name, kernel):
+    """mma.sync keeps subnormal inputs (the PTX ISA): the same operands give A B + C exactly."""
+    A, B, C = _subnormal_operands(HALF[name])
+    got = warp_matrix(kernel, (A.view(np.uint16), B[:, :8].view(np.uint16), C[:, :8]), (16, 8), np.float32)
+    ref = (A.astype(np.float64) @ B[:, :8].astype(np.float64) + C[:, :8]).astype(np.float32)
+    assert (ref != 0).all()
+    np.testing.assert_array_equal(got, ref)
