@@ -265,13 +265,14 @@ def test_demo_exits_nonzero_when_a_self_check_fails(tmp_path, monkeypatch, capsy
 
 # ---------------------------------------------------------------- the demo on the simulated H100
 @pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.95, 0.03), ("cold", 0.85, 0.12)])
-def test_demo_oracle_on_the_simulated_h100(tmp_path, start, floor, regret):
+def test_demo_oracle_on_the_simulated_h100(tmp_path, monkeypatch, start, floor, regret):
     """The quick demo through the simulated H100 machine, judged by `demo --oracle`. The floor is below
     what bench/routing.py measured (docs/design/history.md), and the time is virtual, so it does not
     depend on this machine's load."""
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                    "bench"))
+    # bench/ on the path for this test only: left there, its distributed.py shadowed the `distributed`
+    # package in the Dask workers a later test spawns (they inherit sys.path), which then failed to start
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                             "bench"))
     import routing
     res, rc, text = routing.one_run(start, True, 0, True)
     assert rc == 0, text
