@@ -444,24 +444,62 @@ def test_inputs_dropped_while_replayed_work_is_queued_are_freed_after_it(async_r
     assert emu_c_driver.take_errors(rt) == []
 
 
+def test_a_foreign_input_dropped_on_a_non_blocking_stream_is_held_until_its_work_has_run(async_rt, kernel_dir,
+                                                                                        tmp_path, monkeypatch):
+    """A foreign input (a torch/CuPy-style tensor, consumed through DLPack) beside a hipsched array, on a
+    non-blocking stream that is busy (a stall): the result is hipsched's own (the first input's), so
+    handing it back orders nothing, and the caller drops the foreign tensor at once. Its memory is freed
+    on the legacy stream, which does not wait for a non-blocking one: only the compiled path's hold (an
+    event on the call's stream) keeps it until the kernel has read it; memcheck sees the read otherwise."""
+    rt, lib = async_rt
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(12)
+    s = rt.stream_create()   # non-blocking, as the bindings make them
+    with ex:
+        results = []
+        for _ in range(3):   # recorded, then replayed twice
+            a, b = rng.standard_normal((2, 256), dtype=np.float32)
+            x, t = dev(rt, a), lib.tensor(b)
+            rt.stall(s, 0.1)
+            out = ex.add(x, t, backend="gpu", stream=s)
+            assert type(out) is DeviceArray and out.stream == s
+            del t   # the only reference: its memory goes back now, while the kernel waits behind the stall
+            gc.collect()
+            results.append((a, b, x, out))
+        assert glue["_run"] == 1 and ex._fast.plan_count == 1, "the later calls were not replayed"
+        for a, b, x, out in results:
+            np.testing.assert_array_equal(out.get(), a + b)
+        del results, x, out
+        rt.synchronize()
+    gpu.close()
+    gc.collect()
+    assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
+
+
 def test_an_input_made_on_another_stream_is_read_after_its_producer(async_rt, kernel_dir, tmp_path, monkeypatch):
     """A replayed call on the null stream whose input a replayed call on another stream is still
     writing (behind a stall there): the replay orders its stream after the producer's (an event), so
-    it reads the finished values, not the never-written (NaN) memory."""
+    it reads the finished values, not the never-written (NaN) memory. The producer's own inputs stay
+    alive: were they dropped, their stream-ordered frees would order the null stream after the
+    producer's work anyway, and a replay that skipped the wait would still pass."""
     rt, _ = async_rt
     gpu, ex = make_executor(rt, kernel_dir, tmp_path)
     glue = count_calls(monkeypatch, gpu, ["_run"])
     rng = np.random.default_rng(7)
     s = rt.stream_create()
     with ex:
+        kept = []
         for _ in range(3):   # recorded, then replayed twice
             a, b = rng.standard_normal((2, 256), dtype=np.float32)
+            x, y = dev(rt, a), dev(rt, b)
+            kept += [x, y]
             rt.stall(s, 0.1)
-            h = ex.add(dev(rt, a), dev(rt, b), backend="gpu", stream=s)
+            h = ex.add(x, y, backend="gpu", stream=s)
             out = ex.scale(h, 2.0, backend="gpu")
             np.testing.assert_array_equal(out.get(), (a + b) * np.float32(2.0))
         assert glue["_run"] == 2 and ex._fast.plan_count == 2
-        del h, out
+        del h, out, x, y, kept
         rt.synchronize()
     gpu.close()
     gc.collect()

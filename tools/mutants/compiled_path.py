@@ -1,0 +1,26 @@
+"""The compiled GPU call path (hipsched/gpu/launch/_callpath.pyx, gpu/bindings/_driver.pyx, _dispatch.pyx):
+lifetimes of foreign inputs, cross-stream ordering, a closed backend, devices other than the first."""
+from mutants.mutant import Mutant
+
+CALLPATH = "hipsched/gpu/launch/_callpath.pyx"
+TESTS = "tests/gpu/emulator/test_compiled_call_path.py"
+
+MUTANTS = [
+    Mutant(
+        name="callpath-no-foreign-hold",
+        why="issue 30 item 2: foreign inputs (a consumed DLPack tensor, a DeviceArray over foreign memory) "
+            "let go when the call returns, not when their work has run",
+        path=CALLPATH,
+        find="        self._reap(False)\n        if foreign is None:\n            return\n",
+        replace="        self._reap(False)\n        return\n",
+        kill=(f"{TESTS}::test_a_foreign_input_dropped_on_a_non_blocking_stream_is_held_until_its_work_has_run",),
+    ),
+    Mutant(
+        name="callpath-no-producer-wait",
+        why="issue 30 item 3: a replay does not order its stream after the stream that produced an input",
+        path=CALLPATH,
+        find="if ins.producer[i] >= 0 and <size_t>ins.producer[i] != stream:",
+        replace="if False:",
+        kill=(f"{TESTS}::test_an_input_made_on_another_stream_is_read_after_its_producer",),
+    ),
+]
