@@ -24,3 +24,12 @@ MUTANTS = [
         kill=(f"{TESTS}::test_an_input_made_on_another_stream_is_read_after_its_producer",),
     ),
 ]
+MUTANTS.append(Mutant(
+    name="callpath-replays-after-close",
+    why="issue 30 item 5: the dispatcher replays through a closed GPU backend's compiled path (the old test "
+        "called with host arrays, whose key no plan has, so no replay could happen)",
+    path="hipsched/_dispatch.pyx",
+    find="if gp is not None and gp.enabled:",
+    replace="if gp is not None:",
+    kill=("tests/gpu/runtime/test_call_path_cost.py::test_a_closed_backend_replays_nothing",),
+))
