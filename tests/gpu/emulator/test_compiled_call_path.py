@@ -36,6 +36,7 @@ import gpu_emulator
 from call_counts import count_calls
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
+from hipsched.errors import GpuError
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 from hipsched.ops import OPS
 
@@ -660,5 +661,193 @@ def test_a_failed_replayed_launch_falls_back_to_the_cpu(rt, kernel_dir, tmp_path
         out = ex.scale(x, 2.0, backend="gpu")
         assert ex.events[-1]["backend"] == "gpu" and ex.events[-1]["fallback"] is None and glue["_run"] == 1
         np.testing.assert_array_equal(out.get(), a * np.float32(2.0))
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def _fallback_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if "failed on the GPU" in r.getMessage()]
+
+
+@pytest.mark.parametrize("stream", [-1, object()], ids=["negative-handle", "not-a-stream"])
+def test_a_bad_stream_is_refused_before_anything_runs(rt, kernel_dir, tmp_path, monkeypatch, caplog, stream):
+    """A stream argument that is no stream handle at all is the caller's error: a GpuError that says so,
+    raised before the driver is asked anything, with fallback allowed too (no CPU rerun, no event)."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    x = dev(rt, np.arange(64, dtype=np.float32))
+    with ex:
+        ex.add(x, x, backend="gpu")
+        ex.add(x, x, backend="gpu")
+        assert ex._fast.plan_count == 1
+        calls, events = dict(emu_c_driver.calls(rt)), len(ex.events)
+        with caplog.at_level("WARNING", logger="hipsched"):
+            with pytest.raises(GpuError, match="stream") as e:
+                ex.add(x, x, backend="gpu", stream=stream)
+        assert e.value.kind == "unsupported"
+        assert dict(emu_c_driver.calls(rt)) == calls and len(ex.events) == events
+        assert _fallback_warnings(caplog) == []
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_a_destroyed_stream_reruns_on_the_cpu_with_the_same_result(rt, kernel_dir, tmp_path, monkeypatch, caplog):
+    """A replay on a stream the caller destroyed: the driver refuses the handle (INVALID_HANDLE), which
+    says nothing of the device's state, so the call reruns on the CPU and gives the CPU's result, and
+    the warning says it did; with fallback off the driver's error reaches the caller."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal(256, dtype=np.float32)
+    x = dev(rt, a)
+    s = rt.stream_create()
+    with ex:
+        ex.scale(x, 3.0, backend="gpu", stream=s)
+        np.testing.assert_array_equal(ex.scale(x, 3.0, backend="gpu", stream=s).get(), a * np.float32(3.0))
+        assert ex._fast.plan_count == 1 and ex.events[-1]["fallback"] is None
+        rt.synchronize()
+        rt.stream_destroy(s)
+        live = set(rt.live)
+        with caplog.at_level("WARNING", logger="hipsched"):
+            out = ex.scale(x, 3.0, backend="gpu", stream=s)
+        ev = ex.events[-1]
+        assert (ev["backend"], ev["reason"]) == ("cpu", "cpu_fallback")
+        assert "CUDA_ERROR_INVALID_HANDLE" in ev["fallback"]["error"]
+        assert isinstance(out, DeviceArray)
+        assert_same_bits(out.get(), ex.scale(a, 3.0, backend="cpu"))
+        warned = _fallback_warnings(caplog)
+        assert len(warned) == 1 and "reran it on the CPU" in warned[0], warned
+        del out
+        gc.collect()
+        assert set(rt.live) <= live
+    gpu.close()
+    _, strict = make_executor(rt, kernel_dir, tmp_path, allow_fallback=False)
+    with strict:
+        strict.scale(x, 3.0, backend="gpu")
+        strict.scale(x, 3.0, backend="gpu")
+        with pytest.raises(GpuError, match="CUDA_ERROR_INVALID_HANDLE"):
+            strict.scale(x, 3.0, backend="gpu", stream=s)
+    assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
+
+
+def test_a_failure_that_takes_the_device_raises_without_announcing_a_rerun(rt, kernel_dir, tmp_path, caplog):
+    """Work queued on a destroyed stream through the emulator's own (Python) calls is a memcheck finding,
+    which fails every later call as a sticky device fault does (an illegal address kills a CUDA context):
+    the device inputs cannot be read back for a CPU rerun. The caller gets one GpuError that says both,
+    and no warning claims a rerun that did not happen."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    a = np.arange(96, dtype=np.float32)
+    x = dev(rt, a)
+    s = rt.stream_create()
+    rt.stream_destroy(s)
+    try:
+        with ex, caplog.at_level("WARNING", logger="hipsched"):
+            with pytest.raises(GpuError, match="could not be rerun on the CPU") as e:
+                ex.softmax(x, backend="gpu", stream=s)   # no plan for it: the glue, through the emulator
+            assert e.value.kind == "lost" and "after stream_destroy" in str(e.value)
+            assert _fallback_warnings(caplog) == []
+    finally:
+        found = rt.take_memcheck_errors()   # the finding the test provoked, and the sticky error with it
+        gpu.close()
+    assert found and all("after stream_destroy" in f for f in found), found
+    assert emu_c_driver.take_errors(rt) == []
+
+
+@pytest.mark.parametrize("after", [0, 2], ids=["first-output", "scratch"])
+def test_out_of_memory_on_replay_reruns_on_the_cpu_and_leaks_nothing(rt, kernel_dir, tmp_path, monkeypatch, after):
+    """top_k's plan allocates two outputs and its scratch from the pool: an out-of-memory answer at the
+    first allocation or at the scratch (the outputs already made) reruns the call on the CPU with the
+    CPU's answer, lets go of what the replay had allocated, and the next call replays again."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(14)
+    q, T = rng.standard_normal(16, dtype=np.float32), rng.standard_normal((300, 16), dtype=np.float32)
+    dq, dT = dev(rt, q), dev(rt, T)
+    want_idx, want_scores = ex.top_k(q, T, 5, backend="cpu")
+    with ex:
+        ex.top_k(dq, dT, 5, backend="gpu")
+        assert ex._fast.plan_count == 1
+        live = set(rt.live)
+        emu_c_driver.fail_next(rt, "malloc_async", code=2, after=after)   # CUDA_ERROR_OUT_OF_MEMORY
+        idx, scores = ex.top_k(dq, dT, 5, backend="gpu")
+        ev = ex.events[-1]
+        assert (ev["backend"], ev["reason"]) == ("cpu", "cpu_fallback")
+        assert "CUDA_ERROR_OUT_OF_MEMORY" in ev["fallback"]["error"]
+        assert glue["_run"] == 1   # the replay failed; the glue was not tried
+        np.testing.assert_array_equal(idx.get(), want_idx)
+        np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+        del idx, scores
+        gc.collect()
+        assert set(rt.live) <= live, "the failed replay left device memory allocated"
+        idx, scores = ex.top_k(dq, dT, 5, backend="gpu")
+        assert ex.events[-1]["backend"] == "gpu" and glue["_run"] == 1
+        np.testing.assert_array_equal(idx.get(), want_idx)
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []
+
+
+@pytest.mark.parametrize("host_result", [False, True], ids=["device-result", "host-result"])
+def test_a_failed_staged_upload_reruns_on_the_cpu(rt, kernel_dir, tmp_path, monkeypatch, host_result):
+    """Small host arrays are staged up in one copy: that copy failing reruns the call on the CPU (with
+    the caller's arrays, whatever the staging buffer held), and the next call's staging gives its own
+    values, not the failed call's."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(15)
+    b = rng.standard_normal(64, dtype=np.float32)
+    other = b if host_result else dev(rt, b)   # all-host inputs: the result comes back down too
+    with ex:
+        ex.add(rng.standard_normal(64, dtype=np.float32), other, backend="gpu")
+        assert ex._fast.plan_count == 1
+        a = rng.standard_normal(64, dtype=np.float32)
+        emu_c_driver.fail_next(rt, "memcpy_htod", code=1)
+        htod = emu_c_driver.calls(rt)["memcpy_htod"]
+        out = ex.add(a, other, backend="gpu")
+        assert emu_c_driver.calls(rt)["memcpy_htod"] == htod + 1   # the replay's staged upload was tried
+        ev = ex.events[-1]
+        assert (ev["backend"], ev["reason"]) == ("cpu", "cpu_fallback") and "INVALID_VALUE" in ev["fallback"]["error"]
+        assert isinstance(out, np.ndarray if host_result else DeviceArray)
+        np.testing.assert_array_equal(to_host(out), a + b)
+        a2 = rng.standard_normal(64, dtype=np.float32)
+        out = ex.add(a2, other, backend="gpu")
+        assert ex.events[-1]["backend"] == "gpu" and glue["_run"] == 1
+        np.testing.assert_array_equal(to_host(out), a2 + b)
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_a_failure_midway_through_a_multi_launch_plan(rt, kernel_dir, tmp_path, monkeypatch):
+    """top_k's plan is several launches writing scratch the next ones read: the second launch fails
+    after the first ran. The call reruns on the CPU with the CPU's answer, the outputs and scratch the
+    replay allocated are let go, and the next replay, from the first launch on, gives the right answer
+    (no state of the broken run survives in the plan)."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(16)
+    q, T = rng.standard_normal((2, 16), dtype=np.float32), rng.standard_normal((300, 16), dtype=np.float32)
+    dq, dT = dev(rt, q), dev(rt, T)
+    want_idx, want_scores = ex.top_k(q, T, 4, backend="cpu")
+    with ex:
+        ex.top_k(dq, dT, 4, backend="gpu")
+        launches = emu_c_driver.calls(rt)["launch"]
+        ex.top_k(dq, dT, 4, backend="gpu")   # a replay: how many launches its plan has
+        assert ex._fast.plan_count == 1 and emu_c_driver.calls(rt)["launch"] - launches >= 2
+        rt.synchronize()
+        gc.collect()
+        live = set(rt.live)
+        launches = emu_c_driver.calls(rt)["launch"]
+        emu_c_driver.fail_next(rt, "launch", code=701, after=1)   # the second: LAUNCH_OUT_OF_RESOURCES
+        idx, scores = ex.top_k(dq, dT, 4, backend="gpu")
+        assert emu_c_driver.calls(rt)["launch"] == launches + 2   # one ran, one failed, none after it
+        ev = ex.events[-1]
+        assert (ev["backend"], ev["reason"]) == ("cpu", "cpu_fallback")
+        assert "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" in ev["fallback"]["error"]
+        np.testing.assert_array_equal(idx.get(), want_idx)
+        np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+        del idx, scores
+        gc.collect()
+        assert set(rt.live) <= live, "the failed replay left device memory allocated"
+        idx, scores = ex.top_k(dq, dT, 4, backend="gpu")
+        assert ex.events[-1]["backend"] == "gpu" and ex.events[-1]["fallback"] is None and glue["_run"] == 1
+        np.testing.assert_array_equal(idx.get(), want_idx)
+        np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
     gpu.close()
     assert emu_c_driver.take_errors(rt) == []
