@@ -33,3 +33,23 @@ MUTANTS.append(Mutant(
     replace="if gp is not None:",
     kill=("tests/gpu/runtime/test_call_path_cost.py::test_a_closed_backend_replays_nothing",),
 ))
+MUTANTS += [
+    Mutant(
+        name="driver-copied-to-device-view",
+        why="issue 30 item 6: Runtime.for_device's view keeps the compiled path's Driver of the device it "
+            "was made from (the defect this found: device 1's replays ran in device 0's context)",
+        path="hipsched/gpu/bindings/runtime.py",
+        find='        view.__dict__.pop("_c_driver", None)\n',
+        replace="",
+        kill=(f"{TESTS}::test_the_compiled_path_replays_on_the_second_device",),
+    ),
+    Mutant(
+        name="driver-hip-never-sets-device",
+        why="issue 30 item 6: on HIP the Driver trusts whatever device is current (the double always "
+            "reported CUDA, so the HIP branch never ran)",
+        path="hipsched/gpu/bindings/_driver.pyx",
+        find="        if status != 0 or dev != self.device:\n            return self.set_device(self.device)\n",
+        replace="",
+        kill=(f"{TESTS}::test_the_compiled_path_replays_on_the_second_device",),
+    ),
+]

@@ -152,6 +152,21 @@ def matrix():
     return params
 
 
+def rotated_subset():
+    """One case per op with a GPU side: its dtypes and forms taken in turn across the ops, so every
+    dtype and form kind appears somewhere (the whole matrix once more, at warp 64 on a second device,
+    would double this module's two minutes on CI's two cores)."""
+    params, i = [], 0
+    for op, spec in OPS.items():
+        case = CASES.get(op)
+        if spec.gpu is None or case is None:
+            continue
+        dtype, form = spec.gpu_dtypes[i % len(spec.gpu_dtypes)], case.forms[i % len(case.forms)]
+        params.append(pytest.param(op, dtype, form, id=f"{op}-{dtype.replace('/', '-')}-{form}"))
+        i += 1
+    return params
+
+
 def test_which_ops_replay_is_stated_for_every_op():
     assert REPLAYED | set(NOT_REPLAYED) == GPU_OPS and not REPLAYED & set(NOT_REPLAYED), (
         f"state whether each op with a GPU side replays: unlisted {sorted(GPU_OPS - REPLAYED - set(NOT_REPLAYED))}")
@@ -159,6 +174,12 @@ def test_which_ops_replay_is_stated_for_every_op():
 
 @pytest.mark.parametrize("op,dtype,form", matrix())
 def test_second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype, form):
+    second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype, form)
+
+
+def second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype, form):
+    """The matrix case `op, dtype, form` on `executor`'s GPU (its device arrays made on `rt`, that
+    device's runtime): see the module's docstring."""
     case = CASES.get(op)
     if case is None:
         pytest.fail(f"{op} has a GPU side but test_executor_op_matrix.CASES has no builder for it")
@@ -851,3 +872,103 @@ def test_a_failure_midway_through_a_multi_launch_plan(rt, kernel_dir, tmp_path, 
         np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
     gpu.close()
     assert emu_c_driver.take_errors(rt) == []
+
+
+# ------------------------------------------------------------------------------ a second device, HIP
+
+@pytest.fixture(scope="module", params=[("cuda", 32), ("hip", 64)], ids=["cuda-warp32", "hip-warp64"])
+def rt2(request):
+    """Two emulated devices behind the C driver double, CUDA's table at warp 32 or HIP's (hipSetDevice,
+    _driver.pyx's HIP branch) at warp 64: it refuses a launch of one device's kernel, stream or memory
+    while the other is current."""
+    vendor, warp = request.param
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HIPSCHED_BLAS", "none")
+    runtime = gpu_emulator.EmuRuntime(warp, devices=2)
+    emu_c_driver.attach(runtime, vendor=vendor)
+    yield runtime, vendor
+    runtime.close()
+    mp.undo()
+
+
+def two_backends(runtime, kernel_dir):
+    first = GpuBackend({"kernel_cache_dir": str(kernel_dir)}, runtime=runtime)   # asks driver_for first
+    second = first.for_device(1)
+    assert first.available and second.available, (first.unavailable_reason, second.unavailable_reason)
+    assert first.callpath is not None and second.callpath is not None
+    return first, second
+
+
+def test_the_compiled_path_replays_on_the_second_device(rt2, kernel_dir, tmp_path, monkeypatch):
+    """An executor whose GPU is device 1 (its backend made from device 0's, which asked for the driver
+    first), beside one on device 0, calls interleaved on one thread: each replay makes its own device
+    current, allocates there and launches the kernels its own context loaded; the double refuses
+    anything else, and fallback is off, so a replay in the wrong context fails the test."""
+    runtime, vendor = rt2
+    first, second = two_backends(runtime, kernel_dir)
+    glue = count_calls(monkeypatch, second, ["_run"])
+    rt1 = second._ctx.rt
+    rng = np.random.default_rng(17)
+    a, b = rng.standard_normal((2, 4, 64), dtype=np.float32)
+    q, T = rng.standard_normal(16, dtype=np.float32), rng.standard_normal((300, 16), dtype=np.float32)
+    h = rng.standard_normal(64, dtype=np.float32)
+    x1, y1, q1, T1 = (to_device(v, runtime=rt1) for v in (a, b, q, T))
+    x0 = to_device(a, runtime=runtime)
+    assert x1.device[1] == 1 and runtime.device_of(x1.ptr) == 1 and runtime.device_of(x0.ptr) == 0
+    cpu = Executor(gpu_backend=None, persist_model=False, cache_dir=str(tmp_path))
+    want_idx, want_scores = cpu.top_k(q, T, 5)
+    ex1 = Executor(gpu_backend=second, persist_model=False, cache_dir=str(tmp_path), allow_fallback=False)
+    ex0 = Executor(gpu_backend=first, persist_model=False, cache_dir=str(tmp_path), allow_fallback=False)
+    with ex1, ex0:
+        for _ in range(3):   # recorded, then replayed twice
+            launches = emu_c_driver.calls(runtime)["launch"]
+            s = ex1.add(x1, y1, backend="gpu")
+            m = ex1.softmax(s, backend="gpu")
+            idx, scores = ex1.top_k(q1, T1, 5, backend="gpu")
+            staged = ex1.add(x1, h, backend="gpu")   # a host bias staged up beside a device-1 array
+            zero = ex0.add(x0, x0, backend="gpu")
+            for out in (s, m, idx, scores, staged):
+                assert out.device[1] == 1 and runtime.device_of(out.ptr) == 1, out.device
+            assert zero.device[1] == 0 and runtime.device_of(zero.ptr) == 0
+            assert_same_bits(s.get(), a + b)
+            np.testing.assert_allclose(m.get(), cpu.softmax(a + b), rtol=1e-6, atol=1e-7)
+            np.testing.assert_array_equal(idx.get(), want_idx)
+            np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+            assert_same_bits(staged.get(), a + h)
+            assert_same_bits(zero.get(), a + a)
+        assert ex1._fast.plan_count == 4 and glue["_run"] == 4, "device 1's calls were not replayed"
+        assert ex0._fast.plan_count == 1
+        assert emu_c_driver.calls(runtime)["launch"] > launches   # the last round's replays launched from C
+        assert all(e["backend"] == "gpu" and e["fallback"] is None for e in ex1.events), ex1.events
+    cpu.close()
+    first.close()
+    second.close()
+    assert emu_c_driver.take_errors(runtime) == [] and runtime.take_memcheck_errors() == []
+
+
+@pytest.mark.parametrize("op,dtype,form", rotated_subset())
+def test_second_call_replays_the_first_on_the_second_device(rt2, kernel_dir, tmp_path, launches2, monkeypatch,
+                                                            op, dtype, form):
+    """The op matrix's cases (one per op, dtypes and forms in turn) replayed on device 1, under CUDA's
+    table at warp 32 and HIP's at warp 64, checked as on device 0 above."""
+    runtime, _ = rt2
+    _, second = two_backends(runtime, kernel_dir)
+    ex = Executor(gpu_backend=second, persist_model=False, cache_dir=str(tmp_path), allow_fallback=False)
+    with ex:
+        second_call_replays_the_first((ex, second), second._ctx.rt, launches2, monkeypatch, op, dtype, form)
+    second.close()
+    assert emu_c_driver.take_errors(runtime) == []
+
+
+@pytest.fixture
+def launches2(rt2, monkeypatch):
+    """`launches` on the two-device runtime."""
+    runtime, _ = rt2
+    seen = []
+    real = runtime.launch
+
+    def launch(function, grid, block, args, shared_bytes=0, stream=0):
+        seen.append((int(function), tuple(grid), tuple(block), int(shared_bytes), int(stream or 0), tuple(args)))
+        return real(function, grid, block, args, shared_bytes, stream)
+    monkeypatch.setattr(runtime, "launch", launch)
+    return seen
