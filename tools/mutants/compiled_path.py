@@ -53,3 +53,12 @@ MUTANTS += [
         kill=(f"{TESTS}::test_the_compiled_path_replays_on_the_second_device",),
     ),
 ]
+MUTANTS.append(Mutant(
+    name="callpath-staged-results-misplaced",
+    why="issue 30 item 6: a replay with host results reads every result from the start of the staging "
+        "buffer (the op matrix's host forms never went through the compiled path)",
+    path=CALLPATH,
+    find="memcpy(cnp.PyArray_DATA(a), <char *>stage + <size_t>r[5], nbytes)",
+    replace="memcpy(cnp.PyArray_DATA(a), <char *>stage, nbytes)",
+    kill=("tests/gpu/emulator/test_executor_op_matrix.py::test_op_dtype_matrix[emulator-top_k-float32-vector-host]",),
+))
