@@ -11,11 +11,16 @@ gpu/launch/_callpath.pyx) through the same function pointers a real driver gives
 - replay keys: aliasing between inputs, shapes, alignment and scalar parameters each select a plan of
   their own;
 - lifetimes on the asynchronous emulator: inputs (hipsched's own, on any stream, and a foreign
-  library's) dropped while their kernels are queued are freed after them (its memcheck sees every use
-  of freed memory), and results stay valid;
+  library's, beside a hipsched array on a busy non-blocking stream) dropped while their kernels are
+  queued are freed after them (its memcheck sees every use of freed memory), a replay reads an input
+  after its producer's stream wrote it, and results stay valid;
 - threads sharing one Executor replay at once (in a child process: the failure is a crash);
-- a replayed launch that fails falls back to the CPU with the right answer and the failure in the
-  telemetry event, and leaks nothing.
+- failures: a bad stream is refused before the driver; a destroyed stream, out of memory, a failed
+  staged upload and a launch failing midway through a plan rerun on the CPU with the right answer and
+  the failure in the telemetry event, and leak nothing; a failure that takes the device raises one
+  clear error;
+- a second device and HIP: an executor on device 1 beside one on device 0, and one matrix case per op
+  on device 1, under the double's CUDA table at warp 32 and its HIP table at warp 64.
 The C launch entry reads each kernel parameter with the type the kernel's emulator build records
 (EmuRuntime.param_types), so a plan whose slots hold the wrong bytes gives wrong results here."""
 from __future__ import annotations
