@@ -62,3 +62,22 @@ MUTANTS.append(Mutant(
     replace="memcpy(cnp.PyArray_DATA(a), <char *>stage, nbytes)",
     kill=("tests/gpu/emulator/test_executor_op_matrix.py::test_op_dtype_matrix[emulator-top_k-float32-vector-host]",),
 ))
+MUTANTS += [
+    Mutant(
+        name="callpath-failed-launch-keeps-scratch",
+        why="issue 30 item 7: a replay whose launch fails midway through its plan never frees the scratch",
+        path=CALLPATH,
+        find="        if scratch != NULL:\n            drv.free_async(scratch, s)   # in stream order",
+        replace="        if scratch != NULL and status == 0:\n            drv.free_async(scratch, s)   # in stream order",
+        kill=(f"{TESTS}::test_a_failure_midway_through_a_multi_launch_plan",),
+    ),
+    Mutant(
+        name="fallback-rerun-failure-unexplained",
+        why="issue 30 item 7: a CPU rerun that cannot read the device inputs (the failure took the device) "
+            "raises its own unrelated error, as a destroyed stream did after 'rerunning on the CPU'",
+        path="hipsched/_dispatch.pyx",
+        find="            except GpuError as e:\n                # the rerun downloads the inputs",
+        replace="            except ZeroDivisionError as e:\n                # the rerun downloads the inputs",
+        kill=(f"{TESTS}::test_a_failure_that_takes_the_device_raises_without_announcing_a_rerun",),
+    ),
+]
