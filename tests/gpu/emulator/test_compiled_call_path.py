@@ -977,3 +977,56 @@ def launches2(rt2, monkeypatch):
         return real(function, grid, block, args, shared_bytes, stream)
     monkeypatch.setattr(runtime, "launch", launch)
     return seen
+
+
+def test_the_driver_double_refuses_what_a_driver_refuses(rt2, kernel_dir, tmp_path):
+    """The rules the second-device tests rely on, asked of the double's C table directly: with device 1
+    current, device 0's kernel, stream and memory are refused, as is a destroyed stream; a CUDA thread
+    with no context current is refused everything but the context calls; device 1's own are taken."""
+    import threading
+    runtime, vendor = rt2
+    first, second = two_backends(runtime, kernel_dir)
+    with Executor(gpu_backend=first, persist_model=False, cache_dir=str(tmp_path)) as ex0:
+        ex0.scale(to_device(np.ones(64, np.float32), runtime=runtime), 2.0, backend="gpu")   # loads device 0's kernel
+    table, got_vendor, context, device = second._ctx.rt.c_entry_points()
+    assert (got_vendor, device) == (vendor, 1)
+    fn = {name: emu_c_driver.SIGNATURES[name] if vendor == "cuda" else emu_c_driver.HIP_SIGNATURES[name]
+          for name in table}
+    call = {name: fn[name](address) for name, address in table.items()}
+    kernel0 = next(f for f, d in runtime._fn_device.items() if d == 0)
+    stream0, stream1 = runtime.stream_create(), second._ctx.rt.stream_create()
+    dead = second._ctx.rt.stream_create()
+    runtime.stream_destroy(dead)
+    mem0 = runtime.malloc(256)
+    out = ctypes.c_void_p()
+
+    def refusals():
+        got = {"launch device 0's kernel": call["launch"](kernel0, 1, 1, 1, runtime.warp, 1, 1, 0, None, None, None),
+               "alloc on device 0's stream": call["malloc_async"](ctypes.byref(out), 256, stream0),
+               "alloc on a destroyed stream": call["malloc_async"](ctypes.byref(out), 256, dead),
+               "free device 0's memory": call["free_async"](mem0, None)}
+        assert call["malloc_async"](ctypes.byref(out), 256, stream1) == 0 and runtime.device_of(out.value) == 1
+        assert call["free_async"](out, stream1) == 0
+        return got
+
+    status, made = [None], ctypes.c_void_p()
+
+    def no_context():   # a new thread: no CUDA context current, HIP's device 0
+        status[0] = call["malloc_async"](ctypes.byref(made), 256, None)
+    t = threading.Thread(target=no_context)
+    t.start()
+    t.join()
+    assert status[0] == (emu_c_driver.INVALID_CONTEXT if vendor == "cuda" else 0)
+    if made.value:
+        assert runtime.device_of(made.value) == 0
+        runtime.free(made.value)
+    assert call["set_current"](context if vendor == "cuda" else 1) == 0
+    assert refusals() == {"launch device 0's kernel": emu_c_driver.INVALID_HANDLE,
+                          "alloc on device 0's stream": emu_c_driver.INVALID_HANDLE,
+                          "alloc on a destroyed stream": emu_c_driver.INVALID_HANDLE,
+                          "free device 0's memory": emu_c_driver.INVALID_VALUE}
+    runtime.free(mem0)
+    first.close()
+    second.close()
+    runtime.synchronize()
+    assert runtime.take_memcheck_errors() == []
