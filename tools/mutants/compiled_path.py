@@ -68,7 +68,8 @@ MUTANTS += [
         why="issue 30 item 7: a replay whose launch fails midway through its plan never frees the scratch",
         path=CALLPATH,
         find="        if scratch != NULL:\n            drv.free_async(scratch, s)   # in stream order",
-        replace="        if scratch != NULL and status == 0:\n            drv.free_async(scratch, s)   # in stream order",
+        replace="        if scratch != NULL and status == 0:\n"
+                "            drv.free_async(scratch, s)   # in stream order",
         kill=(f"{TESTS}::test_a_failure_midway_through_a_multi_launch_plan",),
     ),
     Mutant(
