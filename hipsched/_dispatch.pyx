@@ -875,21 +875,30 @@ cdef class FastPath:
         named in the event's error as split events name it), None for the executor's GPU."""
         if not self.allow_fallback:  # no result, so no event; the op's GPU health saw the failure
             raise err
+        reason = R_CPU_FALLBACK
+        fallback = ("gpu", str(err) if where is None else f"{where}: {err}")
+        if call.on_device:
+            try:
+                out = self._run_cpu_device(call, slot, reason, pc, pg, stream, fallback)
+            except GpuError as e:
+                # the rerun downloads the inputs: a failure that took the device with it (a sticky fault:
+                # an illegal address, which is what a driver may make of a destroyed stream) leaves them
+                # unreadable. One error that says both, and no word of a rerun that did not happen
+                raise GpuError(err.kind, f"{call.op} failed on the GPU ({err.message}) and could not be rerun on "
+                                         f"the CPU: its device inputs could not be read back ({e})",
+                               name=err.name) from e
+        else:
+            t0 = _perf_ns()
+            out = self.cpu.run(call)
+            self._finish(call, slot, CPU, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, fallback)
         key = (call.op, err.kind)
-        if key not in self.warned:
+        if key not in self.warned:   # said once the rerun has given its result, never before
             with self.warn_lock:
                 first = key not in self.warned
                 self.warned.add(key)
             if first:  # logged outside the lock: a handler may run code that calls this executor
-                log.warning("hipsched: %s failed on the GPU (%s); rerunning on the CPU. Later %s failures "
+                log.warning("hipsched: %s failed on the GPU (%s); reran it on the CPU. Later %s failures "
                             "of this op fall back silently (see telemetry 'fallback').", call.op, err, err.kind)
-        reason = R_CPU_FALLBACK
-        fallback = ("gpu", str(err) if where is None else f"{where}: {err}")
-        if call.on_device:
-            return self._run_cpu_device(call, slot, reason, pc, pg, stream, fallback)
-        t0 = _perf_ns()
-        out = self.cpu.run(call)
-        self._finish(call, slot, CPU, reason, (_perf_ns() - t0) * 1e-3, pc, pg, stream, fallback)
         return out
 
     def learn_pending(self):

@@ -572,12 +572,34 @@ class EmuRuntime(Runtime):
         self._events: dict[int, _Op | None] = {}
         self.devices = int(devices)
         self._device = 0
+        # which device made each allocation, kernel and stream (shared by the for_device views): what a
+        # driver double that refuses another device's pointers, functions and streams reads (emu_c_driver)
+        self._owner: dict[int, int] = {}            # allocation base -> device
+        self._live_starts: list[int] = []           # live allocations' bases, sorted
+        self._fn_device: dict[int, int] = {}
+        self._stream_device: dict[int, int] = {}
 
     # `devices` devices of one kind: views from Runtime.for_device share this object's heap, streams,
     # quarantine and kernels, as devices in one process share a driver and a unified address space
     def device_count(self): return self.devices
     def set_device(self, index): self._device = int(index)
     def mem_info(self): return (1 << 31, 1 << 32)
+
+    def c_entry_points(self):
+        """The C driver double's table for this view's device (tests/support/emu_c_driver.py attaches
+        one), or None: the emulator alone offers no C entry points."""
+        st = self.__dict__.get("_emu_c")
+        return None if st is None else st.entry_points(self.current_device())
+
+    def device_of(self, ptr: int) -> int | None:
+        """The device whose allocation holds `ptr`, or None for memory no device made (host memory)."""
+        with self._lock:
+            i = bisect.bisect_right(self._live_starts, ptr) - 1
+            if i >= 0:
+                base = self._live_starts[i]
+                if ptr < base + self.live.get(base, 0):
+                    return self._owner.get(base)
+        return None
 
     def device_info(self, index):
         return DeviceInfo(int(index), f"cpu-emulated-warp{self.warp}", "gfx90a" if self.warp == 64 else "sm_90",
@@ -627,12 +649,17 @@ class EmuRuntime(Runtime):
         ctypes.memset(ptr, _POISON, n)
         with self._lock:
             self.live[ptr] = n
+            self._owner[ptr] = self._device
+            bisect.insort(self._live_starts, ptr)
         return ptr
 
     def _take_live(self, ptr: int, what: str) -> int:
         with self._lock:
             n = self.live.pop(ptr, None)
             known_freed = ptr in self._freed
+            if n is not None:
+                self._owner.pop(ptr, None)
+                del self._live_starts[bisect.bisect_left(self._live_starts, ptr)]
         if n is None:
             self._report(f"{what} of {'an already freed' if known_freed else 'an unknown'} pointer {ptr:#x}")
             raise GpuError("runtime", f"emulator: {what}({ptr:#x}): not a live allocation",
@@ -773,6 +800,7 @@ class EmuRuntime(Runtime):
         self._check_sticky()
         with self._lock:
             handle = next(self._handles)
+            self._stream_device[handle] = self._device
             if self.asynchronous:
                 s = self._streams[handle] = _Stream(handle, blocking)
                 s.start(self)
@@ -885,6 +913,7 @@ class EmuRuntime(Runtime):
         fn = ctypes.cast(getattr(lib, "emu_" + name), ctypes.c_void_p).value
         self._fns[fn] = lib
         self._names[fn] = name
+        self._fn_device[fn] = self._device
         return fn
 
     def param_types(self, function) -> tuple:

@@ -106,6 +106,10 @@ class Runtime(ABC):
             raise GpuError("unavailable", f"device {index} does not exist", name="invalid-device")
         view = copy.copy(self)
         view._device = index
+        # the compiled call path's Driver (gpu/bindings/_driver.pyx's driver_for keeps it on the runtime) is
+        # bound to this one's device: its context, its index. A copy of it would replay device `index`'s
+        # plans in this device's context (CUDA_ERROR_INVALID_HANDLE at each launch); the view makes its own
+        view.__dict__.pop("_c_driver", None)
         return view
 
     # What the compiled call path (gpu/bindings/_driver.pyx) calls, by the ctypes binding's canonical names; each

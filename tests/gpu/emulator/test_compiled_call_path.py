@@ -11,11 +11,16 @@ gpu/launch/_callpath.pyx) through the same function pointers a real driver gives
 - replay keys: aliasing between inputs, shapes, alignment and scalar parameters each select a plan of
   their own;
 - lifetimes on the asynchronous emulator: inputs (hipsched's own, on any stream, and a foreign
-  library's) dropped while their kernels are queued are freed after them (its memcheck sees every use
-  of freed memory), and results stay valid;
+  library's, beside a hipsched array on a busy non-blocking stream) dropped while their kernels are
+  queued are freed after them (its memcheck sees every use of freed memory), a replay reads an input
+  after its producer's stream wrote it, and results stay valid;
 - threads sharing one Executor replay at once (in a child process: the failure is a crash);
-- a replayed launch that fails falls back to the CPU with the right answer and the failure in the
-  telemetry event, and leaks nothing.
+- failures: a bad stream is refused before the driver; a destroyed stream, out of memory, a failed
+  staged upload and a launch failing midway through a plan rerun on the CPU with the right answer and
+  the failure in the telemetry event, and leak nothing; a failure that takes the device raises one
+  clear error;
+- a second device and HIP: an executor on device 1 beside one on device 0, and one matrix case per op
+  on device 1, under the double's CUDA table at warp 32 and its HIP table at warp 64.
 The C launch entry reads each kernel parameter with the type the kernel's emulator build records
 (EmuRuntime.param_types), so a plan whose slots hold the wrong bytes gives wrong results here."""
 from __future__ import annotations
@@ -36,6 +41,7 @@ import gpu_emulator
 from call_counts import count_calls
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
+from hipsched.errors import GpuError
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 from hipsched.ops import OPS
 
@@ -151,6 +157,21 @@ def matrix():
     return params
 
 
+def rotated_subset():
+    """One case per op with a GPU side: its dtypes and forms taken in turn across the ops, so every
+    dtype and form kind appears somewhere (the whole matrix once more, at warp 64 on a second device,
+    would double this module's two minutes on CI's two cores)."""
+    params, i = [], 0
+    for op, spec in OPS.items():
+        case = CASES.get(op)
+        if spec.gpu is None or case is None:
+            continue
+        dtype, form = spec.gpu_dtypes[i % len(spec.gpu_dtypes)], case.forms[i % len(case.forms)]
+        params.append(pytest.param(op, dtype, form, id=f"{op}-{dtype.replace('/', '-')}-{form}"))
+        i += 1
+    return params
+
+
 def test_which_ops_replay_is_stated_for_every_op():
     assert REPLAYED | set(NOT_REPLAYED) == GPU_OPS and not REPLAYED & set(NOT_REPLAYED), (
         f"state whether each op with a GPU side replays: unlisted {sorted(GPU_OPS - REPLAYED - set(NOT_REPLAYED))}")
@@ -158,6 +179,12 @@ def test_which_ops_replay_is_stated_for_every_op():
 
 @pytest.mark.parametrize("op,dtype,form", matrix())
 def test_second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype, form):
+    second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype, form)
+
+
+def second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype, form):
+    """The matrix case `op, dtype, form` on `executor`'s GPU (its device arrays made on `rt`, that
+    device's runtime): see the module's docstring."""
     case = CASES.get(op)
     if case is None:
         pytest.fail(f"{op} has a GPU side but test_executor_op_matrix.CASES has no builder for it")
@@ -204,10 +231,12 @@ def test_second_call_replays_the_first(executor, rt, launches, monkeypatch, op, 
     for o in (first + second) if isinstance(first, tuple) else (first, second):
         assert isinstance(o, lives), (op, type(o))
     g1, g2 = to_host(first), to_host(second)
-    if op in NONDETERMINISTIC:
-        g1 = g2
-    for a, b in zip(g1 if isinstance(g1, tuple) else (g1,), g2 if isinstance(g2, tuple) else (g2,)):
-        assert_same_bits(b, a)   # the replay is the glue's run again, bit for bit
+    if op not in NONDETERMINISTIC:
+        for a, b in zip(g1 if isinstance(g1, tuple) else (g1,), g2 if isinstance(g2, tuple) else (g2,)):
+            assert_same_bits(b, a)   # the replay is the glue's run again, bit for bit
+    # the first call against the outside reference too: for an op whose two runs may differ in their
+    # last bits, this is what holds the first one
+    case.check(g1, host_args, kwargs, dtype)
 
     # and right: as test_executor_op_matrix compares the GPU with the CPU and an outside reference
     out_dtype = NP[case.out_dtype(dtype)]
@@ -444,24 +473,62 @@ def test_inputs_dropped_while_replayed_work_is_queued_are_freed_after_it(async_r
     assert emu_c_driver.take_errors(rt) == []
 
 
+def test_a_foreign_input_dropped_on_a_non_blocking_stream_is_held_until_its_work_has_run(async_rt, kernel_dir,
+                                                                                        tmp_path, monkeypatch):
+    """A foreign input (a torch/CuPy-style tensor, consumed through DLPack) beside a hipsched array, on a
+    non-blocking stream that is busy (a stall): the result is hipsched's own (the first input's), so
+    handing it back orders nothing, and the caller drops the foreign tensor at once. Its memory is freed
+    on the legacy stream, which does not wait for a non-blocking one: only the compiled path's hold (an
+    event on the call's stream) keeps it until the kernel has read it; memcheck sees the read otherwise."""
+    rt, lib = async_rt
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(12)
+    s = rt.stream_create()   # non-blocking, as the bindings make them
+    with ex:
+        results = []
+        for _ in range(3):   # recorded, then replayed twice
+            a, b = rng.standard_normal((2, 256), dtype=np.float32)
+            x, t = dev(rt, a), lib.tensor(b)
+            rt.stall(s, 0.1)
+            out = ex.add(x, t, backend="gpu", stream=s)
+            assert type(out) is DeviceArray and out.stream == s
+            del t   # the only reference: its memory goes back now, while the kernel waits behind the stall
+            gc.collect()
+            results.append((a, b, x, out))
+        assert glue["_run"] == 1 and ex._fast.plan_count == 1, "the later calls were not replayed"
+        for a, b, x, out in results:
+            np.testing.assert_array_equal(out.get(), a + b)
+        del results, x, out
+        rt.synchronize()
+    gpu.close()
+    gc.collect()
+    assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
+
+
 def test_an_input_made_on_another_stream_is_read_after_its_producer(async_rt, kernel_dir, tmp_path, monkeypatch):
     """A replayed call on the null stream whose input a replayed call on another stream is still
     writing (behind a stall there): the replay orders its stream after the producer's (an event), so
-    it reads the finished values, not the never-written (NaN) memory."""
+    it reads the finished values, not the never-written (NaN) memory. The producer's own inputs stay
+    alive: were they dropped, their stream-ordered frees would order the null stream after the
+    producer's work anyway, and a replay that skipped the wait would still pass."""
     rt, _ = async_rt
     gpu, ex = make_executor(rt, kernel_dir, tmp_path)
     glue = count_calls(monkeypatch, gpu, ["_run"])
     rng = np.random.default_rng(7)
     s = rt.stream_create()
     with ex:
+        kept = []
         for _ in range(3):   # recorded, then replayed twice
             a, b = rng.standard_normal((2, 256), dtype=np.float32)
+            x, y = dev(rt, a), dev(rt, b)
+            kept += [x, y]
             rt.stall(s, 0.1)
-            h = ex.add(dev(rt, a), dev(rt, b), backend="gpu", stream=s)
+            h = ex.add(x, y, backend="gpu", stream=s)
             out = ex.scale(h, 2.0, backend="gpu")
             np.testing.assert_array_equal(out.get(), (a + b) * np.float32(2.0))
         assert glue["_run"] == 2 and ex._fast.plan_count == 2
-        del h, out
+        del h, out, x, y, kept
         rt.synchronize()
     gpu.close()
     gc.collect()
@@ -622,3 +689,344 @@ def test_a_failed_replayed_launch_falls_back_to_the_cpu(rt, kernel_dir, tmp_path
         np.testing.assert_array_equal(out.get(), a * np.float32(2.0))
     gpu.close()
     assert emu_c_driver.take_errors(rt) == []
+
+
+def _fallback_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if "failed on the GPU" in r.getMessage()]
+
+
+@pytest.mark.parametrize("stream", [-1, object()], ids=["negative-handle", "not-a-stream"])
+def test_a_bad_stream_is_refused_before_anything_runs(rt, kernel_dir, tmp_path, monkeypatch, caplog, stream):
+    """A stream argument that is no stream handle at all is the caller's error: a GpuError that says so,
+    raised before the driver is asked anything, with fallback allowed too (no CPU rerun, no event)."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    x = dev(rt, np.arange(64, dtype=np.float32))
+    with ex:
+        ex.add(x, x, backend="gpu")
+        ex.add(x, x, backend="gpu")
+        assert ex._fast.plan_count == 1
+        calls, events = dict(emu_c_driver.calls(rt)), len(ex.events)
+        with caplog.at_level("WARNING", logger="hipsched"):
+            with pytest.raises(GpuError, match="stream") as e:
+                ex.add(x, x, backend="gpu", stream=stream)
+        assert e.value.kind == "unsupported"
+        assert dict(emu_c_driver.calls(rt)) == calls and len(ex.events) == events
+        assert _fallback_warnings(caplog) == []
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_a_destroyed_stream_reruns_on_the_cpu_with_the_same_result(rt, kernel_dir, tmp_path, monkeypatch, caplog):
+    """A replay on a stream the caller destroyed: the driver refuses the handle (INVALID_HANDLE), which
+    says nothing of the device's state, so the call reruns on the CPU and gives the CPU's result, and
+    the warning says it did; with fallback off the driver's error reaches the caller."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal(256, dtype=np.float32)
+    x = dev(rt, a)
+    s = rt.stream_create()
+    with ex:
+        ex.scale(x, 3.0, backend="gpu", stream=s)
+        np.testing.assert_array_equal(ex.scale(x, 3.0, backend="gpu", stream=s).get(), a * np.float32(3.0))
+        assert ex._fast.plan_count == 1 and ex.events[-1]["fallback"] is None
+        rt.synchronize()
+        rt.stream_destroy(s)
+        live = set(rt.live)
+        with caplog.at_level("WARNING", logger="hipsched"):
+            out = ex.scale(x, 3.0, backend="gpu", stream=s)
+        ev = ex.events[-1]
+        assert (ev["backend"], ev["reason"]) == ("cpu", "cpu_fallback")
+        assert "CUDA_ERROR_INVALID_HANDLE" in ev["fallback"]["error"]
+        assert isinstance(out, DeviceArray)
+        assert_same_bits(out.get(), ex.scale(a, 3.0, backend="cpu"))
+        warned = _fallback_warnings(caplog)
+        assert len(warned) == 1 and "reran it on the CPU" in warned[0], warned
+        del out
+        gc.collect()
+        assert set(rt.live) <= live
+    gpu.close()
+    _, strict = make_executor(rt, kernel_dir, tmp_path, allow_fallback=False)
+    with strict:
+        strict.scale(x, 3.0, backend="gpu")
+        strict.scale(x, 3.0, backend="gpu")
+        with pytest.raises(GpuError, match="CUDA_ERROR_INVALID_HANDLE"):
+            strict.scale(x, 3.0, backend="gpu", stream=s)
+    assert rt.take_memcheck_errors() == [] and emu_c_driver.take_errors(rt) == []
+
+
+def test_a_failure_that_takes_the_device_raises_without_announcing_a_rerun(rt, kernel_dir, tmp_path, caplog):
+    """Work queued on a destroyed stream through the emulator's own (Python) calls is a memcheck finding,
+    which fails every later call as a sticky device fault does (an illegal address kills a CUDA context):
+    the device inputs cannot be read back for a CPU rerun. The caller gets one GpuError that says both,
+    and no warning claims a rerun that did not happen."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    a = np.arange(96, dtype=np.float32)
+    x = dev(rt, a)
+    s = rt.stream_create()
+    rt.stream_destroy(s)
+    try:
+        with ex, caplog.at_level("WARNING", logger="hipsched"):
+            with pytest.raises(GpuError, match="could not be rerun on the CPU") as e:
+                ex.softmax(x, backend="gpu", stream=s)   # no plan for it: the glue, through the emulator
+            assert e.value.kind == "lost" and "after stream_destroy" in str(e.value)
+            assert _fallback_warnings(caplog) == []
+    finally:
+        found = rt.take_memcheck_errors()   # the finding the test provoked, and the sticky error with it
+        gpu.close()
+    assert found and all("after stream_destroy" in f for f in found), found
+    assert emu_c_driver.take_errors(rt) == []
+
+
+@pytest.mark.parametrize("after", [0, 2], ids=["first-output", "scratch"])
+def test_out_of_memory_on_replay_reruns_on_the_cpu_and_leaks_nothing(rt, kernel_dir, tmp_path, monkeypatch, after):
+    """top_k's plan allocates two outputs and its scratch from the pool: an out-of-memory answer at the
+    first allocation or at the scratch (the outputs already made) reruns the call on the CPU with the
+    CPU's answer, lets go of what the replay had allocated, and the next call replays again."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(14)
+    q, T = rng.standard_normal(16, dtype=np.float32), rng.standard_normal((300, 16), dtype=np.float32)
+    dq, dT = dev(rt, q), dev(rt, T)
+    want_idx, want_scores = ex.top_k(q, T, 5, backend="cpu")
+    with ex:
+        ex.top_k(dq, dT, 5, backend="gpu")
+        assert ex._fast.plan_count == 1
+        live = set(rt.live)
+        emu_c_driver.fail_next(rt, "malloc_async", code=2, after=after)   # CUDA_ERROR_OUT_OF_MEMORY
+        idx, scores = ex.top_k(dq, dT, 5, backend="gpu")
+        ev = ex.events[-1]
+        assert (ev["backend"], ev["reason"]) == ("cpu", "cpu_fallback")
+        assert "CUDA_ERROR_OUT_OF_MEMORY" in ev["fallback"]["error"]
+        assert glue["_run"] == 1   # the replay failed; the glue was not tried
+        np.testing.assert_array_equal(idx.get(), want_idx)
+        np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+        del idx, scores
+        gc.collect()
+        assert set(rt.live) <= live, "the failed replay left device memory allocated"
+        idx, scores = ex.top_k(dq, dT, 5, backend="gpu")
+        assert ex.events[-1]["backend"] == "gpu" and glue["_run"] == 1
+        np.testing.assert_array_equal(idx.get(), want_idx)
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []
+
+
+@pytest.mark.parametrize("host_result", [False, True], ids=["device-result", "host-result"])
+def test_a_failed_staged_upload_reruns_on_the_cpu(rt, kernel_dir, tmp_path, monkeypatch, host_result):
+    """Small host arrays are staged up in one copy: that copy failing reruns the call on the CPU (with
+    the caller's arrays, whatever the staging buffer held), and the next call's staging gives its own
+    values, not the failed call's."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(15)
+    b = rng.standard_normal(64, dtype=np.float32)
+    other = b if host_result else dev(rt, b)   # all-host inputs: the result comes back down too
+    with ex:
+        ex.add(rng.standard_normal(64, dtype=np.float32), other, backend="gpu")
+        assert ex._fast.plan_count == 1
+        a = rng.standard_normal(64, dtype=np.float32)
+        emu_c_driver.fail_next(rt, "memcpy_htod", code=1)
+        htod = emu_c_driver.calls(rt)["memcpy_htod"]
+        out = ex.add(a, other, backend="gpu")
+        assert emu_c_driver.calls(rt)["memcpy_htod"] == htod + 1   # the replay's staged upload was tried
+        ev = ex.events[-1]
+        assert (ev["backend"], ev["reason"]) == ("cpu", "cpu_fallback") and "INVALID_VALUE" in ev["fallback"]["error"]
+        assert isinstance(out, np.ndarray if host_result else DeviceArray)
+        np.testing.assert_array_equal(to_host(out), a + b)
+        a2 = rng.standard_normal(64, dtype=np.float32)
+        out = ex.add(a2, other, backend="gpu")
+        assert ex.events[-1]["backend"] == "gpu" and glue["_run"] == 1
+        np.testing.assert_array_equal(to_host(out), a2 + b)
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []
+
+
+def test_a_failure_midway_through_a_multi_launch_plan(rt, kernel_dir, tmp_path, monkeypatch):
+    """top_k's plan is several launches writing scratch the next ones read: the second launch fails
+    after the first ran. The call reruns on the CPU with the CPU's answer, the outputs and scratch the
+    replay allocated are let go, and the next replay, from the first launch on, gives the right answer
+    (no state of the broken run survives in the plan)."""
+    gpu, ex = make_executor(rt, kernel_dir, tmp_path)
+    glue = count_calls(monkeypatch, gpu, ["_run"])
+    rng = np.random.default_rng(16)
+    q, T = rng.standard_normal((2, 16), dtype=np.float32), rng.standard_normal((300, 16), dtype=np.float32)
+    dq, dT = dev(rt, q), dev(rt, T)
+    want_idx, want_scores = ex.top_k(q, T, 4, backend="cpu")
+    with ex:
+        ex.top_k(dq, dT, 4, backend="gpu")
+        launches = emu_c_driver.calls(rt)["launch"]
+        ex.top_k(dq, dT, 4, backend="gpu")   # a replay: how many launches its plan has
+        assert ex._fast.plan_count == 1 and emu_c_driver.calls(rt)["launch"] - launches >= 2
+        rt.synchronize()
+        gc.collect()
+        live = set(rt.live)
+        launches = emu_c_driver.calls(rt)["launch"]
+        emu_c_driver.fail_next(rt, "launch", code=701, after=1)   # the second: LAUNCH_OUT_OF_RESOURCES
+        idx, scores = ex.top_k(dq, dT, 4, backend="gpu")
+        assert emu_c_driver.calls(rt)["launch"] == launches + 2   # one ran, one failed, none after it
+        ev = ex.events[-1]
+        assert (ev["backend"], ev["reason"]) == ("cpu", "cpu_fallback")
+        assert "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" in ev["fallback"]["error"]
+        np.testing.assert_array_equal(idx.get(), want_idx)
+        np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+        del idx, scores
+        gc.collect()
+        assert set(rt.live) <= live, "the failed replay left device memory allocated"
+        idx, scores = ex.top_k(dq, dT, 4, backend="gpu")
+        assert ex.events[-1]["backend"] == "gpu" and ex.events[-1]["fallback"] is None and glue["_run"] == 1
+        np.testing.assert_array_equal(idx.get(), want_idx)
+        np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+    gpu.close()
+    assert emu_c_driver.take_errors(rt) == []
+
+
+# ------------------------------------------------------------------------------ a second device, HIP
+
+@pytest.fixture(scope="module", params=[("cuda", 32), ("hip", 64)], ids=["cuda-warp32", "hip-warp64"])
+def rt2(request):
+    """Two emulated devices behind the C driver double, CUDA's table at warp 32 or HIP's (hipSetDevice,
+    _driver.pyx's HIP branch) at warp 64: it refuses a launch of one device's kernel, stream or memory
+    while the other is current."""
+    vendor, warp = request.param
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HIPSCHED_BLAS", "none")
+    runtime = gpu_emulator.EmuRuntime(warp, devices=2)
+    emu_c_driver.attach(runtime, vendor=vendor)
+    yield runtime, vendor
+    runtime.close()
+    mp.undo()
+
+
+def two_backends(runtime, kernel_dir):
+    first = GpuBackend({"kernel_cache_dir": str(kernel_dir)}, runtime=runtime)   # asks driver_for first
+    second = first.for_device(1)
+    assert first.available and second.available, (first.unavailable_reason, second.unavailable_reason)
+    assert first.callpath is not None and second.callpath is not None
+    return first, second
+
+
+def test_the_compiled_path_replays_on_the_second_device(rt2, kernel_dir, tmp_path, monkeypatch):
+    """An executor whose GPU is device 1 (its backend made from device 0's, which asked for the driver
+    first), beside one on device 0, calls interleaved on one thread: each replay makes its own device
+    current, allocates there and launches the kernels its own context loaded; the double refuses
+    anything else, and fallback is off, so a replay in the wrong context fails the test."""
+    runtime, vendor = rt2
+    first, second = two_backends(runtime, kernel_dir)
+    glue = count_calls(monkeypatch, second, ["_run"])
+    rt1 = second._ctx.rt
+    rng = np.random.default_rng(17)
+    a, b = rng.standard_normal((2, 4, 64), dtype=np.float32)
+    q, T = rng.standard_normal(16, dtype=np.float32), rng.standard_normal((300, 16), dtype=np.float32)
+    h = rng.standard_normal(64, dtype=np.float32)
+    x1, y1, q1, T1 = (to_device(v, runtime=rt1) for v in (a, b, q, T))
+    x0 = to_device(a, runtime=runtime)
+    assert x1.device[1] == 1 and runtime.device_of(x1.ptr) == 1 and runtime.device_of(x0.ptr) == 0
+    cpu = Executor(gpu_backend=None, persist_model=False, cache_dir=str(tmp_path))
+    want_idx, want_scores = cpu.top_k(q, T, 5)
+    ex1 = Executor(gpu_backend=second, persist_model=False, cache_dir=str(tmp_path), allow_fallback=False)
+    ex0 = Executor(gpu_backend=first, persist_model=False, cache_dir=str(tmp_path), allow_fallback=False)
+    with ex1, ex0:
+        for _ in range(3):   # recorded, then replayed twice
+            launches = emu_c_driver.calls(runtime)["launch"]
+            s = ex1.add(x1, y1, backend="gpu")
+            m = ex1.softmax(s, backend="gpu")
+            idx, scores = ex1.top_k(q1, T1, 5, backend="gpu")
+            staged = ex1.add(x1, h, backend="gpu")   # a host bias staged up beside a device-1 array
+            zero = ex0.add(x0, x0, backend="gpu")
+            for out in (s, m, idx, scores, staged):
+                assert out.device[1] == 1 and runtime.device_of(out.ptr) == 1, out.device
+            assert zero.device[1] == 0 and runtime.device_of(zero.ptr) == 0
+            assert_same_bits(s.get(), a + b)
+            np.testing.assert_allclose(m.get(), cpu.softmax(a + b), rtol=1e-6, atol=1e-7)
+            np.testing.assert_array_equal(idx.get(), want_idx)
+            np.testing.assert_allclose(scores.get(), want_scores, rtol=0, atol=5e-6)
+            assert_same_bits(staged.get(), a + h)
+            assert_same_bits(zero.get(), a + a)
+        assert ex1._fast.plan_count == 4 and glue["_run"] == 4, "device 1's calls were not replayed"
+        assert ex0._fast.plan_count == 1
+        assert emu_c_driver.calls(runtime)["launch"] > launches   # the last round's replays launched from C
+        assert all(e["backend"] == "gpu" and e["fallback"] is None for e in ex1.events), ex1.events
+    cpu.close()
+    first.close()
+    second.close()
+    assert emu_c_driver.take_errors(runtime) == [] and runtime.take_memcheck_errors() == []
+
+
+@pytest.mark.parametrize("op,dtype,form", rotated_subset())
+def test_second_call_replays_the_first_on_the_second_device(rt2, kernel_dir, tmp_path, launches2, monkeypatch,
+                                                            op, dtype, form):
+    """The op matrix's cases (one per op, dtypes and forms in turn) replayed on device 1, under CUDA's
+    table at warp 32 and HIP's at warp 64, checked as on device 0 above."""
+    runtime, _ = rt2
+    _, second = two_backends(runtime, kernel_dir)
+    ex = Executor(gpu_backend=second, persist_model=False, cache_dir=str(tmp_path), allow_fallback=False)
+    with ex:
+        second_call_replays_the_first((ex, second), second._ctx.rt, launches2, monkeypatch, op, dtype, form)
+    second.close()
+    assert emu_c_driver.take_errors(runtime) == []
+
+
+@pytest.fixture
+def launches2(rt2, monkeypatch):
+    """`launches` on the two-device runtime."""
+    runtime, _ = rt2
+    seen = []
+    real = runtime.launch
+
+    def launch(function, grid, block, args, shared_bytes=0, stream=0):
+        seen.append((int(function), tuple(grid), tuple(block), int(shared_bytes), int(stream or 0), tuple(args)))
+        return real(function, grid, block, args, shared_bytes, stream)
+    monkeypatch.setattr(runtime, "launch", launch)
+    return seen
+
+
+def test_the_driver_double_refuses_what_a_driver_refuses(rt2, kernel_dir, tmp_path):
+    """The rules the second-device tests rely on, asked of the double's C table directly: with device 1
+    current, device 0's kernel, stream and memory are refused, as is a destroyed stream; a CUDA thread
+    with no context current is refused everything but the context calls; device 1's own are taken."""
+    import threading
+    runtime, vendor = rt2
+    first, second = two_backends(runtime, kernel_dir)
+    with Executor(gpu_backend=first, persist_model=False, cache_dir=str(tmp_path)) as ex0:
+        ex0.scale(to_device(np.ones(64, np.float32), runtime=runtime), 2.0, backend="gpu")   # loads device 0's kernel
+    table, got_vendor, context, device = second._ctx.rt.c_entry_points()
+    assert (got_vendor, device) == (vendor, 1)
+    fn = {name: emu_c_driver.SIGNATURES[name] if vendor == "cuda" else emu_c_driver.HIP_SIGNATURES[name]
+          for name in table}
+    call = {name: fn[name](address) for name, address in table.items()}
+    kernel0 = next(f for f, d in runtime._fn_device.items() if d == 0)
+    stream0, stream1 = runtime.stream_create(), second._ctx.rt.stream_create()
+    dead = second._ctx.rt.stream_create()
+    runtime.stream_destroy(dead)
+    mem0 = runtime.malloc(256)
+    out = ctypes.c_void_p()
+
+    def refusals():
+        got = {"launch device 0's kernel": call["launch"](kernel0, 1, 1, 1, runtime.warp, 1, 1, 0, None, None, None),
+               "alloc on device 0's stream": call["malloc_async"](ctypes.byref(out), 256, stream0),
+               "alloc on a destroyed stream": call["malloc_async"](ctypes.byref(out), 256, dead),
+               "free device 0's memory": call["free_async"](mem0, None)}
+        assert call["malloc_async"](ctypes.byref(out), 256, stream1) == 0 and runtime.device_of(out.value) == 1
+        assert call["free_async"](out, stream1) == 0
+        return got
+
+    status, made = [None], ctypes.c_void_p()
+
+    def no_context():   # a new thread: no CUDA context current, HIP's device 0
+        status[0] = call["malloc_async"](ctypes.byref(made), 256, None)
+    t = threading.Thread(target=no_context)
+    t.start()
+    t.join()
+    assert status[0] == (emu_c_driver.INVALID_CONTEXT if vendor == "cuda" else 0)
+    if made.value:
+        assert runtime.device_of(made.value) == 0
+        runtime.free(made.value)
+    assert call["set_current"](context if vendor == "cuda" else 1) == 0
+    assert refusals() == {"launch device 0's kernel": emu_c_driver.INVALID_HANDLE,
+                          "alloc on device 0's stream": emu_c_driver.INVALID_HANDLE,
+                          "alloc on a destroyed stream": emu_c_driver.INVALID_HANDLE,
+                          "free device 0's memory": emu_c_driver.INVALID_VALUE}
+    runtime.free(mem0)
+    first.close()
+    second.close()
+    runtime.synchronize()
+    assert runtime.take_memcheck_errors() == []

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from requires import need
 
+import emu_c_driver
 import gpu_emulator
 from graph_data import random_graph
 from half_formats import HALF, TINY, UNIT
@@ -320,6 +321,7 @@ def runtime(request):
     mp = pytest.MonkeyPatch()
     mp.setenv("HIPSCHED_BLAS", "none")   # the emulator has no vendor BLAS: matmul is the tiled kernel
     rt = gpu_emulator.EmuRuntime(32)
+    emu_c_driver.attach(rt)   # C entry points, as a real driver's: the compiled call path replays the second calls
     yield rt
     rt.close()
     mp.undo()
@@ -392,7 +394,9 @@ def test_op_dtype_matrix(executor, op, dtype, form, where):
         assert dtype not in declared, f"prepare names {dtype} inputs {called!r}, which the GPU side does not declare"
         return
 
+    plans = ex._fast.plan_count
     g = fn(*args, backend="gpu", **kwargs)
+    recorded = ex._fast.plan_count - plans
     event = ex.events[-1]
     assert (event["op"], event["backend"], event["fallback"]) == (op, "gpu", None)
     for o in g if isinstance(g, tuple) else (g,):
@@ -411,6 +415,20 @@ def test_op_dtype_matrix(executor, op, dtype, form, where):
         if case.exact:
             assert_same_bits(g, c)
     case.check(g, host_args, kwargs, dtype)
+    # the call again: where the first run left a plan, the compiled call path replays it (from C on the
+    # emulator's driver double) and gives the first run's bits
+    launches = emu_c_driver.calls(rt)["launch"] if hasattr(rt, "_emu_c") else None
+    again = fn(*args, backend="gpu", **kwargs)
+    assert (ex.events[-1]["backend"], ex.events[-1]["fallback"], ex._fast.plan_count) == ("gpu", None, plans + recorded)
+    if recorded and launches is not None:
+        assert emu_c_driver.calls(rt)["launch"] > launches or not event["size"], f"{op}: the plan was not replayed"
+    for o in again if isinstance(again, tuple) else (again,):
+        assert isinstance(o, lives), (op, where, type(o))
+    again = to_host(again)
+    if op != "spread_activation":   # its float atomics add in any order: checked against the reference only
+        for a, b in zip(again if isinstance(again, tuple) else (again,), g if isinstance(g, tuple) else (g,)):
+            assert_same_bits(a, b)
+    case.check(again, host_args, kwargs, dtype)
     # the dtype the scheduler, the GPU's capability check and the telemetry saw is the inputs' own
     assert called == event["dtype"] == dtype, (f"{op}: inputs built as {dtype} were called {called!r}: the GPU "
                                                f"side cannot tell them from another type")

@@ -122,14 +122,25 @@ def test_small_writable_host_arrays_are_staged_and_others_take_the_glue(gpu_ex):
 
 
 def test_a_closed_backend_replays_nothing(gpu_ex):
+    """The very call whose plan is kept (same arrays, same key) after the backend closed: nothing reaches
+    the driver's launch, and the CPU gives the answer (the fake's device memory is host memory, so its
+    inputs can be read back; its kernels never run, so a GPU answer would not be this one)."""
     ex, be = gpu_ex
-    x = dev(be, np.ones(8, np.float32))
+    a = np.random.default_rng(3).standard_normal(8).astype(np.float32)
+    x = dev(be, a)
     ex.add(x, x, backend="gpu")
-    assert ex._fast.plan_count == 1
+    ex.add(x, x, backend="gpu")
+    assert ex._fast.plan_count == 1 and ex.events[-1]["backend"] == "gpu"
     be.close()
     assert not be.callpath.enabled
-    out = ex.add(np.ones(8, np.float32), np.ones(8, np.float32), backend="gpu")   # falls back, no crash
-    assert isinstance(out, np.ndarray)
+    fake_libcuda.reset()
+    out = ex.add(x, x, backend="gpu")   # falls back, no crash
+    assert fake_libcuda.launches() == 0
+    ev = ex.events[-1]
+    # decided for the CPU because the GPU is gone, not a replay that failed and fell back
+    assert (ev["op"], ev["backend"], ev["reason"], ev["fallback"]) == ("add", "cpu", "gpu_unavailable", None), ev
+    assert isinstance(out, DeviceArray)   # where its inputs live, as any device-data call
+    np.testing.assert_array_equal(out.get(), a + a)
 
 
 def test_info_says_how_gpu_calls_reach_the_driver(monkeypatch, capsys):
