@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["QK", "BLOCK_BYTES", "QTYPES", "SUPERBLOCK", "QuantizedTensor", "qtype_name", "check_shape", "row_bytes",
-           "device_bytes"]
+__all__ = ["QK", "BLOCK_BYTES", "QTYPES", "SUPERBLOCK", "QuantizedTensor", "qtype_name", "check_shape", "row_blocks",
+           "row_superblocks", "row_bytes", "device_bytes"]
 
 QK = 32
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
@@ -47,16 +47,25 @@ def check_shape(shape, where: str):
     return n, k
 
 
+def row_blocks(k: int) -> int:
+    """Blocks in one row of k elements (k a multiple of QK): every count of blocks is this one."""
+    return k // QK
+
+
+def row_superblocks(k: int, qtype: str) -> int:
+    """Superblocks of the GPU's resident layout in one row of k elements, the last one partly padding."""
+    return -(-row_blocks(k) // SUPERBLOCK[qtype])
+
+
 def row_bytes(k: int, qtype: str) -> int:
     """Bytes of one row of k elements (k a multiple of QK) in `qtype` blocks."""
-    return (k // QK) * BLOCK_BYTES[qtype]
+    return row_blocks(k) * BLOCK_BYTES[qtype]
 
 
 def device_bytes(n: int, k: int, qtype: str) -> int:
     """Bytes of a (n, k) `qtype` matrix in the GPU's resident layout: the block bytes, its rows padded to
     whole superblocks (equal to the block bytes when k is a multiple of 512 for q8_0, 1024 for q4_0)."""
-    sb = SUPERBLOCK[qtype]
-    return n * (-(-(k // QK) // sb)) * sb * BLOCK_BYTES[qtype]
+    return n * row_superblocks(k, qtype) * SUPERBLOCK[qtype] * BLOCK_BYTES[qtype]
 
 
 class QuantizedTensor:
@@ -85,7 +94,7 @@ class QuantizedTensor:
         nrow = row_bytes(k, qtype)
         if arr.size != n * nrow:
             raise ValueError(f"QuantizedTensor: {qtype} data for shape ({n}, {k}) must be {n * nrow} bytes "
-                             f"({n} rows x {k // QK} blocks x {BLOCK_BYTES[qtype]} bytes), got {arr.size}")
+                             f"({n} rows x {row_blocks(k)} blocks x {BLOCK_BYTES[qtype]} bytes), got {arr.size}")
         view = arr.reshape(n, nrow).view()
         view.flags.writeable = False
         self._data, self._shape, self._qtype = view, (n, k), qtype

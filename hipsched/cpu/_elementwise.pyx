@@ -3,6 +3,8 @@
 # dtype, run the kernel without the GIL.
 cimport numpy as cnp
 import numpy as np
+
+from hipsched.broadcast import bias_fits
 from libc.stdint cimport int64_t
 
 from hipsched.cpu._carray cimport f32_ptr, float_ptr, hs_dtype
@@ -28,7 +30,7 @@ def add(a, b):
     if ca != cb:
         raise TypeError(f"add: a ({a.dtype}) and b ({b.dtype}) must have one dtype (promote through hipsched.ops)")
     cdef int64_t n = a.size, nb = b.size
-    if b.ndim > a.ndim or tuple(a.shape[a.ndim - b.ndim:]) != tuple(b.shape):
+    if not bias_fits(a.shape, b.shape):
         raise ValueError(f"add: b {b.shape} is neither a's shape {a.shape} nor a trailing part of it")
     out = np.empty_like(a)
     cdef void *po = cnp.PyArray_DATA(out)

@@ -7,6 +7,8 @@ from libc.stdint cimport int64_t, uint8_t
 import numpy as np
 cimport numpy as cnp
 
+from hipsched.gguf_blocks import row_bytes
+
 cnp.import_array()
 
 cdef extern from "quant.h":
@@ -39,7 +41,7 @@ cdef inline int _check_blocks(w, int64_t n, int64_t k) except -1:
     if n < 0 or k < 0 or k % 32:
         raise ValueError(f"quant: shape ({n}, {k}) must be non-negative with k a multiple of 32")
     if (cnp.PyArray_TYPE(data) != cnp.NPY_UINT8 or not cnp.PyArray_IS_C_CONTIGUOUS(data)
-            or data.size != n * (k // 32) * BLOCK_BYTES[w.qtype]):
+            or data.size != n * row_bytes(k, w.qtype)):
         raise ValueError(f"quant: block data does not hold a contiguous ({n}, {k}) {w.qtype} matrix")
     return 0
 
@@ -59,13 +61,13 @@ def quantize(cnp.ndarray W, str qtype):
                  for lo in range(0, W.shape[0], rows)]
         if len(parts) == 1:
             return parts[0]
-        return np.concatenate(parts, axis=0) if parts else np.empty((0, (W.shape[1] // 32) * BLOCK_BYTES[qtype]), np.uint8)
+        return np.concatenate(parts, axis=0) if parts else np.empty((0, row_bytes(W.shape[1], qtype)), np.uint8)
     cdef int qt = QTYPES[qtype]
     _check_f32(W, "quantize: W")
     if W.ndim != 2 or W.shape[1] % 32:
         raise ValueError(f"quantize: W must be 2-d (n, k) with k a multiple of 32, got shape {(<object>W).shape}")
     cdef int64_t n = W.shape[0], k = W.shape[1], nb = W.size // 32
-    cdef cnp.ndarray out = np.empty((n, (k // 32) * BLOCK_BYTES[qtype]), dtype=np.uint8)
+    cdef cnp.ndarray out = np.empty((n, row_bytes(k, qtype)), dtype=np.uint8)
     cdef const float *x = <const float *>_ptr(W)
     cdef uint8_t *o = <uint8_t *>cnp.PyArray_DATA(out)
     cdef int err

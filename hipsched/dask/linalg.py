@@ -10,7 +10,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..gguf_blocks import BLOCK_BYTES, QK, QuantizedTensor, check_shape, qtype_name, row_bytes
+from ..gguf_blocks import BLOCK_BYTES, QuantizedTensor, check_shape, qtype_name, row_blocks, row_bytes
 from ..ops.attention import check_attention
 from ..ops.base import as_f32, as_float, check_ndim, shape_mismatch
 from ..ops.linalg import matmul_shapes
@@ -148,7 +148,7 @@ class QuantizedRows:
         nbytes = row_bytes(k, qtype)
         if tuple(blocks.shape) != (n, nbytes):
             raise ValueError(f"QuantizedRows: {qtype} blocks for shape ({n}, {k}) must be ({n}, {nbytes}) bytes "
-                             f"({k // QK} blocks x {BLOCK_BYTES[qtype]} bytes per row), got {tuple(blocks.shape)}")
+                             f"({row_blocks(k)} blocks x {BLOCK_BYTES[qtype]} bytes per row), got {tuple(blocks.shape)}")
         _known_chunks(blocks, "QuantizedRows", "blocks")
         if len(blocks.chunks[1]) > 1:
             raise ValueError(f"QuantizedRows: blocks are chunked along the row bytes (chunks {blocks.chunks[1]}); "

@@ -17,6 +17,7 @@ from distributed import Future, get_worker, worker_client
 from distributed.client import default_client
 from distributed.spill import SpillBuffer
 
+from ..broadcast import bias_fits
 from ..ops.base import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
 from ..ops.elementwise import _real_scalar
 from ..ops.similarity import merge_top_k
@@ -497,7 +498,7 @@ def add(a, b):
     _dtype_ok(a, "add", "a")
     sb = tuple(getattr(b, "shape", np.shape(b)))
     sa = tuple(a.shape)
-    if sb != sa and not (len(sb) <= len(sa) and sa[len(sa) - len(sb):] == sb):
+    if not bias_fits(sa, sb):
         raise shape_mismatch("add", "a", sa, "b", sb, "b must have a's shape or a trailing part of it")
     b = _as_dask_like(b, a.chunks[a.ndim - len(sb):], "add", "b")
     ia = _LETTERS[:a.ndim]

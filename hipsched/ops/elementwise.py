@@ -20,6 +20,7 @@ import numbers
 
 import numpy as np
 
+from ..broadcast import bias_fits
 from . import base
 from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, dtype_name, promote, rand_f32, \
     partition_from_split, register, shape_mismatch, split_rows
@@ -77,7 +78,7 @@ def prepare_add(a, b) -> Call:
     b = as_float(b, "add", "b")
     dtype, (a, b) = promote("add", a=a, b=b)
     sa, sb = tuple(a.shape), tuple(b.shape)
-    if sb != sa and not (len(sb) <= len(sa) and sa[len(sa) - len(sb):] == sb):
+    if not bias_fits(sa, sb):
         raise shape_mismatch("add", "a", sa, "b", sb, "b must have a's shape or a trailing part of it")
     es = _itemsize(dtype)
     n, nb = _elements("add", sa, es), math.prod(sb)

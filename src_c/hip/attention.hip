@@ -9,7 +9,7 @@
 // floats) feeds 4 FMAs, and a score's cross-lane sum (log2(G) shuffles) is paid once per row and key
 // for 16 FMAs. At R = 2 the shared-memory pipe (128 bytes a clock per SM, i.e. one float per lane and
 // clock, against 4 warp-FMAs a clock) bound the kernel at under half the FMA peak; at R = 4 the reads
-// and shuffles take 40 clocks per warp and key at d64 against the FMAs' 32 (docs/gpu.md, "Attention on
+// and shuffles take 40 clocks per warp and key at d64 against the FMAs' 32 (docs/design/kernels.md, "Attention on
 // SIMT cores"). R = 8 would not fit the registers: q and o alone are 32 * R of them.
 // The two lanes of a pair (2n, 2n+1) hold the same dims of two rows, so they read the same shared
 // addresses (a pair-uniform read, which NVIDIA's shared memory can return packed); a row's lanes are
@@ -25,10 +25,7 @@
 // accumulate in float32, and each output is rounded once to the element type.
 // Launch: block 128, grid (ceil(Sq / ROWS) * B * H), ROWS = HSA_R * 128 / (D / 16).
 
-// Launch bounds matter on AMD: without them hipcc budgets registers for 1024-thread blocks (64 VGPRs)
-// and this kernel would spill most of its state to scratch.
-#define HSA_THREADS 128
-#define HSA_R 4               // query rows per thread
+// HSA_THREADS (the launch bounds), HSA_R and HSA_DIMS: hipsched/gpu/compilation/kernel_constants.py.
 #define HSA_CHUNK 8           // keys scored together before one online-softmax rescale
 #define HSA_LOG2E 1.4426950408889634f
 // K and V tiles together: at 255 registers (sm_90) or 351 VGPRs (gfx90a) registers already hold an SM
@@ -45,7 +42,7 @@ HS_DEV void hsa_axpy4(float4& o, float p, float4 v) {
 template <int D, class E>
 HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                           E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
-    constexpr int G = D / 16;                        // threads per query row
+    constexpr int G = D / HSA_DIMS;                  // threads per query row
     constexpr int STRIDE = HSA_THREADS / G;          // distance between a thread's rows
     constexpr int ROWS = STRIDE * HSA_R;             // query rows per block
     constexpr int BK = HSA_KV_BYTES / (8 * D);       // keys per shared tile
@@ -245,9 +242,7 @@ template <> HS_DEV bool hsm_nonfinite2<hs_bf16>(hs_u32 w) { return (w & 0x7f80u)
 #endif
 
 #if defined(HS_MMA_M16N8K16)
-#define HSM_WARPS 4
-#define HSM_THREADS 128   // HSM_WARPS * 32, spelled out: __launch_bounds__ takes it (the emulator reads it unnested)
-#define HSM_ROWS 64       // HSM_WARPS * 16
+// HSM_WARPS, HSM_THREADS (HSM_WARPS * 32) and HSM_ROWS (HSM_WARPS * 16): kernel_constants.py.
 
 // One BN x D tile of K and of V into shared memory, rows of LD elements, zeros past `kend` and `hd`.
 // `vec`: hd a multiple of 8 and k, v 16-byte aligned, so rows go as 16-byte cp.async copies.
@@ -493,9 +488,7 @@ HSM_ENTRY(128)
 // bytes, spreading a fragment read's 16 rows over the banks.
 // Launch: block 256, grid (ceil(Sq / 64) * B * H), the heaviest causal tiles first.
 #if defined(HS_MFMA_16X16X16)
-#define HSF_WARPS 4
-#define HSF_THREADS 256   // HSF_WARPS * 64, spelled out for __launch_bounds__ (as HSM_THREADS)
-#define HSF_ROWS 64       // HSF_WARPS * 16
+// HSF_WARPS, HSF_THREADS (HSF_WARPS * 64) and HSF_ROWS (HSF_WARPS * 16): kernel_constants.py.
 
 // This thread's 16-byte chunks of the BN x D tiles of K and V at key kt, as 16-bit patterns: zeros past
 // `kend` and `hd`. `vec`: hd a multiple of 8 and k, v 16-byte aligned, so a chunk is one 16-byte load.

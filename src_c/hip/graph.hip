@@ -13,7 +13,7 @@
 // rounding, not bit for bit. indptr and indices are both int32 or both int64 (two entry points), as
 // the op hands them to either engine (SciPy's int32 arrays go through without a copy).
 
-#define HSG_GROUP 8   // lanes per row: most rows are short, a full warp per row would idle
+// HSG_GROUP (lanes per row): hipsched/gpu/compilation/kernel_constants.py.
 
 template <class I>
 HS_DEV void hsg_push(const I* __restrict__ indptr, const I* __restrict__ indices,

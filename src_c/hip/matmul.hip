@@ -5,7 +5,7 @@
 // float32, float16 and bfloat16 (suffix f32/f16/bf16; A, B and C of one type): tiles are widened to
 // float in shared memory, products accumulate in float32, and C is rounded once to the element type.
 
-#define HS_MM_TILE 64
+// HS_MM_TILE and HS_MM_THREADS: hipsched/gpu/compilation/kernel_constants.py.
 #define HS_MM_BK 16
 
 template <class T>
@@ -64,7 +64,7 @@ HS_DEV void hs_matmul_body(const T* __restrict__ A, const T* __restrict__ B, T* 
 }
 
 #define HS_MATMUL(S, T)                                                                                       \
-    HS_KERNEL __launch_bounds__(256) void hs_matmul_##S(const T* __restrict__ A, const T* __restrict__ B,     \
+    HS_KERNEL __launch_bounds__(HS_MM_THREADS) void hs_matmul_##S(const T* __restrict__ A, const T* __restrict__ B, \
                                                         T* __restrict__ C, int M, int N, int K,              \
                                                         hs_i64 stride_a, hs_i64 stride_b, hs_i64 stride_c) { \
         __shared__ float As[HS_MM_BK][HS_MM_TILE + 4];                                                        \

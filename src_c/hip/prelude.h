@@ -2,6 +2,9 @@
 // source compiles with hiprtc (AMD) and NVRTC (NVIDIA, HIP's NVIDIA path). NVRTC sees no headers at all,
 // so everything a kernel needs beyond the compiler built-ins is spelled out here. Kernels must not
 // #include anything; they are `HS_KERNEL` (extern "C" __global__) so their names are stable.
+// The numbers the kernels share with their launch glue are not defined here or in any .hip file: they are
+// hipsched/gpu/compilation/kernel_constants.py's, whose `#define`s come before this file (HS_MFMA_TARGET,
+// HS_MMA_MIN_CUDA_ARCH) and after it (the rest).
 #if defined(__HIPCC_RTC__) || defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
 #define HS_AMD 1
 #ifdef __AMDGCN_WAVEFRONT_SIZE
@@ -252,18 +255,17 @@ HS_DEV float hs_sum8(const float (&v)[8]) { return ((v[0] + v[1]) + (v[2] + v[3]
 // C holds its columns as A and B hold their rows: a product's D is, element for element, the B (and A)
 // fragment of its transpose. So the AMD kernel computes S^T = K Q^T and O^T = V^T P^T, and every value
 // a lane holds belongs to one query row (i).
-// HS_MFMA_16X16X16: CDNA targets (gfx908, gfx90a, gfx940-942), or the emulator at wavefront 64. gfx908
+// HS_MFMA_16X16X16: CDNA targets (HS_MFMA_TARGET, from kernel_constants.py's MFMA_TARGETS: gfx908, gfx90a,
+// gfx940-942), or the emulator at wavefront 64. gfx908
 // (CDNA1) has the float16 instruction but no 16x16x16 bfloat16 one: its bfloat16 product is two
 // v_mfma_f32_16x16x8bf16 (A[i][2q..2q+1] per lane), one on each register: the first multiplies the
 // k = 4q, 4q+1 elements, the second 4q+2, 4q+3, so together they sum all 16 products, in another order.
-// RDNA3's WMMA (gfx11xx) is not used: ROCm 5.2's hiprtc (what CI has) cannot compile for gfx11xx, so such
-// a kernel could not be checked; gfx10xx/gfx11xx and other targets run the SIMT kernels (the glue picks
-// them, hipsched/gpu/ops/attention.py).
-#if defined(HS_NVIDIA) && (defined(HS_EMU_WARP_MATRIX) || __CUDA_ARCH__ >= 800)
+// RDNA3's WMMA (gfx11xx) is not used (kernel_constants.py says why); gfx10xx/gfx11xx and other targets run
+// the SIMT kernels (the glue picks them, hipsched/gpu/ops/attention.py). HS_MMA_MIN_CUDA_ARCH: sm_80.
+#if defined(HS_NVIDIA) && (defined(HS_EMU_WARP_MATRIX) || __CUDA_ARCH__ >= HS_MMA_MIN_CUDA_ARCH)
 #define HS_MMA_M16N8K16 1
 #endif
-#if defined(HS_AMD) && (defined(HS_EMU_WARP_MATRIX) || defined(__gfx908__) || defined(__gfx90a__) || \
-                        defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
+#if defined(HS_AMD) && (defined(HS_EMU_WARP_MATRIX) || defined(HS_MFMA_TARGET))
 #define HS_MFMA_16X16X16 1
 #endif
 

@@ -23,11 +23,10 @@
 // Products accumulate in fp32 against the activations as given, float32 or a half type widened on load
 // (x is never re-quantized), and are rounded once to x's type.
 
-#define HSQ_SBQ 512                          // quant bytes of a superblock: 32 lanes x 16
-#define HSQ_SBK(Q8) ((Q8) ? 512 : 1024)      // weights of a superblock (along k)
-#define HSQ_SBB(Q8) ((Q8) ? 544 : 576)       // bytes of a superblock
-#define HSQ_NG(Q8) ((Q8) ? 4 : 8)            // groups of 4 weights a lane holds in a superblock
-#define HSQ_BIAS(Q8) ((Q8) ? 128.0f : 8.0f)  // what the stored bytes / nibbles are offset by
+// The layout's numbers, HSQ_SBQ (quant bytes of a superblock), HSQ_SBK(Q8) (its weights along k),
+// HSQ_SBB(Q8) (its bytes), HSQ_NG(Q8) (groups of 4 weights a lane holds) and HSQ_BIAS(Q8) (what the stored
+// bytes / nibbles are offset by), are hipsched/gpu/compilation/kernel_constants.py's, as are the products'
+// geometry below (HSQ_NR, HSQ_NRN, HSQ_MC, HSQ_TM, HSQ_TN and the launch sizes HSQ_*_THREADS).
 
 // Byte i (0..3) of w, which holds bytes already offset to unsigned (q + bias), as an exact float
 // minus `bias`. Int->float conversion runs at a quarter rate on NVIDIA, so there the byte is placed in
@@ -145,11 +144,7 @@ HS_KERNEL void hs_dequantize_q4_0(const hs_u8* __restrict__ w, float4* __restric
 // clock per SM where HBM needs 14 / 26, so L1 is not the bound; the conversions (PRMT + FADD + FMA per
 // weight, a 32-bit add per 4 for the scale) are far below the FP32 and integer rates. U = 2 rather
 // than more: each further superblock costs ~24 (Q8_0) / 32 (Q4_0) registers.
-#define HSQ_NR 2
 #define HSQ_U 2
-// Launch sizes, declared so AMD compilers budget registers for them (not for 1024-thread blocks).
-#define HSQ_MV_THREADS 128
-#define HSQ_MM_THREADS 256
 
 template <int Q8, class T>
 HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const T* __restrict__ x, T* __restrict__ y, hs_i64 n, hs_i64 k) {
@@ -204,11 +199,6 @@ HS_DEV void hsq_matvec(const hs_u8* __restrict__ w, const T* __restrict__ x, T* 
 // floats: the staging stores hit 32 distinct banks). The weight loads of the superblock are issued
 // before the staging, so they are in flight while it runs. Bandwidth bound up to about 16 columns (9 to
 // 16 take two passes over W); more go to hsq_matmat.
-#define HSQ_MC 8
-// rows per team: 4 share each x read from shared memory; Q4_0 takes 2, its chunks holding twice the
-// scales (4 rows spilled on sm_90 at 128 registers)
-#define HSQ_NRN(Q8) ((Q8) ? 4 : 2)
-#define HSQ_MN_THREADS 128
 // NVIDIA: at least 4 blocks an SM (at most 128 registers), which ptxas otherwise undercuts with a spill
 // (80 registers and 16 bytes of local memory for Q4_0); AMD's second argument means waves per EU and
 // would cap the VGPRs at 128 for 4 (51 spilled on gfx90a): 1 there
@@ -301,8 +291,6 @@ HS_DEV void hsq_matvecn(const hs_u8* __restrict__ w, const T* __restrict__ x, T*
 // (strided so the shared X reads of a warp hit 16 consecutive banks). Launch: grid (ceil(n/64),
 // ceil(m/64)), block 256. A float32 x always takes this kernel, a half x on targets without matrix cores
 // (a half x with them: hsq_matmat_mma below).
-#define HSQ_TM 64
-#define HSQ_TN 64
 
 // The 8 weights kk .. kk+7 (kk a multiple of 8, < k) of a row of the repacked layout: they lie in one
 // group of two adjacent lanes (4 each) of one block, so two aligned 32-bit loads and one scale; stored
@@ -400,11 +388,6 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const T* __restrict__ x, T* 
 // of group g): one 32-bit word of 4 quants per lane and row. A step past k reads the last superblock's
 // padding (quants 0, scale 0) and zeros of x. Launch: grid (ceil(n/64), ceil(m/64)), block 4 warps.
 #if defined(HS_MM16)
-#ifdef HS_NVIDIA
-#define HSQ_MMA_THREADS 128   // 4 warps; spelled out for __launch_bounds__ (the emulator reads it unnested)
-#else
-#define HSQ_MMA_THREADS 256   // 4 waves of 64
-#endif
 #define HSQ_KT 64             // k's of a step: two quant blocks
 #define HSQ_LDT (HSQ_KT + 8)  // row stride of the shared tiles, in elements
 

@@ -107,17 +107,16 @@ HS_DEV void hs_cosine_body(const E* __restrict__ q, const float* __restrict__ qi
         hs_cosine_body<1, 4, E>(q, qinv, T, out, m, n, d, q0);                                                 \
     }                                                                                                          \
     HS_KERNEL void hs_cosine_##S##_q8(const E* q, const float* qinv, const E* T, float* out, hs_i64 m, hs_i64 n, \
-                                      hs_i64 d, hs_i64 q0) { hs_cosine_body<8, 1, E>(q, qinv, T, out, m, n, d, q0); } \
+                                      hs_i64 d, hs_i64 q0) { hs_cosine_body<HS_COSINE_MQ, 1, E>(q, qinv, T, out, m, n, d, q0); } \
     HS_KERNEL void hs_cosine_##S##_q8_v4(const E* q, const float* qinv, const E* T, float* out, hs_i64 m,       \
                                          hs_i64 n, hs_i64 d, hs_i64 q0) {                                      \
-        hs_cosine_body<8, 4, E>(q, qinv, T, out, m, n, d, q0);                                                 \
+        hs_cosine_body<HS_COSINE_MQ, 4, E>(q, qinv, T, out, m, n, d, q0);                                      \
     }
 HS_FOR_EACH_FLOAT(HS_COSINE)
 
 // ---------------------------------------------------------------------------------------------- top-k
 
-#define HS_TOPK_SEG 2048      /* candidates one block selects from */
-#define HS_TOPK_THREADS 256
+// HS_TOPK_SEG (candidates one block selects from), HS_TOPK_THREADS: hipsched/gpu/compilation/kernel_constants.py.
 
 // Is (va, ia) ranked before (vb, ib)? Index < 0 marks an empty or taken slot, ranked after everything.
 HS_DEV bool hs_topk_better(float va, hs_i64 ia, float vb, hs_i64 ib) {

@@ -185,7 +185,7 @@ HS_DEV void hs_softmax_strided_body(const E* __restrict__ x, E* __restrict__ y, 
         __shared__ float scratch[HS_MAX_WARPS];                                                                 \
         hs_softmax_regs_body<2, T>(x, y, rows, len, scratch);                                                   \
     }                                                                                                           \
-    HS_KERNEL void __launch_bounds__(1024) hs_softmax_regs_##S##_p4(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len) { \
+    HS_KERNEL void __launch_bounds__(HS_SOFTMAX_REGS_THREADS) hs_softmax_regs_##S##_p4(const T* __restrict__ x, T* __restrict__ y, hs_i64 rows, hs_i64 len) { \
         __shared__ float scratch[HS_MAX_WARPS];                                                                 \
         hs_softmax_regs_body<4, T>(x, y, rows, len, scratch);                                                   \
     }                                                                                                           \

@@ -12,7 +12,7 @@ import re
 import pytest
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "hipsched")
-LEAVES = ("device_arrays.py", "gguf_blocks.py", "resident.py")
+LEAVES = ("broadcast.py", "device_arrays.py", "gguf_blocks.py", "resident.py")
 
 
 def _imports(path, module_level_only=False):

@@ -992,15 +992,14 @@ class EmuRuntime(Runtime):
 
 
 def prelude_context(cache_dir: str, name: str, source: str, warp: int = 32):
-    """(runtime, GpuContext) whose only kernel source is `name`: prelude.h, then `source` (test kernels that
-    call the prelude's own device functions, which no op exposes one by one), on the emulator."""
-    from hipsched.gpu.compilation.kernels import PRELUDE, KernelCache, _source_dir
+    """(runtime, GpuContext) whose only kernel source is `name`: the kernels' prelude (kernels.prelude), then
+    `source` (test kernels that call the prelude's own device functions, which no op exposes one by one),
+    on the emulator."""
+    from hipsched.gpu.compilation.kernels import KernelCache, prelude
     from hipsched.gpu.launch.context import GpuContext
     rt = EmuRuntime(warp)
     ctx = GpuContext(rt, cache_dir=cache_dir)
-    prelude = (_source_dir() / PRELUDE).read_text()
-    ctx.cache = KernelCache(rt.compiler, ctx.cache.cache_dir,
-                            sources={name: prelude + f'\n#line 1 "{name}"\n' + source})
+    ctx.cache = KernelCache(rt.compiler, ctx.cache.cache_dir, sources={name: prelude() + f'#line 1 "{name}"\n' + source})
     return rt, ctx
 
 

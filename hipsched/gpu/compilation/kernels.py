@@ -1,8 +1,9 @@
 """Kernel sources, the on-disk code-object cache and the in-process module cache.
 
 Sources are src_c/hip/*.hip (package data `hipsched.hip_src` once installed; the source tree when
-running in place), each with src_c/hip/prelude.h prepended so the same text compiles with hiprtc and
-NVRTC. Code objects are cached on disk keyed by everything that changes the binary (see
+running in place), each with `prelude()` prepended: src_c/hip/prelude.h, so the same text compiles with
+hiprtc and NVRTC, between the `#define`s of kernel_constants.py, the numbers the kernels share with their
+launch glue. Code objects are cached on disk keyed by everything that changes the binary (see
 `cache_key`); a short, corrupt or mismatched entry is a miss and is rewritten, never an error. Loaded
 modules are cached per (runtime, device, source) for the life of the process."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from ...atomic_file import atomic_write
 from ...errors import GpuError
+from . import kernel_constants
 from .codeobject import kernel_symbols
 from .compilers import load_target
 
@@ -46,12 +48,26 @@ def _source_dir():
     return tree
 
 
+CONSTANTS = "kernel_constants.py"   # the generated blocks' file name in diagnostics (#line)
+
+
+def prelude(text: str | None = None) -> str:
+    """What comes before every kernel source: kernel_constants' defines of the target tests, prelude.h (or
+    `text`), then the constants the kernels read (after the prelude, whose vendor test they may use).
+    Each part starts with a `#line` so that diagnostics name prelude.h's own lines."""
+    if text is None:
+        path = _source_dir() / PRELUDE
+        text = path.read_text() if path.is_file() else ""
+    return (f'#line 1 "{CONSTANTS}"\n' + kernel_constants.prelude_defines() + f'#line 1 "{PRELUDE}"\n' + text
+            + f'\n#line 1 "{CONSTANTS}"\n' + kernel_constants.defines())
+
+
 def kernel_sources() -> dict[str, str]:
-    """{file name: prelude + source} for every src_c/hip/*.hip, sorted by name."""
+    """{file name: prelude() + source} for every src_c/hip/*.hip, sorted by name."""
     root = _source_dir()
     entries = {p.name: p for p in root.iterdir()} if root.is_dir() else {}
-    prelude = entries[PRELUDE].read_text() if PRELUDE in entries else ""
-    return {name: prelude + "\n#line 1 \"" + name + "\"\n" + entries[name].read_text()
+    head = prelude(entries[PRELUDE].read_text() if PRELUDE in entries else "")
+    return {name: head + "#line 1 \"" + name + "\"\n" + entries[name].read_text()
             for name in sorted(entries) if name.endswith(".hip")}
 
 

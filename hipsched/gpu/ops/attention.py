@@ -16,17 +16,13 @@ import ctypes
 import math
 
 from ...errors import GpuError
+from ..compilation.kernel_constants import HSA_DIMS, HSA_R, HSA_THREADS, HSF_ROWS, HSF_THREADS, HSM_ROWS, HSM_THREADS
 from ..launch.context import Launch, pure_plan
 from .common import KERNEL_SUFFIX, has_mma, kernel_suffix, np_dtype
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
-_THREADS = 128  # HSA_THREADS
-_ROWS_PER_THREAD = 4  # HSA_R
-_DIMS_PER_THREAD = 16  # a query row is spread over head_dim_class / 16 threads
 MMA_CLASSES = (32, 64, 128)   # head-dim classes with tensor-core kernels (d256 would spill its registers)
-MMA_ROWS = 64                 # HSM_ROWS / HSF_ROWS: query rows per block, 16 per warp
-MMA_WARPS = 4                 # HSM_WARPS / HSF_WARPS: 128 threads at warp 32, 256 at wavefront 64
 
 
 def head_dim_class(hd: int) -> int:
@@ -40,15 +36,15 @@ def head_dim_class(hd: int) -> int:
 def attention_launches(b: int, h: int, sq: int, hd: int, suffix: str = "f32", mma: bool = False,
                        warp: int = 32) -> list[Launch]:
     """One block per query tile of one (batch, head), all on grid x: the matrix-core kernel when `mma`
-    (the target has it) and the dtype and head-dim class do (4 warps of `warp` lanes), else the SIMT
-    kernel."""
+    (the target has it) and the dtype and head-dim class do (4 warps of `warp` lanes: the mma.sync kernel's
+    HSM_ geometry at warp 32, the MFMA one's HSF_ at wavefront 64), else the SIMT kernel."""
     d = head_dim_class(hd)
     if mma and suffix != "f32" and d in MMA_CLASSES:
-        return [Launch.of("attention", f"hs_attention_{suffix}_mma_d{d}", -(-sq // MMA_ROWS) * b * h,
-                          MMA_WARPS * warp)]
-    rows = _ROWS_PER_THREAD * _THREADS // (d // _DIMS_PER_THREAD)
+        rows, threads = (HSM_ROWS, HSM_THREADS) if warp == 32 else (HSF_ROWS, HSF_THREADS)
+        return [Launch.of("attention", f"hs_attention_{suffix}_mma_d{d}", -(-sq // rows) * b * h, threads)]
+    rows = HSA_R * HSA_THREADS // (d // HSA_DIMS)
     name = f"hs_attention_d{d}" if suffix == "f32" else f"hs_attention_{suffix}_d{d}"
-    return [Launch.of("attention", name, -(-sq // rows) * b * h, _THREADS)]
+    return [Launch.of("attention", name, -(-sq // rows) * b * h, HSA_THREADS)]
 
 
 def attention_plan(ctx, call) -> list[Launch]:

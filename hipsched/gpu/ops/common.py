@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from ...errors import GpuError
+from ..compilation.kernel_constants import MFMA_TARGETS, MMA_MIN_SM
 
 BLOCK = 256
 
@@ -29,20 +30,16 @@ RESIDENT_BLOCKS_V8 = 4
 KERNEL_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
-# Targets whose kernels include the matrix-core ones (attention's and qmatmul's `_mma_` kernels).
-_MMA_MIN_SM = 80              # mma.sync m16n8k16 in bf16, cp.async, ldmatrix: sm_80's
-_MFMA_TARGETS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942")   # prelude.h's HS_MFMA_16X16X16
-
-
 def has_mma(arch: str | None) -> bool:
     """Whether kernels compiled for `arch` ("sm_90", "gfx90a:xnack-") include the matrix-core ones: the
     tests prelude.h's HS_MMA_M16N8K16 (__CUDA_ARCH__) and HS_MFMA_16X16X16 (the __gfx*__ macros) make,
-    on the target name (an AMD target's features after the colon do not matter)."""
+    on the target name (an AMD target's features after the colon do not matter), from the same
+    kernel_constants MMA_MIN_SM and MFMA_TARGETS."""
     arch = (arch or "").strip()
-    if arch.split(":")[0] in _MFMA_TARGETS:
+    if arch.split(":")[0] in MFMA_TARGETS:
         return True
     found = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
-    return bool(found) and int(found.group(1)) >= _MMA_MIN_SM
+    return bool(found) and int(found.group(1)) >= MMA_MIN_SM
 
 
 def kernel_suffix(call, op=None, dtypes=tuple(KERNEL_SUFFIX)) -> str:

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from ctypes import c_float, c_int32, c_int64
 
+from ...broadcast import bias_fits
 from ...errors import GpuError
+from ..compilation.kernel_constants import HS_SOFTMAX_REGS_THREADS
 from ..launch.context import Launch, grid_stride_blocks, pure_plan
 from .common import (BLOCK, KERNEL_SUFFIX, RESIDENT_BLOCKS_V8, _aligned, _empty_result, _param, _size, _will_align, bandwidth_blocks,
                      kernel_suffix, np_dtype, row_regs_geometry, row_regs_max_len)
 
 # Rows up to this length are kept in shared memory by the softmax kernel (48 KiB, less its scratch).
 SOFTMAX_CACHED_LEN = 11 * 1024
-# Rows up to this length (and a multiple of 8) are held in registers by hs_softmax_regs_* and read once:
-# blocks up to 1024 threads (the p4 kernels are compiled for 1024, __launch_bounds__, so at most 64
-# registers on NVIDIA).
-SOFTMAX_REGS_THREADS = 1024
-SOFTMAX_REGS_MAX_LEN = row_regs_max_len(SOFTMAX_REGS_THREADS)
+# Rows up to this length (and a multiple of 8) are held in registers by hs_softmax_regs_* and read once,
+# in blocks up to HS_SOFTMAX_REGS_THREADS.
+SOFTMAX_REGS_MAX_LEN = row_regs_max_len(HS_SOFTMAX_REGS_THREADS)
 
 
 def _v8_items(n: int) -> int:
@@ -44,10 +44,11 @@ def add_plan(ctx, call) -> list[Launch]:
     a_in, b_in = call.args[0], call.args[1]
     suffix = kernel_suffix(call)
     n, nb = _size(a_in.shape), _size(b_in.shape)
+    if not bias_fits(a_in.shape, b_in.shape):
+        raise GpuError("unsupported", f"add: b {tuple(b_in.shape)} is neither a's shape {tuple(a_in.shape)} "
+                                      "nor a trailing part of it")
     if n == 0:
         return []
-    if nb == 0 or n % nb:
-        raise GpuError("unsupported", f"add: b {tuple(b_in.shape)} does not tile a {tuple(a_in.shape)}")
     return add_launches(n, nb, _will_align(a_in, b_in), ctx.multiprocessors, suffix)
 
 
@@ -163,7 +164,7 @@ def softmax_launches(outer: int, length: int, inner: int, vec: bool, multiproces
     longer rows: 16-byte packs), 4 when length % 4 == 0."""
     if inner == 1:
         grid = min(outer, 1 << 20)  # the kernel strides over further rows
-        regs = row_regs_geometry(length, SOFTMAX_REGS_THREADS) if vec and length % 8 == 0 else None
+        regs = row_regs_geometry(length, HS_SOFTMAX_REGS_THREADS) if vec and length % 8 == 0 else None
         if regs is not None:
             packs, block = regs
             return [Launch.of("softmax", f"hs_softmax_regs_{suffix}_p{packs}", grid, block)]

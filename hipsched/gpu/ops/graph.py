@@ -10,11 +10,11 @@ import ctypes
 
 import numpy as np
 
+from ..compilation.kernel_constants import HSG_GROUP
 from ..launch.context import Launch, grid_stride_blocks, pure_plan
 from .common import kernel_suffix
 
 _BLOCK = 256
-_GROUP = 8  # HSG_GROUP: lanes per row in the push kernel
 
 
 def _index_pair(indptr, indices):
@@ -27,9 +27,9 @@ def _index_pair(indptr, indices):
 
 @pure_plan
 def spread_launches(n: int, index_dtype, multiprocessors: int) -> list[Launch]:
-    """One step: push along the edges (_GROUP lanes per row), then the finishing rule per node."""
+    """One step: push along the edges (HSG_GROUP lanes per row), then the finishing rule per node."""
     push = "hs_spread_push_i32" if np.dtype(index_dtype) == np.int32 else "hs_spread_push_i64"
-    return [Launch.of("graph", push, grid_stride_blocks(n * _GROUP, _BLOCK, multiprocessors), _BLOCK),
+    return [Launch.of("graph", push, grid_stride_blocks(n * HSG_GROUP, _BLOCK, multiprocessors), _BLOCK),
             Launch.of("graph", "hs_spread_finish", grid_stride_blocks(n, _BLOCK, multiprocessors), _BLOCK)]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ctypes import c_int32, c_int64
 
 from ...errors import GpuError
+from ..compilation.kernel_constants import HS_MM_THREADS, HS_MM_TILE
 from ..launch.context import Launch, pure_plan
 from .common import KERNEL_SUFFIX, _size, kernel_suffix, np_dtype
 
@@ -72,10 +73,10 @@ def matmul(ctx, call, stream):
 
 @pure_plan
 def matmul_launches(batch: int, M: int, N: int, K: int, suffix: str = "f32") -> list[Launch]:
-    """The tiled fallback kernel (no vendor BLAS): a 64x64 tile of C per block, batch on grid z."""
+    """The tiled fallback kernel (no vendor BLAS): a HS_MM_TILE square tile of C per block, batch on grid z."""
     if max(M, N, K) >= 2**31:  # the kernel takes int dimensions
         raise GpuError("unsupported", f"matmul: {batch}x{M}x{N}x{K} exceeds the fallback kernel's 32-bit sizes")
-    return [Launch.of("matmul", f"hs_matmul_{suffix}", (-(-N // 64), -(-M // 64), batch), 256)]
+    return [Launch.of("matmul", f"hs_matmul_{suffix}", (-(-N // HS_MM_TILE), -(-M // HS_MM_TILE), batch), HS_MM_THREADS)]
 
 
 def report_launches(warp: int, multiprocessors: int) -> list[Launch]:

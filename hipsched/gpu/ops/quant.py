@@ -17,37 +17,26 @@ import ctypes
 import numpy as np
 
 from ...errors import GpuError
-from ...gguf_blocks import BLOCK_BYTES, QK, SUPERBLOCK, device_bytes
+from ...gguf_blocks import BLOCK_BYTES, QK, SUPERBLOCK, device_bytes, row_blocks, row_superblocks
+from ..compilation.kernel_constants import (HSQ_LANES, HSQ_MC, HSQ_MM_THREADS, HSQ_MMA_WARPS, HSQ_MN_THREADS,
+                                            HSQ_MV_THREADS, HSQ_NG, HSQ_NR, HSQ_NRN, HSQ_SBQ, HSQ_TM, HSQ_TN)
 from ..launch.context import Launch, grid_stride_blocks, pure_plan
 from .common import KERNEL_SUFFIX, has_mma
 
 _DEQ_BLOCK = 256
-_MATVEC_BLOCK = 128      # threads: 4 teams of 32 lanes (a warp, or half an AMD wavefront)
-_MATVEC_ROWS = 2         # HSQ_NR in quant.hip: rows per team of the one-column mat-vec
-_MATVECN_ROWS = {"q8_0": 4, "q4_0": 2}   # HSQ_NRN: rows per team of the several-column mat-vec
-_MATVECN_COLS = 8        # HSQ_MC: columns per block of it (grid y: chunks of columns)
 _MATVEC_MAX_COLS = 16    # up to this many columns of x go through the mat-vec kernels; more, the tiles
-_TILE = 64               # HSQ_TM / HSQ_TN in quant.hip
-_MMA_WARPS = 4           # warps (waves) per block of the matrix-core tiles, hs_qmatmat_<x>_mma_<qtype>
-_LANES = 32              # lanes per superblock (each 16 bytes of quants)
-_GROUP_SPAN = 128        # weights between a lane's consecutive groups of 4
-
-
-def _groups(qtype: str) -> int:
-    """Groups of 4 weights a lane holds in a superblock (HSQ_NG)."""
-    return 4 if qtype == "q8_0" else 8
 
 
 def device_layout(blocks: np.ndarray, qtype: str) -> np.ndarray:
     """The device layout of (n, row bytes) gguf `qtype` blocks, as one uint8 array (quant.hip's header
-    describes it): rows of superblocks of SUPERBLOCK[qtype] blocks, each 512 quant bytes (lane l's 16
+    describes it): rows of superblocks of SUPERBLOCK[qtype] blocks, each HSQ_SBQ quant bytes (lane l's 16
     bytes holding weights 128 g + 4 l + c of groups g, Q8_0 biased by 128, Q4_0 two groups per word in
     its low and high nibbles) then the blocks' fp16 scales in the order (l / 8, g). The last
     superblock of a row is padded with zero weights (quant 0, scale +0)."""
     n, rb = blocks.shape
-    bb, sb, ng = BLOCK_BYTES[qtype], SUPERBLOCK[qtype], _groups(qtype)
+    bb, sb, ng = BLOCK_BYTES[qtype], SUPERBLOCK[qtype], HSQ_NG[qtype]
     nb = rb // bb
-    nsb = -(-nb // sb)
+    nsb = row_superblocks(nb * QK, qtype)
     blk = np.ascontiguousarray(blocks).reshape(n, nb, bb)
     scales = np.zeros((n, nsb * sb, 2), np.uint8)
     scales[:, :nb] = blk[:, :, :2]
@@ -66,10 +55,10 @@ def device_layout(blocks: np.ndarray, qtype: str) -> np.ndarray:
         groups[:, :nb, :4] = words & 0x0F0F0F0F
         groups[:, :nb, 4:] = (words >> 4) & 0x0F0F0F0F
     # group index within a superblock = 32 g + l (weight 128 g + 4 l)  ->  lane-major (l, g)
-    lanes = groups.reshape(n, nsb, ng, _LANES).transpose(0, 1, 3, 2)
+    lanes = groups.reshape(n, nsb, ng, HSQ_LANES).transpose(0, 1, 3, 2)
     if qtype == "q4_0":   # groups 2v and 2v+1 share word v: low and high nibbles
         lanes = lanes[..., 0::2] | (lanes[..., 1::2] << 4)
-    quants = np.ascontiguousarray(lanes).view(np.uint8).reshape(n, nsb, 512)
+    quants = np.ascontiguousarray(lanes).view(np.uint8).reshape(n, nsb, HSQ_SBQ)
     # block 4 g + l/8 at scale position (l/8) ng + g
     scales = scales.reshape(n, nsb, ng, 4, 2).transpose(0, 1, 3, 2, 4)
     out = np.concatenate([quants, scales.reshape(n, nsb, -1)], axis=2)
@@ -78,16 +67,15 @@ def device_layout(blocks: np.ndarray, qtype: str) -> np.ndarray:
 
 def host_layout(dev: np.ndarray, n: int, k: int, qtype: str) -> np.ndarray:
     """The inverse of device_layout: (n, row bytes) gguf blocks from the device layout's bytes."""
-    bb, sb, ng = BLOCK_BYTES[qtype], SUPERBLOCK[qtype], _groups(qtype)
-    nb = k // QK
-    nsb = -(-nb // sb)
+    bb, sb, ng = BLOCK_BYTES[qtype], SUPERBLOCK[qtype], HSQ_NG[qtype]
+    nb, nsb = row_blocks(k), row_superblocks(k, qtype)
     d = np.asarray(dev, np.uint8).reshape(n, nsb, -1)
-    q = d[:, :, :512].reshape(n, nsb, _LANES, -1)
+    q = d[:, :, :HSQ_SBQ].reshape(n, nsb, HSQ_LANES, -1)
     if qtype == "q4_0":
-        w = q.reshape(n, nsb, _LANES, ng // 2, 1, 4)
-        q = np.concatenate([w & 0x0F, w >> 4], axis=4).reshape(n, nsb, _LANES, ng, 4)
-    q = q.reshape(n, nsb, _LANES, ng, 4).transpose(0, 1, 3, 2, 4).reshape(n, nsb * sb, QK)[:, :nb]
-    scales = d[:, :, 512:].reshape(n, nsb, 4, ng, 2).transpose(0, 1, 3, 2, 4).reshape(n, nsb * sb, 2)[:, :nb]
+        w = q.reshape(n, nsb, HSQ_LANES, ng // 2, 1, 4)
+        q = np.concatenate([w & 0x0F, w >> 4], axis=4).reshape(n, nsb, HSQ_LANES, ng, 4)
+    q = q.reshape(n, nsb, HSQ_LANES, ng, 4).transpose(0, 1, 3, 2, 4).reshape(n, nsb * sb, QK)[:, :nb]
+    scales = d[:, :, HSQ_SBQ:].reshape(n, nsb, 4, ng, 2).transpose(0, 1, 3, 2, 4).reshape(n, nsb * sb, 2)[:, :nb]
     if qtype == "q8_0":
         body = q ^ 0x80
     else:
@@ -150,30 +138,30 @@ def _aligned(ctx, x, stream):
 @pure_plan
 def dequantize_launches(n: int, k: int, qtype: str, multiprocessors: int) -> list[Launch]:
     """One thread per lane chunk of a superblock (32 per superblock, 16 or 32 weights each)."""
-    chunks = n * -(-(k // QK) // SUPERBLOCK[qtype]) * _LANES
+    chunks = n * row_superblocks(k, qtype) * HSQ_LANES
     return [Launch.of("quant", f"hs_dequantize_{qtype}", grid_stride_blocks(chunks, _DEQ_BLOCK, multiprocessors),
                       _DEQ_BLOCK)]
 
 
 @pure_plan
 def qmatmul_launches(n: int, m: int, qtype: str, warp: int, suffix: str = "f32", mma: bool = False) -> list[Launch]:
-    """W (n, k) x X (k, m): the one-column mat-vec (a team of 32 lanes per _MATVEC_ROWS rows) for m == 1,
-    the several-column one (teams of _MATVECN_ROWS rows, grid y: chunks of _MATVECN_COLS columns) up to
-    _MATVEC_MAX_COLS, else 64x64 output tiles on grid (n / 64, m / 64): on the matrix cores when `mma`
-    (the target has them) and x is a half type (4 warps of `warp` lanes), else SIMT (256 threads). The
+    """W (n, k) x X (k, m): the one-column mat-vec (a team of 32 lanes per HSQ_NR rows) for m == 1, the
+    several-column one (teams of HSQ_NRN rows, grid y: chunks of HSQ_MC columns) up to _MATVEC_MAX_COLS,
+    else HSQ_TM x HSQ_TN output tiles: on the matrix cores when `mma` (the target has them) and x is a half
+    type (HSQ_MMA_WARPS warps of `warp` lanes), else SIMT (HSQ_MM_THREADS threads). The
     mat-vecs' geometry is in teams of 32 lanes whatever the warp size; `suffix`, x's element type, only
     renames those kernels."""
     if m == 1:
-        rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVEC_ROWS
-        return [Launch.of("quant", f"hs_qmatvec_{suffix}_{qtype}", -(-n // rows_per_block), _MATVEC_BLOCK)]
+        rows_per_block = (HSQ_MV_THREADS // HSQ_LANES) * HSQ_NR
+        return [Launch.of("quant", f"hs_qmatvec_{suffix}_{qtype}", -(-n // rows_per_block), HSQ_MV_THREADS)]
     if m <= _MATVEC_MAX_COLS:
-        rows_per_block = (_MATVEC_BLOCK // _LANES) * _MATVECN_ROWS[qtype]
-        return [Launch.of("quant", f"hs_qmatvecn_{suffix}_{qtype}", (-(-n // rows_per_block), -(-m // _MATVECN_COLS)),
-                          _MATVEC_BLOCK)]
-    grid = (-(-n // _TILE), -(-m // _TILE))
+        rows_per_block = (HSQ_MN_THREADS // HSQ_LANES) * HSQ_NRN[qtype]
+        return [Launch.of("quant", f"hs_qmatvecn_{suffix}_{qtype}", (-(-n // rows_per_block), -(-m // HSQ_MC)),
+                          HSQ_MN_THREADS)]
+    grid = (-(-n // HSQ_TM), -(-m // HSQ_TN))
     if mma and suffix != "f32":   # a float32 x would be rounded by the matrix cores: SIMT (quant.hip)
-        return [Launch.of("quant", f"hs_qmatmat_{suffix}_mma_{qtype}", grid, _MMA_WARPS * warp)]
-    return [Launch.of("quant", f"hs_qmatmat_{suffix}_{qtype}", grid, 256)]
+        return [Launch.of("quant", f"hs_qmatmat_{suffix}_mma_{qtype}", grid, HSQ_MMA_WARPS * warp)]
+    return [Launch.of("quant", f"hs_qmatmat_{suffix}_{qtype}", grid, HSQ_MM_THREADS)]
 
 
 def dequantize_plan(ctx, call) -> list[Launch]:

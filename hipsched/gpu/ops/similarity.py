@@ -7,16 +7,12 @@ from ctypes import c_int32, c_int64
 import numpy as np
 
 from ...errors import GpuError
+from ..compilation.kernel_constants import HS_COSINE_MQ, HS_TOPK_SEG, HS_TOPK_THREADS
 from ..launch.context import Launch, grid_stride_blocks, pure_plan
 from .common import BLOCK, KERNEL_SUFFIX, _aligned, _empty_result, _param, _will_align, kernel_suffix, np_dtype
 
-# Must match HS_TOPK_SEG / HS_TOPK_THREADS in similarity.hip. k above half a segment would make the
-# multi-pass selection stall, so larger k is not offered on the GPU (the CPU takes those calls).
-TOPK_SEG = 2048
-TOPK_THREADS = 256
-TOPK_MAX_K = TOPK_SEG // 2
-# Queries scored per pass over T by the multi-query cosine kernel.
-COSINE_MQ = 8
+# k above half a segment would make the multi-pass selection stall (kernel_constants.py)
+TOPK_MAX_K = HS_TOPK_SEG // 2
 
 
 def _queries_of_corpus_dtype(call) -> None:
@@ -37,7 +33,7 @@ def _as_queries(q_in):
 @pure_plan
 def cosine_launches(m: int, n: int, d: int, vec: bool, warp: int, multiprocessors: int,
                     suffix: str = "f32") -> list[Launch]:
-    """Query norms (one warp per row), then the scoring kernel, launched once per COSINE_MQ queries
+    """Query norms (one warp per row), then the scoring kernel, launched once per HS_COSINE_MQ queries
     (the second launch repeats with the next q0)."""
     warps_per_block = BLOCK // warp
     name = f"hs_cosine_{suffix}" + ("_q8" if m > 1 else "_q1") + ("_v4" if vec else "")
@@ -52,7 +48,7 @@ def _cosine_scores(ctx, q, T, m, n, d, stream, scores, suffix="f32"):
     vec = d % 4 == 0 and _aligned(q, T)
     norms, score = cosine_launches(m, n, d, vec, ctx.warp_size, ctx.multiprocessors, suffix)
     ctx.run(norms, (q, qinv, c_int64(m), c_int64(d)), stream)
-    step = COSINE_MQ if m > 1 else 1
+    step = HS_COSINE_MQ if m > 1 else 1
     for q0 in range(0, m, step):
         ctx.run(score, (q, qinv, T, scores, c_int64(m), c_int64(n), c_int64(d), c_int64(q0)), stream)
     return scores
@@ -89,18 +85,18 @@ def cosine_similarity(ctx, call, stream):
 
 @pure_plan
 def top_k_select_launches(m: int, n: int, kout: int) -> list[Launch]:
-    """The selection passes: each keeps the best kout of every TOPK_SEG-candidate segment of each of
+    """The selection passes: each keeps the best kout of every HS_TOPK_SEG-candidate segment of each of
     the m rows (grid (segments, rows)), until one segment per row is left."""
     if kout > TOPK_MAX_K:
         raise GpuError("unsupported", f"top_k: k={kout} is above the GPU limit {TOPK_MAX_K}")
-    if n >= 2**31 // TOPK_SEG * TOPK_SEG:  # candidate positions are kept below 2^31
+    if n >= 2**31 // HS_TOPK_SEG * HS_TOPK_SEG:  # candidate positions are kept below 2^31
         raise GpuError("unsupported", f"top_k: {n} targets is above the GPU kernel's limit")
     passes, length = [], n
     for _ in range(64):  # kout <= SEG/2 at least halves the candidates each pass
-        nseg = -(-length // TOPK_SEG)
+        nseg = -(-length // HS_TOPK_SEG)
         if nseg > 65535:
             raise GpuError("unsupported", f"top_k: {n} targets needs more than 65535 segments")
-        passes.append(Launch.of("similarity", "hs_topk_select_f32", (nseg, m, 1), TOPK_THREADS))
+        passes.append(Launch.of("similarity", "hs_topk_select_f32", (nseg, m, 1), HS_TOPK_THREADS))
         if nseg == 1:
             return passes
         length = nseg * kout

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from hipsched.gpu.compilation.kernels import prelude
+
 import gpu_emulator
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 
 TESTS = Path(__file__).resolve().parents[2] / "support"   # gpu_emulator.py and its helpers
-PRELUDE = (Path(__file__).resolve().parents[3] / "src_c" / "hip" / "prelude.h").read_text()
+PRELUDE = prelude()   # what kernels.py puts before every kernel source
 
 PLANTED = r"""
 // y[i] = x[i] over n elements; `over` extra iterations run past the end (the planted overflow)
@@ -86,7 +88,7 @@ print("result", json.dumps(y.tolist()))
 def images(tmp_path_factory):
     """The planted kernels built once per checker (a sanitized build takes seconds)."""
     d = tmp_path_factory.mktemp("planted")
-    source = PRELUDE + '\n#line 1 "planted.hip"\n' + PLANTED
+    source = PRELUDE + '#line 1 "planted.hip"\n' + PLANTED
     built = {}
 
     def image(kind):

@@ -275,7 +275,7 @@ def test_cosine_zero_nan_extreme(emu):
 # runs under ASan and TSan in .ci/run), so k stays small. float32 takes 3 segments (two selection passes)
 # and one query. Only the scoring differs for a half type: the glue scores half inputs with the half cosine
 # kernel into float32 scratch, then launches the same hs_topk_select_f32 passes whatever the dtype; so one
-# segment (600 rows < TOPK_SEG) and 2 queries (the multi-query scoring kernel).
+# segment (600 rows < HS_TOPK_SEG) and 2 queries (the multi-query scoring kernel).
 @dtype_cases("rows,d,queries", float32=[(5000, 6, None)], halves=[(600, 8, 2)])
 def test_top_k(emu, rng, dtype, rows, d, queries):
     t = TYPES[dtype]

@@ -10,7 +10,7 @@ import pytest
 from hipsched.errors import GpuError
 from hipsched.gpu.compilation.codeobject import kernel_symbols
 from hipsched.gpu.compilation.compilers import get_compiler, split_amd_target
-from hipsched.gpu.compilation.kernels import KernelCache, kernel_names, kernel_sources
+from hipsched.gpu.compilation.kernels import KernelCache, kernel_names, kernel_sources, prelude
 
 from real_compilers import cache_dir, compiler_or_skip  # noqa: F401 (cache_dir is a fixture)
 
@@ -21,10 +21,11 @@ SOURCES = sorted(kernel_sources())
 
 def test_sources_are_found_with_prelude():
     assert SOURCES, "no src_c/hip/*.hip found"
-    prelude = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src_c", "hip", "prelude.h")).read()
+    head = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "src_c", "hip", "prelude.h")).read()
+    assert head in prelude()
     for name, text in kernel_sources().items():
         assert name.endswith(".hip")
-        assert text.startswith(prelude)
+        assert text.startswith(prelude())
 
 
 @pytest.mark.parametrize("arch", AMD_ARCHS + NVIDIA_ARCHS)

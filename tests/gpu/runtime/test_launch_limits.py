@@ -11,6 +11,7 @@ import pytest
 
 from hipsched.errors import GpuError
 from hipsched.gpu.ops import attention, common, elementwise, graph, linalg, norm, quant, similarity
+from hipsched.gpu.compilation import kernel_constants
 from hipsched.gpu.compilation.codeobject import KernelResources, _msgpack, kernel_resources, with_ptxas_spills
 from hipsched.gpu.compilation.kernels import KernelCache
 from hipsched.gpu.compilation.targets import TARGETS, check_launch, target_for
@@ -239,7 +240,7 @@ def test_occupancy_against_hand_computed_values():
 # ------------------------------------------------------------------------------------ the CI sweep
 
 BIG = 2**40
-SEG = similarity.TOPK_SEG
+SEG = kernel_constants.HS_TOPK_SEG
 
 
 def sweep(warp, cus, amd, arch):
