@@ -9,8 +9,8 @@ MUTANTS = [
         why="issue 30 item 9: the tensor-core attention's grid covers the first batch only (every attention "
             "test had batch 1, so the op matrix's 24 attention cases passed on it)",
         path="hipsched/gpu/ops/attention.py",
-        find="f\"hs_attention_{suffix}_mma_d{d}\", -(-sq // MMA_ROWS) * b * h,",
-        replace="f\"hs_attention_{suffix}_mma_d{d}\", -(-sq // MMA_ROWS) * h,",
+        find="f\"hs_attention_{suffix}_mma_d{d}\", -(-sq // rows) * b * h, threads)",
+        replace="f\"hs_attention_{suffix}_mma_d{d}\", -(-sq // rows) * h, threads)",
         kill=("tests/gpu/emulator/test_executor_op_matrix.py::test_op_dtype_matrix[emulator-attention-float16-d32-host]",
               f"{_KERNELS}[warp32-d32_batch2_heads3-float16]"),
     ),
