@@ -174,10 +174,7 @@ def test_one_extensions_c_files_compile_side_by_side(monkeypatch):
 
 
 def test_dependencies_include_what_the_package_imports():
-    try:
-        import tomllib
-    except ModuleNotFoundError:
-        import tomli as tomllib
+    from requires import tomllib   # the standard library's, or tomli before Python 3.11
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         deps = tomllib.load(f)["project"]["dependencies"]
     names = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in deps}
