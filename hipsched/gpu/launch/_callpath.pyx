@@ -206,10 +206,6 @@ cdef class Plan:
             return None
         return p
 
-    @property
-    def launch_count(self):
-        return self.nlaunch
-
 
 cdef class GpuPath:
     """The compiled call path of one GPU backend (one device): reads a call's arguments, replays plans,
@@ -290,7 +286,7 @@ cdef class GpuPath:
         stream = a.stream
         ins.ptr[ins.n] = ptr
         ins.nbytes[ins.n] = nbytes
-        ins.producer[ins.n] = -1 if stream is None else stream
+        ins.producer[ins.n] = NO_STREAM if stream is None else stream
         ins.host[ins.n] = 0
         ins.n += 1
         keep.append(a)
@@ -334,7 +330,7 @@ cdef class GpuPath:
         ptr = <size_t>d.data + d.byte_offset
         ins.ptr[ins.n] = ptr
         ins.nbytes[ins.n] = nbytes
-        ins.producer[ins.n] = -1   # the handshake made it ready for the reader
+        ins.producer[ins.n] = NO_STREAM   # the handshake made it ready for the reader
         ins.host[ins.n] = 0
         ins.n += 1
         keep.append(hold)
@@ -354,7 +350,7 @@ cdef class GpuPath:
             return None
         ins.ptr[ins.n] = <size_t>cnp.PyArray_DATA(a)
         ins.nbytes[ins.n] = nbytes
-        ins.producer[ins.n] = -1
+        ins.producer[ins.n] = NO_STREAM   # host memory: nothing to wait for
         ins.host[ins.n] = 1
         ins.n += 1
         return (np.ndarray, a.shape, a.dtype)

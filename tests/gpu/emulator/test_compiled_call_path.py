@@ -45,8 +45,8 @@ from hipsched.errors import GpuError
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 from hipsched.ops import OPS
 
-# the op matrix's builders, reference checks and bounds (tests/gpu/emulator is on the path: rootdir-relative imports)
-from test_executor_op_matrix import CASES, NP, assert_same_bits, to_host  # noqa: E402
+# the op matrix's builders, reference checks and bounds (tests/support)
+from op_cases import CASES, NP, assert_same_bits, to_host  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 
@@ -187,7 +187,7 @@ def second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype
     device's runtime): see the module's docstring."""
     case = CASES.get(op)
     if case is None:
-        pytest.fail(f"{op} has a GPU side but test_executor_op_matrix.CASES has no builder for it")
+        pytest.fail(f"{op} has a GPU side but op_cases.CASES has no builder for it")
     ex, gpu = executor
     rng = np.random.default_rng(zlib.crc32(f"{op} {dtype} {form}".encode()))
     host_args, kwargs = case.make(rng, dtype, form)
