@@ -774,15 +774,8 @@ cdef class FastPath:
         try:
             out = g.run(call, stream)
         except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
-            dur = (_perf_ns() - t0) * 1e-3
-            err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
-            if err.kind == "unsupported":   # a fact about the call, not the device's health
-                core.release_probe(s_slot)
-            else:
-                core.record(s_slot, GPU, call.size, dur, 0.0, 0.0, False, False, False)
-            if err.kind == "oom":
-                g.forget_free_memory()
-            return self._fallback(call, slot, err, pc, pg, stream, side.name)
+            return self._gpu_failed(core, g, call, slot, s_slot, e, (_perf_ns() - t0) * 1e-3, 0.0, 0.0,
+                                    pc, pg, stream, side.name, False)
         except BaseException:  # interrupted: the breaker must still see an outcome (see _run_gpu)
             core.record(s_slot, GPU, call.size, -1.0, 0.0, 0.0, False, False, False)
             raise
@@ -826,17 +819,8 @@ cdef class FastPath:
                 self.gpu.forget_free_memory()
                 out = run_chunked(self.gpu, call, stream, e)
         except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
-            dur = (_perf_ns() - t0) * 1e-3
-            err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
-            if err.kind == "unsupported":
-                # the device cannot run this call (refused before any launch): a fact about the call, not
-                # the GPU's health, so the breaker does not see it; the call still reruns on the CPU
-                self.core.release_probe(slot)
-            else:
-                self.core.record(slot, GPU, call.size, dur, h2d, d2h, False, False, False)
-            if err.kind == "oom":
-                self.gpu.forget_free_memory()
-            return self._fallback(call, slot, err, pc, pg, stream)
+            return self._gpu_failed(self.core, self.gpu, call, slot, slot, e, (_perf_ns() - t0) * 1e-3, h2d, d2h,
+                                    pc, pg, stream, None, False)
         except BaseException:  # interrupted (KeyboardInterrupt, SystemExit): the run has no outcome, but
             # the GPU health must still see one, or a half-open probe would keep the breaker wedged
             self.core.record(slot, GPU, call.size, -1.0, h2d, d2h, False, False, False)
@@ -856,19 +840,30 @@ cdef class FastPath:
         return out
 
     def _compiled_gpu_failed(self, e, op, args, kwargs, slot, reason, pc, pg, stream, dur):
-        """A launch plan replayed by the compiled GPU path (hipsched._dispatch) failed: as a failed run of
-        _run_gpu, the failure is recorded against the GPU's health and the call reruns on the CPU."""
+        """A launch plan replayed by the compiled GPU path failed: the call, prepared now (the replay
+        never needed it), fails as any GPU run does."""
         call = (self.prepare.get(op) or self._prepare_missing(op))(*args, **kwargs)
+        return self._gpu_failed(self.core, self.gpu, call, slot, slot, e, dur, 0.0, 0.0, pc, pg, stream, None, True)
+
+    def _gpu_failed(self, core, gpu, call, int slot, int gpu_slot, e, double dur, double h2d, double d2h,
+                    pc, pg, stream, where, bint replayed):
+        """The one place a failed GPU run is handled, wherever it ran (the executor's GPU through the glue
+        or a replayed plan, or a further GPU: `core`, `gpu` and `gpu_slot` are that device's, `where` its
+        name): recorded against that device's health, its free-memory reading dropped after an out of
+        memory, and the call rerun on the CPU (_fallback). A refusal (`unsupported`: the device cannot
+        run this call, found before any launch) is a fact about the call, not the device's health, so
+        the breaker does not see it. A replayed plan disables a device that went away itself: the glue's
+        run, which does that on `unavailable` (GpuBackend.run), was not on its way."""
         err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
         if err.kind == "unsupported":
-            self.core.release_probe(slot)
+            core.release_probe(gpu_slot)
         else:
-            self.core.record(slot, GPU, call.size, dur, 0, 0, False, False, False)
+            core.record(gpu_slot, GPU, call.size, dur, h2d, d2h, False, False, False)
         if err.kind == "oom":
-            self.gpu.forget_free_memory()
-        elif err.kind == "unavailable":
-            self.gpu.disable(err.message)
-        return self._fallback(call, slot, err, pc, pg, stream)
+            gpu.forget_free_memory()
+        elif err.kind == "unavailable" and replayed:
+            gpu.disable(err.message)
+        return self._fallback(call, slot, err, pc, pg, stream, where)
 
     def _fallback(self, call, slot, err, pc, pg, stream, where=None):
         """Rerun a call whose GPU run failed on the CPU; `where`: the further GPU that failed ("gpu:1",
