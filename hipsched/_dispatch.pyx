@@ -676,7 +676,7 @@ cdef class FastPath:
         # not a completion time, so it counts here (-1: no sample) and is learned from once its timing
         # events have been read (_learn_gpu_times)
         sample = -1.0 if be == GPU and call.on_device else dur
-        self.core.record(slot, be, call.size, sample, h2d, d2h, True, True, fallback is not None)
+        self.core.record(slot, be, call.size, sample, h2d, d2h, fallback=fallback is not None)
         if self.tel is not None:
             self.tel.record(call.op, _BACKENDS[be], self.reason_str[reason], call.size, call.dtype, call.nbytes, dur,
                              pc, pg, stream, fallback, detail, resident)
@@ -777,11 +777,11 @@ cdef class FastPath:
             return self._gpu_failed(core, g, call, slot, s_slot, e, (_perf_ns() - t0) * 1e-3, 0.0, 0.0,
                                     pc, pg, stream, side.name, False)
         except BaseException:  # interrupted: the breaker must still see an outcome (see _run_gpu)
-            core.record(s_slot, GPU, call.size, -1.0, 0.0, 0.0, False, False, False)
+            core.record_gpu_failure(s_slot, call.size)
             raise
         dur = (_perf_ns() - t0) * 1e-3
         # the work is left queued on the device: a success for its breaker, but no completion time
-        core.record(s_slot, GPU, call.size, -1.0, 0.0, 0.0, True, False, False)
+        core.record_gpu_queued(s_slot, call.size)
         self.core.count_gpu_run(-1.0)
         if self.tel is not None:
             self.tel.record(call.op, "gpu", self.reason_str[reason], call.size, call.dtype, call.nbytes, dur, pc, pg,
@@ -823,7 +823,7 @@ cdef class FastPath:
                                     pc, pg, stream, None, False)
         except BaseException:  # interrupted (KeyboardInterrupt, SystemExit): the run has no outcome, but
             # the GPU health must still see one, or a half-open probe would keep the breaker wedged
-            self.core.record(slot, GPU, call.size, -1.0, h2d, d2h, False, False, False)
+            self.core.record_gpu_failure(slot, call.size, -1.0, h2d, d2h)
             raise
         dur = (_perf_ns() - t0) * 1e-3
         if ticket is not None:
@@ -858,7 +858,7 @@ cdef class FastPath:
         if err.kind == "unsupported":
             core.release_probe(gpu_slot)
         else:
-            core.record(gpu_slot, GPU, call.size, dur, h2d, d2h, False, False, False)
+            core.record_gpu_failure(gpu_slot, call.size, dur, h2d, d2h)
         if err.kind == "oom":
             gpu.forget_free_memory()
         elif err.kind == "unavailable" and replayed:
