@@ -113,6 +113,7 @@ cdef class FastPath:
     cdef object warn_lock
     cdef GpuPath path               # the GPU backend's compiled call path, or None
     cdef dict plans                 # plan key -> Compiled
+    cdef dict unrecordable          # plan keys whose glue run the recorder refused -> why
     cdef long long gpu_runs[MAX_SLOTS]  # per slot: device-data GPU runs so far (see _time_this)
     cdef Timing pending[PENDING]
     cdef int npending
@@ -149,6 +150,7 @@ cdef class FastPath:
         path = gpu.callpath if self.gpu_present else None
         self.path = path if isinstance(path, GpuPath) else None
         self.plans, self.npending = {}, 0
+        self.unrecordable = {}
         self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
         self.hot = {}
         self.splitter = None
@@ -269,6 +271,8 @@ cdef class FastPath:
                 if compiled is not None:
                     return self._run_compiled(<Compiled>compiled, op, backend, stream, handle, args, kwargs, &ins,
                                               keep)
+                if key in self.unrecordable:
+                    key = None   # its glue does what a plan cannot hold: not recorded again
                 keep = None   # the general path imports the arguments itself
         # 3. everything else: the op's prepare validates and converts. A call given a stream takes its
         # foreign arrays with that stream as the consumer (DeviceArray.from_external), so their producer
@@ -323,9 +327,17 @@ cdef class FastPath:
             recorded = [(ins.ptr[i], ins.nbytes[i], ins.host[i]) for i in range(ins.n)]
             gp.request_recording(recorded)
             out = self._run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.real_h2d, d.d2h, stream)
-            plan = gp.take_recorded()
+            plan, refused = gp.take_recorded()
             if plan is not None:
                 self._keep_plan(key, plan, entry, call, &d, recorded)
+            elif refused is not None:
+                # the recorder's refusals come from what the key fixes (the vendor BLAS for these shapes, a
+                # glue that uses the runtime directly...): every call with this key would record in vain,
+                # exporting its arguments each time. A run not recorded at all (failed, cut into pieces)
+                # is no refusal and is asked again
+                if len(self.unrecordable) >= MAX_PLANS:
+                    self.unrecordable.clear()
+                self.unrecordable[key] = refused
             return out
         return self._run_cpu(call, entry, &d, detail, stream)
 
@@ -462,8 +474,14 @@ cdef class FastPath:
         self.learning = False
 
     def forget_plans(self):
-        """Drop every kept plan (the GPU context they name was closed)."""
+        """Drop every kept plan (the GPU context they name was closed), and every refusal with them."""
         self.plans.clear()
+        self.unrecordable.clear()
+
+    @property
+    def unrecordable_keys(self):
+        """How many call keys the recorder refused (their calls keep going through the glue)."""
+        return len(self.unrecordable)
 
     @property
     def plan_count(self):

@@ -650,13 +650,16 @@ cdef class GpuPath:
         d = self.tls.__dict__
         return d.pop("request", None)
 
-    def recorded(self, plan):
+    def recorded(self, plan, refused=None):
+        """A recorded glue run's plan; or None, and why the recorder refused the run (`refused`)."""
         self.tls.plan = plan
+        self.tls.refused = refused
 
     def take_recorded(self):
-        """The plan the last recorded glue run on this thread made (taken once), or None; a request no
-        glue run took goes too (a run that failed before its glue)."""
+        """(plan, why refused) of the last recorded glue run on this thread (taken once): the plan, or
+        None and the recorder's reason, or (None, None) where no glue run was recorded (a run that failed
+        before its glue, or was cut into pieces); a request no glue run took goes too."""
         d = self.tls.__dict__
         d.pop("request", None)
-        return d.pop("plan", None)
+        return d.pop("plan", None), d.pop("refused", None)
 
