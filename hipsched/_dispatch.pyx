@@ -16,8 +16,6 @@ from hipsched.telemetry._record cimport Recorder
 import logging
 import threading
 import time
-import weakref
-from collections import deque
 
 import numpy as np
 
@@ -26,7 +24,8 @@ from .chunking import chunkable, run_chunked
 from .device_arrays import device_indices
 from .errors import GpuError
 from .ops import OPS
-from .ops.base import host_arrays, result_converter
+from .ops.base import result_converter
+from .upload_sharing import UploadSharing
 
 log = logging.getLogger("hipsched")
 # the general path's clock (a module global: tests/support/sim_gpu.py runs it on a simulated clock)
@@ -42,16 +41,6 @@ cdef enum:
     TIME_EVERY = 8
     PENDING = 64           # timed runs whose events are not read yet
     MAX_PLANS = 4096       # plan cache entries (a program makes the same calls again and again)
-
-
-# Host inputs at least this large have their uses counted, so that their upload can be spread over
-# the calls that reuse them (FastPath._amortized_h2d); smaller uploads cost little next to a launch.
-_REUSE_MIN_BYTES = 1 << 20
-_REUSE_MAX_TRACKED = 4096   # arrays whose uses are counted at once (dead ones go first when full)
-# how many of the last inputs' predicted savings per byte are kept (their median predicts a new input's
-# worth), and how many make a prediction
-_USE_HISTORY = 32
-_USE_HISTORY_MIN = 3
 
 
 _MAX_PENDING = 1024   # entries of FastPath.timed / early: far more than the device keeps readings for
@@ -94,8 +83,9 @@ ctypedef struct Decision:
     int reason
     double pc
     double pg
-    double h2d
+    double h2d                      # what the decision charged the GPU for uploads (shared ones spread)
     double d2h
+    double real_h2d                 # what its run would upload: the copies a GPU run's sample holds
 
 
 cdef class FastPath:
@@ -118,13 +108,12 @@ cdef class FastPath:
     cdef object device_copy_bytes   # call -> (up, down) bytes a CPU run of device data copies
     cdef object run_timed_fn        # the GPU backend's run_timed, or None
     cdef dict timed, early          # event-timed glue runs on device data (see _learn_gpu_times)
-    cdef dict uses                  # host inputs whose uploads are shared (see _amortized_h2d)
-    cdef object gain_history, newest_use, uses_lock
-    cdef object tls                 # per thread: .what_if (select_backend), .h2d (id(call), real bytes)
+    cdef object uploads             # upload_sharing.UploadSharing: the uploads shared between calls
     cdef set warned
     cdef object warn_lock
     cdef GpuPath path               # the GPU backend's compiled call path, or None
     cdef dict plans                 # plan key -> Compiled
+    cdef dict unrecordable          # plan keys whose glue run the recorder refused -> why
     cdef long long gpu_runs[MAX_SLOTS]  # per slot: device-data GPU runs so far (see _time_this)
     cdef Timing pending[PENDING]
     cdef int npending
@@ -154,21 +143,14 @@ cdef class FastPath:
         # polled in between); bounded, like timed, so a reading or an entry that never meets its
         # other half cannot grow them for the life of the process
         self.early = {}
-        # id(host array) -> [weakref, calls that passed it, a GPU run took it, predicted us those calls
-        # would save on the GPU with it resident, its bytes]
-        self.uses = {}
-        # predicted time saved on the GPU per byte by the calls that passed each of the last new inputs,
-        # by the time the next new one came (see _amortized_h2d), and the entry of the newest
-        self.gain_history = deque(maxlen=_USE_HISTORY)
-        self.newest_use = None
-        self.uses_lock = threading.Lock()
-        self.tls = threading.local()
+        self.uploads = UploadSharing()
         self.warned = set()
         self.warn_lock = threading.Lock()
         # a backend's compiled path is taken when it is the real one (test doubles have none)
         path = gpu.callpath if self.gpu_present else None
         self.path = path if isinstance(path, GpuPath) else None
         self.plans, self.npending = {}, 0
+        self.unrecordable = {}
         self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
         self.hot = {}
         self.splitter = None
@@ -209,11 +191,11 @@ cdef class FastPath:
         flags = <int>entry[1] | want | F_FITS
         if call is not None and call.on_device:
             flags |= F_ON_DEVICE   # gpu_terms then gives the CPU's copies, which the core charges to the CPU
-        d.h2d = d.d2h = 0.0
+        d.h2d = d.d2h = d.real_h2d = 0.0
         detail = None
         if self._asks_gpu(flags, want, size):
-            flags_o, h2d_o, d2h_o, detail = self._gpu_terms(call, flags, entry[2])
-            flags, d.h2d, d.d2h = flags_o, h2d_o, d2h_o
+            flags_o, h2d_o, d2h_o, detail, real_o = self._gpu_terms(call, flags, entry[2], commit)
+            flags, d.h2d, d.d2h, d.real_h2d = flags_o, h2d_o, d2h_o, real_o
         hs_lock(&self.core.lock)
         r = self.core._decide(self.core.slots[d.slot], size, d.h2d, d.d2h, flags, &d.pc, &d.pg, commit)
         hs_unlock(&self.core.lock)
@@ -230,11 +212,7 @@ cdef class FastPath:
         side = self._further_side(call, entry, want)
         if side is not None:
             return self._decide_further(side, call, entry[0], want, False)[1:]
-        self.tls.what_if = True   # a question, not a call: the inputs' uses are not counted
-        try:
-            detail = self._decide_call(call, call.size, want, entry, False, &d)
-        finally:
-            self.tls.what_if = False
+        detail = self._decide_call(call, call.size, want, entry, False, &d)   # a question: nothing counted
         return d.backend, d.reason, d.pc, d.pg, detail
 
     cdef object _record_cpu(self, str op, Decision *d, double dur, size, dtype, nbytes, stream, detail):
@@ -293,6 +271,8 @@ cdef class FastPath:
                 if compiled is not None:
                     return self._run_compiled(<Compiled>compiled, op, backend, stream, handle, args, kwargs, &ins,
                                               keep)
+                if key in self.unrecordable:
+                    key = None   # its glue does what a plan cannot hold: not recorded again
                 keep = None   # the general path imports the arguments itself
         # 3. everything else: the op's prepare validates and converts. A call given a stream takes its
         # foreign arrays with that stream as the consumer (DeviceArray.from_external), so their producer
@@ -339,18 +319,25 @@ cdef class FastPath:
         if split and d.reason == R_COST_MODEL and self.splitter is not None and not call.on_device:
             plan = self.splitter.plan(call, d.slot, d.pc, d.pg, d.h2d, d.d2h)
             if plan is not None:
-                self.tls.h2d = None   # the decision's upload count is _run_gpu's, for this call only
                 return self.splitter.run(plan, call, d.slot, d.pc, d.pg, d.h2d, d.d2h, stream)
         if d.backend == GPU:
             if key is None:
-                return self._run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)
+                return self._run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.real_h2d, d.d2h, stream)
             # the first GPU run with this key: the glue's run is recorded as a plan for the next ones
             recorded = [(ins.ptr[i], ins.nbytes[i], ins.host[i]) for i in range(ins.n)]
             gp.request_recording(recorded)
-            out = self._run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.h2d, d.d2h, stream)
-            plan = gp.take_recorded()
+            out = self._run_gpu(call, d.slot, d.reason, d.pc, d.pg, d.real_h2d, d.d2h, stream)
+            plan, refused = gp.take_recorded()
             if plan is not None:
                 self._keep_plan(key, plan, entry, call, &d, recorded)
+            elif refused is not None:
+                # the recorder's refusals come from what the key fixes (the vendor BLAS for these shapes, a
+                # glue that uses the runtime directly...): every call with this key would record in vain,
+                # exporting its arguments each time. A run not recorded at all (failed, cut into pieces)
+                # is no refusal and is asked again
+                if len(self.unrecordable) >= MAX_PLANS:
+                    self.unrecordable.clear()
+                self.unrecordable[key] = refused
             return out
         return self._run_cpu(call, entry, &d, detail, stream)
 
@@ -487,8 +474,14 @@ cdef class FastPath:
         self.learning = False
 
     def forget_plans(self):
-        """Drop every kept plan (the GPU context they name was closed)."""
+        """Drop every kept plan (the GPU context they name was closed), and every refusal with them."""
         self.plans.clear()
+        self.unrecordable.clear()
+
+    @property
+    def unrecordable_keys(self):
+        """How many call keys the recorder refused (their calls keep going through the glue)."""
+        return len(self.unrecordable)
 
     @property
     def plan_count(self):
@@ -519,23 +512,25 @@ cdef class FastPath:
             s = self.slots[key] = (self.core.slot(op, dtype), flags, max_size, fn, hot)
         return s
 
-    def _gpu_terms(self, call, flags, max_size):
-        """(capability flags, host->device bytes, device->host bytes, detail) for a call that could go
-        to the GPU, from the backend's judgement of it (GpuBackendBase.judge). A refusal (a shape the
+    def _gpu_terms(self, call, flags, max_size, commit):
+        """(capability flags, host->device bytes charged, device->host bytes, detail, host->device bytes
+        its run would upload) for a call that could go to the GPU, from the backend's judgement of it
+        (GpuBackendBase.judge), a reused input's upload shared by upload_sharing's rule (its uses counted
+        only with `commit`). A refusal (a shape the
         kernels do not take, a launch past this target's limits) is found there, before anything is
         uploaded or launched; detail is its text, or, when the queries find the GPU gone (a driver that
         refuses our code, a forked child), why."""
         gpu = self.gpu
         if not gpu.available:  # it went away since (forked child, driver refused our code)
-            return flags & ~F_GPU_PRESENT, 0, 0, None
+            return flags & ~F_GPU_PRESENT, 0, 0, None, 0
         if call.size > max_size:
-            return flags & ~F_GPU_SUPPORTS, 0, 0, None
+            return flags & ~F_GPU_SUPPORTS, 0, 0, None, 0
         try:
             why, fits, h2d, d2h = gpu.judge(call)
             if why is not None:
-                return flags | F_CALL_UNSUPPORTED, 0, 0, why
+                return flags | F_CALL_UNSUPPORTED, 0, 0, why, 0
             if not gpu.available:  # a query found the GPU gone
-                return flags & ~F_GPU_PRESENT, 0, 0, gpu.unavailable_reason
+                return flags & ~F_GPU_PRESENT, 0, 0, gpu.unavailable_reason, 0
             if not fits:
                 flags &= ~F_FITS
             # device data: the copies the CPU would make (the core charges them to the CPU side)
@@ -543,85 +538,10 @@ cdef class FastPath:
                 h2d, d2h = self.device_copy_bytes(call)
         except Exception as e:  # a failing query means the GPU cannot be trusted with this call
             log.debug("hipsched: GPU query failed for %s: %s", call.op, e)
-            return flags & ~F_GPU_SUPPORTS, 0, 0, None
-        self.tls.h2d = (id(call), h2d)   # the id, not the call: holding it would keep its inputs alive
-        if not call.on_device:
-            h2d = self._amortized_h2d(call, h2d)
-        return flags, h2d, d2h, None
-
-    def _amortized_h2d(self, call, h2d):
-        """The upload a decision charges this call: an input the GPU would keep resident (the backend's
-        `would_keep`: bytes that cannot change unseen, within the resident budget) and that earlier
-        calls already passed is charged its upload divided by its uses so far, this one included.
-        Charging every call the whole upload made the scheduler keep a reused corpus on the CPU for
-        good, since only a GPU run makes it resident (on the H100, 64
-        top_k calls over one 231 MB corpus ran on the CPU at 7.7 ms, against 0.33 ms resident). With
-        this rule the upload is paid once the CPU time lost by not paying it would exceed it (the
-        ski-rental rule: at most twice the best of either choice in hindsight). The reduction is
-        capped at the call's upload, which counts only inputs not already resident.
-        The rule also learns what inputs are worth: for each of the last new inputs it notes what the
-        calls that passed it would have saved on the GPU with it resident (the model's predictions), by
-        the time the next new input came, per byte of the input. With a few noted, a new input is
-        expected to save the median of those figures times its bytes, and a call is charged the upload
-        in proportion to its own saving over that expectation, when that is less: the upload is then
-        worth paying exactly when the calls over an input are expected to save more than it costs, and
-        each call gains (how `hipsched demo --oracle` shares an upload, learned from the calls so far
-        instead of known in hindsight; a search that runs each new corpus slice through its queries and
-        a cosine pays the slice's upload at its first query, which the cosine would pay anyway). Per
-        byte, because the totals grow with the inputs: noted as they were, the median of the smaller
-        slices' totals fell below what one query saved on a new slice of the simulated H100's demo,
-        every slice fell back to the plain rule, and the first half of its queries ran on the CPU
-        (calibrated, judged by the oracle: 92.5% of calls on the faster side, regret 26%; per byte:
-        97.3%, 4.3%). An input still in use when the next comes
-        (weights reused by every layer) is noted short of its total, so the prediction errs towards the
-        plain rule. A writable array is uploaded by every GPU call that takes it (a change to it could
-        not be seen), so its upload is never shared, and neither is any on a backend that cannot say
-        what it keeps."""
-        keeps, resident = self.gpu.would_keep, self.gpu.is_resident
-        arrays = host_arrays(call.args, _REUSE_MIN_BYTES)
-        if not arrays:
-            return h2d
-        commit = not getattr(self.tls, "what_if", False)
-        saved = 0.0
-        gain = self._resident_gain(call)
-        with self.uses_lock:
-            uses = self.uses
-            history = self.gain_history
-            per_byte = sorted(history)[len(history) // 2] if len(history) >= _USE_HISTORY_MIN else 0.0
-            for a, trusted in arrays:
-                e = uses.get(id(a))
-                if e is not None and e[0]() is not a:   # a dead array's id, reused
-                    e = None
-                k = e[1] if e is not None else 0
-                # an input a GPU run already took and that this call would upload again was not kept
-                # (a backend without a resident cache, or evicted): its uploads are not shared
-                kept = e is None or not e[2] or h2d < a.nbytes
-                # an input already resident is not in h2d: nothing of it to spread
-                if kept and keeps(a, trusted) and not resident(a):
-                    share = 1.0 / (k + 1)
-                    if per_byte > 0.0 and gain > 0.0:
-                        share = min(share, gain / (per_byte * a.nbytes))
-                    saved += a.nbytes * (1.0 - share)
-                if commit:
-                    if e is None:
-                        if len(uses) >= _REUSE_MAX_TRACKED:
-                            for key in [key for key, v in uses.items() if v[0]() is None]:
-                                del uses[key]
-                            if len(uses) >= _REUSE_MAX_TRACKED:
-                                uses.clear()
-                        try:
-                            entry = [weakref.ref(a), 1, False, gain, a.nbytes]
-                        except TypeError:
-                            continue
-                        uses[id(a)] = entry
-                        if self.newest_use is not None:
-                            n = self.newest_use
-                            history.append(n[3] / n[4])
-                        self.newest_use = entry
-                    else:
-                        e[1] += 1
-                        e[3] += gain
-        return max(0.0, h2d - saved)
+            return flags & ~F_GPU_SUPPORTS, 0, 0, None, 0
+        if call.on_device:
+            return flags, h2d, d2h, None, h2d
+        return flags, self.uploads.charge(call, h2d, self._resident_gain, gpu, commit), d2h, None, h2d
 
     def _resident_gain(self, call) -> float:
         """Microseconds the model predicts this call saves on the GPU with its inputs resident (0 when
@@ -676,7 +596,7 @@ cdef class FastPath:
         # not a completion time, so it counts here (-1: no sample) and is learned from once its timing
         # events have been read (_learn_gpu_times)
         sample = -1.0 if be == GPU and call.on_device else dur
-        self.core.record(slot, be, call.size, sample, h2d, d2h, True, True, fallback is not None)
+        self.core.record(slot, be, call.size, sample, h2d, d2h, fallback=fallback is not None)
         if self.tel is not None:
             self.tel.record(call.op, _BACKENDS[be], self.reason_str[reason], call.size, call.dtype, call.nbytes, dur,
                              pc, pg, stream, fallback, detail, resident)
@@ -774,21 +694,14 @@ cdef class FastPath:
         try:
             out = g.run(call, stream)
         except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
-            dur = (_perf_ns() - t0) * 1e-3
-            err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
-            if err.kind == "unsupported":   # a fact about the call, not the device's health
-                core.release_probe(s_slot)
-            else:
-                core.record(s_slot, GPU, call.size, dur, 0.0, 0.0, False, False, False)
-            if err.kind == "oom":
-                g.forget_free_memory()
-            return self._fallback(call, slot, err, pc, pg, stream, side.name)
+            return self._gpu_failed(core, g, call, slot, s_slot, e, (_perf_ns() - t0) * 1e-3, 0.0, 0.0,
+                                    pc, pg, stream, side.name, False)
         except BaseException:  # interrupted: the breaker must still see an outcome (see _run_gpu)
-            core.record(s_slot, GPU, call.size, -1.0, 0.0, 0.0, False, False, False)
+            core.record_gpu_failure(s_slot, call.size)
             raise
         dur = (_perf_ns() - t0) * 1e-3
         # the work is left queued on the device: a success for its breaker, but no completion time
-        core.record(s_slot, GPU, call.size, -1.0, 0.0, 0.0, True, False, False)
+        core.record_gpu_queued(s_slot, call.size)
         self.core.count_gpu_run(-1.0)
         if self.tel is not None:
             self.tel.record(call.op, "gpu", self.reason_str[reason], call.size, call.dtype, call.nbytes, dur, pc, pg,
@@ -796,17 +709,10 @@ cdef class FastPath:
         return out
 
     def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
-        # the decision may have charged an amortized upload; the copies this run makes are the real one
-        real = getattr(self.tls, "h2d", None)
-        if real is not None and real[0] == id(call):
-            h2d = real[1]
-        self.tls.h2d = None
+        """A GPU run through the glue; `h2d` the bytes it uploads (not what the decision charged: a shared
+        upload's part), which its sample holds."""
         if h2d and not call.on_device:
-            with self.uses_lock:
-                for a, _ in host_arrays(call.args, _REUSE_MIN_BYTES):
-                    e = self.uses.get(id(a))
-                    if e is not None and e[0]() is a:
-                        e[2] = True
+            self.uploads.taken_by_gpu(call)
         timed = ticket = None
         before = None if call.on_device else self.gpu.transfer_totals()
         if call.on_device:
@@ -826,20 +732,11 @@ cdef class FastPath:
                 self.gpu.forget_free_memory()
                 out = run_chunked(self.gpu, call, stream, e)
         except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
-            dur = (_perf_ns() - t0) * 1e-3
-            err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
-            if err.kind == "unsupported":
-                # the device cannot run this call (refused before any launch): a fact about the call, not
-                # the GPU's health, so the breaker does not see it; the call still reruns on the CPU
-                self.core.release_probe(slot)
-            else:
-                self.core.record(slot, GPU, call.size, dur, h2d, d2h, False, False, False)
-            if err.kind == "oom":
-                self.gpu.forget_free_memory()
-            return self._fallback(call, slot, err, pc, pg, stream)
+            return self._gpu_failed(self.core, self.gpu, call, slot, slot, e, (_perf_ns() - t0) * 1e-3, h2d, d2h,
+                                    pc, pg, stream, None, False)
         except BaseException:  # interrupted (KeyboardInterrupt, SystemExit): the run has no outcome, but
             # the GPU health must still see one, or a half-open probe would keep the breaker wedged
-            self.core.record(slot, GPU, call.size, -1.0, h2d, d2h, False, False, False)
+            self.core.record_gpu_failure(slot, call.size, -1.0, h2d, d2h)
             raise
         dur = (_perf_ns() - t0) * 1e-3
         if ticket is not None:
@@ -856,19 +753,30 @@ cdef class FastPath:
         return out
 
     def _compiled_gpu_failed(self, e, op, args, kwargs, slot, reason, pc, pg, stream, dur):
-        """A launch plan replayed by the compiled GPU path (hipsched._dispatch) failed: as a failed run of
-        _run_gpu, the failure is recorded against the GPU's health and the call reruns on the CPU."""
+        """A launch plan replayed by the compiled GPU path failed: the call, prepared now (the replay
+        never needed it), fails as any GPU run does."""
         call = (self.prepare.get(op) or self._prepare_missing(op))(*args, **kwargs)
+        return self._gpu_failed(self.core, self.gpu, call, slot, slot, e, dur, 0.0, 0.0, pc, pg, stream, None, True)
+
+    def _gpu_failed(self, core, gpu, call, int slot, int gpu_slot, e, double dur, double h2d, double d2h,
+                    pc, pg, stream, where, bint replayed):
+        """The one place a failed GPU run is handled, wherever it ran (the executor's GPU through the glue
+        or a replayed plan, or a further GPU: `core`, `gpu` and `gpu_slot` are that device's, `where` its
+        name): recorded against that device's health, its free-memory reading dropped after an out of
+        memory, and the call rerun on the CPU (_fallback). A refusal (`unsupported`: the device cannot
+        run this call, found before any launch) is a fact about the call, not the device's health, so
+        the breaker does not see it. A replayed plan disables a device that went away itself: the glue's
+        run, which does that on `unavailable` (GpuBackend.run), was not on its way."""
         err = e if isinstance(e, GpuError) else GpuError("runtime", f"{type(e).__name__}: {e}")
         if err.kind == "unsupported":
-            self.core.release_probe(slot)
+            core.release_probe(gpu_slot)
         else:
-            self.core.record(slot, GPU, call.size, dur, 0, 0, False, False, False)
+            core.record_gpu_failure(gpu_slot, call.size, dur, h2d, d2h)
         if err.kind == "oom":
-            self.gpu.forget_free_memory()
-        elif err.kind == "unavailable":
-            self.gpu.disable(err.message)
-        return self._fallback(call, slot, err, pc, pg, stream)
+            gpu.forget_free_memory()
+        elif err.kind == "unavailable" and replayed:
+            gpu.disable(err.message)
+        return self._fallback(call, slot, err, pc, pg, stream, where)
 
     def _fallback(self, call, slot, err, pc, pg, stream, where=None):
         """Rerun a call whose GPU run failed on the CPU; `where`: the further GPU that failed ("gpu:1",

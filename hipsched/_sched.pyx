@@ -427,6 +427,23 @@ cdef class SchedCore:
                      fallback)
         hs_unlock(&self.lock)
 
+    def record_sample(self, int slot, int backend, double size, double duration_us, double h2d_bytes=0.0,
+                      double d2h_bytes=0.0):
+        """A successful run's latency that is not an operation of its own: a split call's part, or a
+        sample given through the seeds' API."""
+        self.record(slot, backend, size, duration_us, h2d_bytes, d2h_bytes, True, False, False)
+
+    def record_gpu_failure(self, int slot, double size, double duration_us=-1.0, double h2d_bytes=0.0,
+                           double d2h_bytes=0.0):
+        """A GPU run that failed, or was interrupted (duration -1): the op's GPU health sees it (a
+        half-open breaker's probe ends), and nothing else does."""
+        self.record(slot, GPU, size, duration_us, h2d_bytes, d2h_bytes, False, False, False)
+
+    def record_gpu_queued(self, int slot, double size):
+        """A GPU run whose work was left queued on its stream: a success for the op's GPU health, with
+        no completion time to learn (its events give that later)."""
+        self.record(slot, GPU, size, -1.0, 0.0, 0.0, True, False, False)
+
     def count_split(self, double cpu_us, double gpu_us, bint fallback):
         """One call split across the sides (its parts recorded with final=False): counted once, as a
         split, with each side's busy time added to that side's."""

@@ -94,13 +94,13 @@ class PerformanceTracker:
         return self._core.slot(op, dtype or self._dtype)
 
     def record_cpu_latency(self, op: str, latency_us: float, size: int = 1) -> None:
-        self._core.record(self._slot(op), 0, size, latency_us, 0.0, 0.0, True, False, False)
+        self._core.record_sample(self._slot(op), 0, size, latency_us)
 
     def record_gpu_success(self, op: str, latency_us: float, size: int = 1) -> None:
-        self._core.record(self._slot(op), 1, size, latency_us, 0.0, 0.0, True, False, False)
+        self._core.record_sample(self._slot(op), 1, size, latency_us)
 
     def record_gpu_failure(self, op: str, size: int = 1) -> None:
-        self._core.record(self._slot(op), 1, size, 0.0, 0.0, 0.0, False, False, False)
+        self._core.record_gpu_failure(self._slot(op), size, 0.0)
 
     def gpu_speedup(self, op: str, size: int | None = None, dtype: str | None = None):
         """Predicted CPU time / GPU kernel time at `size`, or, without a size, the median of that

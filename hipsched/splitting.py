@@ -280,7 +280,7 @@ class Splitter:
         cpu_us = gpu_us = 0.0
         for i, (side, (out, us, err)) in enumerate(zip(sides, results)):
             if side.is_cpu:
-                self.core.record(slot, BACKEND_CPU, calls[i].size, us, 0.0, 0.0, True, False, False)
+                self.core.record_sample(slot, BACKEND_CPU, calls[i].size, us)
                 cpu_us += us
             else:
                 out, us, err = self._learn_gpu_part(plan, side, slot, calls[i], shares[i], out, us, err)
@@ -309,12 +309,12 @@ class Splitter:
         s_slot = plan.slots.get(side.name, slot)
         up, down = plan.copies.get(side.name, (0.0, 0.0))
         if err is None:
-            core.record(s_slot, BACKEND_GPU, call.size, us, up * share, down * share, True, False, False)
+            core.record_sample(s_slot, BACKEND_GPU, call.size, us, up * share, down * share)
             return out, us, None
         if err.kind == "unsupported":
             core.release_probe(s_slot)
         else:
-            core.record(s_slot, BACKEND_GPU, call.size, us, up * share, down * share, False, False, False)
+            core.record_gpu_failure(s_slot, call.size, us, up * share, down * share)
         if err.kind == "oom":
             side.backend.forget_free_memory()
         tr0 = time.perf_counter_ns()

@@ -323,7 +323,7 @@ class GpuBackend(GpuBackendBase):
                     ctx = recorder = PlanRecorder(self._ctx, wanted, s)
             out = self._impl(call.op)(ctx or self._ctx, call, s)
             if recorder is not None:
-                self.callpath.recorded(recorder.plan())
+                self.callpath.recorded(recorder.plan(), recorder.refused)
             ticket = None
             if start is not None:
                 ticket, start = self._ctx.stop_timing(start, s), None

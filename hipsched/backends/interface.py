@@ -1,7 +1,7 @@
-"""What the Executor asks of a GPU backend, declared once: `GpuBackendInterface` (a Protocol, for readers
-and type checkers) and `GpuBackendBase`, the answers of a backend that lacks a capability, which every
-implementation inherits: the real one (backends/gpu.py), the stand-in when none loads (executor's
-_NoGpu), and the test doubles (tests/support). The Executor then calls each member directly instead of
+"""What the Executor asks of a GPU backend, declared once: `GpuBackendBase`, every member the executor
+calls, with the answers of a backend that lacks the capability. Every implementation inherits it: the
+real one (backends/gpu.py), the stand-in when none loads (executor's _NoGpu), and the test doubles
+(tests/support). The Executor then calls each member directly instead of
 probing for it.
 
 The split follows ggml's supports_op / offload_op: `supports(op, dtype)` is a table (can this device
@@ -10,40 +10,11 @@ against what is free, what it would copy), and `run` runs it."""
 from __future__ import annotations
 
 import time
-from typing import Protocol, runtime_checkable
 
 from ..errors import GpuError
 
 # Free device memory is re-read at most every 10 ms: a decision must not cost a driver query.
 FREE_MEMORY_TTL_NS = 10_000_000
-
-
-@runtime_checkable
-class GpuBackendInterface(Protocol):
-    name: str
-    available: bool                 # a working device (False: every call stays on the CPU)
-    unavailable_reason: str | None  # why not, for capabilities() and errors
-    device_name: str | None
-    runtime_name: str | None
-    device_arch: str | None
-    callpath: object                # the compiled call path (gpu/launch/_callpath.pyx's GpuPath), or None
-
-    def supports(self, op: str, dtype: str) -> bool: ...
-    def max_elements(self, op: str) -> int: ...
-    def judge(self, call) -> tuple[str | None, bool, int, int]: ...
-    def forget_free_memory(self) -> None: ...
-    def disable(self, reason: str) -> None: ...
-    def run(self, call, stream=None): ...
-    def device_count(self) -> int: ...
-    def for_device(self, index: int) -> "GpuBackendInterface": ...
-    def run_timed(self, call, stream=None): ...
-    def gpu_times(self) -> list: ...
-    def keep_resident(self, handle) -> None: ...
-    def would_keep(self, host, trusted: bool = False) -> bool: ...
-    def is_resident(self, host) -> bool: ...
-    def transfer_totals(self) -> tuple[int, int] | None: ...
-    def measure_transfer(self) -> dict: ...
-    def close(self) -> None: ...
 
 
 class GpuBackendBase:
@@ -59,6 +30,9 @@ class GpuBackendBase:
     device_arch: str | None = None
     callpath = None
     device_index: int | None = None
+    # run_timed(call, stream) -> (result, ticket): a run whose device time its events measure, read back by
+    # gpu_times(); None where a backend cannot time its runs (the dispatcher then calls run)
+    run_timed = None
     _free_read = (0, 0)   # (when, bytes) of the last free-memory reading
 
     # ------------------------------------------------------------------ devices

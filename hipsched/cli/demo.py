@@ -201,7 +201,7 @@ def _events_of_last(ex, calls):
 
 
 # Inputs at least this large are followed by the oracle: their upload is shared among the calls that
-# pass them (the executor tracks the same ones, hipsched.executor._REUSE_MIN_BYTES).
+# pass them (the executor tracks the same ones, hipsched.upload_sharing.REUSE_MIN_BYTES).
 _SHARED_INPUT_BYTES = 1 << 20
 
 

@@ -1,4 +1,4 @@
-# The compiled common case of an op's CPU side, as the dispatcher (hipsched._sched.FastPath) calls it:
+# The compiled common case of an op's CPU side, as the dispatcher (hipsched._dispatch.FastPath) calls it:
 # through a C vtable, never through Python. An op spec names its instance (`hot=(module, name)`).
 cimport numpy as cnp
 

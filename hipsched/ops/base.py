@@ -79,8 +79,8 @@ class OpSpec:
 
     Kernels are named as (module path, function name) and imported only when first asked for: this
     package never imports the GPU layer, which may be absent or broken, and the glue never imports
-    this package, so each layer only points down. `gpu_supports` is the launch planner beside the glue
-    (`<glue>_plan(ctx, call)`), so what the GPU accepts is decided by the code that launches.
+    this package, so each layer only points down. The GPU side is judged by the launch planner beside
+    the glue (`<glue>_plan(ctx, call)`), so what the GPU accepts is decided by the code that launches.
     `scratch(call)` is the device memory the glue allocates beyond inputs and outputs; `split(call)`
     cuts a call into independent pieces for out-of-memory recovery, (pieces, args(lo, hi),
     combine(results)) or None; `partition(call)` cuts it along the rows of its largest operand so that
@@ -106,11 +106,6 @@ class OpSpec:
         self.split = split
         self.sweep = sweep
         self.partition = partition
-
-    @property
-    def gpu_supports(self):
-        """(module, function) of the launch planner that judges a call before anything is uploaded."""
-        return None if self.gpu is None else (self.gpu[0], self.gpu[1] + "_plan")
 
     def cpu_function(self):
         return _resolve(self.cpu)

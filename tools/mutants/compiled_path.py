@@ -81,4 +81,13 @@ MUTANTS += [
         replace="            except ZeroDivisionError as e:\n                # the rerun downloads the inputs",
         kill=(f"{TESTS}::test_a_failure_that_takes_the_device_raises_without_announcing_a_rerun",),
     ),
+    Mutant(
+        name="refused-recording-asked-again",
+        why="issue 31: a call whose glue run the recorder refuses (the vendor BLAS...) recorded and exported "
+            "its arguments again at every call",
+        path="hipsched/_dispatch.pyx",
+        find="                if key in self.unrecordable:\n                    key = None",
+        replace="                if False:\n                    key = None",
+        kill=("tests/gpu/emulator/test_compiled_call_path.py::test_runs_the_recorder_refuses_keep_going_through_the_glue",),
+    ),
 ]

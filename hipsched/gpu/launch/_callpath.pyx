@@ -206,10 +206,6 @@ cdef class Plan:
             return None
         return p
 
-    @property
-    def launch_count(self):
-        return self.nlaunch
-
 
 cdef class GpuPath:
     """The compiled call path of one GPU backend (one device): reads a call's arguments, replays plans,
@@ -290,7 +286,7 @@ cdef class GpuPath:
         stream = a.stream
         ins.ptr[ins.n] = ptr
         ins.nbytes[ins.n] = nbytes
-        ins.producer[ins.n] = -1 if stream is None else stream
+        ins.producer[ins.n] = NO_STREAM if stream is None else stream
         ins.host[ins.n] = 0
         ins.n += 1
         keep.append(a)
@@ -334,7 +330,7 @@ cdef class GpuPath:
         ptr = <size_t>d.data + d.byte_offset
         ins.ptr[ins.n] = ptr
         ins.nbytes[ins.n] = nbytes
-        ins.producer[ins.n] = -1   # the handshake made it ready for the reader
+        ins.producer[ins.n] = NO_STREAM   # the handshake made it ready for the reader
         ins.host[ins.n] = 0
         ins.n += 1
         keep.append(hold)
@@ -354,7 +350,7 @@ cdef class GpuPath:
             return None
         ins.ptr[ins.n] = <size_t>cnp.PyArray_DATA(a)
         ins.nbytes[ins.n] = nbytes
-        ins.producer[ins.n] = -1
+        ins.producer[ins.n] = NO_STREAM   # host memory: nothing to wait for
         ins.host[ins.n] = 1
         ins.n += 1
         return (np.ndarray, a.shape, a.dtype)
@@ -654,13 +650,16 @@ cdef class GpuPath:
         d = self.tls.__dict__
         return d.pop("request", None)
 
-    def recorded(self, plan):
+    def recorded(self, plan, refused=None):
+        """A recorded glue run's plan; or None, and why the recorder refused the run (`refused`)."""
         self.tls.plan = plan
+        self.tls.refused = refused
 
     def take_recorded(self):
-        """The plan the last recorded glue run on this thread made (taken once), or None; a request no
-        glue run took goes too (a run that failed before its glue)."""
+        """(plan, why refused) of the last recorded glue run on this thread (taken once): the plan, or
+        None and the recorder's reason, or (None, None) where no glue run was recorded (a run that failed
+        before its glue, or was cut into pieces); a request no glue run took goes too."""
         d = self.tls.__dict__
         d.pop("request", None)
-        return d.pop("plan", None)
+        return d.pop("plan", None), d.pop("refused", None)
 

@@ -345,10 +345,6 @@ class GpuContext:
                 self._spare_events.append(entry[0])
         # the inputs are let go here, outside the lock: their finalizers (a DLPack deleter) run now
 
-    def upload_raw(self, arr: np.ndarray, stream):
-        """A fresh device copy of any host array (uint8 blocks, int32 indices, ...), not cached."""
-        return to_device(np.ascontiguousarray(arr), runtime=self.rt, stream=stream)
-
     def empty(self, shape, dtype, stream):
         """An uninitialised device array owned by hipsched (freed with its last reference)."""
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)

@@ -40,13 +40,14 @@ import fake_array_lib
 import gpu_emulator
 from call_counts import count_calls
 from hipsched import Executor
+from hipsched.backends import gpu as gpu_backend_module
 from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 from hipsched.ops import OPS
 
-# the op matrix's builders, reference checks and bounds (tests/gpu/emulator is on the path: rootdir-relative imports)
-from test_executor_op_matrix import CASES, NP, assert_same_bits, to_host  # noqa: E402
+# the op matrix's builders, reference checks and bounds (tests/support)
+from op_cases import CASES, NP, assert_same_bits, to_host  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 
@@ -187,7 +188,7 @@ def second_call_replays_the_first(executor, rt, launches, monkeypatch, op, dtype
     device's runtime): see the module's docstring."""
     case = CASES.get(op)
     if case is None:
-        pytest.fail(f"{op} has a GPU side but test_executor_op_matrix.CASES has no builder for it")
+        pytest.fail(f"{op} has a GPU side but op_cases.CASES has no builder for it")
     ex, gpu = executor
     rng = np.random.default_rng(zlib.crc32(f"{op} {dtype} {form}".encode()))
     host_args, kwargs = case.make(rng, dtype, form)
@@ -369,6 +370,10 @@ def test_runs_the_recorder_refuses_keep_going_through_the_glue(executor, rt, mon
     call (no launch at all) replays."""
     ex, gpu = executor
     glue = count_calls(monkeypatch, gpu, ["_run"])
+    # a refused key is recorded once, not at every call (each recording exports the arguments again)
+    made = []
+    real_recorder = gpu_backend_module.PlanRecorder
+    monkeypatch.setattr(gpu_backend_module, "PlanRecorder", lambda *a: made.append(1) or real_recorder(*a))
     for n in (1, 2):
         scores = ex.cosine_similarity(dev(rt, np.ones((3, 0), np.float32)), dev(rt, np.ones((5, 0), np.float32)),
                                       backend="gpu")
@@ -378,6 +383,7 @@ def test_runs_the_recorder_refuses_keep_going_through_the_glue(executor, rt, mon
         np.testing.assert_array_equal(top.get(), np.zeros((2, 2), np.float32))
         assert idx.get().shape == (2, 2)
         assert ex._fast.plan_count == 0 and glue["_run"] == 2 * n
+        assert len(made) == 2 and ex._fast.unrecordable_keys == 2
     for _ in range(2):
         out = ex.add(dev(rt, np.ones(0, np.float16)), dev(rt, np.ones(0, np.float16)), backend="gpu")
         assert (out.shape, out.dtype, ex.events[-1]["backend"]) == ((0,), np.float16, "gpu")
