@@ -274,6 +274,19 @@ def host_array(x, op: str, arg: str):
     return np.asarray(x)
 
 
+def _read_host(x, op: str, arg: str):
+    """host_array(x), with any failure to read x as an array said as the op's TypeError (host_array's
+    own errors, which name the op already, as they are)."""
+    try:
+        return host_array(x, op, arg)
+    except TypeError as e:
+        if str(e).startswith(f"{op}: "):
+            raise
+        raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
+    except Exception as e:
+        raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
+
+
 def result_converter(args, kwargs):
     """How to give a call's result back in its inputs' library, when its first array of another library
     than NumPy is a host array (a torch CPU tensor: torch tensors out; an array-API library's host array:
@@ -327,14 +340,7 @@ def as_float(x, op: str, arg: str, dtypes=FLOATS, allow_device: bool = True):
         return x  # the common case, checked in a few attribute reads
     if allow_device and is_device_array(x):
         return as_device_array(x, op, arg, dtypes)
-    try:
-        a = host_array(x, op, arg)
-    except TypeError as e:
-        if str(e).startswith(f"{op}: "):
-            raise
-        raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
-    except Exception as e:
-        raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
+    a = _read_host(x, op, arg)
     name = dtype_name(a)
     if not (a.flags.c_contiguous and a.flags.aligned and a.dtype in (np.float32, np.float16)):
         # A copy comes next. A broadcast view can stand for more memory than the machine has, and where
@@ -461,14 +467,7 @@ def as_f32(x, op: str, arg: str, allow_device: bool = True):
         return x  # the common case, checked in a few attribute reads
     if allow_device and is_device_array(x):
         return as_device_array(x, op, arg)
-    try:
-        a = host_array(x, op, arg)
-    except TypeError as e:
-        if str(e).startswith(f"{op}: "):
-            raise
-        raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
-    except Exception as e:
-        raise TypeError(f"{op}: argument {arg!r} cannot be read as an array: {e}") from None
+    a = _read_host(x, op, arg)
     if a.dtype.kind not in _CONVERTIBLE_KINDS:
         raise TypeError(f"{op}: argument {arg!r} has dtype {a.dtype}; expected float32 or a real numeric type "
                         f"convertible to float32")
