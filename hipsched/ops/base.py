@@ -81,7 +81,8 @@ class OpSpec:
     package never imports the GPU layer, which may be absent or broken, and the glue never imports
     this package, so each layer only points down. The GPU side is judged by the launch planner beside
     the glue (`<glue>_plan(ctx, call)`), so what the GPU accepts is decided by the code that launches.
-    `scratch(call)` is the device memory the glue allocates beyond inputs and outputs; `split(call)`
+    The device memory the glue allocates beyond inputs and outputs is declared beside the planner too
+    (`<glue>_scratch(call)`, see device_scratch); `split(call)`
     cuts a call into independent pieces for out-of-memory recovery, (pieces, args(lo, hi),
     combine(results)) or None; `partition(call)` cuts it along the rows of its largest operand so that
     several processors can each take a share at once (hipsched.splitting), a Partition or None;
@@ -90,11 +91,10 @@ class OpSpec:
     CPU kernel for plain float32 arrays, which the dispatcher runs without entering Python; calls it
     declines take `prepare` and `cpu`, with the same results."""
 
-    __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "scratch", "split", "sweep",
-                 "partition")
+    __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "split", "sweep", "partition")
 
-    def __init__(self, name, prepare, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None,
-                 split=None, sweep=None, partition=None):
+    def __init__(self, name, prepare, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, split=None,
+                 sweep=None, partition=None):
         self.name = name
         self.prepare = prepare
         self.cpu = cpu
@@ -102,7 +102,6 @@ class OpSpec:
         self.hot = hot
         self.cpu_dtypes = tuple(cpu_dtypes)
         self.gpu_dtypes = tuple(gpu_dtypes) if gpu is not None else ()
-        self.scratch = scratch
         self.split = split
         self.sweep = sweep
         self.partition = partition
@@ -123,7 +122,13 @@ class OpSpec:
         return _resolve((self.gpu[0], self.gpu[1] + suffix))
 
     def device_scratch(self, call) -> int:
-        return int(self.scratch(call)) if self.scratch is not None else 0
+        """Device bytes a GPU run of `call` allocates beyond its inputs and outputs, as the glue's module
+        declares them beside its planner (`<glue>_scratch(call)`; none declared: none allocated). Imports
+        the glue's module: only a GPU backend asks."""
+        if self.gpu is None:
+            return 0
+        declared = getattr(importlib.import_module(self.gpu[0]), self.gpu[1] + "_scratch", None)
+        return int(declared(call)) if declared is not None else 0
 
     def chunks(self, call):
         return self.split(call) if self.split is not None else None
@@ -132,12 +137,12 @@ class OpSpec:
 OPS: dict[str, OpSpec] = {}
 
 
-def register(name, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, scratch=None, split=None,
-             sweep=None, partition=None):
+def register(name, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, split=None, sweep=None,
+             partition=None):
     """Decorator for an op's prepare(*args, **kwargs) -> Call: declares the op (see OpSpec)."""
     def deco(fn):
         OPS[name] = OpSpec(name, fn, cpu=cpu, gpu=gpu, hot=hot, cpu_dtypes=cpu_dtypes, gpu_dtypes=gpu_dtypes,
-                           scratch=scratch, split=split, sweep=sweep, partition=partition)
+                           split=split, sweep=sweep, partition=partition)
         return fn
     return deco
 

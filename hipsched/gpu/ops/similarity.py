@@ -66,6 +66,13 @@ def cosine_similarity_plan(ctx, call) -> list[Launch]:
                            suffix)
 
 
+def cosine_similarity_scratch(call) -> int:
+    """Device bytes the glue allocates beyond the call's inputs and result (the op spec's device scratch):
+    the query norms, unless nothing is scored (an empty call, or d == 0)."""
+    m, d = _as_queries(call.args[0])
+    return 4 * m if m and d and call.args[1].shape[0] else 0
+
+
 def cosine_similarity(ctx, call, stream):
     q_in, T_in = call.args[0], call.args[1]
     m, d = _as_queries(q_in)
@@ -126,6 +133,20 @@ def top_k_plan(ctx, call) -> list[Launch]:
         return []
     return top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors,
                           suffix)
+
+
+def top_k_scratch(call) -> int:
+    """Device bytes the glue allocates beyond the call's inputs and results (the op spec's device scratch):
+    the (m, n) float32 scores, the query norms (unless d == 0), and the two alternating pairs of partial
+    results (float32 scores, int64 indices) of the selection passes before the last, each pair as large
+    as its first and largest use. Nothing for a call that launches nothing."""
+    m, d = _as_queries(call.args[0])
+    n = call.args[1].shape[0]
+    kout = min(int(_param(call, 2, "k")), n)
+    if m == 0 or kout == 0:
+        return 0
+    partials = [launch.grid[0] * kout for launch in top_k_select_launches(m, n, kout)[:-1]]
+    return 4 * m * n + (4 * m if d else 0) + 12 * m * sum(partials[:2])
 
 
 def top_k(ctx, call, stream):
