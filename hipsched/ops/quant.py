@@ -7,8 +7,8 @@ import numpy as np
 
 # QuantizedTensor is public here too (hipsched.QuantizedTensor resolves through this module)
 from ..gguf_blocks import QTYPES, QuantizedTensor, check_shape, qtype_name
-from .base import FLOATS, Call, Partition, _resolve, any_on_device, as_float, check_ndim, dtype_name, \
-    check_result_fits, rand_f32, register, shape_mismatch
+from .base import Call, Partition, _resolve, rand_f32, register
+from .validation import FLOATS, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, shape_mismatch
 
 __all__ = ["QuantizedTensor", "quantize"]
 

@@ -1,4 +1,4 @@
-"""Similarity ops: cosine_similarity and top_k (validation and work measures; see base.py).
+"""Similarity ops: cosine_similarity and top_k (validation and work measures; see base.py and validation.py).
 
 cosine_similarity(q, T): q (d,) or (m, d) against T (n, d) -> (n,) or (m, n) float32. A zero vector
 (q or a row of T, norm exactly 0, including d == 0) scores 0 against any finite vector; NaN or inf in
@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import FLOATS, Call, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, finite_scalar, \
-    Partition, partition_from_split, rand_f32, register, shape_mismatch
+from .base import Call, Partition, partition_from_split, rand_f32, register
+from .validation import (FLOATS, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, finite_scalar,
+                         shape_mismatch)
 
 _CPU = "hipsched.cpu._similarity"
 _GPU = "hipsched.gpu.ops.similarity"
