@@ -329,6 +329,13 @@ def test_rms_norm_register_and_fallback_paths(emu, rng, launched, dtype):
         assert_rms_norm(g, x, w, dtype)
 
 
+def _on_tensor_cores(emu, q, k, v, causal, dtype):
+    """A half attention run, whose launch must be the tensor-core kernel's."""
+    call = half_call("attention", (q, k, v), {"causal": causal, "scale": None}, dtype)
+    assert "_mma_" in _attention_kernel(emu, call)
+    return emu.run(call)
+
+
 # Tensor-core attention (hs_attention_{f16,bf16}_mma_d*: warp 32, the emulated sm_90's mma.sync kernel;
 # warp 64, the emulated gfx90a's MFMA kernel): query and key tails (not multiples of the 64-row block or
 # the 64- or 32-key tile), several key tiles (the double buffer, the register prefetch), Sq != Sk both
@@ -341,9 +348,7 @@ def test_tensor_core_attention(emu, rng, dtype, sq, sk, hd):
     q = (rng.standard_normal((1, 2, sq, hd)) * 1.5).astype(t)
     k, v = (rng.standard_normal((1, 2, sk, hd)).astype(t) for _ in range(2))
     for causal in (False, True):
-        call = half_call("attention", (q, k, v), {"causal": causal, "scale": None}, dtype)
-        assert "_mma_" in _attention_kernel(emu, call)
-        g = emu.run(call)
+        g = _on_tensor_cores(emu, q, k, v, causal, dtype)
         assert g.dtype == t and g.shape == q.shape
         assert_attention_contract(g, q, k, v, causal, dtype)
         # the CPU engine rounds only its float32 result: within the contract plus its own rounding and
@@ -388,9 +393,7 @@ def test_tensor_core_attention_no_keys(emu, dtype):
     q = np.ones((1, 2, 5, 64), t)
     k = v = np.zeros((1, 2, 0, 64), t)
     for causal in (False, True):
-        call = half_call("attention", (q, k, v), {"causal": causal, "scale": None}, dtype)
-        assert "_mma_" in _attention_kernel(emu, call)
-        g = emu.run(call)
+        g = _on_tensor_cores(emu, q, k, v, causal, dtype)
         assert g.shape == q.shape and not g.astype(np.float32).any()   # zeros, as PyTorch and the CPU engine
 
 
@@ -407,9 +410,7 @@ def test_tensor_core_attention_hidden_inf_nan(emu, rng, dtype):
     v[0, 0, 20, 5] = np.nan
     v[0, 0, 36, 9] = -np.inf
     k[0, 0, 38, 0] = np.nan
-    call = half_call("attention", (q, k, v), {"causal": True, "scale": None}, dtype)
-    assert "_mma_" in _attention_kernel(emu, call)
-    g = emu.run(call).astype(np.float64)
+    g = _on_tensor_cores(emu, q, k, v, True, dtype).astype(np.float64)
     c = CPU.run(OPS["attention"].prepare(q, k, v, causal=True)).astype(np.float64)
     assert np.isfinite(g[0, 0, :3]).all()
     for special in (np.isnan, np.isposinf, np.isneginf):
