@@ -68,9 +68,10 @@ cdef class FastPath:
     the CPU still runs, times and records in C, and GPU runs through the glue, device data on the CPU,
     fallback and errors to raise are this class's Python-level methods (the general path, below).
 
-    `_decide_call` is the only place a call's flags and decision are worked out: both kinds of real
-    call (`run`) and `decide_call` (what Executor.select_backend answers) go through it, so a prediction
-    is the decision the same call gets from the same state."""
+    Every call's flags and decision are worked out by `_flags` and `_settle`; between them the GPU's
+    terms come from its backend's judgement (`_decide_call`: the general path and `decide_call`, what
+    Executor.select_backend answers, so a prediction is the decision the same call gets from the same
+    state) or from the plan kept for the call's key (`_run_compiled`)."""
     cdef readonly SchedCore core
     cdef dict prepare
     cdef dict slots
@@ -144,27 +145,37 @@ cdef class FastPath:
         return (flags & F_GPU_SUPPORTS and not want & F_WANT_CPU and not p.force_cpu and (
             size >= self.min_batch or want & F_WANT_GPU or (p.strategy == ST_BACKEND_ONLY and p.backend_only == GPU)))
 
-    cdef object _decide_call(self, call, double size, int want, tuple entry, bint commit, Decision *d):
-        """Fills `d` with the decision for a call of work `size`; returns the decision's detail (why the
-        GPU refuses the call, or why it was found gone deciding it) or None. `call` (the prepared Call)
-        may be None only where `_asks_gpu` is false. Without `commit` nothing changes (see
-        SchedCore._decide)."""
-        cdef int flags, r
+    cdef inline int _flags(self, tuple entry, int want, bint on_device, Decision *d) except? -1:
+        """A call's flags before the GPU is asked (its capability, what the caller wants, fits until the
+        GPU says otherwise), with `d` reset for its decision."""
+        cdef int flags = <int>entry[1] | want | F_FITS
+        if on_device:
+            flags |= F_ON_DEVICE   # the GPU's terms are then the CPU's copies, which the core charges to the CPU
         d.want = want
         d.slot = entry[0]
-        flags = <int>entry[1] | want | F_FITS
-        if call is not None and call.on_device:
-            flags |= F_ON_DEVICE   # gpu_terms then gives the CPU's copies, which the core charges to the CPU
         d.h2d = d.d2h = d.real_h2d = 0.0
-        detail = None
-        if self._asks_gpu(flags, want, size):
-            flags_o, h2d_o, d2h_o, detail, real_o = self._gpu_terms(call, flags, entry[2], commit)
-            flags, d.h2d, d.d2h, d.real_h2d = flags_o, h2d_o, d2h_o, real_o
+        return flags
+
+    cdef inline void _settle(self, double size, int flags, bint commit, Decision *d) noexcept:
+        """The core's decision on a call's flags and the copy terms in `d`."""
+        cdef int r
         hs_lock(&self.core.lock)
         r = self.core._decide(self.core.slots[d.slot], size, d.h2d, d.d2h, flags, &d.pc, &d.pg, commit)
         hs_unlock(&self.core.lock)
         d.backend = r & 1
         d.reason = r >> 1
+
+    cdef object _decide_call(self, call, double size, int want, tuple entry, bint commit, Decision *d):
+        """Fills `d` with the decision for a call of work `size`, the GPU's terms from its backend's
+        judgement; returns the decision's detail (why the GPU refuses the call, or why it was found gone
+        deciding it) or None. `call` (the prepared Call) may be None only where `_asks_gpu` is false.
+        Without `commit` nothing changes (see SchedCore._decide)."""
+        cdef int flags = self._flags(entry, want, call is not None and call.on_device, d)
+        detail = None
+        if self._asks_gpu(flags, want, size):
+            flags_o, h2d_o, d2h_o, detail, real_o = self._gpu_terms(call, flags, entry[2], commit)
+            flags, d.h2d, d.d2h, d.real_h2d = flags_o, h2d_o, d2h_o, real_o
+        self._settle(size, flags, commit, d)
         return detail if d.reason == R_GPU_UNSUPPORTED or d.reason == R_GPU_UNAVAILABLE else None
 
     def decide_call(self, call, backend="auto"):
@@ -341,22 +352,14 @@ cdef class FastPath:
         cdef void *start = NULL
         cdef GpuPath gp = self.path
         entry = c.entry
-        d.want = want
-        d.slot = entry[0]
-        d.h2d = d.d2h = 0.0
-        flags = <int>entry[1] | want | F_FITS
-        if c.on_device:
-            flags |= F_ON_DEVICE
+        flags = self._flags(entry, want, c.on_device, &d)
         if self._asks_gpu(flags, want, c.size):
+            # the GPU's terms are the kept plan's: its memory against the engine's free reading, and the
+            # copies the first call with this key was judged to make (device data: the CPU's)
             if c.plan.device_bytes > gp.free_bytes():
                 flags &= ~F_FITS
-            # host data: the GPU's copies; device data: the CPU's (the core charges them to that side)
             d.h2d, d.d2h = c.h2d, c.d2h
-        hs_lock(&self.core.lock)
-        r = self.core._decide(self.core.slots[d.slot], c.size, d.h2d, d.d2h, flags, &d.pc, &d.pg, True)
-        hs_unlock(&self.core.lock)
-        d.backend = r & 1
-        d.reason = r >> 1
+        self._settle(c.size, flags, True, &d)
         if d.backend != GPU:
             keep.clear()   # the CPU path imports the arguments itself
             prep = self.prepare.get(op)

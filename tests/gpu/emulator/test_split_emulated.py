@@ -325,14 +325,14 @@ def test_a_further_devices_model_is_saved_and_loaded_in_a_file_of_its_own(rt2, t
         return Executor(gpu_backend=[first, first.for_device(1)], persist_model=True,
                         cache_dir=str(tmp_path / "cache"))
     with make() as ex:
-        core = ex._fast.further[1].core
+        core = ex._fast.further.by_index[1].core
         assert core is ex._fast.splitter.others[0].core        # the core its split parts teach
         s = core.slot("top_k", "float32")
         for _ in range(3):
             core.record(s, 1, 1e6, 250.0)
     assert len(list((tmp_path / "cache").glob("model-*.json"))) == 2
     with make() as ex:
-        core = ex._fast.further[1].core
+        core = ex._fast.further.by_index[1].core
         assert core.predict(core.slot("top_k", "float32"), 1, 1e6) == pytest.approx(250.0)
         assert math.isnan(ex._core.predict(ex._core.slot("top_k", "float32"), 1, 1e6))   # not the executor's
 

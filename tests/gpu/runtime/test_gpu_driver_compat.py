@@ -12,7 +12,7 @@ import pytest
 import hipsched
 from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
-from hipsched.gpu.compilation import compilers
+from hipsched.gpu.bindings import compilers
 from hipsched.gpu.bindings.compilers import (cuda_version_for_ptx_isa, load_target, ptx_isa_of, ptx_isa_of_nvrtc,
                                     select_nvrtc)
 from hipsched.gpu.compilation.kernels import KernelCache, cache_key
