@@ -19,6 +19,10 @@ cdef extern from "elementwise.h" nogil:
     void hs_scale_f32(const float *x, float alpha, float *out, int64_t n)
     void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int64_t inner)
     void hs_exp_f32(const float *x, float *out, int64_t n)
+    void hs_silu_mul(hs_dtype dt, const void *g, const void *u, void *out, int64_t n)
+    void hs_gelu(hs_dtype dt, const void *x, void *out, int64_t n, int tanh_form)
+    int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int64_t batch, int64_t heads,
+                int64_t seq, int64_t d, int pos_per_batch, double base, double scale, int gptj)
 
 
 def add(a, b):
@@ -75,6 +79,74 @@ def softmax(x, int axis=-1):
     cdef hs_dtype dt = <hs_dtype>cx
     with nogil:
         hs_softmax(dt, px, po, outer, length, inner)
+    return out
+
+
+def silu_mul(gate, up):
+    """silu(gate) * up, gate and up of one shape and one dtype."""
+    cdef int cg = -1, cu = -1
+    cdef void *pg = float_ptr(gate, "gate", &cg)
+    cdef void *pu = float_ptr(up, "up", &cu)
+    if cg != cu:
+        raise TypeError(f"silu_mul: gate ({gate.dtype}) and up ({up.dtype}) must have one dtype (promote through hipsched.ops)")
+    if gate.shape != up.shape:
+        raise ValueError(f"silu_mul: gate {gate.shape} and up {up.shape} must have one shape")
+    cdef int64_t n = gate.size
+    out = np.empty_like(gate)
+    cdef void *po = cnp.PyArray_DATA(out)
+    cdef hs_dtype dt = <hs_dtype>cg
+    with nogil:
+        hs_silu_mul(dt, pg, pu, po, n)
+    return out
+
+
+def gelu(x, approximate="none"):
+    """GELU, torch's erf form ("none") or its tanh form ("tanh"), in float64 per element."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    cdef int cx = -1
+    cdef void *px = float_ptr(x, "x", &cx)
+    cdef int64_t n = x.size
+    cdef int tanh_form = approximate == "tanh"
+    out = np.empty_like(x)
+    cdef void *po = cnp.PyArray_DATA(out)
+    cdef hs_dtype dt = <hs_dtype>cx
+    with nogil:
+        hs_gelu(dt, px, po, n, tanh_form)
+    return out
+
+
+def rope(x, positions, base=10000.0, scale=1.0, style="neox"):
+    """Rotary embedding of x (batch, heads, seq, d) or (heads, seq, d) at int64 positions (seq,) or
+    (batch, seq) (see hipsched.ops.elementwise.prepare_rope for the formula)."""
+    cdef int cx = -1
+    cdef void *px = float_ptr(x, "x", &cx)
+    if style not in ("neox", "gptj"):
+        raise ValueError(f"rope: style must be 'neox' or 'gptj', got {style!r}")
+    if x.ndim not in (3, 4) or x.shape[x.ndim - 1] % 2:
+        raise ValueError(f"rope: x must be 3-d or 4-d with an even last axis, got {x.shape}")
+    pos = positions
+    if not isinstance(pos, np.ndarray) or pos.dtype != np.int64 or not pos.flags.c_contiguous or not pos.flags.aligned:
+        raise TypeError("rope: positions must be a C-contiguous int64 array (validate through hipsched.ops)")
+    cdef int64_t batch = x.shape[0] if x.ndim == 4 else 1
+    cdef int64_t heads = x.shape[x.ndim - 3], seq = x.shape[x.ndim - 2], d = x.shape[x.ndim - 1]
+    cdef int per_batch
+    if pos.shape == (seq,):
+        per_batch = 0
+    elif x.ndim == 4 and pos.shape == (batch, seq):
+        per_batch = 1
+    else:
+        raise ValueError(f"rope: positions {pos.shape} must be (seq,) or (batch, seq) for x {x.shape}")
+    cdef double b = float(base), sc = float(scale)
+    cdef int gptj = style == "gptj", rc
+    out = np.empty_like(x)
+    cdef void *po = cnp.PyArray_DATA(out)
+    cdef const int64_t *pp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>pos)
+    cdef hs_dtype dt = <hs_dtype>cx
+    with nogil:
+        rc = hs_rope(dt, px, pp, po, batch, heads, seq, d, per_batch, b, sc, gptj)
+    if rc:
+        raise MemoryError(f"rope: no memory for the angle table of head_dim {d}")
     return out
 
 

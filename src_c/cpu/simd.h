@@ -85,6 +85,9 @@ static inline hs_v8f hs_v8_add(hs_v8f a, hs_v8f b) { return _mm256_add_ps(a, b);
 static inline hs_v8f hs_v8_sub(hs_v8f a, hs_v8f b) { return _mm256_sub_ps(a, b); }
 static inline hs_v8f hs_v8_mul(hs_v8f a, hs_v8f b) { return _mm256_mul_ps(a, b); }
 static inline hs_v8f hs_v8_fma(hs_v8f a, hs_v8f b, hs_v8f c) { return _mm256_fmadd_ps(a, b, c); }
+static inline hs_v8f hs_v8_div(hs_v8f a, hs_v8f b) { return _mm256_div_ps(a, b); }
+/* lanes (0 1)(2 3)... swapped within each pair: rope's interleaved (GPT-J) layout */
+static inline hs_v8f hs_v8_swap_pairs(hs_v8f a) { return _mm256_permute_ps(a, 0xb1); }
 static inline hs_v8f hs_v8_max(hs_v8f a, hs_v8f b) { return _mm256_max_ps(a, b); }
 static inline float hs_v8_hsum(hs_v8f v) { return hs__hsum8(v); }
 static inline float hs_v8_hmax(hs_v8f v) { return hs__hmax8(v); }
@@ -152,6 +155,8 @@ static inline hs_vf hs_v_add(hs_vf a, hs_vf b) { return _mm512_add_ps(a, b); }
 static inline hs_vf hs_v_sub(hs_vf a, hs_vf b) { return _mm512_sub_ps(a, b); }
 static inline hs_vf hs_v_mul(hs_vf a, hs_vf b) { return _mm512_mul_ps(a, b); }
 static inline hs_vf hs_v_fma(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline hs_vf hs_v_div(hs_vf a, hs_vf b) { return _mm512_div_ps(a, b); }
+static inline hs_vf hs_v_swap_pairs(hs_vf a) { return _mm512_permute_ps(a, 0xb1); }
 static inline hs_vf hs_v_fnma(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fnmadd_ps(a, b, c); }
 static inline hs_vf hs_v_max(hs_vf a, hs_vf b) { return _mm512_max_ps(a, b); }
 static inline hs_vf hs_v_min(hs_vf a, hs_vf b) { return _mm512_min_ps(a, b); }
@@ -209,6 +214,11 @@ static inline hs_v8f hs_v8_add(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++)
 static inline hs_v8f hs_v8_sub(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] -= b.v[i]; return a; }
 static inline hs_v8f hs_v8_mul(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] *= b.v[i]; return a; }
 static inline hs_v8f hs_v8_fma(hs_v8f a, hs_v8f b, hs_v8f c) { for (int i = 0; i < 8; i++) c.v[i] += a.v[i] * b.v[i]; return c; }
+static inline hs_v8f hs_v8_div(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] /= b.v[i]; return a; }
+static inline hs_v8f hs_v8_swap_pairs(hs_v8f a) {
+    for (int i = 0; i < 8; i += 2) { float t = a.v[i]; a.v[i] = a.v[i + 1]; a.v[i + 1] = t; }
+    return a;
+}
 /* Same NaN rule as _mm256_max_ps (and _mm512_max_ps): when either lane is NaN the second operand
  * wins. Kernels that need NumPy's NaN propagation must check NaN explicitly, at every level. */
 static inline hs_v8f hs_v8_max(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
@@ -233,6 +243,8 @@ typedef hs_v8f hs_vf;
 #define hs_v_sub hs_v8_sub
 #define hs_v_mul hs_v8_mul
 #define hs_v_fma hs_v8_fma
+#define hs_v_div hs_v8_div
+#define hs_v_swap_pairs hs_v8_swap_pairs
 #define hs_v_max hs_v8_max
 #define hs_v_hsum hs_v8_hsum
 #define hs_v_hmax hs_v8_hmax
