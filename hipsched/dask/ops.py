@@ -19,7 +19,7 @@ from distributed.spill import SpillBuffer
 
 from ..broadcast import bias_fits
 from ..ops.base import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
-from ..ops.elementwise import GELU_FORMS, ROPE_STYLES, _real_scalar, _rope_positions
+from ..ops.elementwise import GELU_FORMS, ROPE_STYLES, _real_scalar, _rope_positions, rope_parameter
 from ..ops.similarity import merge_top_k
 from .placement import PLACEMENT_TOPIC, placement, runs
 from .workers import executor
@@ -587,10 +587,7 @@ def rope(x, positions, *, base=10000.0, scale=1.0, style="neox"):
     equals the single-machine op's result for those rows on the same kind of engine."""
     if not isinstance(style, str) or style not in ROPE_STYLES:
         raise ValueError(f"rope: style must be one of {', '.join(repr(s) for s in ROPE_STYLES)}, got {style!r}")
-    base = finite_scalar(base, "rope", "base")
-    scale = finite_scalar(scale, "rope", "scale")
-    if base <= 0 or scale <= 0:
-        raise ValueError(f"rope: base and scale must be > 0, got base={base!r}, scale={scale!r}")
+    base, scale = rope_parameter(base, "base"), rope_parameter(scale, "scale")
     x = _dask(x, "rope", "x")
     _dtype_ok(x, "rope", "x")
     if x.ndim not in (3, 4):

@@ -28,7 +28,7 @@ import numpy as np
 from ..broadcast import bias_fits
 from . import base
 from .base import FLOATS, Call, _read_host, any_on_device, as_float, check_result_fits, contiguous_aligned, \
-    dtype_name, finite_scalar, is_device_array, promote, rand_f32, partition_from_split, register, shape_mismatch, \
+    dtype_name, is_device_array, promote, rand_f32, partition_from_split, register, shape_mismatch, \
     split_rows
 
 _CPU = "hipsched.cpu._elementwise"
@@ -202,6 +202,16 @@ def _rope_positions(positions, x_shape):
     return contiguous_aligned(p, np.int64) if p.dtype != np.int64 else contiguous_aligned(p)
 
 
+def rope_parameter(value, name: str) -> float:
+    """base or scale: a real scalar (not a string), finite and > 0."""
+    v = _real_scalar(value, "rope", name)
+    if not math.isfinite(v):
+        raise ValueError(f"rope: {name} must be finite, got {value!r}")
+    if v <= 0:
+        raise ValueError(f"rope: {name} must be > 0, got {value!r}")
+    return v
+
+
 def _split_rope(call):
     """Rows of x's first axis (batch, or heads for a 3-d x), positions cut alike when they are per batch."""
     x, pos = call.args
@@ -239,12 +249,7 @@ def prepare_rope(x, positions, *, base=10000.0, scale=1.0, style="neox") -> Call
     results. In place is `x[...] = rope(x, positions)` (for a device x, write the result where x is kept)."""
     if not isinstance(style, str) or style not in ROPE_STYLES:
         raise ValueError(f"rope: style must be one of {', '.join(repr(s) for s in ROPE_STYLES)}, got {style!r}")
-    base = finite_scalar(base, "rope", "base")
-    scale = finite_scalar(scale, "rope", "scale")
-    if base <= 0:
-        raise ValueError(f"rope: base must be > 0, got {base!r}")
-    if scale <= 0:
-        raise ValueError(f"rope: scale must be > 0, got {scale!r}")
+    base, scale = rope_parameter(base, "base"), rope_parameter(scale, "scale")
     x = as_float(x, "rope", "x")
     shape = tuple(x.shape)
     if len(shape) not in (3, 4):
