@@ -42,7 +42,7 @@ void hs_gelu(hs_dtype dt, const void *x, void *out, int64_t n, int tanh_form);
  * pos_per_batch, positions[b * seq + s]. gptj 0 pairs (i, i + d/2) (NeoX), 1 pairs (2i, 2i + 1) (GPT-J).
  * Angles in float64, their cos and sin rounded to float32, the rotation in float32, rounded once.
  * Returns 0, or -1 when a table buffer could not be allocated (out is then incomplete). */
-#define HS_ROPE_TAB 8192   /* floats of angle table a work item keeps on the stack (32 KiB) */
+#define HS_ROPE_TAB 262144   /* floats of angle table a work item may hold (1 MiB, on the heap) */
 int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int64_t batch, int64_t heads,
             int64_t seq, int64_t d, int pos_per_batch, double base, double scale, int gptj);
 
