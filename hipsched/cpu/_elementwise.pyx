@@ -82,6 +82,21 @@ def softmax(x, int axis=-1):
     return out
 
 
+# Results from this size on are written with streaming stores (elementwise.c, HS_STREAM_MIN_BYTES),
+# which need a 64-byte-aligned destination; NumPy aligns its buffers to 16 bytes.
+DEF STREAM_MIN_BYTES = 16 << 20
+
+
+def _result_like(a):
+    """An uninitialised array of a's shape and dtype; 64-byte aligned when it is large enough to be
+    streamed."""
+    if a.nbytes < STREAM_MIN_BYTES:
+        return np.empty_like(a)
+    buf = np.empty(a.nbytes + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64
+    return buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+
+
 def silu_mul(gate, up):
     """silu(gate) * up, gate and up of one shape and one dtype."""
     cdef int cg = -1, cu = -1
@@ -92,7 +107,7 @@ def silu_mul(gate, up):
     if gate.shape != up.shape:
         raise ValueError(f"silu_mul: gate {gate.shape} and up {up.shape} must have one shape")
     cdef int64_t n = gate.size
-    out = np.empty_like(gate)
+    out = _result_like(gate)
     cdef void *po = cnp.PyArray_DATA(out)
     cdef hs_dtype dt = <hs_dtype>cg
     with nogil:
@@ -139,7 +154,7 @@ def rope(x, positions, base=10000.0, scale=1.0, style="neox"):
         raise ValueError(f"rope: positions {pos.shape} must be (seq,) or (batch, seq) for x {x.shape}")
     cdef double b = float(base), sc = float(scale)
     cdef int gptj = style == "gptj", rc
-    out = np.empty_like(x)
+    out = _result_like(x)
     cdef void *po = cnp.PyArray_DATA(out)
     cdef const int64_t *pp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>pos)
     cdef hs_dtype dt = <hs_dtype>cx

@@ -2,6 +2,7 @@
  * Grains are the least work worth a thread: a parallel region costs a few microseconds. Work items are
  * handed out dynamically, so a thread the OS preempts (2 shared cores) does not hold up the other. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include "cpu_features.h"
 #include "elementwise.h"
@@ -14,9 +15,10 @@ HS_TYPED(void, hs_add_scalar_range, (const void *a, const void *b, void *out, in
 HS_TYPED(void, hs_scale_range, (const void *x, float alpha, void *out, int64_t n))
 HS_TYPED(void, hs_softmax_row, (const void *x, void *y, int64_t len))
 HS_TYPED(void, hs_softmax_cols, (const void *x, void *y, int64_t len, int64_t inner, int64_t c0, int64_t c1))
-HS_TYPED(void, hs_silu_mul_range, (const void *g, const void *u, void *out, int64_t n))
+HS_TYPED(void, hs_silu_mul_range, (const void *g, const void *u, void *out, int64_t n, int nt))
 HS_TYPED(void, hs_gelu_range, (const void *x, void *out, int64_t n, int tanh_form))
-HS_TYPED(void, hs_rope_row, (const void *x, void *out, const float *tab, int64_t d, int gptj))
+HS_TYPED(void, hs_rope_row, (const void *x, void *out, const float *tab, int64_t d, int gptj, int nt))
+HS_VARIANTS(void, hs_sfence, (void))
 HS_VARIANTS(void, hs_rope_table, (const int64_t *pos, int64_t np, const double *invf, double fmax, int64_t d,
                                   double scale, int gptj, float *tab))
 HS_VARIANTS(void, hs_exp_range, (const float *x, float *out, int64_t n))
@@ -45,6 +47,16 @@ HS_VARIANTS(void, hs_exp_range, (const float *x, float *out, int64_t n))
             BODY;                                                                          \
         }                                                                                  \
     } while (0)
+
+/* Whether a result of `bytes` at `out` is written with streaming (non-temporal) stores: when it is far
+ * larger than the caches it would only evict them, and a normal store first reads each line it writes
+ * (a third memory stream beside the input and the output, which memcpy's large copies avoid). out
+ * aligned to 64 bytes, what every level's streaming store of a vector needs (the wrappers allocate
+ * such results so). */
+#define HS_STREAM_MIN_BYTES (16 << 20)
+static int hs_stream_out(const void *out, int64_t bytes) {
+    return bytes >= HS_STREAM_MIN_BYTES && ((uintptr_t)out & 63) == 0;
+}
 
 /* Grains and blocks count elements, whatever their size: the conversions make a half element cost
  * about what a float32 one does, though it moves half the bytes. */
@@ -111,8 +123,9 @@ void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int6
 void hs_silu_mul(hs_dtype dt, const void *g, const void *u, void *out, int64_t n) {
     if (n <= 0) return;
     int64_t es = hs_dtype_size(dt);
-    void (*f)(const void *, const void *, void *, int64_t) = HS_PICK_T(hs_silu_mul_range, dt);
-    HS_FOR_BLOCKS(n, HS_GRAIN / 4, f(HS_AT(g, lo), HS_AT(u, lo), HS_AT(out, lo), hi - lo));  /* exp: as softmax */
+    void (*f)(const void *, const void *, void *, int64_t, int) = HS_PICK_T(hs_silu_mul_range, dt);
+    int nt = hs_stream_out(out, n * es);   /* blocks are HS_BLOCK elements: each starts aligned too */
+    HS_FOR_BLOCKS(n, HS_GRAIN / 4, f(HS_AT(g, lo), HS_AT(u, lo), HS_AT(out, lo), hi - lo, nt));  /* exp: as softmax */
 }
 
 void hs_gelu(hs_dtype dt, const void *x, void *out, int64_t n, int tanh_form) {
@@ -149,7 +162,10 @@ int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int
     if (P < 1) P = 1;
     if (P > seq) P = seq;
     int64_t blocks = (seq + P - 1) / P, items = tables * blocks;
-    void (*row)(const void *, void *, const float *, int64_t, int) = HS_PICK_T(hs_rope_row, dt);
+    void (*row)(const void *, void *, const float *, int64_t, int, int) = HS_PICK_T(hs_rope_row, dt);
+    void (*fence)(void) = HS_PICK(hs_sfence);
+    /* streaming stores where every row, and its second half, starts on a 64-byte boundary */
+    int stream = hs_stream_out(out, n * es) && (d * es) % 128 == 0;
     void (*table)(const int64_t *, int64_t, const double *, double, int64_t, double, int, float *) = HS_PICK(hs_rope_table);
     int failed = 0;
     if (nt > items) nt = (int)items;
@@ -168,8 +184,9 @@ int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int
             for (int64_t hd = 0; hd < heads; hd++)
                 for (int64_t p = 0; p < np; p++) {
                     int64_t r = ((b * heads + hd) * seq + s0 + p) * d;
-                    row(HS_AT(x, r), HS_AT(out, r), tab + p * 2 * d, d, gptj);
+                    row(HS_AT(x, r), HS_AT(out, r), tab + p * 2 * d, d, gptj, stream);
                 }
+        if (stream) fence();
         free(tab);
     }
     free(invf);

@@ -110,6 +110,19 @@ static inline void hs_v8_store_bf16(uint16_t *p, hs_v8f v) {
     __m256i p16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(p16));
 }
+/* Non-temporal stores (rope and silu_mul's large outputs: no read for ownership of the destination, as
+ * memcpy's large copies). p aligned to the vector's bytes (32 for float32, 16 for the halves); a
+ * kernel that uses them ends with hs_v_sfence(). */
+static inline void hs_v8_stream(float *p, hs_v8f v) { _mm256_stream_ps(p, v); }
+static inline void hs_v8_stream_f16(uint16_t *p, hs_v8f v) {
+    _mm_stream_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void hs_v8_stream_bf16(uint16_t *p, hs_v8f v) {
+    __m128i t[1];
+    hs_v8_store_bf16((uint16_t *)t, v);   /* the store's rounding, then one streaming store */
+    _mm_stream_si128((__m128i *)p, _mm_loadu_si128(t));
+}
+static inline void hs_v_sfence(void) { _mm_sfence(); }
 #define HS_W 8
 #define HS_SIMD 1
 /* The pieces of elementwise.inc's vector exp beyond plain arithmetic, named for both SIMD levels so that
@@ -189,6 +202,17 @@ static inline void hs_v_store_bf16(uint16_t *p, hs_vf v) {
     /* every lane is < 2^16, so vpmovdw's truncation to 16 bits is exact */
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
 }
+/* Non-temporal stores, as the AVX2 level's (p aligned to 64 bytes for float32, 32 for the halves). */
+static inline void hs_v_stream(float *p, hs_vf v) { _mm512_stream_ps(p, v); }
+static inline void hs_v_stream_f16(uint16_t *p, hs_vf v) {
+    _mm256_stream_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void hs_v_stream_bf16(uint16_t *p, hs_vf v) {
+    __m256i t[1];
+    hs_v_store_bf16((uint16_t *)t, v);
+    _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256(t));
+}
+static inline void hs_v_sfence(void) { _mm_sfence(); }
 static inline hs_vf hs_v_round(hs_vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline hs_vf hs_v_zero_if_lt(hs_vf y, hs_vf x, hs_vf c) {
     return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, c, _CMP_LT_OQ), _mm512_setzero_ps());
@@ -230,6 +254,11 @@ static inline hs_v8f hs_v8_load_f16(const uint16_t *p) { hs_v8f r; for (int i = 
 static inline void hs_v8_store_f16(uint16_t *p, hs_v8f a) { for (int i = 0; i < 8; i++) p[i] = hs_f32_to_f16(a.v[i]); }
 static inline hs_v8f hs_v8_load_bf16(const uint16_t *p) { hs_v8f r; for (int i = 0; i < 8; i++) r.v[i] = hs_bf16_to_f32(p[i]); return r; }
 static inline void hs_v8_store_bf16(uint16_t *p, hs_v8f a) { for (int i = 0; i < 8; i++) p[i] = hs_f32_to_bf16(a.v[i]); }
+/* The portable level has no streaming stores: plain ones. */
+static inline void hs_v8_stream(float *p, hs_v8f v) { hs_v8_store(p, v); }
+static inline void hs_v8_stream_f16(uint16_t *p, hs_v8f v) { hs_v8_store_f16(p, v); }
+static inline void hs_v8_stream_bf16(uint16_t *p, hs_v8f v) { hs_v8_store_bf16(p, v); }
+static inline void hs_v_sfence(void) {}
 #endif
 
 #if HS_W == 8
@@ -252,6 +281,9 @@ typedef hs_v8f hs_vf;
 #define hs_v_store_f16 hs_v8_store_f16
 #define hs_v_load_bf16 hs_v8_load_bf16
 #define hs_v_store_bf16 hs_v8_store_bf16
+#define hs_v_stream hs_v8_stream
+#define hs_v_stream_f16 hs_v8_stream_f16
+#define hs_v_stream_bf16 hs_v8_stream_bf16
 #ifdef HS_AVX2
 #define hs_v_min hs_v8_min
 #define hs_v_fnma hs_v8_fnma

@@ -222,3 +222,22 @@ def test_rope_nonfinite_stays_in_its_pair(rng, style, dtype):
     _same_nonfinite(out, ref, f"rope {style} {dtype}")
     fin = np.isfinite(ref)
     assert fin.sum() == ref.size - 4   # the two pairs that hold a non-finite value, and no other element
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_results_past_16_mib_take_the_streaming_stores(rng, dtype):
+    """From 16 MiB on the result is 64-byte aligned and written with non-temporal stores (elementwise.c):
+    the same values as the reference, every row and block of it."""
+    n = (16 << 20) // np.dtype(npdt(dtype)).itemsize + 40   # a tail past the last whole block
+    g, u = _data(rng, dtype, n, 4.0), _data(rng, dtype, n)
+    out = hipsched.silu_mul(g, u)
+    assert out.ctypes.data % 64 == 0
+    ref = silu_mul_ref(g, u)
+    _within(out, ref, (UNIT[dtype] + 5 * 2.0 ** -24) * np.abs(ref) + TINY[dtype], f"silu_mul {dtype} streamed")
+    seq = (16 << 20) // (32 * 128 * np.dtype(npdt(dtype)).itemsize)
+    x = _data(rng, dtype, (1, 32, seq, 128))
+    positions = np.arange(seq) * 7
+    for style in ("neox", "gptj"):
+        out = hipsched.rope(x, positions, style=style)
+        assert out.ctypes.data % 64 == 0
+        _check_rope(out, x, positions, dtype, style=style)
