@@ -5,7 +5,8 @@ in float16 and bfloat16 against torch.softmax in the same dtype. silu_mul and ro
 element-wise ops, issue 34: goal >= 0.8x the copy bandwidth for large inputs) against np.copyto of the
 same number of bytes (read + write) into a preallocated array, measured beside them: the ratio is the
 share of this machine's copy bandwidth the op reaches (its result is a new array each call, as every
-hipsched op's; the copyto peer allocates nothing). gelu beside torch's gelu."""
+hipsched op's; the copyto peer allocates nothing, so rows against np.copy, which allocates, follow;
+scale's row beside the copy shows where an existing one-pass op stands). gelu beside torch's gelu."""
 import time
 
 import numpy as np
@@ -109,6 +110,10 @@ def _transformer_cases(ex, rng):
         print("cases_elementwise: ml_dtypes not installed, bf16 rows skipped")
     n = 16 << 20   # 64 MB per float32 operand
     g32, u32 = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    # the share of the copy bandwidth an existing one-pass op reaches on the same machine, for scale
+    out.append(Case("scale", "f32 2.5 * x(16M), 64 MB, beside the copy", lambda: ex.scale(g32, 2.5, backend="cpu"),
+                    _copy_peer(2.0 * g32.nbytes, np.float32), "np.copyto of 64 MB (r+w)", bytes=2.0 * g32.nbytes,
+                    family="elementwise"))
     for label, dt in [("f32", np.float32)] + halves:
         g, u = g32.astype(dt), u32.astype(dt)
         traffic = 3.0 * g.nbytes   # gate and up read, the result written
@@ -125,6 +130,15 @@ def _transformer_cases(ex, rng):
                             lambda x=x, style=style: ex.rope(x, pos, style=style, backend="cpu"),
                             _copy_peer(2.0 * x.nbytes, dt), f"np.copyto of {x.nbytes >> 20} MB (r+w)",
                             bytes=2.0 * x.nbytes, target=0.8, family="elementwise"))
+    # the same against a copy that allocates its result, as every hipsched op does (np.copy): what the
+    # fresh result's page faults cost is then on both sides
+    src = np.ones(3 * n // 2, np.float32)
+    out.append(Case("silu_mul", "f32 gate, up (16M), 64 MB each, vs an allocating copy",
+                    lambda: ex.silu_mul(g32, u32, backend="cpu"), lambda: np.copy(src), "np.copy of 96 MB (r+w 192 MB)",
+                    bytes=3.0 * g32.nbytes, target=0.8, family="elementwise"))
+    out.append(Case("rope", "f32 neox (1, 32, 4096, 128), 64 MB, vs an allocating copy",
+                    lambda: ex.rope(x32, pos, backend="cpu"), lambda: np.copy(x32), "np.copy of 64 MB (r+w)",
+                    bytes=2.0 * x32.nbytes, target=0.8, family="elementwise"))
     # decode: one token, 32 heads, at position 4095 (latency: the table and the call overhead)
     xd = rng.standard_normal((1, 32, 1, 128), dtype=np.float32)
     pd = np.array([4095])
