@@ -7,7 +7,7 @@ import numpy as np
 from hipsched.broadcast import bias_fits
 from libc.stdint cimport int64_t
 
-from hipsched.cpu._carray cimport f32_ptr, float_ptr, hs_dtype
+from hipsched.cpu._carray cimport HS_F32, f32_ptr, float_ptr, hs_dtype
 
 cnp.import_array()
 
@@ -192,7 +192,7 @@ cdef inline cnp.ndarray empty_like_f32(cnp.ndarray a):
     return cnp.PyArray_EMPTY(cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a), cnp.NPY_FLOAT32, 0)
 
 
-ctypedef struct Operands:   # one call's pointers and sizes, whichever kernel it is for
+ctypedef struct Operands:   # one call's pointers and sizes, whichever kernel it is for (silu_mul: y is up)
     const float *x
     const float *y
     float *out
@@ -207,6 +207,9 @@ cdef void k_add(Operands *o) noexcept nogil:
 
 cdef void k_scale(Operands *o) noexcept nogil:
     hs_scale_f32(o.x, o.alpha, o.out, o.n)
+
+cdef void k_silu_mul(Operands *o) noexcept nogil:
+    hs_silu_mul(HS_F32, o.x, o.y, o.out, o.n)
 
 cdef void k_softmax(Operands *o) noexcept nogil:
     if o.m:
@@ -310,7 +313,38 @@ cdef class SoftmaxHot(HotOp):
         return launch(k_softmax, &o, x)
 
 
+cdef class SiluMulHot(HotOp):
+    """silu_mul(gate, up): both plain float32 of one shape (a decode step calls it once per layer on a
+    few thousand elements, where the general path's checks cost more than the kernel)."""
+    cdef object check(self, tuple args, dict kwargs, double *size, double *nbytes):
+        if len(args) != 2 or kwargs:
+            return None
+        g = args[0]
+        u = args[1]
+        if not plain_f32(u) or not sized(g, 12.0, size, nbytes):
+            return None
+        cdef int nd = cnp.PyArray_NDIM(<cnp.ndarray>g), i
+        if cnp.PyArray_NDIM(<cnp.ndarray>u) != nd:
+            return None
+        for i in range(nd):
+            if cnp.PyArray_DIM(<cnp.ndarray>g, i) != cnp.PyArray_DIM(<cnp.ndarray>u, i):
+                return None
+        return args
+
+    cdef object run(self, object ready):
+        cdef cnp.ndarray g = <cnp.ndarray>(<tuple>ready)[0]
+        cdef cnp.ndarray u = <cnp.ndarray>(<tuple>ready)[1]
+        cdef Operands o
+        o.x = <float *>cnp.PyArray_DATA(g)
+        o.y = <float *>cnp.PyArray_DATA(u)
+        o.n = cnp.PyArray_SIZE(g)
+        if cnp.PyArray_NBYTES(g) >= STREAM_MIN_BYTES:   # the general path's aligned, streamed result
+            return silu_mul(g, u)
+        return launch(k_silu_mul, &o, g)
+
+
 add_hot = AddHot()
+silu_mul_hot = SiluMulHot()
 scale_hot = ScaleHot()
 softmax_hot = SoftmaxHot()
 

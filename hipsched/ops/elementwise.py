@@ -139,7 +139,7 @@ def prepare_softmax(x, axis=-1) -> Call:
                 on_device=any_on_device(x))
 
 
-@register("silu_mul", cpu=(_CPU, "silu_mul"), gpu=(_GPU, "silu_mul"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
+@register("silu_mul", cpu=(_CPU, "silu_mul"), gpu=(_GPU, "silu_mul"), hot=(_CPU, "silu_mul_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=lambda call: split_rows(call, same_shape_only=True),
           partition=lambda call: partition_from_split(split_rows(call, same_shape_only=True)),
           sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))

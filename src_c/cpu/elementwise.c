@@ -147,10 +147,13 @@ int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int
     int64_t es = hs_dtype_size(dt), h = d / 2;
     double *invf = (double *)malloc((size_t)h * sizeof(double));
     if (!invf) return -1;
-    double fmax = 0.0;
-    for (int64_t i = 0; i < h; i++) {
-        invf[i] = pow(base, -2.0 * (double)i / (double)d);
-        fmax = invf[i] > fmax ? invf[i] : fmax;
+    /* base^(-2i/d) as powers of r = base^(-2/d): one pow instead of d/2 (a decode step's table is a
+     * few dozen angles, where the pow calls were most of the kernel's time); the product's relative
+     * error, i 2^-53, is 1e-14 at i = 64: nothing at float32's 6e-8 */
+    double fmax = 0.0, r = pow(base, -2.0 / (double)d), f = 1.0;
+    for (int64_t i = 0; i < h; i++, f *= r) {
+        invf[i] = f;
+        fmax = f > fmax ? f : fmax;
     }
     /* P positions per item: as many as the table allows (long contiguous runs of each head's rows
      * stream from memory at copy speed; 32-row runs measured ~30% slower, at 32 heads of d = 128), but
