@@ -343,8 +343,64 @@ cdef class SiluMulHot(HotOp):
         return launch(k_silu_mul, &o, g)
 
 
+cdef inline bint rope_float(object v, double *out) noexcept:
+    """base or scale as the general path takes them without a conversion: a Python float, finite, > 0."""
+    if not PyFloat_CheckExact(v):
+        return False
+    out[0] = PyFloat_AS_DOUBLE(v)
+    return out[0] > 0 and out[0] <= 1.7976931348623157e308   # NaN and inf fail one side
+
+
+cdef class RopeHot(HotOp):
+    """rope(x, positions, *, base, scale, style): x plain float32, 3-d or 4-d with an even head_dim;
+    positions an exact C-contiguous native int64 ndarray of shape (seq,) or (batch, seq); base and scale
+    Python floats (finite, > 0), style "neox" or "gptj". Anything else: the general path."""
+    cdef object check(self, tuple args, dict kwargs, double *size, double *nbytes):
+        if len(args) != 2:
+            return None
+        cdef double base = 10000.0, scale = 1.0
+        style = "neox"
+        if kwargs:
+            for k, v in kwargs.items():
+                if k == "base":
+                    if not rope_float(v, &base):
+                        return None
+                elif k == "scale":
+                    if not rope_float(v, &scale):
+                        return None
+                elif k == "style":
+                    if v != "neox" and v != "gptj" or type(v) is not str:
+                        return None
+                    style = v
+                else:
+                    return None
+        x = args[0]
+        p = args[1]
+        if not sized(x, 8.0, size, nbytes) or not cnp.PyArray_CheckExact(p):
+            return None
+        cdef cnp.ndarray xa = <cnp.ndarray>x, pa = <cnp.ndarray>p
+        cdef int nd = cnp.PyArray_NDIM(xa)
+        if nd != 3 and nd != 4 or cnp.PyArray_DIM(xa, nd - 1) % 2:
+            return None
+        if (cnp.PyArray_TYPE(pa) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(pa)
+                or not cnp.PyArray_ISALIGNED(pa) or not cnp.PyArray_ISNOTSWAPPED(pa)):
+            return None
+        cdef int pd = cnp.PyArray_NDIM(pa)
+        if cnp.PyArray_DIM(pa, pd - 1) != cnp.PyArray_DIM(xa, nd - 2):
+            return None
+        if not (pd == 1 or pd == 2 and nd == 4 and cnp.PyArray_DIM(pa, 0) == cnp.PyArray_DIM(xa, 0)):
+            return None
+        nbytes[0] += 8.0 * cnp.PyArray_SIZE(pa)
+        return (x, p, base, scale, style)
+
+    cdef object run(self, object ready):
+        x, p, base, scale, style = <tuple>ready
+        return rope(x, p, base, scale, style)
+
+
 add_hot = AddHot()
 silu_mul_hot = SiluMulHot()
+rope_hot = RopeHot()
 scale_hot = ScaleHot()
 softmax_hot = SoftmaxHot()
 

@@ -229,7 +229,7 @@ def _sweep_rope(rng):
         yield (x.size, (x, np.arange(seq, dtype=np.int64)), {})
 
 
-@register("rope", cpu=(_CPU, "rope"), gpu=(_GPU, "rope"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
+@register("rope", cpu=(_CPU, "rope"), gpu=(_GPU, "rope"), hot=(_CPU, "rope_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=_split_rope, partition=lambda call: partition_from_split(_split_rope(call)), sweep=_sweep_rope)
 def prepare_rope(x, positions, *, base=10000.0, scale=1.0, style="neox") -> Call:
     """Rotary position embedding of x (batch, heads, seq, head_dim) or (heads, seq, head_dim), head_dim
