@@ -4,7 +4,10 @@ dtype. Where every pointer is 16-byte aligned the 16-byte kernels run (_v8 eleme
 registers: docs/design/kernels.md, "Bandwidth-bound kernels"); otherwise the scalar ones."""
 from __future__ import annotations
 
+import math
 from ctypes import c_double, c_float, c_int32, c_int64
+
+import numpy as np
 
 from ...broadcast import bias_fits
 from ...errors import GpuError
@@ -203,10 +206,31 @@ def _rope_layout(call):
     return batch, heads, seq, d, per_batch
 
 
+# The kernel's angle reduction (src_c/hip/rope.hip) loses about theta 2^-53 rad: below 2^26 rad that is
+# under an eighth of a float32 ulp of cos and sin (positions to 67M at scale 1). Larger angles are
+# refused (the CPU's table takes any angle, with libm). The check reads the positions when the call is
+# planned; a replayed plan (the compiled call path, keyed by shapes) does not read them again.
+ROPE_MAX_ANGLE = 2.0 ** 26
+
+
+def _rope_log2r(call, d: int) -> float:
+    """log2 of base^(-2/d): the kernel's inverse frequencies are exp2(i * log2r)."""
+    return -2.0 * math.log2(float(call.params["base"])) / d
+
+
 def rope_plan(ctx, call) -> list[Launch]:
     batch, heads, seq, d, _ = _rope_layout(call)
     if call.params.get("style", "neox") not in ("neox", "gptj"):
         raise GpuError("unsupported", f"rope: style={call.params.get('style')!r}")
+    pos = call.args[1]
+    if pos.size and d:
+        # the largest angle: the largest |position| / scale times the largest inverse frequency (1, or
+        # base^(-(d-2)/d) for a base below 1)
+        top = float(np.abs(pos).max()) / float(call.params["scale"]) * max(1.0, 2.0 ** (_rope_log2r(call, d) * (d // 2 - 1)))
+        if not top < ROPE_MAX_ANGLE:
+            raise GpuError("unsupported", f"rope: angles up to {top:.3g} rad (|positions| / scale up to "
+                                          f"{float(np.abs(pos).max()) / float(call.params['scale']):.3g}); the GPU kernel "
+                                          f"reduces angles below 2^26 rad, the CPU any")
     pairs = batch * heads * seq * d // 2
     return rope_launches(pairs, ctx.multiprocessors, kernel_suffix(call)) if pairs else []
 
@@ -223,7 +247,7 @@ def rope(ctx, call, stream):
     y = ctx.empty(x_in.shape, dtype, stream)
     p = call.params
     ctx.run(launch, (x, pos, y, c_int64(heads), c_int64(seq), c_int64(d), c_int32(int(per_batch)),
-                     c_double(float(p["base"])), c_double(float(p["scale"])), c_int32(int(p["style"] == "gptj")),
+                     c_double(_rope_log2r(call, d)), c_double(float(p["scale"])), c_int32(int(p["style"] == "gptj")),
                      c_int64(batch * heads * seq * d // 2)), stream)
     return ctx.finish(y, call, stream)
 

@@ -12,6 +12,7 @@ import pytest
 import gpu_emulator
 from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
+from hipsched.errors import GpuError
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 from op_cases import CASES, GELU_FORMS, NP, ROPE_FORMS, rope_reference, to_host, within
 from half_formats import TINY, UNIT
@@ -106,9 +107,23 @@ def test_nonfinite_inputs_propagate_as_on_the_cpu(ex, dtype):
 def test_rope_long_positions_keep_float64_angles(ex, style):
     e, rt = ex
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((1, 2, 6, 32)).astype(np.float32)
-    positions = np.array([0, 4095, 32767, 32768, 131071, 3_000_000])
+    x = rng.standard_normal((1, 2, 7, 32)).astype(np.float32)
+    positions = np.array([0, 4095, 32767, 32768, 131071, 3_000_000, 60_000_000])
     g = e.rope(x, positions, base=500000.0, scale=1.0, style=style, backend="gpu")
     _ran_on_gpu(e, "rope")
     ref, mag = rope_reference(x, positions, 500000.0, 1.0, style)
     within(g, ref, 4 * 2.0 ** -24 * mag + 2.0 ** -24 * np.abs(ref), "rope long positions")
+
+
+def test_rope_angles_past_the_kernels_reduction_are_refused(ex):
+    """Past 2^26 rad the GPU kernel's reduction would lose accuracy: the planner refuses the call
+    (GpuError "unsupported", which the scheduler's fallback sends to the CPU), naming the limit."""
+    e, rt = ex
+    x = np.ones((1, 1, 2, 8), np.float32)
+    with pytest.raises(GpuError, match=r"2\^26"):
+        e.rope(x, np.array([0, 70_000_000]), backend="gpu")
+    # a base below 1 makes the highest frequency the largest: its angle counts
+    with pytest.raises(GpuError, match=r"2\^26"):
+        e.rope(x, np.array([0, 1_000_000]), base=1e-3, backend="gpu")
+    e.rope(x, np.array([0, 1_000_000]), base=10000.0, backend="gpu")
+    _ran_on_gpu(e, "rope")
