@@ -1,7 +1,12 @@
 """Elementwise benchmarks: add and scale on 64 MB against NumPy (memory-bound: the target is parity),
 softmax over the last axis of (4096, 4096) against torch.softmax and NumPy's exp(x - max) / sum; the
 same in float16 (add, scale against NumPy float16, whose GB/s sit beside a measured copy's) and softmax
-in float16 and bfloat16 against torch.softmax in the same dtype."""
+in float16 and bfloat16 against torch.softmax in the same dtype. silu_mul and rope (the transformer
+element-wise ops, issue 34: goal >= 0.8x the copy bandwidth for large inputs) against np.copyto of the
+same number of bytes (read + write) into a preallocated array, measured beside them: the ratio is the
+share of this machine's copy bandwidth the op reaches (its result is a new array each call, as every
+hipsched op's; the copyto peer allocates nothing, so rows against np.copy, which allocates, follow;
+scale's row beside the copy shows where an existing one-pass op stands). gelu beside torch's gelu."""
 import time
 
 import numpy as np
@@ -66,6 +71,8 @@ def cases():
                     lambda: ex.scale(ah, 2.5, backend="cpu"), lambda: ah * np.float16(2.5), "numpy float16 x*alpha",
                     bytes=4.0 * nh, target=0.9, family="elementwise"))
 
+    out += _transformer_cases(ex, rng)
+
     try:
         import torch
     except ImportError:
@@ -83,4 +90,73 @@ def cases():
                         lambda xth=xth: torch.softmax(xth, -1),
                         f"torch.softmax {label} ({torch.get_num_threads()} threads)",
                         bytes=4.0 * x.size, target=2.0, family="elementwise"))
+    return out
+
+
+def _copy_peer(nbytes, dtype):
+    """np.copyto over an array of nbytes / 2 bytes: nbytes of traffic (read + write), preallocated."""
+    src = np.ones(int(nbytes // 2 // np.dtype(dtype).itemsize), dtype)
+    dst = np.empty_like(src)
+    return lambda: np.copyto(dst, src)
+
+
+def _transformer_cases(ex, rng):
+    out = []
+    halves = [("fp16", np.float16)]
+    try:
+        import ml_dtypes
+        halves.append(("bf16", ml_dtypes.bfloat16))
+    except ImportError:
+        print("cases_elementwise: ml_dtypes not installed, bf16 rows skipped")
+    n = 16 << 20   # 64 MB per float32 operand
+    g32, u32 = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    # the share of the copy bandwidth an existing one-pass op reaches on the same machine, for scale
+    out.append(Case("scale", "f32 2.5 * x(16M), 64 MB, beside the copy", lambda: ex.scale(g32, 2.5, backend="cpu"),
+                    _copy_peer(2.0 * g32.nbytes, np.float32), "np.copyto of 64 MB (r+w)", bytes=2.0 * g32.nbytes,
+                    family="elementwise"))
+    for label, dt in [("f32", np.float32)] + halves:
+        g, u = g32.astype(dt), u32.astype(dt)
+        traffic = 3.0 * g.nbytes   # gate and up read, the result written
+        out.append(Case("silu_mul", f"{label} gate, up (16M), {g.nbytes >> 20} MB each",
+                        lambda g=g, u=u: ex.silu_mul(g, u, backend="cpu"), _copy_peer(traffic, dt),
+                        f"np.copyto of {traffic / 2**20:.0f} MB (r+w)", bytes=traffic, target=0.8, family="elementwise"))
+    # a Llama-7B/8B prefill block of 4096 tokens: 32 heads of d = 128, positions 0 .. 4095
+    x32 = rng.standard_normal((1, 32, 4096, 128), dtype=np.float32)
+    pos = np.arange(4096)
+    for label, dt in [("f32", np.float32)] + halves:
+        x = x32.astype(dt)
+        for style in ("neox", "gptj"):
+            out.append(Case("rope", f"{label} {style} (1, 32, 4096, 128), {x.nbytes >> 20} MB",
+                            lambda x=x, style=style: ex.rope(x, pos, style=style, backend="cpu"),
+                            _copy_peer(2.0 * x.nbytes, dt), f"np.copyto of {x.nbytes >> 20} MB (r+w)",
+                            bytes=2.0 * x.nbytes, target=0.8, family="elementwise"))
+    # the same against a copy that allocates its result, as every hipsched op does (np.copy): what the
+    # fresh result's page faults cost is then on both sides
+    src = np.ones(3 * n // 2, np.float32)
+    out.append(Case("silu_mul", "f32 gate, up (16M), 64 MB each, vs an allocating copy",
+                    lambda: ex.silu_mul(g32, u32, backend="cpu"), lambda: np.copy(src), "np.copy of 96 MB (r+w 192 MB)",
+                    bytes=3.0 * g32.nbytes, target=0.8, family="elementwise"))
+    out.append(Case("rope", "f32 neox (1, 32, 4096, 128), 64 MB, vs an allocating copy",
+                    lambda: ex.rope(x32, pos, backend="cpu"), lambda: np.copy(x32), "np.copy of 64 MB (r+w)",
+                    bytes=2.0 * x32.nbytes, target=0.8, family="elementwise"))
+    # decode: one token, 32 heads, at position 4095 (latency: the table and the call overhead)
+    xd = rng.standard_normal((1, 32, 1, 128), dtype=np.float32)
+    pd = np.array([4095])
+    out.append(Case("rope", "f32 neox decode (1, 32, 1, 128), 16 KB", lambda: ex.rope(xd, pd, backend="cpu"),
+                    _copy_peer(2.0 * xd.nbytes, np.float32), "np.copyto of 16 KB (r+w)", bytes=2.0 * xd.nbytes,
+                    family="elementwise"))
+    try:
+        import torch
+    except ImportError:
+        return out
+    xt = torch.from_numpy(g32)
+    for form in ("none", "tanh"):
+        out.append(Case("gelu", f"f32 x(16M), approximate={form}",
+                        lambda form=form: ex.gelu(g32, approximate=form, backend="cpu"),
+                        lambda form=form: torch.nn.functional.gelu(xt, approximate=form),
+                        f"torch gelu ({torch.get_num_threads()} threads)", bytes=2.0 * g32.nbytes, family="elementwise"))
+    ut = torch.from_numpy(u32)
+    out.append(Case("silu_mul", "f32 gate, up (16M) vs torch", lambda: ex.silu_mul(g32, u32, backend="cpu"),
+                    lambda: torch.nn.functional.silu(xt) * ut, f"torch silu(g)*u ({torch.get_num_threads()} threads)",
+                    bytes=3.0 * g32.nbytes, family="elementwise"))
     return out

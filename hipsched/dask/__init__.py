@@ -17,7 +17,7 @@ except ImportError as e:  # say which extra brings them, not just the missing mo
 
 from .graph import PartitionedGraph, partition_graph, spread_activation
 from .linalg import QuantizedRows, attention, dequantize, matmul, qmatmul, shard_rows
-from .ops import add, cosine_similarity, merge_top_k, scale, softmax, top_k
+from .ops import add, cosine_similarity, gelu, merge_top_k, rope, scale, silu_mul, softmax, top_k
 from .placement import forget_placements
 from .direct import search
 from .workers import (PLUGIN_NAME, HipschedWorkerPlugin, executor, flush_telemetry, pinned_device, setup, teardown,
@@ -25,5 +25,6 @@ from .workers import (PLUGIN_NAME, HipschedWorkerPlugin, executor, flush_telemet
 
 __all__ = ["setup", "teardown", "executor", "worker_info", "pinned_device", "HipschedWorkerPlugin", "PLUGIN_NAME", "flush_telemetry",
            "top_k", "cosine_similarity", "merge_top_k", "forget_placements", "search", "add", "scale", "softmax",
+           "silu_mul", "gelu", "rope",
            "matmul", "attention", "dequantize", "qmatmul", "QuantizedRows", "shard_rows",
            "spread_activation", "PartitionedGraph", "partition_graph"]

@@ -19,7 +19,7 @@ from distributed.spill import SpillBuffer
 
 from ..broadcast import bias_fits
 from ..ops.validation import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
-from ..ops.elementwise import _real_scalar
+from ..ops.elementwise import GELU_FORMS, ROPE_STYLES, _real_scalar, _rope_positions, rope_parameter
 from ..ops.similarity import merge_top_k
 from .placement import PLACEMENT_TOPIC, placement, runs
 from .workers import executor
@@ -538,3 +538,66 @@ def softmax(x, axis=-1):
         raise ValueError(f"hipsched.dask.softmax: x {x.shape} is chunked along axis {axis} (chunks {x.chunks[axis]}); "
                          f"softmax needs whole slices: x = x.rechunk({{{axis}: -1}})")
     return x.map_blocks(_softmax_block, axis, dtype=result_dtype(x), name="hipsched-softmax-" + dask.base.tokenize(x, axis))
+
+
+def _silu_mul_block(gb, ub):
+    return executor().silu_mul(gb, ub)
+
+
+def silu_mul(gate, up):
+    """hipsched.silu_mul on Dask arrays, chunk by chunk through each worker's executor: up (NumPy or Dask)
+    has gate's shape and is rechunked to gate's chunks. Each element is computed alone, so the result
+    equals the single-machine op's wherever the chunk runs on the same kind of engine."""
+    gate = _dask(gate, "silu_mul", "gate")
+    _dtype_ok(gate, "silu_mul", "gate")
+    su = tuple(getattr(up, "shape", np.shape(up)))
+    if su != tuple(gate.shape):
+        raise shape_mismatch("silu_mul", "gate", gate.shape, "up", su, "gate and up must have one shape")
+    up = _as_dask_like(up, gate.chunks, "silu_mul", "up")
+    ix = _LETTERS[:gate.ndim]
+    return da.blockwise(_silu_mul_block, ix, gate, ix, up, ix, dtype=result_dtype(gate, up),
+                        name="hipsched-silu_mul-" + dask.base.tokenize(gate, up))
+
+
+def _gelu_block(xb, approximate):
+    return executor().gelu(xb, approximate=approximate)
+
+
+def gelu(x, approximate="none"):
+    """hipsched.gelu on a Dask array, chunk by chunk (element by element: any chunking)."""
+    if not isinstance(approximate, str) or approximate not in GELU_FORMS:
+        raise ValueError(f"gelu: approximate must be one of {', '.join(repr(f) for f in GELU_FORMS)}, got {approximate!r}")
+    x = _dask(x, "gelu", "x")
+    _dtype_ok(x, "gelu", "x")
+    return x.map_blocks(_gelu_block, approximate, dtype=result_dtype(x),
+                        name="hipsched-gelu-" + dask.base.tokenize(x, approximate))
+
+
+def _rope_block(xb, positions, base, scale, style, block_info=None):
+    loc = block_info[0]["array-location"]
+    s0, s1 = loc[-2]
+    pos = positions[..., s0:s1] if positions.ndim == 1 else positions[loc[0][0]:loc[0][1], s0:s1]
+    return executor().rope(xb, np.ascontiguousarray(pos), base=base, scale=scale, style=style)
+
+
+def rope(x, positions, *, base=10000.0, scale=1.0, style="neox"):
+    """hipsched.rope on a Dask x (batch, heads, seq, head_dim) or (heads, seq, head_dim), chunked along
+    any axis but head_dim (a chunk must hold whole rows); positions a NumPy integer array, (seq,) or
+    (batch, seq), of which each task gets its chunk's part. Rows are computed alone, so each chunk
+    equals the single-machine op's result for those rows on the same kind of engine."""
+    if not isinstance(style, str) or style not in ROPE_STYLES:
+        raise ValueError(f"rope: style must be one of {', '.join(repr(s) for s in ROPE_STYLES)}, got {style!r}")
+    base, scale = rope_parameter(base, "base"), rope_parameter(scale, "scale")
+    x = _dask(x, "rope", "x")
+    _dtype_ok(x, "rope", "x")
+    if x.ndim not in (3, 4):
+        raise ValueError(f"rope: x must be 4-d (batch, heads, seq, head_dim) or 3-d (heads, seq, head_dim), got "
+                         f"shape {tuple(x.shape)}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"rope: head_dim (x's last axis) must be even, got {x.shape[-1]}")
+    if len(x.chunks[-1]) > 1:
+        raise ValueError(f"hipsched.dask.rope: x {x.shape} is chunked along head_dim (chunks {x.chunks[-1]}); each "
+                         f"chunk needs whole rows: x = x.rechunk({{{x.ndim - 1}: -1}})")
+    pos = _rope_positions(positions, tuple(x.shape))
+    return x.map_blocks(_rope_block, pos, base, scale, style, dtype=result_dtype(x),
+                        name="hipsched-rope-" + dask.base.tokenize(x, pos, base, scale, style))

@@ -28,6 +28,24 @@ void hs_scale_f32(const float *x, float alpha, float *out, int64_t n);
 void hs_softmax(hs_dtype dt, const void *x, void *out, int64_t outer, int64_t len, int64_t inner);
 void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int64_t inner);
 
+/* out[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, in float32 (the vector exp above), rounded once. */
+void hs_silu_mul(hs_dtype dt, const void *g, const void *u, void *out, int64_t n);
+
+/* GELU of n elements, each computed in float64 and rounded once: tanh_form 0 is 0.5 x erfc(-x / sqrt 2)
+ * (torch's approximate="none"; erfc keeps large negative x accurate where 1 + erf cancels), 1 is
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (approximate="tanh"), evaluated as x / (1 + exp(-2u)),
+ * the same function without the cancellation of 1 + tanh(u) for negative u. */
+void hs_gelu(hs_dtype dt, const void *x, void *out, int64_t n, int tanh_form);
+
+/* Rotary embedding of x (batch, heads, seq, d), d even, into out (may be x itself): pair i of the row at
+ * sequence index s is rotated by theta_i = pos / scale * base^(-2i/d), pos = positions[s] or, with
+ * pos_per_batch, positions[b * seq + s]. gptj 0 pairs (i, i + d/2) (NeoX), 1 pairs (2i, 2i + 1) (GPT-J).
+ * Angles in float64, their cos and sin rounded to float32, the rotation in float32, rounded once.
+ * Returns 0, or -1 when a table buffer could not be allocated (out is then incomplete). */
+#define HS_ROPE_TAB 262144   /* floats of angle table a work item may hold (1 MiB, on the heap) */
+int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int64_t batch, int64_t heads,
+            int64_t seq, int64_t d, int pos_per_batch, double base, double scale, int gptj);
+
 /* exp over n floats with the same approximation softmax uses (<= 2 ulp); for tests and reuse. */
 void hs_exp_f32(const float *x, float *out, int64_t n);
 #endif

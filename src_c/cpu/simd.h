@@ -85,6 +85,9 @@ static inline hs_v8f hs_v8_add(hs_v8f a, hs_v8f b) { return _mm256_add_ps(a, b);
 static inline hs_v8f hs_v8_sub(hs_v8f a, hs_v8f b) { return _mm256_sub_ps(a, b); }
 static inline hs_v8f hs_v8_mul(hs_v8f a, hs_v8f b) { return _mm256_mul_ps(a, b); }
 static inline hs_v8f hs_v8_fma(hs_v8f a, hs_v8f b, hs_v8f c) { return _mm256_fmadd_ps(a, b, c); }
+static inline hs_v8f hs_v8_div(hs_v8f a, hs_v8f b) { return _mm256_div_ps(a, b); }
+/* lanes (0 1)(2 3)... swapped within each pair: rope's interleaved (GPT-J) layout */
+static inline hs_v8f hs_v8_swap_pairs(hs_v8f a) { return _mm256_permute_ps(a, 0xb1); }
 static inline hs_v8f hs_v8_max(hs_v8f a, hs_v8f b) { return _mm256_max_ps(a, b); }
 static inline float hs_v8_hsum(hs_v8f v) { return hs__hsum8(v); }
 static inline float hs_v8_hmax(hs_v8f v) { return hs__hmax8(v); }
@@ -107,6 +110,19 @@ static inline void hs_v8_store_bf16(uint16_t *p, hs_v8f v) {
     __m256i p16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(p16));
 }
+/* Non-temporal stores (rope and silu_mul's large outputs: no read for ownership of the destination, as
+ * memcpy's large copies). p aligned to the vector's bytes (32 for float32, 16 for the halves); a
+ * kernel that uses them ends with hs_v_sfence(). */
+static inline void hs_v8_stream(float *p, hs_v8f v) { _mm256_stream_ps(p, v); }
+static inline void hs_v8_stream_f16(uint16_t *p, hs_v8f v) {
+    _mm_stream_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void hs_v8_stream_bf16(uint16_t *p, hs_v8f v) {
+    __m128i t[1];
+    hs_v8_store_bf16((uint16_t *)t, v);   /* the store's rounding, then one streaming store */
+    _mm_stream_si128((__m128i *)p, _mm_loadu_si128(t));
+}
+static inline void hs_v_sfence(void) { _mm_sfence(); }
 #define HS_W 8
 #define HS_SIMD 1
 /* The pieces of elementwise.inc's vector exp beyond plain arithmetic, named for both SIMD levels so that
@@ -152,6 +168,8 @@ static inline hs_vf hs_v_add(hs_vf a, hs_vf b) { return _mm512_add_ps(a, b); }
 static inline hs_vf hs_v_sub(hs_vf a, hs_vf b) { return _mm512_sub_ps(a, b); }
 static inline hs_vf hs_v_mul(hs_vf a, hs_vf b) { return _mm512_mul_ps(a, b); }
 static inline hs_vf hs_v_fma(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline hs_vf hs_v_div(hs_vf a, hs_vf b) { return _mm512_div_ps(a, b); }
+static inline hs_vf hs_v_swap_pairs(hs_vf a) { return _mm512_permute_ps(a, 0xb1); }
 static inline hs_vf hs_v_fnma(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fnmadd_ps(a, b, c); }
 static inline hs_vf hs_v_max(hs_vf a, hs_vf b) { return _mm512_max_ps(a, b); }
 static inline hs_vf hs_v_min(hs_vf a, hs_vf b) { return _mm512_min_ps(a, b); }
@@ -184,6 +202,17 @@ static inline void hs_v_store_bf16(uint16_t *p, hs_vf v) {
     /* every lane is < 2^16, so vpmovdw's truncation to 16 bits is exact */
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
 }
+/* Non-temporal stores, as the AVX2 level's (p aligned to 64 bytes for float32, 32 for the halves). */
+static inline void hs_v_stream(float *p, hs_vf v) { _mm512_stream_ps(p, v); }
+static inline void hs_v_stream_f16(uint16_t *p, hs_vf v) {
+    _mm256_stream_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void hs_v_stream_bf16(uint16_t *p, hs_vf v) {
+    __m256i t[1];
+    hs_v_store_bf16((uint16_t *)t, v);
+    _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256(t));
+}
+static inline void hs_v_sfence(void) { _mm_sfence(); }
 static inline hs_vf hs_v_round(hs_vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline hs_vf hs_v_zero_if_lt(hs_vf y, hs_vf x, hs_vf c) {
     return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, c, _CMP_LT_OQ), _mm512_setzero_ps());
@@ -209,6 +238,11 @@ static inline hs_v8f hs_v8_add(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++)
 static inline hs_v8f hs_v8_sub(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] -= b.v[i]; return a; }
 static inline hs_v8f hs_v8_mul(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] *= b.v[i]; return a; }
 static inline hs_v8f hs_v8_fma(hs_v8f a, hs_v8f b, hs_v8f c) { for (int i = 0; i < 8; i++) c.v[i] += a.v[i] * b.v[i]; return c; }
+static inline hs_v8f hs_v8_div(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] /= b.v[i]; return a; }
+static inline hs_v8f hs_v8_swap_pairs(hs_v8f a) {
+    for (int i = 0; i < 8; i += 2) { float t = a.v[i]; a.v[i] = a.v[i + 1]; a.v[i + 1] = t; }
+    return a;
+}
 /* Same NaN rule as _mm256_max_ps (and _mm512_max_ps): when either lane is NaN the second operand
  * wins. Kernels that need NumPy's NaN propagation must check NaN explicitly, at every level. */
 static inline hs_v8f hs_v8_max(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a; }
@@ -220,6 +254,11 @@ static inline hs_v8f hs_v8_load_f16(const uint16_t *p) { hs_v8f r; for (int i = 
 static inline void hs_v8_store_f16(uint16_t *p, hs_v8f a) { for (int i = 0; i < 8; i++) p[i] = hs_f32_to_f16(a.v[i]); }
 static inline hs_v8f hs_v8_load_bf16(const uint16_t *p) { hs_v8f r; for (int i = 0; i < 8; i++) r.v[i] = hs_bf16_to_f32(p[i]); return r; }
 static inline void hs_v8_store_bf16(uint16_t *p, hs_v8f a) { for (int i = 0; i < 8; i++) p[i] = hs_f32_to_bf16(a.v[i]); }
+/* The portable level has no streaming stores: plain ones. */
+static inline void hs_v8_stream(float *p, hs_v8f v) { hs_v8_store(p, v); }
+static inline void hs_v8_stream_f16(uint16_t *p, hs_v8f v) { hs_v8_store_f16(p, v); }
+static inline void hs_v8_stream_bf16(uint16_t *p, hs_v8f v) { hs_v8_store_bf16(p, v); }
+static inline void hs_v_sfence(void) {}
 #endif
 
 #if HS_W == 8
@@ -233,6 +272,8 @@ typedef hs_v8f hs_vf;
 #define hs_v_sub hs_v8_sub
 #define hs_v_mul hs_v8_mul
 #define hs_v_fma hs_v8_fma
+#define hs_v_div hs_v8_div
+#define hs_v_swap_pairs hs_v8_swap_pairs
 #define hs_v_max hs_v8_max
 #define hs_v_hsum hs_v8_hsum
 #define hs_v_hmax hs_v8_hmax
@@ -240,6 +281,9 @@ typedef hs_v8f hs_vf;
 #define hs_v_store_f16 hs_v8_store_f16
 #define hs_v_load_bf16 hs_v8_load_bf16
 #define hs_v_store_bf16 hs_v8_store_bf16
+#define hs_v_stream hs_v8_stream
+#define hs_v_stream_f16 hs_v8_stream_f16
+#define hs_v_stream_bf16 hs_v8_stream_bf16
 #ifdef HS_AVX2
 #define hs_v_min hs_v8_min
 #define hs_v_fnma hs_v8_fnma

@@ -1,4 +1,5 @@
-// Elementwise kernels: add (same shape, or b repeating over a's trailing dimensions: a bias) and scale,
+// Elementwise kernels: add (same shape, or b repeating over a's trailing dimensions: a bias), scale,
+// silu_mul (SwiGLU's silu(gate) * up) and gelu (torch's two forms),
 // for float32, float16 and bfloat16 (suffix f32/f16/bf16): halves are widened to float, the sum or
 // product is formed in float and rounded once to the element type, as PyTorch computes them.
 //
@@ -21,6 +22,24 @@ struct HsAddOp {
 };
 struct HsScaleOp {
     static HS_DEV float f(float x, float, float alpha) { return alpha * x; }
+};
+// silu(g) * u = g / (1 + exp(-g)) * u in float (accurate expf: g < -88.7 gives -0, g = -inf NaN, as torch)
+struct HsSiluMulOp {
+    static HS_DEV float f(float g, float u, float) { return g / (1.0f + hs_exp(-g)) * u; }
+};
+// GELU in double, rounded once (as the CPU engine): alpha 0 is torch's erf form, 0.5 x erfc(-x / sqrt 2);
+// alpha 1 its tanh form 0.5 x (1 + tanh(u)), written x / (1 + exp(-2u)) so that 1 + tanh does not cancel.
+// Double on purpose: both stay accurate where x is large and negative, and the kernel is memory-bound
+// on the GPUs this runs on at any rate worth having.
+struct HsGeluOp {
+    static HS_DEV float f(float x, float, float alpha) {
+        const double v = x;
+        if (alpha != 0.0f) {
+            const double u = 0.79788456080286535588 * (v + 0.044715 * v * v * v);
+            return (float)(v / (1.0 + exp(-2.0 * u)));
+        }
+        return (float)(0.5 * v * erfc(-v * 0.70710678118654752440));
+    }
 };
 
 template <class T>
@@ -95,6 +114,13 @@ HS_DEV void hs_add_bias_v8_body(const T* __restrict__ a, const T* __restrict__ b
     }
 }
 
+// One element at a time, for pointers that are not 16-byte aligned (the _v8 kernels below need them).
+template <class T, class Op, bool TWO>
+HS_DEV void hs_map_body(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, float alpha, hs_i64 n) {
+    for (hs_i64 i = hs_gid(); i < n; i += hs_gstride())
+        y[i] = hs_st<T>(Op::f(hs_ld(a[i]), TWO ? hs_ld(b[i]) : 0.0f, alpha));
+}
+
 #define HS_ELEMENTWISE(S, T)                                                                                     \
     HS_KERNEL void hs_add_##S(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, hs_i64 n) {    \
         hs_add_body<T>(a, b, y, n);                                                                              \
@@ -116,5 +142,18 @@ HS_DEV void hs_add_bias_v8_body(const T* __restrict__ a, const T* __restrict__ b
     }                                                                                                            \
     HS_KERNEL void hs_scale_##S##_v8(const T* __restrict__ x, T* __restrict__ y, float alpha, hs_i64 n) {         \
         hs_map_v8_body<T, HsScaleOp, false>(x, x, y, alpha, n);                                               \
+    }                                                                                                            \
+    HS_KERNEL void hs_silu_mul_##S(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, hs_i64 n) { \
+        hs_map_body<T, HsSiluMulOp, true>(g, u, y, 0.0f, n);                                                     \
+    }                                                                                                            \
+    HS_KERNEL void hs_silu_mul_##S##_v8(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y,      \
+                                        hs_i64 n) {                                                              \
+        hs_map_v8_body<T, HsSiluMulOp, true>(g, u, y, 0.0f, n);                                                  \
+    }                                                                                                            \
+    HS_KERNEL void hs_gelu_##S(const T* __restrict__ x, T* __restrict__ y, float tanh_form, hs_i64 n) {           \
+        hs_map_body<T, HsGeluOp, false>(x, x, y, tanh_form, n);                                                  \
+    }                                                                                                            \
+    HS_KERNEL void hs_gelu_##S##_v8(const T* __restrict__ x, T* __restrict__ y, float tanh_form, hs_i64 n) {      \
+        hs_map_v8_body<T, HsGeluOp, false>(x, x, y, tanh_form, n);                                               \
     }
 HS_FOR_EACH_FLOAT(HS_ELEMENTWISE)

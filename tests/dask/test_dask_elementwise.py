@@ -69,3 +69,35 @@ def test_each_float_type_is_kept(dask_client, job, dtype):
     same_bits(computed(hd.add(ad, b.astype(np.float32))), hs.add(a, b.astype(np.float32)))
     other = TYPES["float16" if dtype != "float16" else "bfloat16"]
     same_bits(computed(hd.add(ad, da.from_array(b.astype(other), chunks=(16, 40)))), hs.add(a, b.astype(other)))
+
+
+def test_silu_mul_and_gelu_chunk_by_chunk(dask_client, job, x):
+    xd = da.from_array(x, chunks=(16, 7, 11))
+    up = np.random.default_rng(6).standard_normal(x.shape).astype(np.float32)
+    with np.errstate(all="ignore"):
+        want = hs.silu_mul(x, up)
+        np.testing.assert_array_equal(hd.silu_mul(xd, up).compute(), want)
+        np.testing.assert_array_equal(hd.silu_mul(xd, da.from_array(up, chunks=(60, 7, 5))).compute(), want)
+        for form in ("none", "tanh"):
+            np.testing.assert_array_equal(hd.gelu(xd, approximate=form).compute(), hs.gelu(x, approximate=form))
+    with pytest.raises(ValueError, match=r"silu_mul: shapes do not match: gate \(60, 7, 33\) vs up \(7, 33\)"):
+        hd.silu_mul(xd, up[0])
+    with pytest.raises(ValueError, match="approximate must be one of 'none', 'tanh'"):
+        hd.gelu(xd, approximate="erf")
+
+
+def test_rope_chunked_by_batch_heads_and_seq(dask_client, job):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 4, 10, 16)).astype(np.float32)
+    shared, per_batch = rng.integers(0, 40000, 10), rng.integers(0, 40000, (3, 10))
+    xd = da.from_array(x, chunks=(2, 3, 4, 16))
+    for pos in (shared, per_batch):
+        for style in ("neox", "gptj"):
+            np.testing.assert_array_equal(hd.rope(xd, pos, style=style, base=500000.0, scale=2.0).compute(),
+                                          hs.rope(x, pos, style=style, base=500000.0, scale=2.0))
+    with pytest.raises(ValueError, match=r"chunked along head_dim .*rechunk\(\{3: -1\}\)"):
+        hd.rope(da.from_array(x, chunks=(3, 4, 10, 8)), shared)
+    with pytest.raises(ValueError, match="rope: style must be one of 'neox', 'gptj'"):
+        hd.rope(xd, shared, style="norm")
+    with pytest.raises(ValueError, match=r"positions must be \(seq,\) or \(batch, seq\)"):
+        hd.rope(xd, shared[:5])

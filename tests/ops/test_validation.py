@@ -326,3 +326,44 @@ def test_an_input_whose_copy_cannot_fit_is_memory_error_before_any_copy(op, monk
         else:
             ex.add(big, big)
     assert validation.PHYSICAL_MEMORY < big.size * 4
+
+
+def test_silu_mul_gelu_rope_bad_input_is_named():
+    """Wrong dtype, shape and parameters of the transformer element-wise ops: rejected before a kernel
+    runs, naming the op, the argument and what it takes."""
+    x = np.ones((2, 3, 4, 8), np.float32)
+    pos = np.arange(4)
+    with pytest.raises(ValueError, match=r"silu_mul: shapes do not match: gate \(2, 3\) vs up \(3,\)"):
+        ex.silu_mul(np.ones((2, 3)), np.ones(3))
+    with pytest.raises(TypeError, match="silu_mul: argument 'up' has dtype complex64"):
+        ex.silu_mul(np.ones(3), np.ones(3, np.complex64))
+    with pytest.raises(TypeError, match="gelu: argument 'x' has dtype <U1"):
+        ex.gelu(np.array(["a"]))
+    for bad in ("erf", "TANH", None, True):
+        with pytest.raises(ValueError, match="gelu: approximate must be one of 'none', 'tanh'"):
+            ex.gelu(np.ones(3), approximate=bad)
+    with pytest.raises(ValueError, match=r"rope: x must be 4-d .* or 3-d .*got shape \(4, 8\)"):
+        ex.rope(np.ones((4, 8)), pos)
+    with pytest.raises(ValueError, match="head_dim .* must be even, got 7"):
+        ex.rope(np.ones((1, 2, 4, 7)), pos)
+    with pytest.raises(ValueError, match=r"rope: shapes do not match: x \(2, 3, 4, 8\) vs positions \(5,\)"):
+        ex.rope(x, np.arange(5))
+    with pytest.raises(ValueError, match=r"positions must be \(seq,\)\)"):
+        ex.rope(np.ones((3, 4, 8)), np.zeros((1, 4), np.int64))   # per-batch positions need a batch axis
+    with pytest.raises(TypeError, match="rope: positions must be an integer array, got dtype float64"):
+        ex.rope(x, np.arange(4.0))
+    with pytest.raises(TypeError, match="rope: argument 'x' has dtype complex128"):
+        ex.rope(x.astype(np.complex128), pos)
+    with pytest.raises(ValueError, match="rope: style must be one of 'neox', 'gptj', got 'norm'"):
+        ex.rope(x, pos, style="norm")
+    for kw, msg in (({"base": 0.0}, "base must be > 0"), ({"scale": -1.0}, "scale must be > 0"),
+                    ({"base": np.inf}, "base must be finite"), ({"scale": np.nan}, "scale must be finite"),
+                    ({"scale": "2"}, "scale must be a real scalar"), ({"base": None}, "base must be a real scalar")):
+        with pytest.raises((ValueError, TypeError), match="rope: " + msg):
+            ex.rope(x, pos, **kw)
+    with pytest.raises(TypeError):
+        ex.rope(x, pos, 10000.0)   # base, scale and style are keywords only (the documented signature)
+    # the results of empty inputs are empty, in their dtype
+    assert ex.silu_mul(np.ones((0, 3), np.float16), np.ones((0, 3), np.float16)).dtype == np.float16
+    assert ex.gelu(np.ones((3, 0))).shape == (3, 0)
+    assert ex.rope(np.ones((2, 0, 4, 8), np.float32), pos).shape == (2, 0, 4, 8)

@@ -14,7 +14,7 @@ import pytest
 from hipsched import Executor
 from hipsched.ops import OPS
 
-HOT_OPS = ("add", "scale", "softmax")
+HOT_OPS = ("add", "scale", "softmax", "silu_mul", "rope")
 
 
 @pytest.fixture
@@ -53,9 +53,15 @@ def test_hot_calls_skip_prepare_and_equal_the_general_path(ex, shape):
     rng = np.random.default_rng(len(shape))
     a, b = f32(rng, *shape), f32(rng, *shape)
     seen = {op: counting_prepare(ex, op) for op in HOT_OPS}
-    cases = [("add", (a, b), {}, a + b), ("scale", (a, 0.37), {}, a * np.float32(0.37))]
+    cases = [("add", (a, b), {}, a + b), ("scale", (a, 0.37), {}, a * np.float32(0.37)),
+             ("silu_mul", (a, b), {}, None)]
     if shape[-1]:
         cases.append(("softmax", (a,), {}, None))
+    if len(shape) == 3 and shape[-1] % 2 == 0 or shape == (70, 70):
+        x = a.reshape((1,) + a.shape) if len(shape) == 2 else a
+        cases += [("rope", (x, np.arange(x.shape[-2], dtype=np.int64)), {}, None),
+                  ("rope", (x, np.arange(x.shape[-2], dtype=np.int64) * 9), {"base": 5e5, "scale": 2.0, "style": "gptj"},
+                   None)]
     if len(shape) > 1:
         cases.append(("add", (a, b[(0,) * (len(shape) - 1)]), {}, a + b[(0,) * (len(shape) - 1)]))  # a bias
     for op, args, kwargs, ref in cases:
@@ -84,6 +90,11 @@ def test_calls_outside_the_common_case_take_the_general_path_with_the_same_resul
         ("scale", (a, np.float32(0.5)), {}),                     # a NumPy scalar alpha
         ("softmax", (a,), {"axis": 0}),                          # another axis
         ("softmax", (a,), {"axis": 1}),                          # the last axis, spelt positively
+        ("silu_mul", (a, a.astype(np.float16)), {}),             # a mix, promoted
+        ("silu_mul", (a[:, ::2], a[:, ::2]), {}),                # not contiguous
+        ("rope", (a[None], np.arange(6)[::-1].copy().astype(np.int32)), {}),   # int32 positions, converted
+        ("rope", (a[None], np.arange(6)), {"base": 10000}),       # an int base
+        ("rope", (a[None], np.arange(6)), {"scale": np.float64(2.0)}),   # a NumPy scalar
     ]
     for op, args, kwargs in odd:
         calls = counting_prepare(ex, op)
@@ -98,6 +109,13 @@ def test_calls_outside_the_common_case_take_the_general_path_with_the_same_resul
     ("scale", (np.ones(4, np.float32), "2"), {}, TypeError, "alpha"),
     ("softmax", (np.ones(4, np.float32),), {"axis": 1}, ValueError, "out of range"),
     ("softmax", (np.float32(1),), {}, ValueError, "0-d"),
+    ("silu_mul", (np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)), {}, ValueError, "shapes do not match"),
+    ("silu_mul", (np.ones(6, np.float32), np.ones((2, 3), np.float32)), {}, ValueError, "shapes do not match"),
+    ("rope", (np.ones((1, 2, 3, 4), np.float32), np.arange(3)), {"base": -1.0}, ValueError, "base must be > 0"),
+    ("rope", (np.ones((1, 2, 3, 4), np.float32), np.arange(3)), {"scale": float("nan")}, ValueError, "finite"),
+    ("rope", (np.ones((1, 2, 3, 4), np.float32), np.arange(3)), {"style": "norm"}, ValueError, "style"),
+    ("rope", (np.ones((2, 3, 4), np.float32), np.zeros((1, 3), np.int64)), {}, ValueError, "shapes do not match"),
+    ("rope", (np.ones((1, 2, 3, 5), np.float32), np.arange(3)), {}, ValueError, "even"),
 ])
 def test_errors_are_the_general_paths(ex, op, args, kwargs, err, text):
     with pytest.raises(err, match=text):
@@ -118,7 +136,9 @@ def test_hot_events_equal_general_path_events(ex):
     for op, hot_args, cold_args, kwargs in [
             ("add", (a, a), (a.astype(np.float64), a), {}),
             ("scale", (a, 1.5), (a.astype(np.float64), 1.5), {}),
-            ("softmax", (a,), (a.astype(np.float64),), {"axis": -1})]:
+            ("softmax", (a,), (a.astype(np.float64),), {"axis": -1}),
+            ("silu_mul", (a, a), (a.astype(np.float64), a), {}),
+            ("rope", (a[None], np.arange(4)), (a[None].astype(np.float64), np.arange(4)), {"style": "gptj"})]:
         for backend in ("auto", "cpu"):
             ex.clear_telemetry()
             getattr(ex, op)(*hot_args, backend=backend, **kwargs)

@@ -105,6 +105,67 @@ def _check_softmax(out, args, kwargs, dtype):
            + TINY[elem(dtype)], "softmax")
 
 
+def _silu_mul(rng, dtype, form):
+    shape = (257,) if form == "vector" else (5, 40)
+    return (randn(rng, dtype, *shape, scale=4), randn(rng, dtype, *shape)), {}
+
+
+def _check_silu_mul(out, args, kwargs, dtype):
+    torch = need("torch", reason="PyTorch CPU's silu is the reference (test extra)")
+    g, u = (torch.from_numpy(f64(a)) for a in args)
+    ref = (torch.nn.functional.silu(g) * u).numpy()
+    # float32: exp within 2 ulp (the CPU's vector exp), a division and a product; then the result's rounding
+    within(out, ref, (UNIT[elem(dtype)] + 5 * 2.0 ** -24) * np.abs(ref) + TINY[elem(dtype)], "silu_mul")
+
+
+GELU_FORMS = {"vector": "none", "matrix": "none", "tanh": "tanh"}
+
+
+def _gelu(rng, dtype, form):
+    return (randn(rng, dtype, *((257,) if form == "vector" else (5, 40)), scale=4),), \
+        {"approximate": GELU_FORMS[form]}
+
+
+def _check_gelu(out, args, kwargs, dtype):
+    torch = need("torch", reason="PyTorch CPU's gelu is the reference (test extra)")
+    x = f64(args[0])
+    ref = torch.nn.functional.gelu(torch.from_numpy(x), approximate=kwargs["approximate"]).numpy()
+    # float64 per element, rounded once; torch's float64 formula loses 0.5 |x| 2^-52 where 1 + erf cancels
+    within(out, ref, UNIT[elem(dtype)] * np.abs(ref) + TINY[elem(dtype)] + 2.0 ** -52 * np.abs(x), "gelu")
+
+
+# (x shape, positions shape, style): 4-d with shared positions, 4-d with per-batch positions, 3-d
+ROPE_FORMS = {"neox": ((2, 3, 5, 16), (5,), "neox"), "gptj": ((2, 3, 5, 16), (5,), "gptj"),
+              "per_batch": ((2, 2, 3, 10), (2, 3), "neox"), "heads_seq": ((3, 4, 8), (4,), "gptj")}
+
+
+def _rope(rng, dtype, form):
+    xs, ps, style = ROPE_FORMS[form]
+    return (randn(rng, dtype, *xs), rng.integers(0, 40000, ps)), {"base": 10000.0, "scale": 2.0, "style": style}
+
+
+def rope_reference(x, positions, base, scale, style):
+    """float64 rope from the formula, and per element |a| + |b| of its pair (the rounding bound's scale)."""
+    x = f64(x)
+    d = x.shape[-1]
+    ang = (f64(positions) / scale)[..., None] * base ** (-np.arange(0, d, 2) / d)
+    c, s = np.cos(ang), np.sin(ang)
+    if ang.ndim == 3:
+        c, s = c[:, None], s[:, None]
+    idx = (np.arange(d // 2), np.arange(d // 2) + d // 2) if style == "neox" else (np.arange(0, d, 2), np.arange(1, d, 2))
+    a, b = x[..., idx[0]], x[..., idx[1]]
+    out, mag = np.empty_like(x), np.empty_like(x)
+    out[..., idx[0]], out[..., idx[1]] = a * c - b * s, a * s + b * c
+    mag[..., idx[0]] = mag[..., idx[1]] = np.abs(a) + np.abs(b)
+    return out, mag
+
+
+def _check_rope(out, args, kwargs, dtype):
+    ref, mag = rope_reference(args[0], args[1], **kwargs)
+    # cos and sin rounded to float32, two products and a sum: 4 2^-24 (|a| + |b|); then the result's rounding
+    within(out, ref, UNIT[elem(dtype)] * np.abs(ref) + 4 * 2.0 ** -24 * mag + TINY[elem(dtype)], "rope")
+
+
 def _rms_norm(rng, dtype, form):
     x = randn(rng, dtype, *((40,) if form == "vector" else (5, 40)), scale=4)
     return (x, randn(rng, dtype, 40)), {"eps": 1e-5}
@@ -244,6 +305,10 @@ CASES = {
     "add": Case(_add, _check_add, device=(0, 1), exact=True),
     "scale": Case(_scale, _check_scale, device=(0,), exact=True),
     "softmax": Case(_softmax, _check_softmax, device=(0,)),
+    "silu_mul": Case(_silu_mul, _check_silu_mul, device=(0, 1)),
+    "gelu": Case(_gelu, _check_gelu, forms=tuple(GELU_FORMS), device=(0,)),
+    # positions are host integers (ops/elementwise.py): x alone goes to the device
+    "rope": Case(_rope, _check_rope, forms=tuple(ROPE_FORMS), device=(0,)),
     "rms_norm": Case(_rms_norm, _check_rms_norm, device=(0, 1)),
     "cosine_similarity": Case(_cosine, _check_cosine, device=(0, 1), out_dtype=lambda d: "float32"),
     "top_k": Case(_top_k, _check_top_k, device=(0, 1), out_dtype=lambda d: "float32"),

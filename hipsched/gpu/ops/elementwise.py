@@ -1,10 +1,13 @@
-"""Launch glue for add, scale and softmax (src_c/hip/{elementwise,softmax}.hip), float32, float16 and
-bfloat16 (Call.dtype): the kernels of that element type are launched, and results have the inputs'
+"""Launch glue for add, scale, softmax, silu_mul, gelu and rope (src_c/hip/{elementwise,softmax,rope}.hip),
+float32, float16 and bfloat16 (Call.dtype): the kernels of that element type are launched, and results have the inputs'
 dtype. Where every pointer is 16-byte aligned the 16-byte kernels run (_v8 elementwise, softmax rows in
 registers: docs/design/kernels.md, "Bandwidth-bound kernels"); otherwise the scalar ones."""
 from __future__ import annotations
 
-from ctypes import c_float, c_int32, c_int64
+import math
+from ctypes import c_double, c_float, c_int32, c_int64
+
+import numpy as np
 
 from ...broadcast import bias_fits
 from ...errors import GpuError
@@ -111,6 +114,144 @@ def scale(ctx, call, stream):
     return ctx.finish(y, call, stream)
 
 
+@pure_plan
+def silu_mul_launches(n: int, vec: bool, multiprocessors: int, suffix: str = "f32") -> list[Launch]:
+    """silu(gate) * up over n elements; `vec`: gate, up and y 16-byte aligned (the _v8 kernel, any n)."""
+    if vec:
+        return [Launch.of("elementwise", f"hs_silu_mul_{suffix}_v8",
+                          bandwidth_blocks(_v8_items(n), multiprocessors, RESIDENT_BLOCKS_V8), BLOCK)]
+    return [Launch.of("elementwise", f"hs_silu_mul_{suffix}", bandwidth_blocks(n, multiprocessors), BLOCK)]
+
+
+def silu_mul_plan(ctx, call) -> list[Launch]:
+    g_in, u_in = call.args[0], call.args[1]
+    if tuple(g_in.shape) != tuple(u_in.shape):
+        raise GpuError("unsupported", f"silu_mul: gate {tuple(g_in.shape)} and up {tuple(u_in.shape)} differ in shape")
+    n = _size(g_in.shape)
+    return silu_mul_launches(n, _will_align(g_in, u_in), ctx.multiprocessors, kernel_suffix(call)) if n else []
+
+
+def silu_mul(ctx, call, stream):
+    g_in, u_in = call.args[0], call.args[1]
+    plan = ctx.check_launches(silu_mul_plan(ctx, call))
+    dtype, suffix = np_dtype(call.dtype), kernel_suffix(call)
+    if not plan:
+        return _empty_result(ctx, call, g_in.shape, dtype, stream)
+    (launch,) = plan
+    n = _size(g_in.shape)
+    g, u = ctx.upload(g_in, stream), ctx.upload(u_in, stream)
+    y = ctx.empty(g_in.shape, dtype, stream)
+    if launch.kernel.endswith("_v8") and not _aligned(g, u, y):
+        (launch,) = silu_mul_launches(n, False, ctx.multiprocessors, suffix)
+    ctx.run(launch, (g, u, y, c_int64(n)), stream)
+    return ctx.finish(y, call, stream)
+
+
+@pure_plan
+def gelu_launches(n: int, vec: bool, multiprocessors: int, suffix: str = "f32") -> list[Launch]:
+    """gelu over n elements, either form (a kernel argument); `vec`: x and y 16-byte aligned."""
+    if vec:
+        return [Launch.of("elementwise", f"hs_gelu_{suffix}_v8",
+                          bandwidth_blocks(_v8_items(n), multiprocessors, RESIDENT_BLOCKS_V8), BLOCK)]
+    return [Launch.of("elementwise", f"hs_gelu_{suffix}", bandwidth_blocks(n, multiprocessors), BLOCK)]
+
+
+def _gelu_form(call) -> float:
+    form = call.params.get("approximate", "none")
+    if form not in ("none", "tanh"):
+        raise GpuError("unsupported", f"gelu: approximate={form!r}")
+    return 1.0 if form == "tanh" else 0.0
+
+
+def gelu_plan(ctx, call) -> list[Launch]:
+    _gelu_form(call)
+    x_in = call.args[0]
+    n = _size(x_in.shape)
+    return gelu_launches(n, _will_align(x_in), ctx.multiprocessors, kernel_suffix(call)) if n else []
+
+
+def gelu(ctx, call, stream):
+    x_in = call.args[0]
+    plan = ctx.check_launches(gelu_plan(ctx, call))
+    dtype, suffix = np_dtype(call.dtype), kernel_suffix(call)
+    if not plan:
+        return _empty_result(ctx, call, x_in.shape, dtype, stream)
+    (launch,) = plan
+    n = _size(x_in.shape)
+    x = ctx.upload(x_in, stream)
+    y = ctx.empty(x_in.shape, dtype, stream)
+    if launch.kernel.endswith("_v8") and not _aligned(x, y):
+        (launch,) = gelu_launches(n, False, ctx.multiprocessors, suffix)
+    ctx.run(launch, (x, y, c_float(_gelu_form(call)), c_int64(n)), stream)
+    return ctx.finish(y, call, stream)
+
+
+@pure_plan
+def rope_launches(pairs: int, multiprocessors: int, suffix: str = "f32") -> list[Launch]:
+    """rope over `pairs` rotated pairs (x's elements / 2), one thread each, one resident wave."""
+    return [Launch.of("rope", f"hs_rope_{suffix}", bandwidth_blocks(pairs, multiprocessors), BLOCK)]
+
+
+def _rope_layout(call):
+    """(batch, heads, seq, d, per_batch) of call's x and positions."""
+    x_in, pos = call.args[0], call.args[1]
+    shape = tuple(x_in.shape)
+    if len(shape) not in (3, 4) or shape[-1] % 2:
+        raise GpuError("unsupported", f"rope: x {shape} is not (batch, heads, seq, even d) or (heads, seq, even d)")
+    batch = shape[0] if len(shape) == 4 else 1
+    heads, seq, d = shape[-3:]
+    per_batch = tuple(pos.shape) == (batch, seq) and len(shape) == 4 and pos.ndim == 2
+    if not per_batch and tuple(pos.shape) != (seq,):
+        raise GpuError("unsupported", f"rope: positions {tuple(pos.shape)} for x {shape}")
+    return batch, heads, seq, d, per_batch
+
+
+# The kernel's angle reduction (src_c/hip/rope.hip) loses about theta 2^-53 rad: below 2^26 rad that is
+# under an eighth of a float32 ulp of cos and sin (positions to 67M at scale 1). Larger angles are
+# refused (the CPU's table takes any angle, with libm). The check reads the positions when the call is
+# planned; a replayed plan (the compiled call path, keyed by shapes) does not read them again.
+ROPE_MAX_ANGLE = 2.0 ** 26
+
+
+def _rope_log2r(call, d: int) -> float:
+    """log2 of base^(-2/d): the kernel's inverse frequencies are exp2(i * log2r)."""
+    return -2.0 * math.log2(float(call.params["base"])) / d
+
+
+def rope_plan(ctx, call) -> list[Launch]:
+    batch, heads, seq, d, _ = _rope_layout(call)
+    if call.params.get("style", "neox") not in ("neox", "gptj"):
+        raise GpuError("unsupported", f"rope: style={call.params.get('style')!r}")
+    pos = call.args[1]
+    if pos.size and d:
+        # the largest angle: the largest |position| / scale times the largest inverse frequency (1, or
+        # base^(-(d-2)/d) for a base below 1)
+        top = float(np.abs(pos).max()) / float(call.params["scale"]) * max(1.0, 2.0 ** (_rope_log2r(call, d) * (d // 2 - 1)))
+        if not top < ROPE_MAX_ANGLE:
+            raise GpuError("unsupported", f"rope: angles up to {top:.3g} rad (|positions| / scale up to "
+                                          f"{float(np.abs(pos).max()) / float(call.params['scale']):.3g}); the GPU kernel "
+                                          f"reduces angles below 2^26 rad, the CPU any")
+    pairs = batch * heads * seq * d // 2
+    return rope_launches(pairs, ctx.multiprocessors, kernel_suffix(call)) if pairs else []
+
+
+def rope(ctx, call, stream):
+    x_in, pos_in = call.args[0], call.args[1]
+    plan = ctx.check_launches(rope_plan(ctx, call))
+    dtype = np_dtype(call.dtype)
+    if not plan:
+        return _empty_result(ctx, call, x_in.shape, dtype, stream)
+    (launch,) = plan
+    batch, heads, seq, d, per_batch = _rope_layout(call)
+    x, pos = ctx.upload(x_in, stream), ctx.upload(pos_in, stream)
+    y = ctx.empty(x_in.shape, dtype, stream)
+    p = call.params
+    ctx.run(launch, (x, pos, y, c_int64(heads), c_int64(seq), c_int64(d), c_int32(int(per_batch)),
+                     c_double(_rope_log2r(call, d)), c_double(float(p["scale"])), c_int32(int(p["style"] == "gptj")),
+                     c_int64(batch * heads * seq * d // 2)), stream)
+    return ctx.finish(y, call, stream)
+
+
 def _softmax_layout(call):
     """(outer, length, inner) of the softmax axis of call's x."""
     shape = tuple(call.args[0].shape)
@@ -187,6 +328,8 @@ def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
             plans += add_launches(1024, 1024, vec, multiprocessors, sfx)
             plans += add_launches(1024, 64, vec, multiprocessors, sfx)
             plans += scale_launches(1024, vec, multiprocessors, sfx)
+            plans += silu_mul_launches(1024, vec, multiprocessors, sfx)
+            plans += gelu_launches(1024, vec, multiprocessors, sfx)
             # aligned: the register kernel at 64 .. 1024 threads (512 .. SOFTMAX_REGS_MAX_LEN), the 4-wide
             # shared-memory one for lengths of 4 (mod 8) and past the register kernel's reach
             for length in (1, 4, 12, 511, 512, 2044, 2048, 4095, 4096, 8192, SOFTMAX_CACHED_LEN - 4,
@@ -195,4 +338,5 @@ def report_launches(warp: int, multiprocessors: int) -> list[Launch]:
                 plans += softmax_launches(8, length, 1, vec, multiprocessors, sfx)
     for sfx in KERNEL_SUFFIX.values():
         plans += softmax_launches(8, 100, 8, False, multiprocessors, sfx)
+        plans += rope_launches(1 << 16, multiprocessors, sfx)
     return plans

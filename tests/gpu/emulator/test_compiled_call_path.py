@@ -55,7 +55,7 @@ GPU_OPS = {op for op, spec in OPS.items() if spec.gpu is not None}
 
 # Ops whose glue run the recorder (gpu/launch/recording.py) turns into a plan, for device inputs (matmul:
 # without a vendor BLAS, as here; with one, its calls go through Python and the recorder refuses).
-REPLAYED = {"add", "scale", "softmax", "rms_norm", "cosine_similarity", "top_k", "attention", "matmul"}
+REPLAYED = {"add", "scale", "softmax", "silu_mul", "gelu", "rope", "rms_norm", "cosine_similarity", "top_k", "attention", "matmul"}
 # The others, and why: they still run through the glue every time, with the right answer.
 NOT_REPLAYED = {
     "qmatmul": "W is a QuantizedTensor: host block bytes, uploaded as kept (immutable) weights",

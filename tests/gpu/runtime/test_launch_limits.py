@@ -272,6 +272,9 @@ def sweep(warp, cus, amd, arch):
                     yield plan("add", (n, nb, vec, sfx), elementwise.add_launches, n, nb, vec, cus, sfx)
             for vec in (False, True):
                 yield plan("scale", (n, vec, sfx), elementwise.scale_launches, n, vec, cus, sfx)
+                yield plan("silu_mul", (n, vec, sfx), elementwise.silu_mul_launches, n, vec, cus, sfx)
+                yield plan("gelu", (n, vec, sfx), elementwise.gelu_launches, n, vec, cus, sfx)
+            yield plan("rope", (n, sfx), elementwise.rope_launches, n, cus, sfx)   # n pairs
         cached = elementwise.SOFTMAX_CACHED_LEN
         regs = elementwise.SOFTMAX_REGS_MAX_LEN
         for length in (1, 3, 4, 63, 64, 511, 512, 2047, 2048, 4095, 4096, 4104, cached - 1, cached, cached + 1,
