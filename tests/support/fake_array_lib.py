@@ -13,6 +13,7 @@ import types
 import numpy as np
 
 from hipsched.gpu.memory import dlpack
+from hipsched.gpu.memory._dlpack_import import consume
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 NAME = "fakearraylib"
@@ -51,7 +52,7 @@ class _Library(types.ModuleType):
     def from_dlpack(self, x):
         stream = 1 if self.current_stream == 0 else self.current_stream
         capsule = x.__dlpack__(stream=stream)
-        t = dlpack.ConsumedTensor(capsule)
+        t = consume(capsule, x)
         self.calls.append((x, stream))
         return Tensor(t.ptr, t.shape, t.dtype, t.device, t, self.runtime)
 

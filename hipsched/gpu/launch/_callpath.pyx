@@ -7,18 +7,17 @@ runs as always and the recorder writes down its kernels, grids, parameters, outp
 `Plan`. A later call whose arguments have the same key (op; each device array's type, shape, dtype,
 strides and 16-byte alignment; each scalar's type and value; which inputs overlap) is one the glue
 would plan the same way, so the dispatcher (hipsched/_dispatch.pyx) replays the plan here: the
-arguments are read in C (a hipsched DeviceArray's attributes, or a DLPack capsule's DLTensor, the
-stream handshake done once), outputs and scratch come from the device's stream-ordered pool, and the
+arguments are read in C (a hipsched DeviceArray's attributes, or a DLPack capsule's DLTensor through
+gpu/memory/_dlpack_import.pyx, the stream handshake done once), outputs and scratch come from the device's stream-ordered pool, and the
 launches go straight to the driver through `Driver`'s function pointers. No Python function runs
 between the Executor's method and the driver.
 
 Lifetimes without per-call Python work: hipsched's own inputs are marked as used on the call's stream
 (their frees are ordered after it); foreign ones (a consumed DLPack tensor, a DeviceArray over foreign
 memory) are held with a pooled event until their work has run, and let go in batches by later calls."""
-from libc.stdint cimport uintptr_t, int64_t, uint8_t, uint16_t, int32_t
+from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
-from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer, PyCapsule_SetName
 
 cimport numpy as cnp
 
@@ -29,43 +28,12 @@ import threading
 import numpy as np
 
 from hipsched.gpu.bindings._driver cimport Driver, DeviceMemory, adopt, NOT_READY
+from hipsched.gpu.memory._dlpack_import cimport DLPackHold, take
 from ...device_arrays import GPU_DEVICE_TYPES, dlpack_stream, kDLCUDA, kDLROCM
 from ...errors import GpuError
 from ..bindings.retired_streams import _retired_streams
 
 cnp.import_array()
-
-cdef extern from *:
-    """
-    typedef struct { int32_t device_type; int32_t device_id; } HsDLDevice;
-    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } HsDLDataType;
-    typedef struct {
-        void *data; HsDLDevice device; int32_t ndim; HsDLDataType dtype;
-        int64_t *shape; int64_t *strides; uint64_t byte_offset;
-    } HsDLTensor;
-    typedef struct HsDLManagedTensor {
-        HsDLTensor dl_tensor; void *manager_ctx; void (*deleter)(struct HsDLManagedTensor *);
-    } HsDLManagedTensor;
-    """
-    ctypedef struct HsDLDevice:
-        int32_t device_type
-        int32_t device_id
-    ctypedef struct HsDLDataType:
-        uint8_t code
-        uint8_t bits
-        uint16_t lanes
-    ctypedef struct HsDLTensor:
-        void *data
-        HsDLDevice device
-        int32_t ndim
-        HsDLDataType dtype
-        int64_t *shape
-        int64_t *strides
-        unsigned long long byte_offset
-    ctypedef struct HsDLManagedTensor:
-        HsDLTensor dl_tensor
-        void *manager_ctx
-        void (*deleter)(HsDLManagedTensor *) noexcept nogil
 
 # Calls whose foreign inputs are held before the oldest is waited for: a caller that never
 # synchronises must not make the list grow without bound.
@@ -96,19 +64,6 @@ cdef void _device_inputs(args, list found):
             _device_inputs(a, found)
         elif not isinstance(a, np.ndarray) and hasattr(a, "ptr"):
             found.append(a)
-
-
-cdef class DLPackHold:
-    """A consumed DLPack tensor and its producer's object, kept until the work reading it has run; the
-    producer's deleter runs when this goes."""
-    cdef HsDLManagedTensor *m
-    cdef object obj
-    cdef readonly object library
-
-    def __dealloc__(self):
-        if self.m != NULL and self.m.deleter != NULL:
-            self.m.deleter(self.m)
-        self.m = NULL
 
 
 cdef class Pinned:
@@ -306,11 +261,7 @@ cdef class GpuPath:
         return (DeviceArray, shape, dtype, a.strides, (ptr & 15) == 0)
 
     cdef object _dlpack(self, a, t, size_t reader, Inputs *ins, list keep):
-        cdef HsDLManagedTensor *m
-        cdef HsDLTensor *d
         cdef DLPackHold hold
-        cdef size_t nbytes, ptr
-        cdef int i
         try:
             dev = a.__dlpack_device__()
         except Exception:
@@ -324,30 +275,19 @@ cdef class GpuPath:
             if reader:
                 return None
             capsule = a.__dlpack__()
-        if not PyCapsule_IsValid(capsule, b"dltensor"):
+        hold = take(capsule, a)   # gpu/memory's one DLPack consumer, in C
+        if hold is None:
             return None
-        m = <HsDLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor")
-        PyCapsule_SetName(capsule, b"used_dltensor")   # ours now: the producer's destructor must not free it
-        hold = DLPackHold.__new__(DLPackHold)
-        hold.m = m
-        hold.obj = a
         hold.library = library_of_type(t)
-        d = &m.dl_tensor
-        if d.dtype.lanes != 1 or d.ndim > 32:
+        if hold.lanes != 1 or hold.ndim > 32:
             return None
-        shape = tuple([d.shape[i] for i in range(d.ndim)])
-        strides = None if d.strides == NULL else tuple([d.strides[i] for i in range(d.ndim)])
-        nbytes = d.dtype.bits // 8
-        for i in range(d.ndim):
-            nbytes *= <size_t>d.shape[i]
-        ptr = <size_t>d.data + d.byte_offset
-        ins.ptr[ins.n] = ptr
-        ins.nbytes[ins.n] = nbytes
+        ins.ptr[ins.n] = hold.ptr
+        ins.nbytes[ins.n] = hold.nbytes
         ins.producer[ins.n] = NO_STREAM   # the handshake made it ready for the reader
         ins.host[ins.n] = 0
         ins.n += 1
         keep.append(hold)
-        return (t, shape, (d.dtype.code, d.dtype.bits), strides, (ptr & 15) == 0)
+        return (t, hold.shape, (hold.code, hold.bits), hold.strides, (hold.ptr & 15) == 0)
 
     cdef object _host_array(self, a, Inputs *ins):
         """A small writable host array, staged up on each call. Read-only (and registered) arrays may be

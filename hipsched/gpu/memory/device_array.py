@@ -17,6 +17,7 @@ from ...errors import GpuError
 from ..bindings import _driver, detect
 from ..bindings._driver import DeviceMemory
 from . import dlpack
+from ._dlpack_import import consume
 from ..bindings.retired_streams import _retired_streams
 from .streams import as_stream_handle
 
@@ -161,13 +162,13 @@ class DeviceArray:
             capsule = obj.__dlpack__(stream=dlpack_stream(reader or 0, device_type))
         except TypeError:   # a producer that predates the stream argument orders the legacy stream
             capsule, reader = obj.__dlpack__(), None
-        tensor = dlpack.ConsumedTensor(capsule)
+        tensor = consume(capsule, obj)   # holds the producer's tensor, and obj, while the array lives
+        dtype = tensor.dtype
         # The data is ready for `reader` (without one, for the legacy default stream, the null stream
         # 0): other streams must be ordered after it, which is what `stream` tells GpuContext.upload.
-        return cls._checked(tensor.ptr, tensor.shape, tensor.dtype,
-                            None if tensor.strides is None else
-                            tuple(s * tensor.dtype.itemsize for s in tensor.strides),
-                            runtime, owner=(tensor, obj), stream=reader or 0, device=tensor.device)
+        return cls._checked(tensor.ptr, tensor.shape, dtype,
+                            None if tensor.strides is None else tuple(s * dtype.itemsize for s in tensor.strides),
+                            runtime, owner=tensor, stream=reader or 0, device=tensor.device)
 
     @classmethod
     def _from_cai(cls, obj, cai, runtime):

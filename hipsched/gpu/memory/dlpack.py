@@ -1,9 +1,9 @@
-"""DLPack capsules through ctypes: producing a `dltensor` capsule for a device pointer and consuming
-one from another library (CuPy, PyTorch, JAX). Only the legacy unversioned DLManagedTensor is spoken,
-which every producer still accepts when `max_version` is not passed."""
+"""DLPack capsules through ctypes: producing a `dltensor` capsule for a device pointer (DeviceArray.__dlpack__).
+Consuming one from another library (CuPy, PyTorch, JAX) is _dlpack_import.pyx's, whose type-code table
+this reads. Only the legacy unversioned DLManagedTensor is spoken, which every consumer still accepts when
+`max_version` is not passed."""
 from __future__ import annotations
 
-import atexit
 import ctypes
 
 import numpy as np
@@ -11,8 +11,7 @@ import numpy as np
 from ...device_arrays import (GPU_DEVICE_TYPES, kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged,  # noqa: F401
                              kDLROCM, kDLROCMHost)
 from ...errors import GpuError
-
-_CODE = {"i": 0, "u": 1, "f": 2, "b": 6, "c": 5}   # numpy kind -> DLDataTypeCode (kDLBool = 6)
+from ._dlpack_import import TYPE_CODES, kDLBfloat
 
 
 class DLDevice(ctypes.Structure):
@@ -39,12 +38,6 @@ DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_vo
 _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_SetName.restype = ctypes.c_int
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # Raw-pointer variants for the capsule destructor: the capsule is being deallocated there, and
 # wrapping it in a py_object would resurrect it (incref/decref) and free it twice.
@@ -53,7 +46,6 @@ _raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_
 
 # Capsule names must outlive every capsule: module-level constants.
 _NAME = ctypes.c_char_p(b"dltensor")
-_USED = ctypes.c_char_p(b"used_dltensor")
 
 # Exported tensors alive in other libraries: address of the DLManagedTensor -> (struct, owner).
 # No lock: the deleter and the capsule destructor run from the collector and from other libraries'
@@ -78,48 +70,14 @@ def _capsule_destructor_impl(capsule_ptr):
 
 _capsule_destructor = _CapsuleDestructor(_capsule_destructor_impl)
 
-# Set at interpreter exit, before modules are torn down: a ConsumedTensor still alive then (a foreign
-# tensor kept in a module global) must not call a deleter whose ctypes thunk may already be freed (our
-# own exports' _deleter lives in this module), which would crash the exit. The process is ending: the
-# memory goes with it.
-_exiting = False
-
-
-@atexit.register
-def _at_exit():
-    global _exiting
-    _exiting = True
-
-
-kDLBfloat = 4
-
-
-def bfloat16_dtype() -> np.dtype:
-    """ml_dtypes' bfloat16, the NumPy dtype for DLPack's kDLBfloat 16 (imported only when one comes)."""
-    try:
-        import ml_dtypes  # deferred: ml_dtypes is optional, needed only for bfloat16
-    except ImportError as e:
-        raise GpuError("unsupported", "a bfloat16 device array needs the ml_dtypes package for its NumPy dtype "
-                                      "(pip install ml_dtypes)") from e
-    return np.dtype(ml_dtypes.bfloat16)
-
 
 def dl_dtype(dtype: np.dtype) -> DLDataType:
     dtype = np.dtype(dtype)
     if dtype.name == "bfloat16" and dtype.itemsize == 2:   # ml_dtypes' bfloat16 is NumPy kind 'V'
         return DLDataType(kDLBfloat, 16, 1)
-    if dtype.kind not in _CODE:
+    if dtype.kind not in TYPE_CODES:
         raise GpuError("unsupported", f"dtype {dtype} has no DLPack type code")
-    return DLDataType(_CODE[dtype.kind], dtype.itemsize * 8, 1)
-
-
-def np_dtype(t: DLDataType) -> np.dtype:
-    if t.code == kDLBfloat and t.bits == 16 and t.lanes == 1:
-        return bfloat16_dtype()
-    kinds = {v: k for k, v in _CODE.items()}
-    if t.lanes != 1 or t.code not in kinds:
-        raise GpuError("unsupported", f"DLPack dtype (code={t.code}, bits={t.bits}, lanes={t.lanes}) not supported")
-    return np.dtype("?" if t.code == 6 else f"{kinds[t.code]}{t.bits // 8}")
+    return DLDataType(TYPE_CODES[dtype.kind], dtype.itemsize * 8, 1)
 
 
 def make_capsule(ptr: int, shape, strides_elems, dtype, device: tuple[int, int], owner):
@@ -140,37 +98,3 @@ def make_capsule(ptr: int, shape, strides_elems, dtype, device: tuple[int, int],
     addr = ctypes.addressof(m)
     _exported[addr] = (m, shape_arr, strides_arr, owner)
     return _api.PyCapsule_New(addr, _NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
-
-
-class ConsumedTensor:
-    """A DLPack tensor taken from a producer: its fields, plus the producer's deleter run on release."""
-
-    def __init__(self, capsule):
-        if not _api.PyCapsule_IsValid(capsule, _NAME):
-            raise GpuError("unsupported", "object is not an unconsumed DLPack 'dltensor' capsule")
-        addr = _api.PyCapsule_GetPointer(capsule, _NAME)
-        self._managed = ctypes.cast(addr, ctypes.POINTER(DLManagedTensor))
-        t = self._managed.contents.dl_tensor
-        self.device = (t.device.device_type, t.device.device_id)
-        self.dtype = np_dtype(t.dtype)
-        self.shape = tuple(t.shape[i] for i in range(t.ndim))
-        self.strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None   # in elements
-        self.ptr = (t.data or 0) + t.byte_offset
-        # From here on we own the tensor: the producer's capsule destructor must not free it.
-        _api.PyCapsule_SetName(capsule, _USED)
-        self._released = False
-
-    def release(self):
-        if not self._released:
-            self._released = True
-            if _exiting:   # the deleter may be one of this module's, torn down before this object
-                return
-            deleter = self._managed.contents.deleter
-            if deleter:
-                deleter(self._managed)
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:
-            pass

@@ -12,6 +12,7 @@ from requires import need
 
 from hipsched.errors import GpuError
 from hipsched.gpu.memory import dlpack
+from hipsched.gpu.memory._dlpack_import import consume, np_dtype
 from hipsched.gpu.memory.device_array import DeviceArray, is_device_array, to_device, to_host
 from hipsched.gpu.memory.resident_cache import ResidentCache, fingerprint
 
@@ -108,7 +109,7 @@ DL_CODES = {"float32": (2, 32, 1), "float16": (2, 16, 1), "bfloat16": (dlpack.kD
 def test_dlpack_type_codes(dtype):
     t = dlpack.dl_dtype(TYPES[dtype])
     assert (t.code, t.bits, t.lanes) == DL_CODES[dtype]
-    assert dlpack.np_dtype(dlpack.DLDataType(*DL_CODES[dtype])) == TYPES[dtype]
+    assert np_dtype(*DL_CODES[dtype]) == TYPES[dtype]
 
 
 @pytest.mark.half
@@ -116,29 +117,52 @@ def test_dlpack_bfloat16_without_ml_dtypes_is_a_clear_error(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)   # import fails as if not installed
     with pytest.raises(GpuError, match="ml_dtypes"):
-        dlpack.np_dtype(dlpack.DLDataType(dlpack.kDLBfloat, 16, 1))
+        np_dtype(dlpack.kDLBfloat, 16, 1)
 
 
 def test_consume_numpy_and_torch_capsules():
     host = np.arange(6, dtype=np.float32).reshape(2, 3)
-    t = dlpack.ConsumedTensor(host.__dlpack__())
+    t = consume(host.__dlpack__())
     assert (t.device, t.shape, t.dtype, t.ptr) == ((dlpack.kDLCPU, 0), (2, 3), np.dtype(np.float32),
                                                    host.ctypes.data)
     t.release()
     torch = need("torch")
     x = torch.arange(10, dtype=torch.int64)[2:]
-    t = dlpack.ConsumedTensor(torch.utils.dlpack.to_dlpack(x))
+    t = consume(torch.utils.dlpack.to_dlpack(x))
     assert t.ptr == x.data_ptr() and t.shape == (8,) and t.dtype == np.int64
     t.release()
     with pytest.raises(GpuError):
-        dlpack.ConsumedTensor(object())
+        consume(object())
+
+
+def test_consume_reads_offset_strides_and_type_and_hands_the_tensor_back_once():
+    host = np.arange(12, dtype=np.uint8)
+    before = set(dlpack._exported)
+    cap = dlpack.make_capsule(host.ctypes.data, (2, 3), (6, 2), np.bool_, (dlpack.kDLCUDAManaged, 1), owner=host)
+    (addr,) = set(dlpack._exported) - before
+    dlpack._exported[addr][0].dl_tensor.byte_offset = 8   # make_capsule writes 0: a producer may not
+    t = consume(cap, host)
+    assert (t.ptr, t.shape, t.strides, t.dtype, t.device, t.nbytes) == (
+        host.ctypes.data + 8, (2, 3), (6, 2), np.dtype(bool), (dlpack.kDLCUDAManaged, 1), 6)
+    del cap
+    gc.collect()
+    assert addr in dlpack._exported   # the consumed capsule's destructor left the tensor to the hold
+    t.release()
+    assert addr not in dlpack._exported   # the producer's deleter ran
+    t.release()   # and runs once only
+    cap = dlpack.make_capsule(host.ctypes.data, (12,), None, np.uint8, (dlpack.kDLCUDA, 0), owner=host)
+    (addr,) = set(dlpack._exported) - before
+    t = consume(cap, host)
+    assert t.strides is None and t.dtype == np.uint8
+    del t   # no release: going away hands the tensor back
+    assert addr not in dlpack._exported
 
 
 def test_a_capsule_cannot_be_consumed_twice():
     cap = np.zeros(3, np.float32).__dlpack__()
-    t = dlpack.ConsumedTensor(cap)
+    t = consume(cap)
     with pytest.raises(GpuError):
-        dlpack.ConsumedTensor(cap)
+        consume(cap)
     t.release()
 
 
