@@ -86,7 +86,7 @@ if only:
 
 setup(
     packages=["hipsched", "hipsched.ops", "hipsched.backends", "hipsched.cpu", "hipsched.gpu", "hipsched.gpu.bindings",
-              "hipsched.gpu.compilation", "hipsched.gpu.memory", "hipsched.gpu.launch", "hipsched.gpu.ops",
+              "hipsched.gpu.compilation", "hipsched.gpu.memory", "hipsched.gpu.launch", "hipsched.gpu.glue",
               "hipsched.telemetry", "hipsched.cli", "hipsched.hip_src", "hipsched.dask"],
     package_dir={"hipsched.hip_src": "src_c/hip"},
     package_data={"hipsched.hip_src": ["*.hip", "*.h"], "hipsched.telemetry": ["*.json"]},

@@ -83,7 +83,7 @@ class GpuBench:
     def device_as(self, x, dtype: str):
         """A device copy of x in a half dtype ("float16", or "bfloat16" through ml_dtypes)."""
         from hipsched.gpu.memory.device_array import to_device
-        from hipsched.gpu.ops.common import np_dtype
+        from hipsched.gpu.glue.common import np_dtype
         return to_device(np.ascontiguousarray(np.asarray(x, np.float32).astype(np_dtype(dtype))), runtime=self.rt)
 
     def half_call(self, op, dtype, args, params, size=0):

@@ -22,7 +22,7 @@ import numpy as np
 
 from .backends.cpu import CpuBackend
 from .chunking import chunkable, run_chunked
-from .device_arrays import device_indices
+from .dlpack_devices import device_indices
 from .errors import GpuError
 from .ops import OPS
 from .ops.base import result_converter

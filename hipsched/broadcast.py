@@ -1,5 +1,5 @@
 """add's broadcast rule, as a leaf every layer may import: the op spec (ops/elementwise.py) validates with
-it, the CPU wrapper (cpu/_elementwise.pyx) and the GPU glue (gpu/ops/elementwise.py) guard their kernels
+it, the CPU wrapper (cpu/_elementwise.pyx) and the GPU glue (gpu/glue/elementwise.py) guard their kernels
 with it, and hipsched.dask checks its arguments with it before building a graph. The compiled common case
 (cpu/_elementwise.pyx's AddHot) tests the same rule on the array dimensions in C, without a Python call;
 tests/sched/test_hot_path.py holds the two paths equal. Imports nothing of hipsched."""

@@ -25,7 +25,7 @@ from .further_gpus import FurtherGpus
 from .model_store import ModelPersistence
 from .ops import OPS
 from .ops.base import Call
-from .resident import ResidentArray
+from .resident_array import ResidentArray
 from .splitting import Side, Splitter
 from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
                          PerformanceTracker, us_or_none)
@@ -228,7 +228,7 @@ class Executor:
     # ------------------------------------------------------------------ the hot path
     # ------------------------------------------------------------------ residency
     def resident(self, array, *, copy=False):
-        """Keep `array` on the GPU for the long run -> a ResidentArray handle (hipsched.resident).
+        """Keep `array` on the GPU for the long run -> a ResidentArray handle (hipsched.resident_array).
 
         Pass the handle (or its `.host`) wherever the array is taken: the GPU reads its device copy (no
         upload, and the scheduler charges none), the CPU the host array, the same bytes. Change it with

@@ -11,7 +11,7 @@ import logging
 from . import _dispatch
 from ._sched import (BACKEND_GPU as GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
                      F_WANT_GPU, R_GPU_UNAVAILABLE, R_GPU_UNSUPPORTED)
-from .device_arrays import device_indices
+from .dlpack_devices import device_indices
 from .errors import GpuError
 
 log = logging.getLogger("hipsched")

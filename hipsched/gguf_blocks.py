@@ -1,6 +1,6 @@
 """The GGUF block format of quantized weights, as a leaf every layer may import: the block constants,
 the pure layout checks and QuantizedTensor, the immutable container of the raw blocks. It imports
-nothing of hipsched, so the op specs (ops/quant.py), the GPU glue (gpu/ops/quant.py) and hipsched.dask
+nothing of hipsched, so the op specs (ops/quant.py), the GPU glue (gpu/glue/quant.py) and hipsched.dask
 share one definition of the layout without pointing at each other. The kernels that read the blocks
 (src_c/cpu/quant*.c, src_c/hip/quant.hip) spell the same layout in C; a test checks they agree.
 
@@ -19,7 +19,7 @@ __all__ = ["QK", "BLOCK_BYTES", "QTYPES", "SUPERBLOCK", "QuantizedTensor", "qtyp
 QK = 32
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
 QTYPES = tuple(BLOCK_BYTES)
-# Blocks per superblock of the GPU's resident layout (hipsched/gpu/ops/quant.py's device_layout): a row
+# Blocks per superblock of the GPU's resident layout (hipsched/gpu/glue/quant.py's device_layout): a row
 # is held there in whole superblocks of 512 quant bytes plus their scales, the last one padded. Here
 # because the op specs' device memory accounting needs the size, and they import no GPU code.
 SUPERBLOCK = {"q8_0": 16, "q4_0": 32}

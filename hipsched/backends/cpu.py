@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..device_arrays import is_device_array
+from ..dlpack_devices import is_device_array
 from ..ops import OPS
 from ..ops.base import Call
 

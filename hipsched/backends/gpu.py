@@ -1,7 +1,7 @@
 """GpuBackend: runs a validated Call on the GPU through the detected runtime and the compiled kernels.
 
 What the scheduler asks of it (capabilities, free memory, transfer volume) is answered without touching
-the device where possible. `run` calls the launch glue its op spec names (`hipsched.gpu.ops.<family>.<op>(ctx,
+the device where possible. `run` calls the launch glue its op spec names (`hipsched.gpu.glue.<family>.<op>(ctx,
 call, stream)`) and turns ANY failure into GpuError, so the executor can always fall
 back to the CPU. Results come back where the inputs live: NumPy for host inputs, device arrays for
 device inputs (torch tensors for torch tensors, CuPy arrays for CuPy arrays, else DeviceArray).
@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from ..device_arrays import device_indices
+from ..dlpack_devices import device_indices
 from ..errors import GpuError
 from ..gpu.bindings import detect
 from ..gpu.bindings import runtime as _rt
@@ -225,7 +225,7 @@ class GpuBackend(GpuBackendBase):
 
     # ------------------------------------------------------------------ residency
     def keep_resident(self, handle) -> None:
-        """Upload a ResidentArray (hipsched.resident) now and keep it until it is released."""
+        """Upload a ResidentArray (hipsched.resident_array) now and keep it until it is released."""
         if not self._still_available():
             raise GpuError("unavailable", self.unavailable_reason or "no GPU")
         self._ctx.resident.pin(handle)

@@ -72,7 +72,7 @@ def check_attention(q, k, v, causal, scale, op=OP):
     return scale
 
 
-@register(OP, cpu=("hipsched.cpu._attention", "attention"), gpu=("hipsched.gpu.ops.attention", "attention"),
+@register(OP, cpu=("hipsched.cpu._attention", "attention"), gpu=("hipsched.gpu.glue.attention", "attention"),
           cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare(q, k, v, causal=False, scale=None) -> Call:
     """Scaled dot-product attention on (batch, heads, seq, head_dim) arrays: softmax(scale * q k^T) v,

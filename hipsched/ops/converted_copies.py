@@ -9,9 +9,9 @@ import weakref
 
 import numpy as np
 
-from ..resident import fingerprint, immutable
+from ..resident_array import fingerprint, immutable
 
-# Converted copies of inputs whose bytes cannot change (hipsched.resident.immutable), kept while the input
+# Converted copies of inputs whose bytes cannot change (hipsched.resident_array.immutable), kept while the input
 # lives, within _CONVERTED_MAX_BYTES (least recently used first out). A graph with int64 offsets and int32
 # indices, or a float64 corpus, was converted by every call: the copy cost a pass over the data each
 # time, and on the GPU, being a new writable array each time, it was never kept resident and every call

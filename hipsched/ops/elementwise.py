@@ -26,7 +26,7 @@ import numbers
 import numpy as np
 
 from ..broadcast import bias_fits
-from ..device_arrays import is_device_array
+from ..dlpack_devices import is_device_array
 from . import validation
 from .base import Call, rand_f32, partition_from_split, register, split_rows
 from .foreign_arrays import _read_host
@@ -34,7 +34,7 @@ from .validation import FLOATS, any_on_device, as_float, check_result_fits, cont
     shape_mismatch
 
 _CPU = "hipsched.cpu._elementwise"
-_GPU = "hipsched.gpu.ops.elementwise"
+_GPU = "hipsched.gpu.glue.elementwise"
 
 
 def _elements(op: str, shape, itemsize: int = 4) -> int:

@@ -125,7 +125,7 @@ def _sweep(rng, degree=8):
         yield n * degree * 3, ((indptr, indices, weights), seeds), {"decay": 0.5, "steps": 3, "threshold": 0.0}
 
 
-@register(OP, cpu=(_CPU, "spread_activation"), gpu=("hipsched.gpu.ops.graph", "spread_activation"),
+@register(OP, cpu=(_CPU, "spread_activation"), gpu=("hipsched.gpu.glue.graph", "spread_activation"),
           sweep=_sweep)
 def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
     """Spreading activation over a weighted directed graph (a SciPy sparse matrix or an (indptr,

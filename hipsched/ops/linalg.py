@@ -64,7 +64,7 @@ def matmul_shapes(sa: tuple, sb: tuple):
     return ba, bb, m, k, n
 
 
-@register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.ops.linalg", "matmul"),
+@register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.glue.linalg", "matmul"),
           cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
 def prepare_matmul(a, b) -> Call:
     """a @ b with np.matmul's shape rules (leading batch axes equal on both sides or present on one side

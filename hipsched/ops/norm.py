@@ -34,7 +34,7 @@ def _sweep(rng):
         yield n, (rand_f32(rng, n // width, width), rand_f32(rng, width)), {"eps": 1e-6}
 
 
-@register(OP, cpu=("hipsched.cpu._norm", "rms_norm"), gpu=("hipsched.gpu.ops.norm", "rms_norm"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
+@register(OP, cpu=("hipsched.cpu._norm", "rms_norm"), gpu=("hipsched.gpu.glue.norm", "rms_norm"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=_split, partition=lambda call: partition_from_split(_split(call)),
           sweep=_sweep)
 def prepare_rms_norm(x, weight, eps=1e-6) -> Call:

@@ -25,7 +25,7 @@ def qmatmul_dtype(qtype: str, x_dtype: str) -> str:
 QMATMUL_DTYPES = tuple(qmatmul_dtype(q, x) for q in QTYPES for x in FLOATS)
 
 _CPU = "hipsched.cpu._quant"
-_GPU = "hipsched.gpu.ops.quant"
+_GPU = "hipsched.gpu.glue.quant"
 # quantize is not an op (it always runs on the CPU), so no spec names its kernel: this does, imported on
 # first use like the specs' entries, so importing the op specs never loads a kernel module
 _QUANTIZE = (_CPU, "quantize")

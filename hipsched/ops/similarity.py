@@ -25,7 +25,7 @@ from .validation import (FLOATS, any_on_device, as_float, check_ndim, check_resu
                          shape_mismatch)
 
 _CPU = "hipsched.cpu._similarity"
-_GPU = "hipsched.gpu.ops.similarity"
+_GPU = "hipsched.gpu.glue.similarity"
 
 
 def _queries_targets(op, q, T):

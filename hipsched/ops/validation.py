@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from ..device_arrays import is_device_array
+from ..dlpack_devices import is_device_array
 from ..errors import GpuError
 from .converted_copies import converted_once
 from .foreign_arrays import _read_host

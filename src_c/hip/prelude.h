@@ -261,7 +261,7 @@ HS_DEV float hs_sum8(const float (&v)[8]) { return ((v[0] + v[1]) + (v[2] + v[3]
 // v_mfma_f32_16x16x8bf16 (A[i][2q..2q+1] per lane), one on each register: the first multiplies the
 // k = 4q, 4q+1 elements, the second 4q+2, 4q+3, so together they sum all 16 products, in another order.
 // RDNA3's WMMA (gfx11xx) is not used (kernel_constants.py says why); gfx10xx/gfx11xx and other targets run
-// the SIMT kernels (the glue picks them, hipsched/gpu/ops/attention.py). HS_MMA_MIN_CUDA_ARCH: sm_80.
+// the SIMT kernels (the glue picks them, hipsched/gpu/glue/attention.py). HS_MMA_MIN_CUDA_ARCH: sm_80.
 #if defined(HS_NVIDIA) && (defined(HS_EMU_WARP_MATRIX) || __CUDA_ARCH__ >= HS_MMA_MIN_CUDA_ARCH)
 #define HS_MMA_M16N8K16 1
 #endif

@@ -5,7 +5,7 @@
 //   Q4_0: fp16 d, then 16 bytes of nibbles   (18 bytes)  element j = low nibble of byte j,
 //                                                         element j+16 = high nibble; value = (q - 8) * d
 // Those blocks are only 2-byte aligned, so a kernel reading them is stuck with 16-bit loads. The weights
-// live on the device in our own layout instead, repacked once on upload (hipsched/gpu/ops/quant.py,
+// live on the device in our own layout instead, repacked once on upload (hipsched/gpu/glue/quant.py,
 // `device_layout`, which also documents the inverse): each row is a run of SUPERBLOCKS, 16 Q8_0 blocks
 // (512 weights) or 32 Q4_0 blocks (1024 weights), the last one padded with zero weights of scale 0.
 // A superblock is 512 bytes of quants, 16 bytes for each of 32 lanes, then the blocks' fp16 scales:

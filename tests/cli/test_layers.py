@@ -12,7 +12,7 @@ import re
 import pytest
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "hipsched")
-LEAVES = ("broadcast.py", "device_arrays.py", "gguf_blocks.py", "resident.py")
+LEAVES = ("broadcast.py", "dlpack_devices.py", "gguf_blocks.py", "resident_array.py")
 
 
 def _imports(path, module_level_only=False):
@@ -283,10 +283,10 @@ def test_op_specs_import_only_specs_and_leaves():
         "an exception no longer used: take it out of SPEC_EXCEPTIONS and docs/architecture.md"
 
 
-# Inside the GPU layer the folders are concerns with an order of their own: the glue (gpu/ops) runs through
+# Inside the GPU layer the folders are concerns with an order of their own: the glue (gpu/glue) runs through
 # gpu/launch, which uses gpu/memory and gpu/compilation, and all of them stand on gpu/bindings, which
 # imports nothing of the others (its compilers and the registry of destroyed streams live in it).
-GPU_RANKS = (("hipsched.gpu.ops", 4), ("hipsched.gpu.launch", 3), ("hipsched.gpu.memory", 2),
+GPU_RANKS = (("hipsched.gpu.glue", 4), ("hipsched.gpu.launch", 3), ("hipsched.gpu.memory", 2),
              ("hipsched.gpu.compilation", 2), ("hipsched.gpu.bindings", 1))
 
 
@@ -344,10 +344,10 @@ def test_checker_reports_a_pyx_cimport_up_the_layers():
 
 def test_checker_reports_specs_importing_a_backend_and_leaves_importing_up():
     bad = {"hipsched/ops/_bad.py": "from ..backends.cpu import CpuBackend\nfrom .base import Call\n",
-           "hipsched/resident.py": "def f():\n    from .gpu import memory\n",
+           "hipsched/resident_array.py": "def f():\n    from .gpu import memory\n",
            "hipsched/telemetry/_bad.pyx": "from hipsched.executor import Executor\n"}
     assert sorted(arrows_up(bad)) == [("hipsched/ops/_bad.py", "hipsched.backends.cpu", 1),
-                                      ("hipsched/resident.py", "hipsched.gpu", 2),
+                                      ("hipsched/resident_array.py", "hipsched.gpu", 2),
                                       ("hipsched/telemetry/_bad.pyx", "hipsched.executor", 1)]
     assert spec_imports_out(bad) == [("hipsched/ops/_bad.py", "hipsched.backends.cpu", 1)]
 

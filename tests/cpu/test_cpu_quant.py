@@ -271,7 +271,7 @@ def test_one_block_format_for_every_layer():
     name hold the same objects, and the C kernels' block sizes agree with it (and with GGUF's)."""
     from hipsched import gguf_blocks
     from hipsched.cpu import _quant
-    from hipsched.gpu.ops import quant as quant_glue
+    from hipsched.gpu.glue import quant as quant_glue
     from hipsched.ops import quant
     assert QuantizedTensor is quant.QuantizedTensor is gguf_blocks.QuantizedTensor
     assert quant_glue.BLOCK_BYTES is gguf_blocks.BLOCK_BYTES  # the glue uses the leaf; it keeps no copy

@@ -360,7 +360,7 @@ def test_attention_head_classes(emu, rng, dtype, hd):
 
 
 def _attention_kernel(emu, call) -> str:
-    from hipsched.gpu.ops.attention import attention_plan
+    from hipsched.gpu.glue.attention import attention_plan
     (launch,) = attention_plan(emu._ctx, call)
     return launch.kernel
 
@@ -410,7 +410,7 @@ def test_half_qmatmul(emu, rng, dtype, qtype, monkeypatch):
     targets have matrix cores, where the glue sends 70 half columns to the tensor-core tiles
     (test_half_qmatmul_tensor_core): here the glue is told the target has none, as on gfx906 or gfx1030."""
     from hipsched import quantize
-    from hipsched.gpu.ops import quant
+    from hipsched.gpu.glue import quant
     monkeypatch.setattr(quant, "has_mma", lambda arch: False)
     t = HALF[dtype]
     W = quantize(rng.standard_normal((69, 64)).astype(np.float32), qtype)

@@ -45,7 +45,7 @@ import numpy as np
 from hipsched.backends.cpu import CpuBackend
 from hipsched.backends.interface import GpuBackendBase
 from hipsched.ops.base import host_arrays
-from hipsched.resident import handle_of, immutable
+from hipsched.resident_array import handle_of, immutable
 
 from hipsched.gpu.memory.resident_cache import DEFAULT_RESIDENT_SHARE
 

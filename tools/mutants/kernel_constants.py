@@ -16,7 +16,7 @@ MUTANTS = [
         name="glue-keeps-a-stale-literal",
         why="the push kernel's lanes per row (HSG_GROUP) as a literal 8 in the glue, equal to the kernel's "
             "today and not tomorrow",
-        path="hipsched/gpu/ops/graph.py",
+        path="hipsched/gpu/glue/graph.py",
         find="grid_stride_blocks(n * HSG_GROUP, _BLOCK",
         replace="grid_stride_blocks(n * 8, _BLOCK",
         kill=("tests/gpu/runtime/test_kernel_constants.py::test_the_glue_follows_each_constant_it_imports",),

@@ -8,7 +8,7 @@ MUTANTS = [
         name="attention-mma-grid-forgets-the-batch",
         why="issue 30 item 9: the tensor-core attention's grid covers the first batch only (every attention "
             "test had batch 1, so the op matrix's 24 attention cases passed on it)",
-        path="hipsched/gpu/ops/attention.py",
+        path="hipsched/gpu/glue/attention.py",
         find="f\"hs_attention_{suffix}_mma_d{d}\", -(-sq // rows) * b * h, threads)",
         replace="f\"hs_attention_{suffix}_mma_d{d}\", -(-sq // rows) * h, threads)",
         kill=("tests/gpu/emulator/test_executor_op_matrix.py::test_op_dtype_matrix[emulator-attention-float16-d32-host]",

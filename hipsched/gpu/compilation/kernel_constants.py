@@ -1,4 +1,4 @@
-"""The numbers the HIP kernels (src_c/hip) and their launch glue (hipsched/gpu/ops) must agree on, declared
+"""The numbers the HIP kernels (src_c/hip) and their launch glue (hipsched/gpu/glue) must agree on, declared
 once. The glue reads these names; `kernel_sources()` (kernels.py) puts `prelude_defines()` before
 prelude.h and `defines()` between prelude.h and each .hip file, so the kernels see the same values as
 `#define`s of the same names and no .hip file or prelude.h defines them
@@ -70,7 +70,7 @@ HS_COSINE_MQ = 8   # queries scored per pass over T by the multi-query cosine ke
 # ---------------------------------------------------------------- quant.hip: the device layout
 # Each row of a quantized matrix is a run of superblocks (gguf_blocks.SUPERBLOCK blocks, the last padded),
 # each 512 bytes of quants, 16 for each of 32 lanes, then the blocks' fp16 scales (quant.hip's header and
-# gpu/ops/quant.py's device_layout describe it). Lane l holds groups g of 4 weights, 128 g + 4 l + c.
+# gpu/glue/quant.py's device_layout describe it). Lane l holds groups g of 4 weights, 128 g + 4 l + c.
 HSQ_LANES = 32
 HSQ_SBQ = HSQ_LANES * 16                                                 # quant bytes of a superblock
 HSQ_SBK = {qt: SUPERBLOCK[qt] * QK for qt in BLOCK_BYTES}                # weights of a superblock (along k)

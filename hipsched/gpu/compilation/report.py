@@ -45,16 +45,16 @@ class ReportRow:
         return d
 
 
-# The launch glue's package (gpu/ops/), whose modules are found by listing its folder, and the one module
+# The launch glue's package (gpu/glue/), whose modules are found by listing its folder, and the one module
 # there that is no op family's glue but what the families share.
-GLUE_PACKAGE = __package__.rpartition(".")[0] + ".ops"
+GLUE_PACKAGE = __package__.rpartition(".")[0] + ".glue"
 GLUE_SHARED = "common"
 
 
 def glue_modules() -> list:
-    """Every op family's glue module (gpu/ops/<family>.py), each with its own `report_launches`: a new
+    """Every op family's glue module (gpu/glue/<family>.py), each with its own `report_launches`: a new
     family's glue needs no entry here."""
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops")
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "glue")
     return [importlib.import_module(f"{GLUE_PACKAGE}.{info.name}") for info in pkgutil.iter_modules([folder])
             if info.name != GLUE_SHARED]
 

@@ -2,7 +2,7 @@
 """The compiled GPU call path: what a GPU call on device data does after its first time, in C.
 
 A call's first GPU run with given arguments goes through the op's Python launch glue
-(hipsched/gpu/ops/<family>.py) with a `PlanRecorder` (gpu/launch/recording.py) in place of the GpuContext: the glue
+(hipsched/gpu/glue/<family>.py) with a `PlanRecorder` (gpu/launch/recording.py) in place of the GpuContext: the glue
 runs as always and the recorder writes down its kernels, grids, parameters, outputs and scratch as a
 `Plan`. A later call whose arguments have the same key (op; each device array's type, shape, dtype,
 strides and 16-byte alignment; each scalar's type and value; which inputs overlap) is one the glue
@@ -29,7 +29,7 @@ import numpy as np
 
 from hipsched.gpu.bindings._driver cimport Driver, DeviceMemory, adopt, NOT_READY
 from hipsched.gpu.memory._dlpack_import cimport DLPackHold, take
-from ...device_arrays import GPU_DEVICE_TYPES, dlpack_stream, kDLCUDA, kDLROCM
+from ...dlpack_devices import GPU_DEVICE_TYPES, dlpack_stream, kDLCUDA, kDLROCM
 from ...errors import GpuError
 from ..bindings.retired_streams import _retired_streams
 

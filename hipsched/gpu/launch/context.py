@@ -1,4 +1,4 @@
-"""GpuContext: what the kernel launch glue (hipsched/gpu/ops/<family>.py) needs from the runtime, in one object
+"""GpuContext: what the kernel launch glue (hipsched/gpu/glue/<family>.py) needs from the runtime, in one object
 per device: compiled functions by (source, kernel) name, uploads through the resident cache, output
 allocation, launches with kernelParams, and handing results back where the inputs live.
 

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from ...device_arrays import GPU_DEVICE_TYPES, dlpack_device, dlpack_stream, is_device_array
+from ...dlpack_devices import GPU_DEVICE_TYPES, dlpack_device, dlpack_stream, is_device_array
 from ...errors import GpuError
 from ..bindings import _driver, detect
 from ..bindings._driver import DeviceMemory

@@ -8,7 +8,7 @@ import ctypes
 
 import numpy as np
 
-from ...device_arrays import (GPU_DEVICE_TYPES, kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged,  # noqa: F401
+from ...dlpack_devices import (GPU_DEVICE_TYPES, kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged,  # noqa: F401
                              kDLROCM, kDLROCMHost)
 from ...errors import GpuError
 from ._dlpack_import import TYPE_CODES, kDLBfloat

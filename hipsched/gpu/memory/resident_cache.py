@@ -11,8 +11,8 @@ import weakref
 
 import numpy as np
 
-from ... import resident as _resident
-from ...resident import fingerprint, immutable  # noqa: F401 (fingerprint: also its import path here)
+from ... import resident_array as _resident
+from ...resident_array import fingerprint, immutable  # noqa: F401 (fingerprint: also its import path here)
 from .device_array import DeviceArray, to_device
 from ..bindings.retired_streams import _retired_streams
 
@@ -59,7 +59,7 @@ _ANY_LAYOUT = object()
 
 
 class _Pin:
-    """The device copy of one ResidentArray (hipsched.resident) in one cache: the handle calls
+    """The device copy of one ResidentArray (hipsched.resident_array) in one cache: the handle calls
     write_rows after changing host rows, and release when it is released."""
 
     def __init__(self, cache, handle, dev):
@@ -113,7 +113,7 @@ class ResidentCache:
       fingerprint changes;
     - trusted entries (`get(..., immutable=True)`): arrays immutable by their owner's contract (the
       block bytes of a QuantizedTensor), kept the same way;
-    - pinned entries: ResidentArray handles (hipsched.resident), kept until released whatever the
+    - pinned entries: ResidentArray handles (hipsched.resident_array), kept until released whatever the
       budget (they evict the others), their device copy changed row by row by the handle's update.
     A writable host array that is not a handle is uploaded for the call and never kept: a write to it
     cannot be seen short of reading all of it, which costs as much as the upload."""

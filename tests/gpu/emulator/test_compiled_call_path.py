@@ -345,7 +345,7 @@ def test_a_grid_sized_to_the_device_replays_as_recorded(executor, rt, launches, 
     x RESIDENT_BLOCKS_V8 blocks) once there is enough work: the plan holds it as a plain launch
     parameter, so the replay launches the glue's grid, and an input off 16-byte alignment gets the
     scalar kernel's grid in a plan of its own."""
-    from hipsched.gpu.ops import common, elementwise
+    from hipsched.gpu.glue import common, elementwise
     ex, gpu = executor
     glue = count_calls(monkeypatch, gpu, ["_run"])
     mps = rt.device_info(0).multiprocessors

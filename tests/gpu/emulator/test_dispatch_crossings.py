@@ -12,7 +12,7 @@ from hipsched import Executor
 from hipsched.backends import gpu as gpu_module
 from hipsched.backends import interface
 from hipsched.backends.gpu import GpuBackend
-from hipsched.gpu.ops import similarity as similarity_glue
+from hipsched.gpu.glue import similarity as similarity_glue
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
 

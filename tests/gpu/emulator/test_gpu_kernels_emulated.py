@@ -125,7 +125,7 @@ def test_quant_device_layout_round_trip(rng):
     (k % S) // 128, byte k % 4; its scale at (lane // 8) NG + group) is gguf's dequantized value."""
     from hipsched import quantize
     from hipsched.gguf_blocks import BLOCK_BYTES, SUPERBLOCK, device_bytes
-    from hipsched.gpu.ops.quant import device_layout, host_layout
+    from hipsched.gpu.glue.quant import device_layout, host_layout
     for qtype in ("q8_0", "q4_0"):
         S, ng, sbb = SUPERBLOCK[qtype] * 32, 4 if qtype == "q8_0" else 8, SUPERBLOCK[qtype] * BLOCK_BYTES[qtype]
         for n, k in ((1, 32), (3, 64), (5, 512), (2, 1024), (4, 1056), (2, 3072 + 32)):
@@ -247,7 +247,7 @@ def offset_view(rt, x):
 
 
 def test_elementwise_16_byte_and_scalar_paths(emu, rng, launched, dtype):
-    from hipsched.gpu.ops.common import KERNEL_SUFFIX
+    from hipsched.gpu.glue.common import KERNEL_SUFFIX
     t, sfx = TYPES[dtype], KERNEL_SUFFIX[dtype]
     # 1, 7: the tail alone; 8, 16: whole packs (one thread's second pack present or not); 67, 4099: packs
     # and a tail; 2 * 65536 + 29: four passes of the grid (2 CUs x 4 blocks x 256 threads x 2 packs of 8)
@@ -283,7 +283,7 @@ def test_elementwise_16_byte_and_scalar_paths(emu, rng, launched, dtype):
 
 
 def test_softmax_register_and_fallback_paths(emu, rng, launched, dtype):
-    from hipsched.gpu.ops.common import KERNEL_SUFFIX
+    from hipsched.gpu.glue.common import KERNEL_SUFFIX
     t, sfx = TYPES[dtype], KERNEL_SUFFIX[dtype]
     # rows in registers at 1, 2 and 4 packs per thread (64 .. 1024 threads; 4104: 513 packs, 4 per thread
     # over 192 threads, the last thread's later packs absent); past 32768 elements the multi-pass kernel
@@ -312,7 +312,7 @@ def test_softmax_register_and_fallback_paths(emu, rng, launched, dtype):
 
 
 def test_rms_norm_register_and_fallback_paths(emu, rng, launched, dtype):
-    from hipsched.gpu.ops.common import KERNEL_SUFFIX
+    from hipsched.gpu.glue.common import KERNEL_SUFFIX
     t, sfx = TYPES[dtype], KERNEL_SUFFIX[dtype]
     rt = emu._ctx.rt
     for shape, kernel, view in (((3, 64), "regs_{}_p1", False), ((2, 4096), "regs_{}_p2", False),
@@ -427,7 +427,7 @@ def test_tensor_core_attention_hidden_inf_nan(emu, rng, dtype):
 
 
 def _qmatmul_kernel(emu, call) -> str:
-    from hipsched.gpu.ops.quant import qmatmul_plan
+    from hipsched.gpu.glue.quant import qmatmul_plan
     (launch,) = qmatmul_plan(emu._ctx, call)
     return launch.kernel
 

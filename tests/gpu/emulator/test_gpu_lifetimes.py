@@ -247,7 +247,7 @@ def test_foreign_input_of_a_failed_call_is_held_too(rt, kernel_dir, rng, monkeyp
     host = rng.standard_normal(64).astype(np.float32)
     t = TorchLikeTensor(rt, host, 0, write_after=0)
     gone = weakref.ref(t)
-    from hipsched.gpu.ops import elementwise
+    from hipsched.gpu.glue import elementwise
     real = elementwise.scale
 
     def scale_then_fail(ctx, call, stream):

@@ -17,7 +17,7 @@ from hipsched.backends.gpu import GpuBackend
 from hipsched.gpu.memory import resident_cache
 from hipsched.gpu.memory.resident_cache import ResidentCache, resident_budget
 from hipsched.ops import OPS
-from hipsched.resident import ResidentArray, handle_of, immutable
+from hipsched.resident_array import ResidentArray, handle_of, immutable
 from host_memory import HostMemoryRuntime
 
 needs_emulator = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")

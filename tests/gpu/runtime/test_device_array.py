@@ -209,7 +209,7 @@ class OnDlDevice:
 
 
 def test_one_device_array_test_and_one_set_of_device_types():
-    import hipsched.device_arrays as leaf
+    import hipsched.dlpack_devices as leaf
     from hipsched.gpu.memory import device_array
     from hipsched.ops import validation
     assert validation.is_device_array is device_array.is_device_array is leaf.is_device_array

@@ -1,5 +1,5 @@
 """The device scratch each op's launch glue declares beside its planner (`<op>_scratch(call)` in
-hipsched/gpu/ops/<family>.py, read through OpSpec.device_scratch by GpuBackend.device_bytes_needed and
+hipsched/gpu/glue/<family>.py, read through OpSpec.device_scratch by GpuBackend.device_bytes_needed and
 so by the memory check and the out-of-memory chunking) is exactly what the glue allocates beyond the
 call's inputs and results.
 
@@ -15,7 +15,7 @@ from op_cases import CASES, matrix
 
 from hipsched import quantize
 from hipsched.gpu.compilation.kernel_constants import HS_TOPK_SEG
-from hipsched.gpu.ops import quant
+from hipsched.gpu.glue import quant
 from hipsched.ops import OPS
 from hipsched.ops.base import Call, host_arrays
 

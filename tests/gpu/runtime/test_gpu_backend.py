@@ -82,7 +82,7 @@ def test_runtime_none_is_unavailable_everywhere():
 def test_impl_table_covers_every_op():
     assert set(GPU_IMPLS) == {op.value for op in OpType}
     for module, fn in GPU_IMPLS.values():
-        assert module.startswith("hipsched.gpu.ops.") and fn
+        assert module.startswith("hipsched.gpu.glue.") and fn
 
 
 def test_supports_table(backend):
@@ -262,7 +262,7 @@ def test_gemm_ex_arguments_follow_the_library_signature(flavour):
 
 
 def test_every_kernel_named_by_the_glue_exists():
-    glue = "".join(p.read_text() for p in (ROOT / "hipsched" / "gpu" / "ops").glob("*.py"))
+    glue = "".join(p.read_text() for p in (ROOT / "hipsched" / "gpu" / "glue").glob("*.py"))
     named = re.findall(r'(?:ctx\.function|Launch\.of)\("(\w+)",\s*(?:"(\w+)"|name)', glue)
     sources = {p.stem: p.read_text() for p in (ROOT / "src_c" / "hip").glob("*.hip")}
     # kernel_names: spelled out, or stamped per element type by HS_FOR_EACH_FLOAT (hs_add_##S...)
@@ -272,7 +272,7 @@ def test_every_kernel_named_by_the_glue_exists():
     for src, k in literal:
         assert k in kernels.get(src, ()), f"{k} not in {src}.hip"
     # names built at run time (element type suffix, _v4, query count): every variant the glue forms
-    from hipsched.gpu.ops import elementwise, linalg, norm, quant, similarity
+    from hipsched.gpu.glue import elementwise, linalg, norm, quant, similarity
     for warp in (32, 64):
         for launch in (elementwise.report_launches(warp, 2) + similarity.report_launches(warp, 2)
                        + linalg.report_launches(warp, 2) + norm.report_launches(warp, 2)
@@ -284,7 +284,7 @@ def test_every_kernel_named_by_the_glue_exists():
 
 
 def test_glue_matmul_shapes_follow_numpy():
-    from hipsched.gpu.ops.linalg import _matmul_shapes
+    from hipsched.gpu.glue.linalg import _matmul_shapes
     cases = [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4, 5)),
              ((3, 4), (2, 4, 5)), ((2, 3, 4), (2, 4, 5)), ((0, 4), (4, 5)), ((3, 0), (0, 5))]
     for sa, sb in cases:

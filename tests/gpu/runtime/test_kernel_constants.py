@@ -15,7 +15,7 @@ from hipsched.errors import GpuError
 from hipsched.gguf_blocks import BLOCK_BYTES, QK
 from hipsched.gpu.compilation import kernel_constants as kc
 from hipsched.gpu.compilation.kernels import PRELUDE, _source_dir, kernel_sources, prelude
-from hipsched.gpu.ops import attention, common, elementwise, graph, linalg, norm, quant, similarity
+from hipsched.gpu.glue import attention, common, elementwise, graph, linalg, norm, quant, similarity
 
 from real_compilers import compiler_or_skip
 from requires import missing_tool

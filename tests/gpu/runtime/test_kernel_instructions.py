@@ -84,7 +84,7 @@ def test_the_glues_matrix_kernels_are_built_and_use_matrix_cores(family, arch, c
     instruction). The rule above checks only the kernels it finds: a prelude condition that left them out
     of a target's build would leave it nothing to check, and the glue launching a kernel that is not there."""
     from hipsched.gpu.compilation.targets import TARGETS
-    from hipsched.gpu.ops import attention, quant
+    from hipsched.gpu.glue import attention, quant
     module = {"attention": attention, "quant": quant}[family]
     facts = _facts(arch, f"{family}.hip", cache_dir)
     planned = {launch.kernel for launch in module.report_launches(TARGETS[arch].wavefront, 1, arch=arch)

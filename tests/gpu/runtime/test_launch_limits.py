@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu.ops import attention, common, elementwise, graph, linalg, norm, quant, similarity
+from hipsched.gpu.glue import attention, common, elementwise, graph, linalg, norm, quant, similarity
 from hipsched.gpu.compilation import kernel_constants
 from hipsched.gpu.compilation.codeobject import KernelResources, _msgpack, kernel_resources, with_ptxas_spills
 from hipsched.gpu.compilation.kernels import KernelCache

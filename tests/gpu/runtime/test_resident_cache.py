@@ -185,7 +185,7 @@ def test_a_row_range_of_kept_weights_is_served_from_their_repacked_copy():
     bytes (the GPU's rows of a split qmatmul) is read from the kept copy at that row's device offset,
     and is exactly the layout those rows would have on their own."""
     from hipsched import quantize
-    from hipsched.gpu.ops.quant import _PACK, device_layout
+    from hipsched.gpu.glue.quant import _PACK, device_layout
     rt = HostMemoryRuntime()
     cache = ResidentCache(rt, max_bytes=1 << 24)
     for qtype, k in (("q8_0", 512), ("q8_0", 96), ("q4_0", 1024), ("q4_0", 160)):   # whole and padded rows
