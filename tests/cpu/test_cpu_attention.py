@@ -153,8 +153,9 @@ def test_bad_arguments():
         hipsched.attention(x, x.astype(np.complex64), x)
     with pytest.raises(ValueError, match="scale must be finite"):
         hipsched.attention(x, x, x, scale=float("inf"))
-    with pytest.raises(TypeError, match="causal must be a bool"):
-        hipsched.attention(x, x, x, causal="yes")
+    for bad in ("yes", 2, None, "lower-right"):
+        with pytest.raises(ValueError, match='causal must be one of False, True, "upper_left", "lower_right"'):
+            hipsched.attention(x, x, x, causal=bad)
     with pytest.raises(TypeError, match="C-contiguous.*float32"):  # the extension guards its own inputs
         A.attention(x.astype(np.float64), x, x)
     with pytest.raises(TypeError, match="4-d"):
@@ -320,9 +321,10 @@ def test_bf16_attention_scores_flush_denormals_on_avx512_bf16():
     """vdpbf16ps reads bfloat16 denormals as zero (and flushes denormal sums): a key whose only
     nonzero element is a denormal scores exactly 0 against any query on the bf16_dot path, so with two
     keys the weights are exactly 1/2 each and the output, V's two rows' mean, is 0. The widening path
-    (and float64) scores it 2^-127 * 2^127 / sqrt(2): weights about 2/3 and 1/3."""
+    (and float64) scores it 2^-127 * 2^127 / sqrt(2): weights about 2/3 and 1/3. Two (equal) queries: a
+    single one takes the decode path, which widens K (its scores are lanes along head_dim)."""
     den = np.array([0x0040], np.uint16).view(BF16)[0]   # 2^-127
-    q = np.zeros((1, 1, 1, 2), BF16)
+    q = np.zeros((1, 1, 2, 2), BF16)
     q[..., 0] = BF16(2.0 ** 127)
     k = np.zeros((1, 1, 2, 2), BF16)
     k[0, 0, 0, 0] = den
