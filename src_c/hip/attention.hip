@@ -41,7 +41,8 @@ HS_DEV void hsa_axpy4(float4& o, float p, float4 v) {
 
 template <int D, class E>
 HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
-                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal,
+                          int group, hs_i64 heads, const hs_i64* __restrict__ kvlen) {
     constexpr int G = D / HSA_DIMS;                  // threads per query row
     constexpr int STRIDE = HSA_THREADS / G;          // distance between a thread's rows
     constexpr int ROWS = STRIDE * HSA_R;             // query rows per block
@@ -57,8 +58,12 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     const hs_i64 bh = (hs_i64)blockIdx.x / tiles;
     const hs_i64 q0 = ((hs_i64)blockIdx.x % tiles) * ROWS;
     const hs_i64 row0 = q0 + ((tid & 1) | (((tid >> 1) / G) << 1));   // rows row0 + i * STRIDE
-    const E* kb = k + bh * sk * hd;
-    const E* vb = v + bh * sk * hd;
+    // grouped heads: query head bh % heads reads KV slab bh / group; kv_len bounds the keys, and
+    // lower_right (causal 2) shifts every row's last visible key by off = kv_len - sq
+    const hs_i64 skv = kvlen ? kvlen[bh / heads] : sk;
+    const hs_i64 off = causal == 2 ? skv - sq : 0;
+    const E* kb = k + (bh / group) * sk * hd;
+    const E* vb = v + (bh / group) * sk * hd;
 
     const float qs = scale * HSA_LOG2E;
     float4 qr[HSA_R][4], o[HSA_R][4];
@@ -82,8 +87,8 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     }
 
     // Causal: keys past the block's last row are masked for every row of the block.
-    hs_i64 kend = sk;
-    if (causal && q0 + ROWS < kend) kend = q0 + ROWS;
+    hs_i64 kend = skv;
+    if (causal && q0 + off + ROWS < kend) kend = q0 + off + ROWS;
 
     float* ksf = reinterpret_cast<float*>(ks);
     float* vsf = reinterpret_cast<float*>(vs);
@@ -105,7 +110,7 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #pragma unroll
             for (int i = 0; i < HSA_R; ++i) {
                 hs_i64 end = kend - (kt + c0);
-                if (causal && row0 + i * STRIDE + 1 - (kt + c0) < end) end = row0 + i * STRIDE + 1 - (kt + c0);
+                if (causal && row0 + off + i * STRIDE + 1 - (kt + c0) < end) end = row0 + off + i * STRIDE + 1 - (kt + c0);
                 lim[i] = (int)(end < 0 ? 0 : end < HSA_CHUNK ? end : HSA_CHUNK);
             }
             float s[HSA_R][HSA_CHUNK];
@@ -200,8 +205,9 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #define HSA_ENTRY_T(P, E, D)                                                                              \
     HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_##P##d##D(                                 \
         const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
-        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
-        hsa_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 heads,                   \
+        const hs_i64* __restrict__ kvlen) {                                                               \
+        hsa_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal, group, heads, kvlen);                   \
     }
 #define HSA_ENTRY(D) HSA_ENTRY_T(, float, D) HSA_ENTRY_T(f16_, hs_half, D) HSA_ENTRY_T(bf16_, hs_bf16, D)
 
@@ -272,7 +278,8 @@ HS_DEV void hsm_load_tile(hs_u16 (*kd)[LD], hs_u16 (*vd)[LD], const hs_u16* kb, 
 
 template <int D, class E>
 HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
-                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal,
+                          int group, hs_i64 heads, const hs_i64* __restrict__ kvlen) {
     constexpr int BN = D == 128 ? 32 : 64;   // keys per tile: registers for S, 16 KiB or so per buffer pair
     constexpr int LD = D + 8;                // row stride: 16 bytes of padding, so ldmatrix's 8 rows hit 8 bank groups
     constexpr int KS = D / 16;               // k steps of Q K^T
@@ -288,8 +295,13 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     const hs_i64 q0 = (tiles - 1 - (hs_i64)blockIdx.x % tiles) * HSM_ROWS;   // causal: longest rows first
     const hs_i64 r0 = q0 + 16 * warp;
     const hs_u16* qb = reinterpret_cast<const hs_u16*>(q) + bh * sq * hd;
-    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + bh * sk * hd;
-    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + bh * sk * hd;
+    // grouped heads, kv_len and lower_right as in the SIMT kernel; the planner sends lower_right here only
+    // when every row's offset off is a multiple of 16, so the diagonal steps stay aligned to 16 keys
+    const hs_i64 skv = kvlen ? kvlen[bh / heads] : sk;
+    const hs_i64 off = causal == 2 ? skv - sq : 0;
+    const hs_i64 rd = r0 + off;   // the key on the warp's first row's diagonal (its last visible one)
+    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + (bh / group) * sk * hd;
+    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + (bh / group) * sk * hd;
     const bool vec = hd % 8 == 0 && ((hs_u64)kb % 16) == 0 && ((hs_u64)vb % 16) == 0;
 
     hs_u32 qa[KS][4];
@@ -310,8 +322,8 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     float m[2] = {-HS_INF, -HS_INF}, l[2] = {0.0f, 0.0f};   // rows g and g + 8; l is this lane's part
     const float qs = scale * HSA_LOG2E;
 
-    hs_i64 kend = sk;
-    if (causal && q0 + HSM_ROWS < kend) kend = q0 + HSM_ROWS;
+    hs_i64 kend = skv;
+    if (causal && q0 + off + HSM_ROWS < kend) kend = q0 + off + HSM_ROWS;
     const hs_i64 ntiles = (kend + BN - 1) / BN;
     if (ntiles > 0) hsm_load_tile<D, BN, LD>(ks[0], vs[0], kb, vb, 0, kend, hd, vec);
 #pragma unroll 1
@@ -325,7 +337,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
             hs_cp_async_wait<0>();
         }
         __syncthreads();
-        if (!causal || kt <= r0 + 15) {   // warp-uniform: some key of the tile is visible to the warp
+        if (!causal || kt <= rd + 15) {   // warp-uniform: some key of the tile is visible to the warp
             float s[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -347,7 +359,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
                 for (int i = 0; i < 4; ++i) {
                     const hs_i64 key = kt + 8 * nt + 2 * t + (i & 1);
                     const hs_i64 row = r0 + g + 8 * (i >> 1);
-                    const bool vis = key < sk && (!causal || key <= row);
+                    const bool vis = key < skv && (!causal || key <= row + off);
                     s[nt][i] = vis ? s[nt][i] * qs : -HS_INF;
                     mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
                 }
@@ -378,7 +390,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
             }
             // The diagonal step (the warp's rows r0..r0+15 against keys r0..r0+15, both multiples of 16),
             // if it is in this tile: does a V row there hold inf or NaN? One vote of the warp.
-            const int jd = causal && kt <= r0 && r0 < kt + BN ? (int)((r0 - kt) / 16) : -1;
+            const int jd = causal && kt <= rd && rd < kt + BN ? (int)((rd - kt) / 16) : -1;
             bool bad = false;
             if (jd >= 0) {
 #pragma unroll
@@ -390,7 +402,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
             }
 #pragma unroll
             for (int j = 0; j < BN / 16; ++j) {
-                if (causal && kt + 16 * j > r0 + 15) break;   // this step and the rest: above every row of the warp
+                if (causal && kt + 16 * j > rd + 15) break;   // this step and the rest: above every row of the warp
                 if (j == jd && bad) {
                     // the diagonal step without the tensor core (below): its weights to shared memory
 #pragma unroll
@@ -458,8 +470,9 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #define HSM_ENTRY_T(P, E, D)                                                                              \
     HS_KERNEL void __launch_bounds__(HSM_THREADS) hs_attention_##P##mma_d##D(                             \
         const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
-        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
-        hsm_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 heads,                   \
+        const hs_i64* __restrict__ kvlen) {                                                               \
+        hsm_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal, group, heads, kvlen);                   \
     }
 #define HSM_ENTRY(D) HSM_ENTRY_T(f16_, hs_half, D) HSM_ENTRY_T(bf16_, hs_bf16, D)
 
@@ -559,7 +572,8 @@ template <> struct HsfPScale<hs_half> { static constexpr float v = 32768.0f; };
 
 template <int D, class E>
 HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
-                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal,
+                          int group, hs_i64 heads, const hs_i64* __restrict__ kvlen) {
     constexpr int BN = D == 128 ? 32 : 64;   // keys per tile: LDS about 17 KiB, 3 blocks per CU
     constexpr int LDK = D + 4, LDV = BN + 4;
     constexpr int KS = D / 16;               // k steps of S^T = K Q^T
@@ -575,8 +589,13 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     const hs_i64 q0 = (tiles - 1 - (hs_i64)blockIdx.x % tiles) * HSF_ROWS;   // causal: longest rows first
     const hs_i64 r0 = q0 + 16 * warp, row = r0 + qi;
     const hs_u16* qb = reinterpret_cast<const hs_u16*>(q) + bh * sq * hd;
-    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + bh * sk * hd;
-    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + bh * sk * hd;
+    // grouped heads, kv_len and lower_right as in the SIMT kernel; the planner sends lower_right here only
+    // when every row's offset off is a multiple of 16, so the diagonal steps stay aligned to 16 keys
+    const hs_i64 skv = kvlen ? kvlen[bh / heads] : sk;
+    const hs_i64 off = causal == 2 ? skv - sq : 0;
+    const hs_i64 rd = r0 + off;   // the key on the warp's first row's diagonal (its last visible one)
+    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + (bh / group) * sk * hd;
+    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + (bh / group) * sk * hd;
     const bool vec = hd % 8 == 0 && ((hs_u64)kb % 16) == 0 && ((hs_u64)vb % 16) == 0;
 
     // Q^T's B fragments: this lane's row, dims 16 kk + 4 qd .. + 3
@@ -597,8 +616,8 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     float m = -HS_INF, l = 0.0f;   // this lane's row; l is this lane's part (its keys 4 qd .. of each 16)
     const float qs = scale * HSA_LOG2E;
 
-    hs_i64 kend = sk;
-    if (causal && q0 + HSF_ROWS < kend) kend = q0 + HSF_ROWS;
+    hs_i64 kend = skv;
+    if (causal && q0 + off + HSF_ROWS < kend) kend = q0 + off + HSF_ROWS;
     const hs_i64 ntiles = (kend + BN - 1) / BN;
     hs_u32 kr[NCH][4], vr[NCH][4];
     if (ntiles > 0) hsf_fetch<D, BN, NCH>(kr, vr, kb, vb, 0, kend, hd, vec);
@@ -609,7 +628,7 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
         hsf_store<D, BN, NCH, LDK, LDV>(ks, vt, kr, vr);
         __syncthreads();
         if (it + 1 < ntiles) hsf_fetch<D, BN, NCH>(kr, vr, kb, vb, kt + BN, kend, hd, vec);   // in flight meanwhile
-        if (causal && kt > r0 + 15) continue;   // wave-uniform: no key of the tile is visible to the wave
+        if (causal && kt > rd + 15) continue;   // wave-uniform: no key of the tile is visible to the wave
         float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -628,7 +647,7 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const hs_i64 key = kt + 16 * nt + 4 * qd + r;
-                const bool vis = key < sk && (!causal || key <= row);
+                const bool vis = key < skv && (!causal || key <= row + off);
                 s[nt][r] = vis ? s[nt][r] * qs : -HS_INF;
                 mx = fmaxf(mx, s[nt][r]);
             }
@@ -656,7 +675,7 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
         }
         // The diagonal step (rows r0..r0+15 against keys r0..r0+15), if in this tile: a V row with inf or
         // NaN there? Its 16 keys are 8 words of each of V^T's D rows; one vote of the wave.
-        const int jd = causal && kt <= r0 && r0 < kt + BN ? (int)((r0 - kt) / 16) : -1;
+        const int jd = causal && kt <= rd && rd < kt + BN ? (int)((rd - kt) / 16) : -1;
         bool bad = false;
         if (jd >= 0) {
 #pragma unroll
@@ -666,7 +685,7 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            if (causal && kt + 16 * nt > r0 + 15) break;   // this step and the rest: above every row of the wave
+            if (causal && kt + 16 * nt > rd + 15) break;   // this step and the rest: above every row of the wave
             if (nt == jd && bad) continue;                 // below, without the matrix core
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
@@ -720,8 +739,9 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #define HSF_ENTRY_T(P, E, D)                                                                              \
     HS_KERNEL void __launch_bounds__(HSF_THREADS) hs_attention_##P##mma_d##D(                             \
         const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
-        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
-        hsf_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 heads,                   \
+        const hs_i64* __restrict__ kvlen) {                                                               \
+        hsf_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal, group, heads, kvlen);                   \
     }
 #define HSF_ENTRY(D) HSF_ENTRY_T(f16_, hs_half, D) HSF_ENTRY_T(bf16_, hs_bf16, D)
 
