@@ -216,6 +216,168 @@ HSA_ENTRY(64)
 HSA_ENTRY(128)
 HSA_ENTRY(256)
 
+// ------------------------------------------------------------------------------------ decode (split-K)
+// One query per head (Sq == 1, the decode step against a KV cache), flash-decoding style: the keys of one
+// (batch, KV head) are cut into `nsplit` ranges of `chunk` keys, one block per (slab, block of up to
+// HSD_G query heads of the slab's group, range), so that a single query still fills the device; each block
+// reads its K and V range once for all of its query heads, and a second kernel combines the ranges.
+// A block is HSA_THREADS threads in groups of TPK = D / 8, a group per key (each thread 8 dims, one
+// 16-byte load of K and of V per key for half, two for float32), KPB = HSA_THREADS / TPK keys in flight
+// per block step; a score is the group's 8-dim dot products summed over log2(TPK) xor shuffles. Each group
+// runs the online softmax (base 2, q pre-scaled by scale * log2(e)) over its keys, per query head; the
+// block then merges its groups through shared memory and writes per query head (max, sum, unnormalised
+// output) to `part` (float32, (B * H, nsplit, D + 2)). The loop runs the same number of steps in every
+// lane (a key past the range is a masked step), so the shuffles always see the whole warp.
+// Bandwidth: docs/design/kernels.md, "Decode attention on the GPU".
+#define HSD_G 8   // query heads per block: q and o take 2 * 8 * HSD_G registers per thread
+
+template <int D, class E>
+HS_DEV void hsd_decode(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                       float* __restrict__ part, hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 hkv,
+                       const hs_i64* __restrict__ kvlen, int nsplit, hs_i64 chunk) {
+    constexpr int TPK = D / 8;
+    constexpr int KPB = HSA_THREADS / TPK;
+    __shared__ float red[KPB][HSD_G][D + 2];
+    const int tid = threadIdx.x, lk = tid / TPK, lt = tid % TPK;
+    const int hblocks = (group + HSD_G - 1) / HSD_G;
+    hs_i64 bid = (hs_i64)blockIdx.x;
+    const int split = (int)(bid % nsplit);
+    bid /= nsplit;
+    const int hb = (int)(bid % hblocks);
+    const hs_i64 slab = bid / hblocks;   // b * hkv + KV head
+    const int g0 = hb * HSD_G, ng = group - g0 < HSD_G ? group - g0 : HSD_G;
+    const hs_i64 skv = kvlen ? kvlen[slab / hkv] : sk;
+    // the one query sits at position skv - 1 under lower_right (every valid key), at 0 under upper_left
+    const hs_i64 kend = causal == 1 ? (skv < 1 ? skv : 1) : skv;
+    const hs_i64 j0 = split * chunk, j1 = j0 + chunk < kend ? j0 + chunk : kend;
+    const bool vec = hd % 8 == 0 && ((hs_u64)k % 16) == 0 && ((hs_u64)v % 16) == 0 && ((hs_u64)q % 16) == 0;
+    const float qs = scale * HSA_LOG2E;
+    const int d0 = lt * 8;
+
+    float qr[HSD_G][8], o[HSD_G][8], m[HSD_G], l[HSD_G];
+#pragma unroll
+    for (int gi = 0; gi < HSD_G; ++gi) {
+        const hs_i64 row = slab * group + g0 + gi;   // the query head's row of q (Sq == 1)
+        if (gi < ng && vec && d0 < hd) {
+            hs_ld8(q + row * hd, d0 / 8, qr[gi]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) qr[gi][e] = gi < ng && d0 + e < hd ? hs_ld(q[row * hd + d0 + e]) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) { qr[gi][e] *= qs; o[gi][e] = 0.0f; }
+        m[gi] = -HS_INF;
+        l[gi] = 0.0f;
+    }
+    const E* kb = k + slab * sk * hd;
+    const E* vb = v + slab * sk * hd;
+    const hs_i64 steps = j1 > j0 ? (j1 - j0 + KPB - 1) / KPB : 0;
+#pragma unroll 1
+    for (hs_i64 st = 0; st < steps; ++st) {
+        const hs_i64 j = j0 + st * KPB + lk;
+        const bool valid = j < j1;
+        float kv[8], vv[8];
+        if (valid && vec && d0 < hd) {
+            hs_ld8(kb + j * hd, d0 / 8, kv);
+            hs_ld8(vb + j * hd, d0 / 8, vv);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const bool in = valid && d0 + e < hd;
+                kv[e] = in ? hs_ld(kb[j * hd + d0 + e]) : 0.0f;
+                vv[e] = in ? hs_ld(vb[j * hd + d0 + e]) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int gi = 0; gi < HSD_G; ++gi) {
+            if (gi >= ng) break;   // block-uniform
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s = fmaf(qr[gi][e], kv[e], s);
+#pragma unroll
+            for (int msk = 1; msk < TPK; msk <<= 1) s += HS_SHFL_XOR(s, msk);
+            if (valid) {
+                const float mn = fmaxf(m[gi], s);
+                const float ms = mn == -HS_INF ? 0.0f : mn;   // as the SIMT kernel: exp2 stays 0, not NaN
+                const float alpha = exp2f(m[gi] - ms), p = exp2f(s - ms);
+                l[gi] = fmaf(l[gi], alpha, p);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) o[gi][e] = fmaf(p, vv[e], o[gi][e] * alpha);
+                m[gi] = mn;
+            }
+        }
+    }
+    // merge the block's KPB key groups, per query head and dim
+#pragma unroll
+    for (int gi = 0; gi < HSD_G; ++gi) {
+        if (gi >= ng) break;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) red[lk][gi][2 + d0 + e] = o[gi][e];
+        if (lt == 0) { red[lk][gi][0] = m[gi]; red[lk][gi][1] = l[gi]; }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < ng * D; idx += HSA_THREADS) {
+        const int gi = idx / D, dd = idx % D;
+        float M = -HS_INF;
+        for (int g2 = 0; g2 < KPB; ++g2) M = fmaxf(M, red[g2][gi][0]);
+        float L = 0.0f, O = 0.0f;
+        for (int g2 = 0; g2 < KPB; ++g2) {
+            const float mg = red[g2][gi][0];
+            const float w = mg == -HS_INF ? 0.0f : exp2f(mg - M);   // a group that saw no key weighs nothing
+            L = fmaf(red[g2][gi][1], w, L);
+            O = fmaf(red[g2][gi][2 + dd], w, O);
+        }
+        float* pr = part + ((slab * group + g0 + gi) * nsplit + split) * (hs_i64)(D + 2);
+        pr[2 + dd] = O;
+        if (dd == 0) { pr[0] = M; pr[1] = L; }
+    }
+}
+
+// out row r (B * H rows, Sq == 1) from its nsplit partials: M = max m_s, out = sum_s 2^(m_s - M) o_s / sum_s
+// 2^(m_s - M) l_s; a row whose ranges saw no key (kv_len 0) gets zeros.
+template <class E>
+HS_DEV void hsd_combine(const float* __restrict__ part, E* __restrict__ out, int hd, int dstride, int nsplit) {
+    const hs_i64 r = (hs_i64)blockIdx.x;
+    const float* pr = part + r * nsplit * (hs_i64)dstride;
+    float M = -HS_INF;
+    for (int s2 = 0; s2 < nsplit; ++s2) M = fmaxf(M, pr[s2 * dstride]);
+    float L = 0.0f;
+    for (int s2 = 0; s2 < nsplit; ++s2) {
+        const float ms = pr[s2 * dstride];
+        L = fmaf(pr[s2 * dstride + 1], ms == -HS_INF ? 0.0f : exp2f(ms - M), L);
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int dd = threadIdx.x; dd < hd; dd += HSA_THREADS) {
+        float O = 0.0f;
+        for (int s2 = 0; s2 < nsplit; ++s2) {
+            const float ms = pr[s2 * dstride];
+            O = fmaf(pr[s2 * dstride + 2 + dd], ms == -HS_INF ? 0.0f : exp2f(ms - M), O);
+        }
+        out[r * hd + dd] = hs_st<E>(O * inv);
+    }
+}
+
+#define HSD_ENTRY_T(P, E, D)                                                                              \
+    HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_decode_##P##d##D(                          \
+        const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, float* __restrict__ part, \
+        hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 hkv, const hs_i64* __restrict__ kvlen, \
+        int nsplit, hs_i64 chunk) {                                                                       \
+        hsd_decode<D, E>(q, k, v, part, sk, hd, scale, causal, group, hkv, kvlen, nsplit, chunk);         \
+    }
+#define HSD_ENTRY(D) HSD_ENTRY_T(, float, D) HSD_ENTRY_T(f16_, hs_half, D) HSD_ENTRY_T(bf16_, hs_bf16, D)
+HSD_ENTRY(32)
+HSD_ENTRY(64)
+HSD_ENTRY(128)
+HSD_ENTRY(256)
+#define HSD_COMBINE(P, E)                                                                                 \
+    HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_decode_combine_##P(                        \
+        const float* __restrict__ part, E* __restrict__ out, int hd, int dstride, int nsplit) {           \
+        hsd_combine<E>(part, out, hd, dstride, nsplit);                                                   \
+    }
+HSD_COMBINE(f32, float)
+HSD_COMBINE(f16, hs_half)
+HSD_COMBINE(bf16, hs_bf16)
+
 // ------------------------------------------------------------------------------------ tensor cores
 // FlashAttention-2 on NVIDIA's mma.sync m16n8k16 (prelude.h's "warp matrix" section), for float16 and
 // bfloat16 q, k, v: hs_attention_f16_mma_d<D> and hs_attention_bf16_mma_d<D>, D = 32, 64, 128.

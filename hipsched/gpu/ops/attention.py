@@ -55,6 +55,27 @@ def attention_launches(b: int, h: int, sq: int, hd: int, suffix: str = "f32", mm
     return [Launch.of("attention", name, -(-sq // rows) * b * h, HSA_THREADS)]
 
 
+HSD_G = 8   # query heads per decode block (attention.hip)
+
+
+@pure_plan
+def decode_launches(b: int, h: int, hkv: int, sk: int, hd: int, suffix: str = "f32",
+                    multiprocessors: int = 132) -> tuple[list[Launch], int, int]:
+    """The split-K decode (one query per head): (launches, nsplit, chunk). Ranges of `chunk` keys, as many
+    as make about two blocks per multiprocessor over all (batch, KV head, head block) slabs, but none
+    shorter than 4 block steps (a range's fixed cost: its q loads, its merge, its partial), then the
+    combine, one block per query row."""
+    d = head_dim_class(hd)
+    kpb = HSA_THREADS // (d // 8)
+    slabs = b * hkv * -(-(h // hkv) // HSD_G)
+    nsplit = max(1, min(-(-2 * multiprocessors // slabs), -(-sk // (4 * kpb))))
+    chunk = -(-(-(-sk // nsplit)) // kpb) * kpb
+    nsplit = max(1, -(-sk // chunk))
+    name = f"hs_attention_decode_d{d}" if suffix == "f32" else f"hs_attention_decode_{suffix}_d{d}"
+    return ([Launch.of("attention", name, slabs * nsplit, HSA_THREADS),
+             Launch.of("attention", f"hs_attention_decode_combine_{suffix}", b * h, HSA_THREADS)], nsplit, chunk)
+
+
 def _diagonal_aligned(call) -> bool:
     """Whether every batch row's lower_right offset (kv_len - Sq) is a multiple of 16 (trivially so for
     the other causal modes): the matrix-core kernels' condition."""
@@ -71,6 +92,9 @@ def attention_plan(ctx, call) -> list[Launch]:
     suffix = kernel_suffix(call)
     b, h, sq, hd = (int(s) for s in call.args[0].shape)
     head_dim_class(hd)  # an empty call with too large a head_dim is refused as well: the kernels never take it
+    if sq == 1 and b * h * hd:
+        hkv, sk = int(call.args[1].shape[1]), int(call.args[1].shape[2])
+        return decode_launches(b, h, hkv, max(sk, 1), hd, suffix, ctx.multiprocessors)[0]
     return attention_launches(b, h, sq, hd, suffix, has_mma(ctx.arch), ctx.warp_size,
                               _diagonal_aligned(call)) if b * h * sq * hd else []
 
@@ -84,10 +108,19 @@ def attention(ctx, call, stream):
     out = ctx.empty((b, h, sq, hd), np_dtype(call.dtype), stream)
     if not plan:
         return ctx.finish(out, call, stream)
-    (launch,) = plan
     q, k, v = (ctx.upload(a, stream) for a in call.args[:3])
     lens = ctx.upload(call.args[3], stream) if len(call.args) > 3 and call.args[3] is not None else None
     scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
+    if sq == 1:
+        _, nsplit, chunk = decode_launches(b, h, hkv, max(sk, 1), hd, kernel_suffix(call), ctx.multiprocessors)
+        d = head_dim_class(hd)
+        part = ctx.scratch("attention_decode", (b * h * nsplit * (d + 2),), np.float32, stream)
+        ctx.run(plan[0], (q, k, v, part, ctypes.c_int64(sk), ctypes.c_int32(hd), ctypes.c_float(scale),
+                          ctypes.c_int32(causal), ctypes.c_int32(h // hkv), ctypes.c_int64(hkv), lens,
+                          ctypes.c_int32(nsplit), ctypes.c_int64(chunk)), stream)
+        ctx.run(plan[1], (part, out, ctypes.c_int32(hd), ctypes.c_int32(d + 2), ctypes.c_int32(nsplit)), stream)
+        return ctx.finish(out, call, stream)
+    (launch,) = plan
     ctx.run(launch, (q, k, v, out, ctypes.c_int64(sq), ctypes.c_int64(sk), ctypes.c_int32(hd),
                      ctypes.c_float(scale), ctypes.c_int32(causal), ctypes.c_int32(h // hkv), ctypes.c_int64(h),
                      lens), stream)
@@ -99,4 +132,7 @@ def report_launches(warp: int, multiprocessors: int, arch: str | None = None) ->
     `arch` when it has them, or for any target when no arch is given (both widths have some)."""
     mma = has_mma(arch) if arch is not None else True
     return [launch for sfx in KERNEL_SUFFIX.values() for hd in HEAD_DIM_CLASSES for use in {False, mma}
-            for launch in attention_launches(1, 2, 100, hd, sfx, use, warp)]
+            for launch in attention_launches(1, 2, 100, hd, sfx, use, warp)] + \
+        [decode_launches(1, 32, 8, 4096, hd, sfx, multiprocessors)[0][0] for sfx in KERNEL_SUFFIX.values()
+         for hd in HEAD_DIM_CLASSES] + \
+        [decode_launches(1, 32, 8, 4096, 128, sfx, multiprocessors)[0][1] for sfx in KERNEL_SUFFIX.values()]

@@ -996,3 +996,43 @@ def test_attention_lower_right_chooses_tensor_cores_only_on_aligned_diagonals(em
     unaligned = OPS["attention"].prepare(q, k, k, causal="lower_right", kv_len=np.array([24, 39]))
     assert "_mma_" in _attention_kernel(emu, aligned)   # both emulated targets have matrix cores
     assert "_mma_" not in _attention_kernel(emu, unaligned)
+
+
+# (batch, heads_q, heads_kv, seq_k, head_dim, kv_len): the split-K decode kernel (one query per head)
+# over several key ranges (and a last partial one), a group of 4 and one of 12 (two head blocks of 8),
+# head dims below their class, and a batch row with an empty cache
+DECODE_CASES = [(2, 8, 2, 300, 64, [300, 129]), (1, 12, 1, 90, 20, [77]), (2, 4, 4, 40, 128, [0, 40]),
+                (1, 2, 1, 70, 200, [70])]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=["gqa4", "gqa12", "empty_row", "d256"])
+def test_attention_decode_split_k(emu, rng, dtype, case):
+    b, hq, hkv, sk, hd, lens = case
+    t = TYPES[dtype]
+    q = rng.standard_normal((b, hq, 1, hd)).astype(t)
+    k, v = (rng.standard_normal((b, hkv, sk, hd)).astype(t) for _ in range(2))
+    kv_len = np.array(lens, np.int64)
+    for causal in (False, True, "lower_right"):
+        for kl in (None, kv_len):
+            call = OPS["attention"].prepare(q, k, v, causal=causal, kv_len=kl)
+            assert _attention_kernel_names(emu, call)[0].startswith("hs_attention_decode_")
+            g = emu.run(call)
+            assert g.dtype == t and g.shape == q.shape
+            # float32 throughout, one rounding on the store: the SIMT bound
+            ref, _ = _masked_contract(q, k, v, causal, kl, "float32")
+            bound = UNIT[dtype] * np.abs(ref) + 2e-5 * (1 + np.abs(ref)) + TINY[dtype]
+            np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound,
+                                         err_msg=f"{case} causal={causal} kv_len={kl}")
+
+
+def test_attention_decode_splits_the_keys(emu):
+    """A single query against a long cache spreads over about two blocks per multiprocessor."""
+    from hipsched.gpu.ops.attention import decode_launches
+    launches, nsplit, chunk = decode_launches(1, 32, 8, 4096, 128, "f16", 132)
+    assert nsplit * chunk >= 4096 > (nsplit - 1) * chunk
+    assert launches[0].grid[0] >= 2 * 132 and launches[1].grid[0] == 32   # 8 KV heads alone: 8 blocks
+
+
+def _attention_kernel_names(emu, call):
+    from hipsched.gpu.ops.attention import attention_plan
+    return [launch.kernel for launch in attention_plan(emu._ctx, call)]
