@@ -272,22 +272,31 @@ HS_DEV void hsd_decode(const E* __restrict__ q, const E* __restrict__ k, const E
     const E* kb = k + slab * sk * hd;
     const E* vb = v + slab * sk * hd;
     const hs_i64 steps = j1 > j0 ? (j1 - j0 + KPB - 1) / KPB : 0;
-#pragma unroll 1
-    for (hs_i64 st = 0; st < steps; ++st) {
+    // key j0 + st * KPB + lk of step st into (kx, vx): zeros past the range (a masked step) and past hd
+    auto fetch = [&](hs_i64 st, float (&kx)[8], float (&vx)[8]) {
         const hs_i64 j = j0 + st * KPB + lk;
-        const bool valid = j < j1;
-        float kv[8], vv[8];
+        const bool valid = st < steps && j < j1;
         if (valid && vec && d0 < hd) {
-            hs_ld8(kb + j * hd, d0 / 8, kv);
-            hs_ld8(vb + j * hd, d0 / 8, vv);
+            hs_ld8(kb + j * hd, d0 / 8, kx);
+            hs_ld8(vb + j * hd, d0 / 8, vx);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const bool in = valid && d0 + e < hd;
-                kv[e] = in ? hs_ld(kb[j * hd + d0 + e]) : 0.0f;
-                vv[e] = in ? hs_ld(vb[j * hd + d0 + e]) : 0.0f;
+                kx[e] = in ? hs_ld(kb[j * hd + d0 + e]) : 0.0f;
+                vx[e] = in ? hs_ld(vb[j * hd + d0 + e]) : 0.0f;
             }
         }
+    };
+    float kv[8], vv[8];
+    fetch(0, kv, vv);
+#pragma unroll 1
+    for (hs_i64 st = 0; st < steps; ++st) {
+        const bool valid = j0 + st * KPB + lk < j1;
+        // the next step's loads go out before this step's arithmetic: two steps of K and V in flight per
+        // thread (docs/design/kernels.md, "Decode attention on the GPU": bytes in flight per SM)
+        float kn[8], vn[8];
+        fetch(st + 1, kn, vn);
 #pragma unroll
         for (int gi = 0; gi < HSD_G; ++gi) {
             if (gi >= ng) break;   // block-uniform
@@ -306,6 +315,8 @@ HS_DEV void hsd_decode(const E* __restrict__ q, const E* __restrict__ k, const E
                 m[gi] = mn;
             }
         }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) { kv[e] = kn[e]; vv[e] = vn[e]; }
     }
     // merge the block's KPB key groups, per query head and dim
 #pragma unroll
