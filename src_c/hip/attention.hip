@@ -299,20 +299,22 @@ HS_DEV void hsd_decode(const E* __restrict__ q, const E* __restrict__ k, const E
         fetch(st + 1, kn, vn);
 #pragma unroll
         for (int gi = 0; gi < HSD_G; ++gi) {
-            if (gi >= ng) break;   // block-uniform
-            float s = 0.0f;
+            if (gi < ng) {   // block-uniform; a guard, not a break, so the loop unrolls and the
+                             // per-head arrays stay in registers
+                float s = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) s = fmaf(qr[gi][e], kv[e], s);
+                for (int e = 0; e < 8; ++e) s = fmaf(qr[gi][e], kv[e], s);
 #pragma unroll
-            for (int msk = 1; msk < TPK; msk <<= 1) s += HS_SHFL_XOR(s, msk);
-            if (valid) {
-                const float mn = fmaxf(m[gi], s);
-                const float ms = mn == -HS_INF ? 0.0f : mn;   // as the SIMT kernel: exp2 stays 0, not NaN
-                const float alpha = exp2f(m[gi] - ms), p = exp2f(s - ms);
-                l[gi] = fmaf(l[gi], alpha, p);
+                for (int msk = 1; msk < TPK; msk <<= 1) s += HS_SHFL_XOR(s, msk);
+                if (valid) {
+                    const float mn = fmaxf(m[gi], s);
+                    const float ms = mn == -HS_INF ? 0.0f : mn;   // as the SIMT kernel: exp2 stays 0, not NaN
+                    const float alpha = exp2f(m[gi] - ms), p = exp2f(s - ms);
+                    l[gi] = fmaf(l[gi], alpha, p);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) o[gi][e] = fmaf(p, vv[e], o[gi][e] * alpha);
-                m[gi] = mn;
+                    for (int e = 0; e < 8; ++e) o[gi][e] = fmaf(p, vv[e], o[gi][e] * alpha);
+                    m[gi] = mn;
+                }
             }
         }
 #pragma unroll
@@ -321,10 +323,11 @@ HS_DEV void hsd_decode(const E* __restrict__ q, const E* __restrict__ k, const E
     // merge the block's KPB key groups, per query head and dim
 #pragma unroll
     for (int gi = 0; gi < HSD_G; ++gi) {
-        if (gi >= ng) break;
+        if (gi < ng) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) red[lk][gi][2 + d0 + e] = o[gi][e];
-        if (lt == 0) { red[lk][gi][0] = m[gi]; red[lk][gi][1] = l[gi]; }
+            for (int e = 0; e < 8; ++e) red[lk][gi][2 + d0 + e] = o[gi][e];
+            if (lt == 0) { red[lk][gi][0] = m[gi]; red[lk][gi][1] = l[gi]; }
+        }
     }
     __syncthreads();
     for (int idx = tid; idx < ng * D; idx += HSA_THREADS) {

@@ -62,14 +62,14 @@ HSD_G = 8   # query heads per decode block (attention.hip)
 def decode_launches(b: int, h: int, hkv: int, sk: int, hd: int, suffix: str = "f32",
                     multiprocessors: int = 132) -> tuple[list[Launch], int, int]:
     """The split-K decode (one query per head): (launches, nsplit, chunk). Ranges of `chunk` keys, as many
-    as make about three blocks per multiprocessor over all (batch, KV head, head block) slabs (one wave at
-    the three a multiprocessor holds at once: docs/design/kernels.md, "Decode attention on the GPU"), but
+    as make about two blocks per multiprocessor over all (batch, KV head, head block) slabs (one wave at
+    the two a multiprocessor holds at once on sm_90: docs/design/kernels.md, "Decode attention on the GPU"), but
     none shorter than 4 block steps (a range's fixed cost: its q loads, its merge, its partial), then the
     combine, one block per query row."""
     d = head_dim_class(hd)
     kpb = HSA_THREADS // (d // 8)
     slabs = b * hkv * -(-(h // hkv) // HSD_G)
-    nsplit = max(1, min(-(-3 * multiprocessors // slabs), -(-sk // (4 * kpb))))
+    nsplit = max(1, min(-(-2 * multiprocessors // slabs), -(-sk // (4 * kpb))))
     chunk = -(-(-(-sk // nsplit)) // kpb) * kpb
     nsplit = max(1, -(-sk // chunk))
     name = f"hs_attention_decode_d{d}" if suffix == "f32" else f"hs_attention_decode_{suffix}_d{d}"

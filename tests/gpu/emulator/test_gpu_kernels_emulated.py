@@ -1026,11 +1026,11 @@ def test_attention_decode_split_k(emu, rng, dtype, case):
 
 
 def test_attention_decode_splits_the_keys(emu):
-    """A single query against a long cache spreads over about three blocks per multiprocessor."""
+    """A single query against a long cache spreads over about two blocks per multiprocessor."""
     from hipsched.gpu.ops.attention import decode_launches
     launches, nsplit, chunk = decode_launches(1, 32, 8, 4096, 128, "f16", 132)
     assert nsplit * chunk >= 4096 > (nsplit - 1) * chunk
-    assert launches[0].grid[0] >= 3 * 132 and launches[1].grid[0] == 32   # 8 KV heads alone: 8 blocks
+    assert 1.5 * 132 <= launches[0].grid[0] <= 2.5 * 132 and launches[1].grid[0] == 32   # 8 KV heads alone: 8 blocks
 
 
 def _attention_kernel_names(emu, call):
