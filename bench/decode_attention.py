@@ -20,14 +20,19 @@ import hipsched as hs
 
 
 def _median_us(fns, reps):
-    """Each function's median over `reps` rounds, the functions interleaved within a round (drift hits all)."""
+    """Each function's median wall time and median process CPU time (all threads) over `reps` rounds, the
+    functions interleaved within a round (drift hits all). On a machine shared past its cores the wall time
+    of a call longer than a scheduler slice counts the slices other processes took; the CPU time does not."""
     times = {name: [] for name in fns}
+    cpu = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return {name: float(np.median(t)) * 1e6 for name, t in times.items()}
+            cpu[name].append(time.process_time() - c0)
+    return ({name: float(np.median(t)) * 1e6 for name, t in times.items()},
+            {name: float(np.median(t)) * 1e6 for name, t in cpu.items()})
 
 
 def main(argv=None):
@@ -60,17 +65,20 @@ def main(argv=None):
         }
         for fn in fns.values():
             fn()
-        t = _median_us(fns, args.reps)
+        t, c = _median_us(fns, args.reps)
         mib = kvf.nbytes / 2 ** 20
-        rows.append((name, mib, t["op"], t["sum"], t["copy"], t["torch"]))
+        rows.append((name, mib, t["op"], t["sum"], t["copy"], t["torch"], c["op"], c["sum"]))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [f"GQA decode attention: batch {b}, {hq} query / {hkv} KV heads, 1 query x {sk} keys, head_dim {d} "
              f"(machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-             f"simd={hs.cpu_features()['simd']}, median of {args.reps})", "",
-             "| dtype | K+V MiB | hipsched us | NumPy sum us | NumPy copy us | torch SDPA us | op / sum | op / copy | op GB/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, mib, op, s, c, tt in rows:
+             f"simd={hs.cpu_features()['simd']}, HIPSCHED_NUM_THREADS={os.environ.get('HIPSCHED_NUM_THREADS', 'unset')}, "
+             f"load average {load:.0f} at the end, median of {args.reps})", "",
+             "| dtype | K+V MiB | hipsched us | NumPy sum us | NumPy copy us | torch SDPA us | op / sum | op / copy | "
+             "op GB/s | op CPU us | sum CPU us | CPU op / sum |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, mib, op, s, c, tt, cop, csum in rows:
         lines.append(f"| {name} | {mib:.1f} | {op:.0f} | {s:.0f} | {c:.0f} | {tt:.0f} | {op / s:.2f} | {op / c:.2f} | "
-                     f"{mib * 2 ** 20 / op / 1e3:.1f} |")
+                     f"{mib * 2 ** 20 / op / 1e3:.1f} | {cop:.0f} | {csum:.0f} | {cop / max(csum, 1e-9):.2f} |")
     text = "\n".join(lines)
     print(text)
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
