@@ -1,14 +1,19 @@
 """attention: scaled dot-product attention on (batch, heads, seq, head_dim) arrays.
 
-    out[b, h, i] = sum_j softmax_j(scale * q[b, h, i] . k[b, h, j]) v[b, h, j]
+    out[b, h, i] = sum_j softmax_j(scale * q[b, h, i] . k[b, h // g, j]) v[b, h // g, j],  g = heads_q / heads_kv
 
-`scale` defaults to 1/sqrt(head_dim). With `causal=True` query i sees keys j <= i only, aligned at the
-top-left exactly as torch.nn.functional.scaled_dot_product_attention(is_causal=True), also when
-seq_q != seq_k; every query then sees key 0, so no row is fully masked. seq_k == 0 (no keys at all)
-gives zeros, as PyTorch does. NaN or inf in a row's scores propagates to that row's output as the formula
-gives it (NumPy-style); PyTorch's CPU flash kernel instead returns zeros for such rows. With
-`causal=True` a key hidden from a query never reaches that query's output, even when its row of v
-holds inf or NaN (the formula's 0 * inf would be NaN there).
+over the keys j visible to query i. `scale` defaults to 1/sqrt(head_dim). k and v may have fewer heads
+than q (grouped-query attention: heads_q a multiple of heads_kv, torch's repeat_interleave semantics,
+nothing copied). `causal`: False (every key); True or "upper_left": j <= i, aligned at the top-left
+exactly as torch.nn.functional.scaled_dot_product_attention(is_causal=True), also when seq_q != seq_k;
+"lower_right": j <= i + kv - seq_q (FlashAttention-2, torch's causal_lower_right), kv the row's valid key
+count; anything else is a ValueError naming the choices. `kv_len` (batch,) integers in [0, seq_k]: keys
+at positions >= kv_len[b] are ignored (a KV cache preallocated at seq_k). A query that sees no key
+(kv_len 0, or lower_right with seq_q > kv) gives zeros, as FlashAttention-2 and hipsched's seq_k == 0
+do (torch's SDPA gives NaN there), on the CPU and the GPU alike. NaN or inf in a row's scores propagates
+to that row's output as the formula gives it (NumPy-style); PyTorch's CPU flash kernel instead returns
+zeros for such rows. A key hidden from a query (causal or past kv_len) never reaches that query's output,
+even when its row of v holds inf or NaN (the formula's 0 * inf would be NaN there).
 
 The CPU kernel (src_c/cpu/attention.inc) is tiled with an online softmax: its scratch is
 O(64 * (head_dim + 64)) floats per thread, never seq_q x seq_k. Results agree with a float64
