@@ -453,3 +453,19 @@ def test_grouped_heads_kv_len_and_causal_are_validated():
         hipsched.attention(x, kv, kv, kv_len=np.array([True, False]))
     with pytest.raises(ValueError, match='causal must be one of False, True, "upper_left", "lower_right"'):
         hipsched.attention(x, kv, kv, causal="bottom_right")
+
+
+def test_split_parts_are_whole_groups_and_rejoin_bit_for_bit():
+    """The spec's split (what the Executor hands to CPU and GPU parts) cuts at (batch, KV head) slabs,
+    each with its whole group of query heads and its kv_len: the parts rejoin to the whole call's bits."""
+    from hipsched.cpu._attention import attention_call
+    r = np.random.default_rng(7)
+    q = r.standard_normal((3, 8, 5, 16)).astype(np.float32)
+    k = r.standard_normal((3, 2, 29, 16)).astype(np.float32)
+    for kv_len in (None, np.array([29, 7, 0])):
+        call = OPS["attention"].prepare(q, k, k, causal="lower_right", kv_len=kv_len)
+        n, part, join = OPS["attention"].split(call)
+        assert n == 6
+        whole = attention_call(*call.args, **call.params)
+        parts = [attention_call(*part(lo, min(lo + 4, n)), **call.params) for lo in range(0, n, 4)]
+        np.testing.assert_array_equal(join(parts), whole)
