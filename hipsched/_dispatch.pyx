@@ -25,7 +25,7 @@ from .chunking import chunkable, run_chunked
 from .dlpack_devices import device_indices
 from .errors import GpuError
 from .ops import OPS
-from .ops.base import result_converter
+from .ops.foreign_arrays import result_converter
 from .upload_sharing import UploadSharing
 
 log = logging.getLogger("hipsched")

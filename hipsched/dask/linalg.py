@@ -11,7 +11,7 @@ import dask.array as da
 import numpy as np
 
 from ..gguf_blocks import BLOCK_BYTES, QuantizedTensor, check_shape, qtype_name, row_blocks, row_bytes
-from ..ops.attention import check_attention
+from ..ops.attention import check_attention, check_kv_len
 from ..ops.validation import as_f32, as_float, check_ndim, shape_mismatch
 from ..ops.linalg import matmul_shapes
 from .ops import _dask, _dtype_ok, result_dtype
@@ -96,31 +96,58 @@ def matmul(a, b):
 
 
 # ---------------------------------------------------------------------------------------- attention
-def _attn_block(qb, kb, vb, causal, scale):
-    return executor().attention(qb, kb, vb, causal=causal, scale=scale)
+def _attn_block(qb, kb, vb, causal, scale, kv_len=None):
+    if qb.ndim == 5:   # grouped heads: (batch, heads_kv, group, seq, d) back to q's 4-d layout and after
+        b, hkv, g, sq, d = qb.shape
+        out = executor().attention(qb.reshape(b, hkv * g, sq, d), kb, vb, causal=causal, scale=scale, kv_len=kv_len)
+        return out.reshape(b, hkv, g, sq, d)
+    return executor().attention(qb, kb, vb, causal=causal, scale=scale, kv_len=kv_len)
 
 
-def attention(q, k, v, causal=False, scale=None):
+def attention(q, k, v, causal=False, scale=None, kv_len=None):
     """hipsched.attention on Dask arrays (batch, heads, seq, head_dim), chunked over batch and heads
     only: each block of (batch, heads) runs through its worker's executor with whole sequences, so it is
-    the single-machine computation of those slices, bit for bit. k and v are rechunked to q's batch and
-    head chunks when theirs differ. A chunked seq or head_dim axis is a ValueError naming the rechunk
-    (a query needs every key of its slice; splitting them would need a second softmax pass)."""
+    the single-machine computation of those slices, bit for bit. k and v may have fewer heads than q
+    (grouped-query attention, heads_q a multiple of heads_kv): then q's head chunks must be whole groups,
+    matched one to one with k's and v's (k and v are rechunked to q's chunks divided by the group). causal
+    and kv_len (a host integer array of shape (batch,)) as hipsched.attention's; kv_len is sliced to each
+    block's batch rows. A chunked seq or head_dim axis is a ValueError naming the rechunk (a query needs
+    every key of its slice; splitting them would need a second softmax pass)."""
     op = "attention"
     q, k, v = _dask(q, op, "q"), _dask(k, op, "k"), _dask(v, op, "v")
     for name, x in (("q", q), ("k", k), ("v", v)):
         _dtype_ok(x, op, name)
-    scale = check_attention(q, k, v, causal, scale)  # the single-machine op's rule and messages
+    scale, code = check_attention(q, k, v, causal, scale)  # the single-machine op's rule and messages
+    lens = check_kv_len(kv_len, int(q.shape[0]), int(k.shape[2]), op)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _known_chunks(x, op, name)
         if len(x.chunks[2]) > 1 or len(x.chunks[3]) > 1:
             raise ValueError(f"hipsched.dask.attention: {name} {tuple(x.shape)} is chunked along seq or head_dim "
                              f"(chunks {x.chunks[2]}, {x.chunks[3]}); chunk it over batch and heads only: "
                              f"{name} = {name}.rechunk({{2: -1, 3: -1}})")
+    group = int(q.shape[1]) // int(k.shape[1]) if int(k.shape[1]) else 1
+    if group > 1:
+        if any(c % group for c in q.chunks[1]):
+            raise ValueError(f"hipsched.dask.attention: q's head chunks {q.chunks[1]} must be whole groups of "
+                             f"{group} heads (heads_q / heads_kv); rechunk q along axis 1 in multiples of {group}")
+        kv_chunks = (q.chunks[0], tuple(c // group for c in q.chunks[1]), k.chunks[2], k.chunks[3])
+        k, v = k.rechunk(kv_chunks), v.rechunk(kv_chunks)
+    mode = {0: False, 1: True, 2: "lower_right"}[code]
+    token = dask.base.tokenize(q, k, v, mode, scale, lens)
+    qi, oi = "bhsd", "bhsd"
+    if group > 1:
+        # q as (batch, heads_kv, group, seq, d): its KV-head axis then lines up block for block with k's
+        # heads (blockwise pairs blocks by index); each block is whole groups
+        b, hq, sq, d = (int(n) for n in q.shape)
+        q = q.reshape(b, hq // group, group, sq, d).rechunk(
+            (q.chunks[0], kv_chunks[1], (group,), q.chunks[2], q.chunks[3]))
+        qi, oi = "bhgsd", "bhgsd"
+    extra = () if lens is None else (da.from_array(lens, chunks=(q.chunks[0],),
+                                                   name="hipsched-kv-len-" + dask.base.tokenize(lens)), "b")
     # scale stays None when not given: each block then derives 1/sqrt(head_dim) exactly as one machine does
-    return da.blockwise(_attn_block, "bhsd", q, "bhsd", k, "bhtd", v, "bhtd", dtype=result_dtype(q, k, v), concatenate=True,
-                        causal=bool(causal), scale=scale,
-                        name="hipsched-attention-" + dask.base.tokenize(q, k, v, bool(causal), scale))
+    out = da.blockwise(_attn_block, oi, q, qi, k, "bhtd", v, "bhtd", mode, None, scale, None, *extra,
+                       dtype=result_dtype(q, k, v), concatenate=True, name="hipsched-attention-" + token)
+    return out.reshape(out.shape[0], out.shape[1] * out.shape[2], out.shape[3], out.shape[4]) if group > 1 else out
 
 
 # ---------------------------------------------------------------------------------------- quantized

@@ -12,11 +12,6 @@ import numpy as np
 
 from ..gguf_blocks import QuantizedTensor
 from .validation import F32
-# Also importable from here, where they were before they had modules of their own: the checks the
-# elementwise and attention specs compose, and the result conversion the dispatcher applies.
-from .foreign_arrays import result_converter  # noqa: F401
-from .validation import (FLOATS, PHYSICAL_MEMORY, any_on_device, as_float, check_ndim, check_result_fits,  # noqa: F401
-                         dtype_name, finite_scalar, promote, shape_mismatch)
 
 
 class Call:

@@ -41,7 +41,8 @@ HS_DEV void hsa_axpy4(float4& o, float p, float4 v) {
 
 template <int D, class E>
 HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
-                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal,
+                          int group, hs_i64 heads, const hs_i64* __restrict__ kvlen) {
     constexpr int G = D / HSA_DIMS;                  // threads per query row
     constexpr int STRIDE = HSA_THREADS / G;          // distance between a thread's rows
     constexpr int ROWS = STRIDE * HSA_R;             // query rows per block
@@ -57,8 +58,12 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     const hs_i64 bh = (hs_i64)blockIdx.x / tiles;
     const hs_i64 q0 = ((hs_i64)blockIdx.x % tiles) * ROWS;
     const hs_i64 row0 = q0 + ((tid & 1) | (((tid >> 1) / G) << 1));   // rows row0 + i * STRIDE
-    const E* kb = k + bh * sk * hd;
-    const E* vb = v + bh * sk * hd;
+    // grouped heads: query head bh % heads reads KV slab bh / group; kv_len bounds the keys, and
+    // lower_right (causal 2) shifts every row's last visible key by off = kv_len - sq
+    const hs_i64 skv = kvlen ? kvlen[bh / heads] : sk;
+    const hs_i64 off = causal == 2 ? skv - sq : 0;
+    const E* kb = k + (bh / group) * sk * hd;
+    const E* vb = v + (bh / group) * sk * hd;
 
     const float qs = scale * HSA_LOG2E;
     float4 qr[HSA_R][4], o[HSA_R][4];
@@ -82,8 +87,8 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     }
 
     // Causal: keys past the block's last row are masked for every row of the block.
-    hs_i64 kend = sk;
-    if (causal && q0 + ROWS < kend) kend = q0 + ROWS;
+    hs_i64 kend = skv;
+    if (causal && q0 + off + ROWS < kend) kend = q0 + off + ROWS;
 
     float* ksf = reinterpret_cast<float*>(ks);
     float* vsf = reinterpret_cast<float*>(vs);
@@ -105,7 +110,7 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #pragma unroll
             for (int i = 0; i < HSA_R; ++i) {
                 hs_i64 end = kend - (kt + c0);
-                if (causal && row0 + i * STRIDE + 1 - (kt + c0) < end) end = row0 + i * STRIDE + 1 - (kt + c0);
+                if (causal && row0 + off + i * STRIDE + 1 - (kt + c0) < end) end = row0 + off + i * STRIDE + 1 - (kt + c0);
                 lim[i] = (int)(end < 0 ? 0 : end < HSA_CHUNK ? end : HSA_CHUNK);
             }
             float s[HSA_R][HSA_CHUNK];
@@ -200,8 +205,9 @@ HS_DEV void hsa_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #define HSA_ENTRY_T(P, E, D)                                                                              \
     HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_##P##d##D(                                 \
         const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
-        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
-        hsa_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 heads,                   \
+        const hs_i64* __restrict__ kvlen) {                                                               \
+        hsa_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal, group, heads, kvlen);                   \
     }
 #define HSA_ENTRY(D) HSA_ENTRY_T(, float, D) HSA_ENTRY_T(f16_, hs_half, D) HSA_ENTRY_T(bf16_, hs_bf16, D)
 
@@ -209,6 +215,182 @@ HSA_ENTRY(32)
 HSA_ENTRY(64)
 HSA_ENTRY(128)
 HSA_ENTRY(256)
+
+// ------------------------------------------------------------------------------------ decode (split-K)
+// One query per head (Sq == 1, the decode step against a KV cache), flash-decoding style: the keys of one
+// (batch, KV head) are cut into `nsplit` ranges of `chunk` keys, one block per (slab, block of up to
+// HSD_G query heads of the slab's group, range), so that a single query still fills the device; each block
+// reads its K and V range once for all of its query heads, and a second kernel combines the ranges.
+// A block is HSA_THREADS threads in groups of TPK = D / 8, a group per key (each thread 8 dims, one
+// 16-byte load of K and of V per key for half, two for float32), KPB = HSA_THREADS / TPK keys in flight
+// per block step; a score is the group's 8-dim dot products summed over log2(TPK) xor shuffles. Each group
+// runs the online softmax (base 2, q pre-scaled by scale * log2(e)) over its keys, per query head; the
+// block then merges its groups through shared memory and writes per query head (max, sum, unnormalised
+// output) to `part` (float32, (B * H, nsplit, D + 2)). The loop runs the same number of steps in every
+// lane (a key past the range is a masked step), so the shuffles always see the whole warp.
+// Bandwidth: docs/design/kernels.md, "Decode attention on the GPU".
+#define HSD_G 8   // query heads per block: q and o take 2 * 8 * HSD_G registers per thread
+
+template <int D, class E>
+HS_DEV void hsd_decode(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                       float* __restrict__ part, hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 hkv,
+                       const hs_i64* __restrict__ kvlen, int nsplit, hs_i64 chunk) {
+    constexpr int TPK = D / 8;
+    constexpr int KPB = HSA_THREADS / TPK;
+    __shared__ float red[KPB][HSD_G][D + 2];
+    const int tid = threadIdx.x, lk = tid / TPK, lt = tid % TPK;
+    const int hblocks = (group + HSD_G - 1) / HSD_G;
+    hs_i64 bid = (hs_i64)blockIdx.x;
+    const int split = (int)(bid % nsplit);
+    bid /= nsplit;
+    const int hb = (int)(bid % hblocks);
+    const hs_i64 slab = bid / hblocks;   // b * hkv + KV head
+    const int g0 = hb * HSD_G, ng = group - g0 < HSD_G ? group - g0 : HSD_G;
+    const hs_i64 skv = kvlen ? kvlen[slab / hkv] : sk;
+    // the one query sits at position skv - 1 under lower_right (every valid key), at 0 under upper_left
+    const hs_i64 kend = causal == 1 ? (skv < 1 ? skv : 1) : skv;
+    const hs_i64 j0 = split * chunk, j1 = j0 + chunk < kend ? j0 + chunk : kend;
+    const bool vec = hd % 8 == 0 && ((hs_u64)k % 16) == 0 && ((hs_u64)v % 16) == 0 && ((hs_u64)q % 16) == 0;
+    const float qs = scale * HSA_LOG2E;
+    const int d0 = lt * 8;
+
+    float qr[HSD_G][8], o[HSD_G][8], m[HSD_G], l[HSD_G];
+#pragma unroll
+    for (int gi = 0; gi < HSD_G; ++gi) {
+        const hs_i64 row = slab * group + g0 + gi;   // the query head's row of q (Sq == 1)
+        if (gi < ng && vec && d0 < hd) {
+            hs_ld8(q + row * hd, d0 / 8, qr[gi]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) qr[gi][e] = gi < ng && d0 + e < hd ? hs_ld(q[row * hd + d0 + e]) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) { qr[gi][e] *= qs; o[gi][e] = 0.0f; }
+        m[gi] = -HS_INF;
+        l[gi] = 0.0f;
+    }
+    const E* kb = k + slab * sk * hd;
+    const E* vb = v + slab * sk * hd;
+    const hs_i64 steps = j1 > j0 ? (j1 - j0 + KPB - 1) / KPB : 0;
+    // key j0 + st * KPB + lk of step st into (kx, vx): zeros past the range (a masked step) and past hd
+    auto fetch = [&](hs_i64 st, float (&kx)[8], float (&vx)[8]) {
+        const hs_i64 j = j0 + st * KPB + lk;
+        const bool valid = st < steps && j < j1;
+        if (valid && vec && d0 < hd) {
+            hs_ld8(kb + j * hd, d0 / 8, kx);
+            hs_ld8(vb + j * hd, d0 / 8, vx);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const bool in = valid && d0 + e < hd;
+                kx[e] = in ? hs_ld(kb[j * hd + d0 + e]) : 0.0f;
+                vx[e] = in ? hs_ld(vb[j * hd + d0 + e]) : 0.0f;
+            }
+        }
+    };
+    float kv[8], vv[8];
+    fetch(0, kv, vv);
+#pragma unroll 1
+    for (hs_i64 st = 0; st < steps; ++st) {
+        const bool valid = j0 + st * KPB + lk < j1;
+        // the next step's loads go out before this step's arithmetic: two steps of K and V in flight per
+        // thread (docs/design/kernels.md, "Decode attention on the GPU": bytes in flight per SM)
+        float kn[8], vn[8];
+        fetch(st + 1, kn, vn);
+#pragma unroll
+        for (int gi = 0; gi < HSD_G; ++gi) {
+            if (gi < ng) {   // block-uniform; a guard, not a break, so the loop unrolls and the
+                             // per-head arrays stay in registers
+                float s = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) s = fmaf(qr[gi][e], kv[e], s);
+#pragma unroll
+                for (int msk = 1; msk < TPK; msk <<= 1) s += HS_SHFL_XOR(s, msk);
+                if (valid) {
+                    const float mn = fmaxf(m[gi], s);
+                    const float ms = mn == -HS_INF ? 0.0f : mn;   // as the SIMT kernel: exp2 stays 0, not NaN
+                    const float alpha = exp2f(m[gi] - ms), p = exp2f(s - ms);
+                    l[gi] = fmaf(l[gi], alpha, p);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) o[gi][e] = fmaf(p, vv[e], o[gi][e] * alpha);
+                    m[gi] = mn;
+                }
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) { kv[e] = kn[e]; vv[e] = vn[e]; }
+    }
+    // merge the block's KPB key groups, per query head and dim
+#pragma unroll
+    for (int gi = 0; gi < HSD_G; ++gi) {
+        if (gi < ng) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) red[lk][gi][2 + d0 + e] = o[gi][e];
+            if (lt == 0) { red[lk][gi][0] = m[gi]; red[lk][gi][1] = l[gi]; }
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < ng * D; idx += HSA_THREADS) {
+        const int gi = idx / D, dd = idx % D;
+        float M = -HS_INF;
+        for (int g2 = 0; g2 < KPB; ++g2) M = fmaxf(M, red[g2][gi][0]);
+        float L = 0.0f, O = 0.0f;
+        for (int g2 = 0; g2 < KPB; ++g2) {
+            const float mg = red[g2][gi][0];
+            const float w = mg == -HS_INF ? 0.0f : exp2f(mg - M);   // a group that saw no key weighs nothing
+            L = fmaf(red[g2][gi][1], w, L);
+            O = fmaf(red[g2][gi][2 + dd], w, O);
+        }
+        float* pr = part + ((slab * group + g0 + gi) * nsplit + split) * (hs_i64)(D + 2);
+        pr[2 + dd] = O;
+        if (dd == 0) { pr[0] = M; pr[1] = L; }
+    }
+}
+
+// out row r (B * H rows, Sq == 1) from its nsplit partials: M = max m_s, out = sum_s 2^(m_s - M) o_s / sum_s
+// 2^(m_s - M) l_s; a row whose ranges saw no key (kv_len 0) gets zeros.
+template <class E>
+HS_DEV void hsd_combine(const float* __restrict__ part, E* __restrict__ out, int hd, int dstride, int nsplit) {
+    const hs_i64 r = (hs_i64)blockIdx.x;
+    const float* pr = part + r * nsplit * (hs_i64)dstride;
+    float M = -HS_INF;
+    for (int s2 = 0; s2 < nsplit; ++s2) M = fmaxf(M, pr[s2 * dstride]);
+    float L = 0.0f;
+    for (int s2 = 0; s2 < nsplit; ++s2) {
+        const float ms = pr[s2 * dstride];
+        L = fmaf(pr[s2 * dstride + 1], ms == -HS_INF ? 0.0f : exp2f(ms - M), L);
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int dd = threadIdx.x; dd < hd; dd += HSA_THREADS) {
+        float O = 0.0f;
+        for (int s2 = 0; s2 < nsplit; ++s2) {
+            const float ms = pr[s2 * dstride];
+            O = fmaf(pr[s2 * dstride + 2 + dd], ms == -HS_INF ? 0.0f : exp2f(ms - M), O);
+        }
+        out[r * hd + dd] = hs_st<E>(O * inv);
+    }
+}
+
+#define HSD_ENTRY_T(P, E, D)                                                                              \
+    HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_decode_##P##d##D(                          \
+        const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, float* __restrict__ part, \
+        hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 hkv, const hs_i64* __restrict__ kvlen, \
+        int nsplit, hs_i64 chunk) {                                                                       \
+        hsd_decode<D, E>(q, k, v, part, sk, hd, scale, causal, group, hkv, kvlen, nsplit, chunk);         \
+    }
+#define HSD_ENTRY(D) HSD_ENTRY_T(, float, D) HSD_ENTRY_T(f16_, hs_half, D) HSD_ENTRY_T(bf16_, hs_bf16, D)
+HSD_ENTRY(32)
+HSD_ENTRY(64)
+HSD_ENTRY(128)
+HSD_ENTRY(256)
+#define HSD_COMBINE(P, E)                                                                                 \
+    HS_KERNEL void __launch_bounds__(HSA_THREADS) hs_attention_decode_combine_##P(                        \
+        const float* __restrict__ part, E* __restrict__ out, int hd, int dstride, int nsplit) {           \
+        hsd_combine<E>(part, out, hd, dstride, nsplit);                                                   \
+    }
+HSD_COMBINE(f32, float)
+HSD_COMBINE(f16, hs_half)
+HSD_COMBINE(bf16, hs_bf16)
 
 // ------------------------------------------------------------------------------------ tensor cores
 // FlashAttention-2 on NVIDIA's mma.sync m16n8k16 (prelude.h's "warp matrix" section), for float16 and
@@ -272,7 +454,8 @@ HS_DEV void hsm_load_tile(hs_u16 (*kd)[LD], hs_u16 (*vd)[LD], const hs_u16* kb, 
 
 template <int D, class E>
 HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
-                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal,
+                          int group, hs_i64 heads, const hs_i64* __restrict__ kvlen) {
     constexpr int BN = D == 128 ? 32 : 64;   // keys per tile: registers for S, 16 KiB or so per buffer pair
     constexpr int LD = D + 8;                // row stride: 16 bytes of padding, so ldmatrix's 8 rows hit 8 bank groups
     constexpr int KS = D / 16;               // k steps of Q K^T
@@ -288,8 +471,13 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     const hs_i64 q0 = (tiles - 1 - (hs_i64)blockIdx.x % tiles) * HSM_ROWS;   // causal: longest rows first
     const hs_i64 r0 = q0 + 16 * warp;
     const hs_u16* qb = reinterpret_cast<const hs_u16*>(q) + bh * sq * hd;
-    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + bh * sk * hd;
-    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + bh * sk * hd;
+    // grouped heads, kv_len and lower_right as in the SIMT kernel; the planner sends lower_right here only
+    // when every row's offset off is a multiple of 16, so the diagonal steps stay aligned to 16 keys
+    const hs_i64 skv = kvlen ? kvlen[bh / heads] : sk;
+    const hs_i64 off = causal == 2 ? skv - sq : 0;
+    const hs_i64 rd = r0 + off;   // the key on the warp's first row's diagonal (its last visible one)
+    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + (bh / group) * sk * hd;
+    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + (bh / group) * sk * hd;
     const bool vec = hd % 8 == 0 && ((hs_u64)kb % 16) == 0 && ((hs_u64)vb % 16) == 0;
 
     hs_u32 qa[KS][4];
@@ -310,8 +498,8 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     float m[2] = {-HS_INF, -HS_INF}, l[2] = {0.0f, 0.0f};   // rows g and g + 8; l is this lane's part
     const float qs = scale * HSA_LOG2E;
 
-    hs_i64 kend = sk;
-    if (causal && q0 + HSM_ROWS < kend) kend = q0 + HSM_ROWS;
+    hs_i64 kend = skv;
+    if (causal && q0 + off + HSM_ROWS < kend) kend = q0 + off + HSM_ROWS;
     const hs_i64 ntiles = (kend + BN - 1) / BN;
     if (ntiles > 0) hsm_load_tile<D, BN, LD>(ks[0], vs[0], kb, vb, 0, kend, hd, vec);
 #pragma unroll 1
@@ -325,7 +513,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
             hs_cp_async_wait<0>();
         }
         __syncthreads();
-        if (!causal || kt <= r0 + 15) {   // warp-uniform: some key of the tile is visible to the warp
+        if (!causal || kt <= rd + 15) {   // warp-uniform: some key of the tile is visible to the warp
             float s[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -347,7 +535,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
                 for (int i = 0; i < 4; ++i) {
                     const hs_i64 key = kt + 8 * nt + 2 * t + (i & 1);
                     const hs_i64 row = r0 + g + 8 * (i >> 1);
-                    const bool vis = key < sk && (!causal || key <= row);
+                    const bool vis = key < skv && (!causal || key <= row + off);
                     s[nt][i] = vis ? s[nt][i] * qs : -HS_INF;
                     mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
                 }
@@ -378,7 +566,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
             }
             // The diagonal step (the warp's rows r0..r0+15 against keys r0..r0+15, both multiples of 16),
             // if it is in this tile: does a V row there hold inf or NaN? One vote of the warp.
-            const int jd = causal && kt <= r0 && r0 < kt + BN ? (int)((r0 - kt) / 16) : -1;
+            const int jd = causal && kt <= rd && rd < kt + BN ? (int)((rd - kt) / 16) : -1;
             bool bad = false;
             if (jd >= 0) {
 #pragma unroll
@@ -390,7 +578,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
             }
 #pragma unroll
             for (int j = 0; j < BN / 16; ++j) {
-                if (causal && kt + 16 * j > r0 + 15) break;   // this step and the rest: above every row of the warp
+                if (causal && kt + 16 * j > rd + 15) break;   // this step and the rest: above every row of the warp
                 if (j == jd && bad) {
                     // the diagonal step without the tensor core (below): its weights to shared memory
 #pragma unroll
@@ -458,8 +646,9 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #define HSM_ENTRY_T(P, E, D)                                                                              \
     HS_KERNEL void __launch_bounds__(HSM_THREADS) hs_attention_##P##mma_d##D(                             \
         const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
-        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
-        hsm_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 heads,                   \
+        const hs_i64* __restrict__ kvlen) {                                                               \
+        hsm_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal, group, heads, kvlen);                   \
     }
 #define HSM_ENTRY(D) HSM_ENTRY_T(f16_, hs_half, D) HSM_ENTRY_T(bf16_, hs_bf16, D)
 
@@ -559,7 +748,8 @@ template <> struct HsfPScale<hs_half> { static constexpr float v = 32768.0f; };
 
 template <int D, class E>
 HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
-                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {
+                          E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal,
+                          int group, hs_i64 heads, const hs_i64* __restrict__ kvlen) {
     constexpr int BN = D == 128 ? 32 : 64;   // keys per tile: LDS about 17 KiB, 3 blocks per CU
     constexpr int LDK = D + 4, LDV = BN + 4;
     constexpr int KS = D / 16;               // k steps of S^T = K Q^T
@@ -575,8 +765,13 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     const hs_i64 q0 = (tiles - 1 - (hs_i64)blockIdx.x % tiles) * HSF_ROWS;   // causal: longest rows first
     const hs_i64 r0 = q0 + 16 * warp, row = r0 + qi;
     const hs_u16* qb = reinterpret_cast<const hs_u16*>(q) + bh * sq * hd;
-    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + bh * sk * hd;
-    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + bh * sk * hd;
+    // grouped heads, kv_len and lower_right as in the SIMT kernel; the planner sends lower_right here only
+    // when every row's offset off is a multiple of 16, so the diagonal steps stay aligned to 16 keys
+    const hs_i64 skv = kvlen ? kvlen[bh / heads] : sk;
+    const hs_i64 off = causal == 2 ? skv - sq : 0;
+    const hs_i64 rd = r0 + off;   // the key on the warp's first row's diagonal (its last visible one)
+    const hs_u16* kb = reinterpret_cast<const hs_u16*>(k) + (bh / group) * sk * hd;
+    const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + (bh / group) * sk * hd;
     const bool vec = hd % 8 == 0 && ((hs_u64)kb % 16) == 0 && ((hs_u64)vb % 16) == 0;
 
     // Q^T's B fragments: this lane's row, dims 16 kk + 4 qd .. + 3
@@ -597,8 +792,8 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     float m = -HS_INF, l = 0.0f;   // this lane's row; l is this lane's part (its keys 4 qd .. of each 16)
     const float qs = scale * HSA_LOG2E;
 
-    hs_i64 kend = sk;
-    if (causal && q0 + HSF_ROWS < kend) kend = q0 + HSF_ROWS;
+    hs_i64 kend = skv;
+    if (causal && q0 + off + HSF_ROWS < kend) kend = q0 + off + HSF_ROWS;
     const hs_i64 ntiles = (kend + BN - 1) / BN;
     hs_u32 kr[NCH][4], vr[NCH][4];
     if (ntiles > 0) hsf_fetch<D, BN, NCH>(kr, vr, kb, vb, 0, kend, hd, vec);
@@ -609,7 +804,7 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
         hsf_store<D, BN, NCH, LDK, LDV>(ks, vt, kr, vr);
         __syncthreads();
         if (it + 1 < ntiles) hsf_fetch<D, BN, NCH>(kr, vr, kb, vb, kt + BN, kend, hd, vec);   // in flight meanwhile
-        if (causal && kt > r0 + 15) continue;   // wave-uniform: no key of the tile is visible to the wave
+        if (causal && kt > rd + 15) continue;   // wave-uniform: no key of the tile is visible to the wave
         float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -628,7 +823,7 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const hs_i64 key = kt + 16 * nt + 4 * qd + r;
-                const bool vis = key < sk && (!causal || key <= row);
+                const bool vis = key < skv && (!causal || key <= row + off);
                 s[nt][r] = vis ? s[nt][r] * qs : -HS_INF;
                 mx = fmaxf(mx, s[nt][r]);
             }
@@ -656,7 +851,7 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
         }
         // The diagonal step (rows r0..r0+15 against keys r0..r0+15), if in this tile: a V row with inf or
         // NaN there? Its 16 keys are 8 words of each of V^T's D rows; one vote of the wave.
-        const int jd = causal && kt <= r0 && r0 < kt + BN ? (int)((r0 - kt) / 16) : -1;
+        const int jd = causal && kt <= rd && rd < kt + BN ? (int)((rd - kt) / 16) : -1;
         bool bad = false;
         if (jd >= 0) {
 #pragma unroll
@@ -666,7 +861,7 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            if (causal && kt + 16 * nt > r0 + 15) break;   // this step and the rest: above every row of the wave
+            if (causal && kt + 16 * nt > rd + 15) break;   // this step and the rest: above every row of the wave
             if (nt == jd && bad) continue;                 // below, without the matrix core
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
@@ -720,8 +915,9 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 #define HSF_ENTRY_T(P, E, D)                                                                              \
     HS_KERNEL void __launch_bounds__(HSF_THREADS) hs_attention_##P##mma_d##D(                             \
         const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, E* __restrict__ out,   \
-        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal) {                                          \
-        hsf_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal);                                     \
+        hs_i64 sq, hs_i64 sk, int hd, float scale, int causal, int group, hs_i64 heads,                   \
+        const hs_i64* __restrict__ kvlen) {                                                               \
+        hsf_attention<D, E>(q, k, v, out, sq, sk, hd, scale, causal, group, heads, kvlen);                   \
     }
 #define HSF_ENTRY(D) HSF_ENTRY_T(f16_, hs_half, D) HSF_ENTRY_T(bf16_, hs_bf16, D)
 

@@ -323,6 +323,11 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const T* __restrict__ x, T* 
     const hs_i64 rowb = (k + HSQ_SBK(Q8) - 1) / HSQ_SBK(Q8) * HSQ_SBB(Q8);
     // W loader: thread -> (row lr, eighth le of the 32 k's: kk = 8*le .. 8*le+7)
     const int lr = tid / 4, le = tid % 4;
+    // X loader: thread -> column xc, rows xk, xk + 4, ..., xk + 28 of the 32 k's (256 threads = 4 rows of 64)
+    static_assert(HSQ_MM_THREADS == 4 * HSQ_TN, "the X loader covers 4 rows of the tile per pass");
+    const int xc = tid % HSQ_TN, xk = tid / HSQ_TN;
+    const bool xin = c0 + xc < m;
+    const hs_i64 m4 = 4 * m;
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -336,12 +341,12 @@ HS_DEV void hsq_matmat(const hs_u8* __restrict__ w, const T* __restrict__ x, T* 
 #pragma unroll
             for (int e = 0; e < 8; ++e) ws[8 * le + e][lr] = 0.0f;
         }
+        // 2048 = 32 x 64 values, coalesced along columns: thread tid loads column xc of rows xk + 4e. One
+        // pointer stepped by 4 rows (not 8 addresses of 64-bit arithmetic each): with a half x those
+        // addresses pushed sm_90's register allocation at 80 registers into a stack slot (issue 34)
+        const T* xp = x + (kb + xk) * m + c0 + xc;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int idx = tid + 256 * e;           // 2048 = 32 x 64 values, coalesced along columns
-            const int kk = idx / HSQ_TN, cc = idx % HSQ_TN;
-            xs[kk][cc] = (c0 + cc < m) ? hs_ld(x[(kb + kk) * m + c0 + cc]) : 0.0f;
-        }
+        for (int e = 0; e < 8; ++e, xp += m4) xs[xk + 4 * e][xc] = xin ? hs_ld(*xp) : 0.0f;
         __syncthreads();
 #pragma unroll 8
         for (int kk = 0; kk < 32; ++kk) {

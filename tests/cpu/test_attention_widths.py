@@ -68,7 +68,7 @@ static inline float emu_exp2f(float xs) {
 CODE = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.bfloat16): 2}
 # (batch, heads, seq_q, seq_k, head_dim): partial strips of 16 and 32 queries, partial 64-query and 64-key
 # tiles, head_dims that are not multiples of 4 or 16
-SHAPES = [(1, 2, 1, 1, 1), (2, 1, 7, 9, 3), (1, 2, 31, 33, 17), (2, 2, 65, 130, 64), (1, 1, 257, 257, 128),
+SHAPES = [(1, 2, 1, 1, 1), (2, 2, 1, 1500, 40), (1, 2, 1, 70, 16), (2, 1, 7, 9, 3), (1, 2, 31, 33, 17), (2, 2, 65, 130, 64), (1, 1, 257, 257, 128),
           (1, 3, 100, 70, 5), (1, 1, 33, 200, 20), (1, 1, 130, 130, 100), (1, 1, 64, 64, 16), (1, 2, 17, 300, 31),
           (1, 1, 96, 96, 48), (3, 1, 15, 15, 15)]
 
@@ -79,18 +79,19 @@ def emulated(tmp_path_factory):
     for w, lib in build_widths(tmp_path_factory.mktemp("attention_widths"), HARNESS).items():
         f = lib.hs_attention_run_emu
         f.restype = ctypes.c_int
-        f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_int,
-                                                                                       ctypes.c_int]
+        f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int,
+                                                                                       ctypes.c_void_p, ctypes.c_int]
         libs[w] = (lib, f)
     return libs
 
 
-def _run_emulated(f, q, k, v, causal):
+def _run_emulated(f, q, k, v, causal, kv_len=None):
     b, h, sq, d = q.shape
     out = np.empty_like(q)
     scale = np.float32(1.0 / np.sqrt(d))  # the wrapper's default, rounded to float32 as it passes it
-    assert f(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, CODE[q.dtype], b * h, sq, k.shape[2], d,
-             scale, int(causal), 1) == 0
+    lens = None if kv_len is None else kv_len.ctypes.data
+    assert f(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, CODE[q.dtype], b, h, k.shape[1], sq,
+             k.shape[2], d, scale, int(causal), lens, 1) == 0
     return out
 
 
@@ -120,3 +121,28 @@ def test_emulated_width_gives_this_levels_bits(emulated, width, dt):
                 np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=(
                     f"width {width} vs the {LEVEL} level: {np.dtype(dt).name} {(b, h, sq, sk, d)} causal={causal} "
                     f"nonfinite={nonfinite}"))
+
+
+# (batch, heads_q, heads_kv, seq_q, seq_k, head_dim): grouped heads, the decode path (seq_q 1, keys over
+# one and over two of its 1024-key chunks) and the tile path, with kv_len and both causal alignments
+GQA_SHAPES = [(2, 8, 2, 1, 1100, 24), (1, 4, 1, 1, 70, 33), (2, 6, 3, 37, 90, 17), (1, 4, 2, 70, 40, 64)]
+
+
+@pytest.mark.parametrize("width", [8, 16])
+@pytest.mark.parametrize("dt", [np.float32, np.float16, ml_dtypes.bfloat16], ids=["float32", "float16", "bfloat16"])
+def test_emulated_width_gives_this_levels_bits_gqa_kv_len(emulated, width, dt):
+    rng = np.random.default_rng(12)
+    f = emulated[width][1]
+    for b, hq, hkv, sq, sk, d in GQA_SHAPES:
+        q = rng.standard_normal((b, hq, sq, d)).astype(np.float32).astype(dt)
+        k, v = (rng.standard_normal((b, hkv, sk, d)).astype(np.float32).astype(dt) for _ in range(2))
+        for causal in (0, 1, 2):
+            for kv_len in (None, rng.integers(0, sk + 1, b).astype(np.int64)):
+                got = _run_emulated(f, q, k, v, causal, kv_len)
+                if BF16_DOT and q.dtype == ml_dtypes.bfloat16 and d % 2 == 0 and sq > 1:
+                    want = A.attention(*(x.astype(np.float32) for x in (q, k, v)), causal, None, kv_len).astype(q.dtype)
+                else:
+                    want = np.asarray(A.attention(q, k, v, causal, None, kv_len))
+                np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=(
+                    f"width {width} vs the {LEVEL} level: {np.dtype(dt).name} {(b, hq, hkv, sq, sk, d)} causal={causal} "
+                    f"kv_len={kv_len}"))

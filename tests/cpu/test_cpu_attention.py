@@ -153,8 +153,9 @@ def test_bad_arguments():
         hipsched.attention(x, x.astype(np.complex64), x)
     with pytest.raises(ValueError, match="scale must be finite"):
         hipsched.attention(x, x, x, scale=float("inf"))
-    with pytest.raises(TypeError, match="causal must be a bool"):
-        hipsched.attention(x, x, x, causal="yes")
+    for bad in ("yes", 2, None, "lower-right"):
+        with pytest.raises(ValueError, match='causal must be one of False, True, "upper_left", "lower_right"'):
+            hipsched.attention(x, x, x, causal=bad)
     with pytest.raises(TypeError, match="C-contiguous.*float32"):  # the extension guards its own inputs
         A.attention(x.astype(np.float64), x, x)
     with pytest.raises(TypeError, match="4-d"):
@@ -320,9 +321,10 @@ def test_bf16_attention_scores_flush_denormals_on_avx512_bf16():
     """vdpbf16ps reads bfloat16 denormals as zero (and flushes denormal sums): a key whose only
     nonzero element is a denormal scores exactly 0 against any query on the bf16_dot path, so with two
     keys the weights are exactly 1/2 each and the output, V's two rows' mean, is 0. The widening path
-    (and float64) scores it 2^-127 * 2^127 / sqrt(2): weights about 2/3 and 1/3."""
+    (and float64) scores it 2^-127 * 2^127 / sqrt(2): weights about 2/3 and 1/3. Two (equal) queries: a
+    single one takes the decode path, which widens K (its scores are lanes along head_dim)."""
     den = np.array([0x0040], np.uint16).view(BF16)[0]   # 2^-127
-    q = np.zeros((1, 1, 1, 2), BF16)
+    q = np.zeros((1, 1, 2, 2), BF16)
     q[..., 0] = BF16(2.0 ** 127)
     k = np.zeros((1, 1, 2, 2), BF16)
     k[0, 0, 0, 0] = den
@@ -358,3 +360,112 @@ def test_mixed_dtypes_promote_to_float32(rng):
     call = OPS["attention"].prepare(q, k, v)
     assert call.dtype == "float16" and call.nbytes == 2 * (2 * 64 + 2 * 64)
     assert "bfloat16" in OPS["attention"].cpu_dtypes and "bfloat16" in OPS["attention"].gpu_dtypes
+
+
+# ------------------------------------------------- grouped-query heads, causal alignment and kv_len
+def _sdpa_masked(q, k, v, causal, kv_len):
+    """torch SDPA in float64 with K and V repeated to q's heads (repeat_interleave) and the explicit boolean
+    mask of causal and kv_len; a row that sees no key (NaN in torch) is zeros, hipsched's rule."""
+    g = q.shape[1] // k.shape[1]
+    Q = torch.from_numpy(q.astype(np.float64))
+    K, V = (torch.from_numpy(a.astype(np.float64)).repeat_interleave(g, dim=1) for a in (k, v))
+    b, _, sq, _ = q.shape
+    sk = k.shape[2]
+    lens = np.full(b, sk) if kv_len is None else np.asarray(kv_len)
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    vis = np.stack([(j < n) & ((j <= i) if causal in (True, "upper_left") else
+                               (j <= i + n - sq) if causal == "lower_right" else True) for n in lens])[:, None]
+    vis = np.broadcast_to(vis, (b, 1, sq, sk))
+    out = F.scaled_dot_product_attention(Q, K, V, attn_mask=torch.from_numpy(np.array(vis))).numpy()
+    return np.where(vis.any(-1)[..., None], out, 0.0)
+
+
+GQA_SHAPES = [(2, 8, 2, 1, 3000, 64), (1, 4, 4, 1, 70, 20), (2, 6, 3, 5, 40, 33), (1, 4, 1, 70, 130, 16),
+              (2, 4, 2, 50, 20, 8), (1, 64, 8, 1, 300, 128)]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, "bfloat16"], ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", GQA_SHAPES, ids=[f"b{s[0]}h{s[1]}kv{s[2]}q{s[3]}k{s[4]}d{s[5]}" for s in GQA_SHAPES])
+def test_grouped_heads_causal_modes_and_kv_len_against_torch(rng, dt, shape):
+    """Every causal mode with and without kv_len (entries 0 .. seq_k: an empty row, rows shorter than
+    the queries under lower_right) on grouped heads, the decode path (seq_q 1, over one and several
+    1024-key chunks) and the tiled one, through the Executor on the CPU."""
+    if dt == "bfloat16":
+        dt = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)").bfloat16
+    b, hq, hkv, sq, sk, d = shape
+    q = rng.standard_normal((b, hq, sq, d)).astype(dt)
+    k, v = (rng.standard_normal((b, hkv, sk, d)).astype(dt) for _ in range(2))
+    for causal in (False, True, "upper_left", "lower_right"):
+        for kv_len in (None, rng.integers(0, sk + 1, b)):
+            out = hipsched.attention(q, k, v, causal=causal, kv_len=kv_len, backend="cpu")
+            assert out.dtype == q.dtype and out.shape == q.shape
+            ref = _sdpa_masked(q, k, v, causal, kv_len)
+            u = 0.0 if dt == np.float32 else (2.0 ** -11 if dt == np.float16 else 2.0 ** -8)
+            bound = u * np.abs(ref) + 2e-5 * (1 + np.abs(ref))
+            assert np.all(np.abs(out.astype(np.float64) - ref) <= bound), (shape, causal, kv_len)
+
+
+def test_true_is_upper_left_and_lower_right_is_a_cache():
+    """True and "upper_left" are one mode; lower_right with seq_q == seq_k is top-left too; a single query
+    under lower_right sees the whole cache (upper_left: key 0 only, torch's is_causal)."""
+    r = np.random.default_rng(5)
+    q, k, v = (r.standard_normal((1, 2, n, 16)).astype(np.float32) for n in (9, 9, 9))
+    a = hipsched.attention(q, k, v, causal=True)
+    np.testing.assert_array_equal(a, hipsched.attention(q, k, v, causal="upper_left"))
+    np.testing.assert_array_equal(a, hipsched.attention(q, k, v, causal="lower_right"))
+    one = q[:, :, -1:]
+    np.testing.assert_allclose(hipsched.attention(one, k, v, causal="lower_right"), hipsched.attention(one, k, v),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(hipsched.attention(one, k, v, causal=True)[0, :, 0], v[0, :, 0], rtol=1e-6)
+
+
+def test_kv_len_ignores_keys_past_it_and_zero_gives_zeros():
+    """Keys at or past kv_len[b] never matter (NaN there included); a row with kv_len 0 is zeros."""
+    r = np.random.default_rng(6)
+    q = r.standard_normal((2, 4, 3, 32)).astype(np.float32)
+    k, v = (r.standard_normal((2, 2, 50, 32)).astype(np.float32) for _ in range(2))
+    k2, v2 = k.copy(), v.copy()
+    k2[0, :, 20:] = np.nan
+    v2[0, :, 20:] = np.inf
+    lens = np.array([20, 0])
+    for causal in (False, "lower_right"):
+        got = hipsched.attention(q, k2, v2, causal=causal, kv_len=lens)
+        np.testing.assert_array_equal(got[1], 0.0)
+        np.testing.assert_allclose(got[0], hipsched.attention(q[:1], k[:1, :, :20], v[:1, :, :20], causal=causal)[0],
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_grouped_heads_kv_len_and_causal_are_validated():
+    x = np.zeros((2, 4, 3, 8), np.float32)
+    kv = np.zeros((2, 3, 5, 8), np.float32)
+    with pytest.raises(ValueError, match=r"q's heads \(4\) must be a multiple of k's and v's \(3\)"):
+        hipsched.attention(x, kv, kv)
+    kv = np.zeros((2, 2, 5, 8), np.float32)
+    with pytest.raises(ValueError, match=r"kv_len entries must be within \[0, seq_k\] = \[0, 5\]"):
+        hipsched.attention(x, kv, kv, kv_len=[6, 1])
+    with pytest.raises(ValueError, match=r"kv_len entries must be within"):
+        hipsched.attention(x, kv, kv, kv_len=[-1, 1])
+    with pytest.raises(ValueError, match=r"kv_len must have shape \(batch,\) = \(2,\)"):
+        hipsched.attention(x, kv, kv, kv_len=[1, 2, 3])
+    with pytest.raises(TypeError, match="kv_len must be an integer array"):
+        hipsched.attention(x, kv, kv, kv_len=np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match="kv_len must be an integer array"):
+        hipsched.attention(x, kv, kv, kv_len=np.array([True, False]))
+    with pytest.raises(ValueError, match='causal must be one of False, True, "upper_left", "lower_right"'):
+        hipsched.attention(x, kv, kv, causal="bottom_right")
+
+
+def test_split_parts_are_whole_groups_and_rejoin_bit_for_bit():
+    """The spec's split (what the Executor hands to CPU and GPU parts) cuts at (batch, KV head) slabs,
+    each with its whole group of query heads and its kv_len: the parts rejoin to the whole call's bits."""
+    from hipsched.cpu._attention import attention_call
+    r = np.random.default_rng(7)
+    q = r.standard_normal((3, 8, 5, 16)).astype(np.float32)
+    k = r.standard_normal((3, 2, 29, 16)).astype(np.float32)
+    for kv_len in (None, np.array([29, 7, 0])):
+        call = OPS["attention"].prepare(q, k, k, causal="lower_right", kv_len=kv_len)
+        n, part, join = OPS["attention"].split(call)
+        assert n == 6
+        whole = attention_call(*call.args, **call.params)
+        parts = [attention_call(*part(lo, min(lo + 4, n)), **call.params) for lo in range(0, n, 4)]
+        np.testing.assert_array_equal(join(parts), whole)

@@ -142,6 +142,20 @@ def test_matmul_and_attention_keep_each_float_type(dask_client, job, dtype):
         same_bits(got, hs.attention(q, k, v, causal=causal))
 
 
+@pytest.mark.parametrize("causal", [False, True, "lower_right"])
+def test_attention_grouped_heads_and_kv_len_are_bit_identical(dask_client, job, causal):
+    r = np.random.default_rng(4)
+    q = r.standard_normal((3, 8, 5, 16)).astype(np.float32)
+    k = r.standard_normal((3, 2, 29, 16)).astype(np.float32)
+    v = r.standard_normal((3, 2, 29, 16)).astype(np.float32)
+    kv_len = np.array([29, 7, 0])
+    qd = chunked(q, (2, 4, 5, 16))   # whole groups of 4 query heads; k and v follow q's chunks
+    kd, vd = chunked(k, (1, 2, 29, 16)), chunked(v, (3, 1, 29, 16))
+    out = hd.attention(qd, kd, vd, causal=causal, kv_len=kv_len)
+    np.testing.assert_array_equal(out.compute(), hs.attention(q, k, v, causal=causal, kv_len=kv_len))
+    np.testing.assert_array_equal(hd.attention(qd, kd, vd, causal=causal).compute(), hs.attention(q, k, v, causal=causal))
+
+
 def test_attention_bad_input_fails_on_the_client(dask_client, job, no_task_runs):
     q = chunked(np.zeros((2, 2, 8, 4), np.float32), (1, 1, 8, 4))
     k = chunked(np.zeros((2, 2, 6, 4), np.float32), (1, 1, 6, 4))
@@ -152,11 +166,18 @@ def test_attention_bad_input_fails_on_the_client(dask_client, job, no_task_runs)
         hd.attention(q, k.rechunk((1, 1, 6, 2)), k)
     with pytest.raises(ValueError, match=r"attention: shapes do not match: k \(2, 2, 6, 4\) vs v \(2, 2, 5, 4\)"):
         hd.attention(q, k, k[:, :, :5])
-    with pytest.raises(ValueError, match="batch, heads and head_dim must agree"):
+    with pytest.raises(ValueError, match="batch and head_dim must agree"):
+        hd.attention(q, k[:1], k[:1])
+    with pytest.raises(ValueError, match=r"q's heads \(2\) must be a multiple of k's and v's \(3\)"):
+        kk = chunked(np.zeros((2, 3, 6, 4), np.float32), (1, 1, 6, 4))
+        hd.attention(q, kk, kk)
+    with pytest.raises(ValueError, match="q's head chunks .* must be whole groups of 2"):
         hd.attention(q, k[:, :1], k[:, :1])
+    with pytest.raises(ValueError, match=r"kv_len entries must be within \[0, seq_k\]"):
+        hd.attention(q, k, k, kv_len=np.array([7, 1]))
     with pytest.raises(ValueError, match="argument 'q' must be 4-d"):
         hd.attention(q[0], k, k)
-    with pytest.raises(TypeError, match="causal must be a bool"):
+    with pytest.raises(ValueError, match="causal must be one of"):
         hd.attention(q, k, k, causal=1)
     with pytest.raises(ValueError, match="scale must be finite"):
         hd.attention(q, k, k, scale=float("inf"))

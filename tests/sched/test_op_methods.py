@@ -62,7 +62,7 @@ def test_generated_method_passes_arguments_as_written():
     assert Executor.top_k(f, 1, 2, 3, stream="s") == "ran"
     assert seen == [(("add", "auto", None, 1, 2), {}),
                     (("softmax", "cpu", None, 3), {"axis": 0}),
-                    (("attention", "auto", None, 1, 2, 3), {"causal": False, "scale": None}),
+                    (("attention", "auto", None, 1, 2, 3), {"causal": False, "scale": None, "kv_len": None}),
                     (("top_k", "auto", "s", 1, 2, 3), {})]
     # split=False keeps the call whole; True and None leave it to the model
     assert Executor.top_k(f, 1, 2, 3, split=False) == "ran whole"

@@ -224,28 +224,59 @@ def _check_matmul(out, args, kwargs, dtype):
 # plain and causal: head dim 16 (the d32 kernels, padded); d32: head dim exactly 32, 2 batches of 3
 # heads (the tensor-core grid covers every (batch, head)); peaky: q scaled so that about 3 in 4 softmax
 # numerators fall under 2^-14 (float16's least normal: P rounded to float16 is subnormal there)
+# gqa_prefill: 8 query heads on 2 KV heads, 20 new queries behind a cache (lower_right, kv_len per row,
+# one row shorter than its queries: rows that see no key are zeros); decode: one query per head against
+# a cache of 300 (the split-K decode kernels), kv_len per row
 ATTENTION_FORMS = {"plain": (1, 2, 7, 20, 16, 1.0), "causal": (1, 2, 7, 20, 16, 1.0),
-                   "d32": (2, 3, 9, 21, 32, 1.0), "peaky": (2, 2, 9, 40, 32, 7.0)}
+                   "d32": (2, 3, 9, 21, 32, 1.0), "peaky": (2, 2, 9, 40, 32, 7.0),
+                   "gqa_prefill": (2, 8, 20, 52, 32, 1.0), "decode": (2, 8, 1, 300, 64, 1.0)}
+ATTENTION_MODES = {"plain": (False, None, 1), "causal": (True, None, 1), "d32": (False, None, 1),
+                   "peaky": (False, None, 1), "gqa_prefill": ("lower_right", [52, 13], 4),
+                   "decode": ("lower_right", [300, 129], 4)}
 
 
 def _attention(rng, dtype, form):
     b, h, sq, sk, hd, qscale = ATTENTION_FORMS[form]
+    causal, lens, group = ATTENTION_MODES[form]
     q = randn(rng, dtype, b, h, sq, hd, scale=qscale)
-    k, v = randn(rng, dtype, b, h, sk, hd), randn(rng, dtype, b, h, sk, hd)
-    return (q, k, v), {"causal": form == "causal"}
+    k, v = randn(rng, dtype, b, h // group, sk, hd), randn(rng, dtype, b, h // group, sk, hd)
+    kwargs = {"causal": causal}
+    if lens is not None:
+        kwargs["kv_len"] = np.array(lens, np.int64)
+    return (q, k, v), kwargs
+
+
+def _attention_torch(torch, q, k, v, causal, kv_len):
+    """torch SDPA on float64 with K and V repeated to q's heads (repeat_interleave) and the explicit
+    boolean mask of causal and kv_len; a row with no visible key (NaN in torch) is zeros, as hipsched gives."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    b, _, sq, _ = q.shape
+    sk = k.shape[2]
+    lens = torch.full((b,), sk) if kv_len is None else torch.from_numpy(np.asarray(kv_len))
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None, :]
+    vis = j[None] < lens[:, None, None]
+    if causal in (True, "upper_left"):
+        vis = vis & (j <= i)[None]
+    elif causal == "lower_right":
+        vis = vis & (j[None] <= i[None] + (lens - sq)[:, None, None])
+    vis = vis[:, None]
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=vis)
+    return torch.where(vis.any(-1, keepdim=True), out, torch.zeros(())).numpy()
 
 
 def _check_attention(out, args, kwargs, dtype):
     torch = need("torch", reason="PyTorch CPU is the attention reference (test extra)")
     q, k, v = (torch.from_numpy(f64(a)) for a in args)
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=kwargs["causal"]).numpy()
+    causal, kv_len = kwargs["causal"], kwargs.get("kv_len")
+    ref = _attention_torch(torch, q, k, v, causal, kv_len)
     # float32's error (2e-5 relative and absolute: test_gpu_quant_attention_spread.py), then the result's rounding
     bound = UNIT[elem(dtype)] * np.abs(ref) + 2e-5 * (1 + np.abs(ref)) + TINY[elem(dtype)]
     if dtype != "float32":
         # the GPU's tensor-core kernels also round the softmax numerators P to the input type: 2u/(1-u) M
         # more, M the output's magnitude scale (attention applied to |v|; docs/design/kernels.md, "Attention on
         # tensor cores"). The CPU engine's result, checked here too, is well inside it.
-        mag = torch.nn.functional.scaled_dot_product_attention(q, k, v.abs(), is_causal=kwargs["causal"]).numpy()
+        mag = _attention_torch(torch, q, k, v.abs(), causal, kv_len)
         u = UNIT[elem(dtype)]
         bound = bound + 2 * u / (1 - u) * mag
     within(out, ref, bound, "attention")

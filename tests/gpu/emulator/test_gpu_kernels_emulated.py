@@ -465,3 +465,128 @@ def test_half_qmatmul_tensor_core(emu, rng, dtype, qtype, n, k, m):
     c = CPU.run(OPS["qmatmul"].prepare(W, x)).astype(np.float64)
     np.testing.assert_array_less(np.abs(g.astype(np.float64) - c),
                                  bound + u * np.abs(ref) + qmatmul_bound(Wf, x64) + TINY[dtype])
+
+
+# ------------------------------------------------- grouped-query heads, causal alignment and kv_len
+def _visible(b, sq, sk, causal, kv_len):
+    """(b, 1, sq, sk) booleans: key j visible to query i of batch row b (torch's explicit-mask form of
+    attention(causal=..., kv_len=...))."""
+    lens = np.full(b, sk) if kv_len is None else np.asarray(kv_len)
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    vis = np.empty((b, 1, sq, sk), bool)
+    for r in range(b):
+        m = j < lens[r]
+        if causal in (True, "upper_left"):
+            m = m & (j <= i)
+        elif causal == "lower_right":
+            m = m & (j <= i + lens[r] - sq)
+        vis[r, 0] = m
+    return vis
+
+
+def _masked_contract(q, k, v, causal, kv_len, dtype):
+    """(float64 reference, bound): K and V repeated to q's heads (repeat_interleave), the explicit mask;
+    a row with no visible key is zeros. The bound is attention_contract's, with that mask (float32: its
+    f32 part plus 2e-5 (1 + |ref|), test_attention_head_classes's)."""
+    g = q.shape[1] // k.shape[1]
+    q64 = q.astype(np.float64)
+    k64, v64 = (np.repeat(a.astype(np.float64), g, axis=1) for a in (k, v))
+    hd, sk = q.shape[-1], k.shape[-2]
+    vis = np.broadcast_to(_visible(q.shape[0], q.shape[2], sk, causal, kv_len), q.shape[:3] + (sk,))
+    s = np.einsum("...qd,...kd->...qk", q64, k64) / np.sqrt(hd)
+    s = np.where(vis, s, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    w = np.where(vis, np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0)
+    tot = w.sum(-1, keepdims=True)
+    w = w / np.where(tot > 0, tot, 1)
+    av = np.abs(v64)
+    ref, M = np.einsum("...qk,...kd->...qd", w, v64), np.einsum("...qk,...kd->...qd", w, av)
+    if dtype == "float32":
+        return ref, 2e-5 * (1 + np.abs(ref))
+    sa = np.where(vis, np.einsum("...qd,...kd->...qk", np.abs(q64), np.abs(k64)) / np.sqrt(hd), 0).max(-1, keepdims=True)
+    u = UNIT[dtype]
+    f32 = 2.0 ** -23 * ((hd + 4) * 1.5 * sa + sk + 8) * M
+    bound = (u * np.abs(ref) + 2 * u / (1 - u) * M + f32 + 2 * TINY[dtype] * np.einsum("...qk,...kd->...qd", vis * 1.0, av)
+             + TINY[dtype] + 2e-5 * (1 + np.abs(ref)))
+    return ref, bound
+
+
+# (batch, heads_q, heads_kv, seq_q, seq_k, head_dim, kv_len): groups of 4 and 3, a prefill of 40 new
+# queries behind 24 cached keys (lower_right's offset a multiple of 16: the tensor-core kernels), one
+# whose offsets are not (the SIMT kernels), more queries than valid keys (rows that see nothing: zeros),
+# and a kv_len of 0 (a batch row with an empty cache: zeros)
+GQA_CASES = [(2, 8, 2, 40, 56, 40, [56, 40]), (1, 6, 2, 21, 50, 20, [37]), (2, 4, 4, 30, 40, 64, [12, 40]),
+             (2, 3, 1, 17, 33, 32, [0, 33])]
+
+
+@pytest.mark.parametrize("case", GQA_CASES, ids=["prefill_aligned", "unaligned", "short_cache", "empty_cache"])
+def test_attention_grouped_heads_causal_alignment_kv_len(emu, rng, dtype, case):
+    b, hq, hkv, sq, sk, hd, lens = case
+    t = TYPES[dtype]
+    q = rng.standard_normal((b, hq, sq, hd)).astype(t)
+    k, v = (rng.standard_normal((b, hkv, sk, hd)).astype(t) for _ in range(2))
+    kv_len = np.array(lens, np.int64)
+    for causal in (False, True, "lower_right"):
+        for kl in (None, kv_len):
+            call = OPS["attention"].prepare(q, k, v, causal=causal, kv_len=kl)
+            if case[0] == 2 and case[5] == 40 and dtype != "float32" and causal == "lower_right":
+                assert "_mma_" in _attention_kernel(emu, call)   # the aligned prefill runs on matrix cores
+            g = emu.run(call)
+            assert g.dtype == t and g.shape == q.shape
+            ref, bound = _masked_contract(q, k, v, causal, kl, dtype)
+            np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound + 1e-300,
+                                         err_msg=f"{case} causal={causal} kv_len={kl} {_attention_kernel(emu, call)}")
+            c = CPU.run(call)
+            np.testing.assert_array_less(np.abs(c.astype(np.float64) - ref), bound + 1e-300)
+
+
+def test_attention_lower_right_chooses_tensor_cores_only_on_aligned_diagonals(emu, rng):
+    """The matrix-core kernels step their causal diagonal by 16 keys: lower_right goes to them when every
+    row's offset kv_len - seq_q is a multiple of 16, to the SIMT kernel otherwise (both exact above)."""
+    q = rng.standard_normal((2, 4, 8, 64)).astype(np.float16)
+    k = rng.standard_normal((2, 2, 40, 64)).astype(np.float16)
+    aligned = OPS["attention"].prepare(q, k, k, causal="lower_right", kv_len=np.array([24, 40]))
+    unaligned = OPS["attention"].prepare(q, k, k, causal="lower_right", kv_len=np.array([24, 39]))
+    assert "_mma_" in _attention_kernel(emu, aligned)   # both emulated targets have matrix cores
+    assert "_mma_" not in _attention_kernel(emu, unaligned)
+
+
+# (batch, heads_q, heads_kv, seq_k, head_dim, kv_len): the split-K decode kernel (one query per head)
+# over several key ranges (and a last partial one), a group of 4 and one of 12 (two head blocks of 8),
+# head dims below their class, and a batch row with an empty cache
+DECODE_CASES = [(2, 8, 2, 300, 64, [300, 129]), (1, 12, 1, 90, 20, [77]), (2, 4, 4, 40, 128, [0, 40]),
+                (1, 2, 1, 70, 200, [70])]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=["gqa4", "gqa12", "empty_row", "d256"])
+def test_attention_decode_split_k(emu, rng, dtype, case):
+    b, hq, hkv, sk, hd, lens = case
+    t = TYPES[dtype]
+    q = rng.standard_normal((b, hq, 1, hd)).astype(t)
+    k, v = (rng.standard_normal((b, hkv, sk, hd)).astype(t) for _ in range(2))
+    kv_len = np.array(lens, np.int64)
+    for causal in (False, True, "lower_right"):
+        for kl in (None, kv_len):
+            call = OPS["attention"].prepare(q, k, v, causal=causal, kv_len=kl)
+            assert _attention_kernel_names(emu, call)[0].startswith("hs_attention_decode_")
+            g = emu.run(call)
+            assert g.dtype == t and g.shape == q.shape
+            # float32 throughout, one rounding on the store: the SIMT bound
+            ref, _ = _masked_contract(q, k, v, causal, kl, "float32")
+            bound = UNIT[dtype] * np.abs(ref) + 2e-5 * (1 + np.abs(ref)) + TINY[dtype]
+            np.testing.assert_array_less(np.abs(g.astype(np.float64) - ref), bound,
+                                         err_msg=f"{case} causal={causal} kv_len={kl}")
+
+
+def test_attention_decode_splits_the_keys(emu):
+    """A single query against a long cache spreads over about two blocks per multiprocessor."""
+    from hipsched.gpu.glue.attention import decode_launches
+    launches, nsplit, chunk = decode_launches(1, 32, 8, 4096, 128, "f16", 132)
+    assert nsplit * chunk >= 4096 > (nsplit - 1) * chunk
+    assert 1.5 * 132 <= launches[0].grid[0] <= 2.5 * 132 and launches[1].grid[0] == 32   # 8 KV heads alone: 8 blocks
+
+
+def _attention_kernel_names(emu, call):
+    from hipsched.gpu.glue.attention import attention_plan
+    return [launch.kernel for launch in attention_plan(emu._ctx, call)]

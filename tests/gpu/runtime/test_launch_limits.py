@@ -325,6 +325,14 @@ def sweep(warp, cus, amd, arch):
                 for mma in {False, common.has_mma(arch)}:
                     yield plan("attention", (b, h, sq, hd, sfx, mma), attention.attention_launches, b, h, sq, hd,
                                sfx, mma, warp, expect=expect)
+    # one query per head: the split-K decode kernels and their combine (grouped heads, a group of 16 in two
+    # head blocks, caches from 1 key to 2^20)
+    for hd in (1, 16, 33, 64, 100, 128, 200, 256, 257):
+        for b, h, hkv, sk in ((1, 1, 1, 1), (1, 32, 8, 4096), (8, 64, 8, 131072), (64, 128, 8, 2**20), (3, 16, 1, 77)):
+            for sfx in common.KERNEL_SUFFIX.values():
+                yield plan("attention-decode", (b, h, hkv, sk, hd, sfx),
+                           lambda *a: attention.decode_launches(*a)[0], b, h, hkv, sk, hd, sfx, cus,
+                           expect="glue" if hd > attention.MAX_HEAD_DIM else None)
     for n in (1, 255, 2**20, 2**31, BIG):
         for dtype in (np.int32, np.int64):
             yield plan("spread_activation", (n, dtype.__name__), graph.spread_launches, n, dtype, cus)
