@@ -246,6 +246,21 @@ def load_gguf(path: str) -> GgufModel:
     return GgufModel(cfg, qtypes.pop() if qtypes else "float32", tensors, r)
 
 
+NEEDED_OPS = ("rms_norm", "matmul", "qmatmul", "dequantize", "rope", "attention", "silu_mul", "add")
+
+
+def missing_ops(hs=None) -> list[str]:
+    """The ops (or modes) this decode needs that `hs` (hipsched, or an Executor) lacks: rope, silu_mul and
+    attention's kv_len arrived together (issue 34); an older hipsched has none of them."""
+    import inspect
+    if hs is None:
+        import hipsched as hs
+    missing = [op for op in NEEDED_OPS if not hasattr(hs, op)]
+    if "attention" not in missing and "kv_len" not in inspect.signature(hs.attention).parameters:
+        missing.append("attention(kv_len=...)")
+    return missing
+
+
 class HipschedLlama:
     """The decode step from hipsched's public ops, one token at a time (batch 1).
 
@@ -263,6 +278,10 @@ class HipschedLlama:
                  backend: str = "auto"):
         import hipsched
         self.hs = executor if executor is not None else hipsched
+        lacking = missing_ops(self.hs)
+        if lacking:
+            raise RuntimeError(f"HipschedLlama: this hipsched lacks {', '.join(lacking)} (issue 34's decode ops); "
+                               f"the decode runs on hipsched's ops only, with no NumPy stand-in")
         self.cfg = cfg = model.cfg
         self.backend = backend
         t = model.tensors
