@@ -117,7 +117,7 @@ def main(argv=None):
              "",
              f"{cfg.n_layers} layers, dim {cfg.dim}, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads of {cfg.head_dim}, "
              f"ffn {cfg.ffn_dim}, vocab {cfg.vocab}{' (tied head)' if cfg.tie_embeddings else ''}: "
-             f"{cfg.n_params() / 1e6:.0f} M parameters. Batch 1; {args.tokens} timed steps after {args.warmup} "
+             f"{cfg.n_params() / 1e6:.0f} M parameters; q/k/v and gate/up weights stacked at load (fuse=True). Batch 1; {args.tokens} timed steps after {args.warmup} "
              f"warm-up steps from cache position {args.prompt_pos}, median of {args.repeat} blocks, hipsched and "
              f"torch alternately. Machine: {platform.machine()}, {os.cpu_count()} logical CPUs, "
              f"{'GPU ' + str(gpu_name) if has_gpu else 'no GPU'}; torch {torch.__version__} with "

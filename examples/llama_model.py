@@ -272,6 +272,9 @@ class HipschedLlama:
     `pos` and attention reads the first `pos + 1` rows (kv_len), aligned bottom-right (causal="lower_right"),
     so one cache serves the whole sequence without a copy of the past. The activations are small host
     arrays the executor moves where each op runs.
+
+    `fuse=True` stacks q, k and v's weights into one matrix and gate and up's into another at load (a copy
+    of those weights, made once): two matvecs a layer instead of five, the same numbers.
     """
 
     def __init__(self, model: GgufModel, executor=None, *, resident: bool = False, fuse: bool = True,
@@ -287,25 +290,40 @@ class HipschedLlama:
         t = model.tensors
         self._handles = []
 
-        def weight(name):
-            w = t[name]
+        from hipsched import QuantizedTensor
+
+        def kept(w):
             if resident and isinstance(w, np.ndarray) and executor is not None:
                 h = executor.resident(w, copy=not w.flags.owndata)
                 self._handles.append(h)
                 return h
             return w
 
+        def stacked(names):
+            """Several weights' rows as one matrix, so one matvec does their work (a copy, made once)."""
+            ws = [t[n] for n in names]
+            if isinstance(ws[0], QuantizedTensor):
+                data = np.concatenate([w.data for w in ws])   # rows are whole blocks: the stack is exact
+                return QuantizedTensor(data, (data.shape[0], ws[0].shape[1]), ws[0].qtype)
+            m = np.concatenate(ws)
+            m.flags.writeable = False   # its own read-only memory: a GPU's resident cache may keep it
+            return m
+
         self.embd = t["token_embd.weight"]
         # tied embeddings: the output head is the embedding
-        self.out = weight("token_embd.weight" if cfg.tie_embeddings else "output.weight")
+        self.out = kept(t["token_embd.weight" if cfg.tie_embeddings else "output.weight"])
         self.out_norm = t["output_norm.weight"]
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
-            self.layers.append({k: weight(p + k + ".weight") if k.endswith(("_q", "_k", "_v", "_output", "_gate",
-                                                                              "_up", "_down")) else t[p + k + ".weight"]
-                                for k in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                                          "ffn_gate", "ffn_up", "ffn_down")})
+            L = {k: t[p + k + ".weight"] for k in ("attn_norm", "ffn_norm")}
+            L["attn_output"], L["ffn_down"] = kept(t[p + "attn_output.weight"]), kept(t[p + "ffn_down.weight"])
+            if fuse:   # q, k and v from one matvec, gate and up from another
+                L["qkv"] = kept(stacked([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]))
+                L["gate_up"] = kept(stacked([p + "ffn_gate.weight", p + "ffn_up.weight"]))
+            else:
+                L.update({k: kept(t[p + k + ".weight"]) for k in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")})
+            self.layers.append(L)
         self.reset()
 
     def reset(self, batch: int = 1):
@@ -343,9 +361,14 @@ class HipschedLlama:
         x = self.embed(int(token))
         for i, L in enumerate(self.layers):
             h = hs.rms_norm(x, L["attn_norm"], c.rms_eps, backend=be)
-            q = self._linear(L["attn_q"], h).reshape(1, c.n_heads, 1, c.head_dim)
-            k = self._linear(L["attn_k"], h).reshape(1, c.n_kv_heads, 1, c.head_dim)
-            v = self._linear(L["attn_v"], h).reshape(1, c.n_kv_heads, 1, c.head_dim)
+            if "qkv" in L:
+                qkv = self._linear(L["qkv"], h)
+                q, k, v = qkv[:c.q_dim], qkv[c.q_dim:c.q_dim + c.kv_dim], qkv[c.q_dim + c.kv_dim:]
+            else:
+                q, k, v = (self._linear(L[n], h) for n in ("attn_q", "attn_k", "attn_v"))
+            q = q.reshape(1, c.n_heads, 1, c.head_dim)
+            k = k.reshape(1, c.n_kv_heads, 1, c.head_dim)
+            v = v.reshape(1, c.n_kv_heads, 1, c.head_dim)
             q = hs.rope(q, positions, base=c.rope_base, style="gptj", backend=be)
             k = hs.rope(k, positions, base=c.rope_base, style="gptj", backend=be)
             self.k_cache[i][:, :, pos, :] = k[:, :, 0, :]
@@ -353,7 +376,11 @@ class HipschedLlama:
             a = hs.attention(q, self.k_cache[i], self.v_cache[i], causal="lower_right", kv_len=kv_len, backend=be)
             x = hs.add(x, self._linear(L["attn_output"], a.reshape(c.q_dim)), backend=be)
             h = hs.rms_norm(x, L["ffn_norm"], c.rms_eps, backend=be)
-            g = hs.silu_mul(self._linear(L["ffn_gate"], h), self._linear(L["ffn_up"], h), backend=be)
+            if "gate_up" in L:
+                gu = self._linear(L["gate_up"], h)
+                g = hs.silu_mul(gu[:c.ffn_dim], gu[c.ffn_dim:], backend=be)
+            else:
+                g = hs.silu_mul(self._linear(L["ffn_gate"], h), self._linear(L["ffn_up"], h), backend=be)
             x = hs.add(x, self._linear(L["ffn_down"], g), backend=be)
         h = hs.rms_norm(x, self.out_norm, c.rms_eps, backend=be)
         self.pos = pos + 1

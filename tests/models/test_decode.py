@@ -53,13 +53,13 @@ def test_the_gguf_file_reads_back_as_written(gguf_files):
     assert m.reader.tensors[0].tensor_type == gguf.GGMLQuantizationType.Q4_0
 
 
-@pytest.mark.parametrize("weights", lm.WEIGHT_DTYPES)
-def test_decode_matches_torch_over_64_steps(gguf_files, weights):
+@pytest.mark.parametrize("weights,fuse", [(w, True) for w in lm.WEIGHT_DTYPES] + [("q8_0", False)])
+def test_decode_matches_torch_over_64_steps(gguf_files, weights, fuse):
     need("torch")
     import hipsched
     model = lm.load_gguf(gguf_files[weights])
     with hipsched.Executor(persist_model=False, strategy="backend_only", backend="cpu") as ex:
-        dec = lm.HipschedLlama(model, ex)
+        dec = lm.HipschedLlama(model, ex, fuse=fuse)
         out, logits = dec.generate(PROMPT, 64)
         ops = {e["op"] for e in ex.events}
     ref = lm.TorchLlama(model).forward(PROMPT + out[:-1])
