@@ -9,8 +9,11 @@ resident budget of a half and a quarter of the weights against all-CPU and all-r
 
 Each row times `--tokens` decode steps after `--warmup` steps (the scheduler's learning happens in the
 warm-up; the cache is reset before each block), hipsched and torch alternately, `--repeat` times, the
-median block reported. The table is printed and written to bench/results/decode.md. Both sides use every
-core this process may (torch.set_num_threads; hipsched's kernels read HIPSCHED_NUM_THREADS).
+median block reported. The table is printed and written to bench/results/decode.md. Both sides use as many
+threads as hipsched's kernels do (HIPSCHED_NUM_THREADS, default every core; torch.set_num_threads to the
+same); on a loaded machine, one thread each (HIPSCHED_NUM_THREADS=1 OMP_NUM_THREADS=1
+OPENBLAS_NUM_THREADS=1, the last for NumPy's BLAS, which hipsched's float matmul calls) keeps a side from
+waiting on a descheduled thread of its own.
 """
 from __future__ import annotations
 
@@ -120,15 +123,16 @@ def main(argv=None):
              f"{cfg.n_params() / 1e6:.0f} M parameters; q/k/v and gate/up weights stacked at load (fuse=True). Batch 1; {args.tokens} timed steps after {args.warmup} "
              f"warm-up steps from cache position {args.prompt_pos}, median of {args.repeat} blocks, hipsched and "
              f"torch alternately. Machine: {platform.machine()}, {os.cpu_count()} logical CPUs, "
-             f"{'GPU ' + str(gpu_name) if has_gpu else 'no GPU'}; torch {torch.__version__} with "
-             f"{torch.get_num_threads()} threads.", ""]
+             f"{'GPU ' + str(gpu_name) if has_gpu else 'no GPU'}; hipsched and torch {torch.__version__} with "
+             f"{torch.get_num_threads()} threads (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}); "
+             f"load average at start {os.getloadavg()[0]:.1f}.", ""]
     head = ("| weights | hipsched backend | hipsched tok/s | torch CPU eager tok/s (float32 weights) | ratio | target "
             "| max rel. err vs torch (64 steps) |")
     table = [head, "|---|---|---|---|---|---|---|"]
     op_tables = []
     budget_rows = []
     tmpdir = args.dir or tempfile.mkdtemp(prefix="hipsched-decode-")
-    print("\n".join(lines), flush=True)
+    print("\n".join(lines + table), flush=True)
     for wd in weights:
         path = lm.model_path(tmpdir, cfg, wd)
         if not os.path.exists(path):
@@ -163,14 +167,16 @@ def main(argv=None):
                     for _ in range(args.prompt_pos):
                         ref.step(1)
 
-                th, tt = [], []
+                th, tt, block_events = [], [], []
                 for _ in range(args.repeat):
                     time.sleep(CPU_SETTLE_S)
                     th.append(_time_block(hs_step, reset, args.warmup, args.tokens, 1, ex.clear_telemetry))
-                    events = list(ex.events)
+                    block_events.append(list(ex.events))
                     time.sleep(CPU_SETTLE_S)
                     tt.append(_time_block(torch_step, treset, args.warmup, args.tokens, 1))
-            th, tt = float(np.median(th)), float(np.median(tt))
+            # the per-op table is the median block's own telemetry, so its times add up to that block's
+            median = int(np.argsort(th)[len(th) // 2])
+            th, tt, events = th[median], float(np.median(tt)), block_events[median]
             ratio = tt / th
             goal = TARGETS.get(wd) if mode in ("auto", "cpu") else None
             verdict = "" if goal is None else f">= {goal:g}x {'ok' if ratio >= goal else 'MISSED'}"
@@ -181,8 +187,8 @@ def main(argv=None):
             # what the scheduler did in the last timed block (the warm-up's events were cleared)
             per = _per_op([e for e in events])
             step_us = th * 1e6
-            op_tables.append(f"\n**{wd}, backend {mode}** ({step_us / 1e3:.2f} ms a token; calls and time per "
-                             f"token from the telemetry of one timed block):\n")
+            op_tables.append(f"\n**{wd}, backend {mode}** ({step_us / 1e3:.2f} ms a token, the median block; calls "
+                             f"and time per token from that block's telemetry):\n")
             op_tables.append("| op | CPU calls/token | GPU calls/token | time/token | share of the step |")
             op_tables.append("|---|---|---|---|---|")
             for op, sides in sorted(per.items(), key=lambda kv: -sum(v[1] for v in kv[1].values())):
