@@ -526,13 +526,14 @@ cdef class FastPath:
         if call.size > max_size:
             return flags & ~F_GPU_SUPPORTS, 0, 0, None, 0
         try:
-            why, fits, h2d, d2h = gpu.judge(call)
-            if why is not None:
-                return flags | F_CALL_UNSUPPORTED, 0, 0, why, 0
+            j = call.judged = gpu.judge(call)
+            if j.refusal is not None:
+                return flags | F_CALL_UNSUPPORTED, 0, 0, j.refusal, 0
             if not gpu.available:  # a query found the GPU gone
                 return flags & ~F_GPU_PRESENT, 0, 0, gpu.unavailable_reason, 0
-            if not fits:
+            if not j.fits:
                 flags &= ~F_FITS
+            h2d, d2h = j.h2d, j.d2h
             # device data: the copies the CPU would make (the core charges them to the CPU side)
             if call.on_device:
                 h2d, d2h = self.device_copy_bytes(call)
@@ -541,7 +542,7 @@ cdef class FastPath:
             return flags & ~F_GPU_SUPPORTS, 0, 0, None, 0
         if call.on_device:
             return flags, h2d, d2h, None, h2d
-        return flags, self.uploads.charge(call, h2d, self._resident_gain, gpu, commit), d2h, None, h2d
+        return flags, self.uploads.charge(call, j, self._resident_gain, commit), d2h, None, h2d
 
     def _resident_gain(self, call) -> float:
         """Microseconds the model predicts this call saves on the GPU with its inputs resident (0 when
@@ -655,14 +656,14 @@ cdef class FastPath:
             elif not g.supports(call.op, call.dtype) or call.size > g.max_elements(call.op):
                 flags &= ~F_GPU_SUPPORTS
             else:
-                why, fits, _, _ = g.judge(call)
-                if why is not None:
+                j = call.judged = g.judge(call)
+                if j.refusal is not None:
                     flags |= F_CALL_UNSUPPORTED
-                    detail = why
+                    detail = j.refusal
                 elif not g.available:   # a query found the device gone
                     flags &= ~F_GPU_PRESENT
                     detail = g.unavailable_reason
-                elif not fits:
+                elif not j.fits:
                     flags &= ~F_FITS
         except Exception as e:  # a failing query means the device cannot be trusted with this call
             log.debug("hipsched: GPU %s query failed for %s: %s", g.device_index, call.op, e)
@@ -711,10 +712,9 @@ cdef class FastPath:
     def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
         """A GPU run through the glue; `h2d` the bytes it uploads (not what the decision charged: a shared
         upload's part), which its sample holds."""
-        if h2d and not call.on_device:
+        if h2d and not call.on_device and call.judged is not None:
             self.uploads.taken_by_gpu(call)
         timed = ticket = None
-        before = None if call.on_device else self.gpu.transfer_totals()
         if call.on_device:
             h2d = d2h = 0   # the decision's copies were the CPU's: on the GPU device data moves nowhere
             if self._time_this(slot):
@@ -746,9 +746,9 @@ cdef class FastPath:
             else:
                 _bounded_put(self.timed, ticket, (slot, call.size, dur))
         resident = None
-        if before is not None:   # host inputs: what the call uploaded and what it read from kept copies
-            after = self.gpu.transfer_totals()
-            resident = {"uploaded": after[0] - before[0], "reused": after[1] - before[1]}
+        j = call.judged
+        if j is not None and j.moved is not None:   # host inputs: what the run uploaded and read from kept copies
+            resident = {"uploaded": j.moved[0], "reused": j.moved[1]}
         self._finish(call, slot, GPU, reason, dur, pc, pg, stream, None, h2d, d2h, resident=resident)
         return out
 

@@ -173,11 +173,12 @@ class Splitter:
         try:
             if not g.available or not g.supports(call.op, call.dtype):
                 return None
-            why, fits, up, down = g.judge(call)
+            j = g.judge(call)
         except Exception:  # a device that cannot answer is not trusted with a part
             return None
-        if why is not None or not fits:
+        if j.refusal is not None or not j.fits:
             return None
+        up, down = j.h2d, j.d2h
         s_slot = side.core.slot(call.op, call.dtype)
         if side.core.decide(s_slot, size, up, down, _HEALTH_FLAGS, True)[0] != BACKEND_GPU:
             return None

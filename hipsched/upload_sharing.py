@@ -35,11 +35,7 @@ import threading
 import weakref
 from collections import deque
 
-from .ops.base import host_arrays
-
-# Host inputs at least this large have their uses counted, so that their upload can be spread over
-# the calls that reuse them; smaller uploads cost little next to a launch.
-REUSE_MIN_BYTES = 1 << 20
+from .backends.interface import KEEP_QUERY_MIN_BYTES as REUSE_MIN_BYTES  # noqa: F401 (inputs the judge asks about)
 _REUSE_MAX_TRACKED = 4096   # arrays whose uses are counted at once (dead ones go first when full)
 # how many of the last inputs' predicted savings per byte are kept (their median predicts a new input's
 # worth), and how many make a prediction
@@ -60,22 +56,22 @@ class UploadSharing:
         self.newest_use = None
         self.lock = threading.Lock()
 
-    def charge(self, call, h2d: float, resident_gain, gpu, commit: bool) -> float:
-        """The host->device bytes a decision charges `call`, of the `h2d` its run would upload:
-        `resident_gain(call)` is the microseconds the model predicts it saves on the GPU with its inputs
-        resident; `gpu` answers `would_keep` and `is_resident`. Without `commit` (a what-if question)
-        the inputs' uses are not counted."""
-        arrays = host_arrays(call.args, REUSE_MIN_BYTES)
-        if not arrays:
+    def charge(self, call, judged, resident_gain, commit: bool) -> float:
+        """The host->device bytes a decision charges `call`, of the `judged.h2d` its run would upload:
+        `judged` is the GPU backend's Judgement (its `inputs` say which large host inputs are resident
+        and which a run would keep); `resident_gain(call)` is the microseconds the model predicts it
+        saves on the GPU with its inputs resident. Without `commit` (a what-if question) the inputs'
+        uses are not counted."""
+        h2d = judged.h2d
+        if not judged.inputs:
             return h2d
-        keeps, resident = gpu.would_keep, gpu.is_resident
         saved = 0.0
         gain = resident_gain(call)
         with self.lock:
             uses = self.uses
             history = self.gain_history
             per_byte = sorted(history)[len(history) // 2] if len(history) >= _USE_HISTORY_MIN else 0.0
-            for a, trusted in arrays:
+            for a, trusted, resident, keeps in judged.inputs:
                 e = uses.get(id(a))
                 if e is not None and e[0]() is not a:   # a dead array's id, reused
                     e = None
@@ -84,7 +80,7 @@ class UploadSharing:
                 # (a backend without a resident cache, or evicted): its uploads are not shared
                 kept = e is None or not e[2] or h2d < a.nbytes
                 # an input already resident is not in h2d: nothing of it to spread
-                if kept and keeps(a, trusted) and not resident(a):
+                if kept and keeps and not resident:
                     share = 1.0 / (k + 1)
                     if per_byte > 0.0 and gain > 0.0:
                         share = min(share, gain / (per_byte * a.nbytes))
@@ -111,10 +107,10 @@ class UploadSharing:
         return max(0.0, h2d - saved)
 
     def taken_by_gpu(self, call) -> None:
-        """A GPU run uploaded `call`'s host inputs: the next call passing one of them that would upload it
-        again shows it was not kept (see `charge`)."""
+        """A GPU run uploaded `call`'s host inputs (those its judgement lists): the next call passing one
+        of them that would upload it again shows it was not kept (see `charge`)."""
         with self.lock:
-            for a, _ in host_arrays(call.args, REUSE_MIN_BYTES):
+            for a, *_ in call.judged.inputs:
                 e = self.uses.get(id(a))
                 if e is not None and e[0]() is a:
                     e[2] = True

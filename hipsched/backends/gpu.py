@@ -23,7 +23,7 @@ from ..gpu.launch.recording import PlanRecorder
 from ..gpu.memory.streams import as_stream_handle
 from ..ops import OPS
 from ..ops.base import host_arrays
-from .interface import GpuBackendBase
+from .interface import KEEP_QUERY_MIN_BYTES, GpuBackendBase, Judgement
 
 # Views of the op specs (hipsched/ops), which are the one place these are declared:
 # op -> (module, function) of the launch glue, and op -> dtypes (Call.dtype) with a GPU path
@@ -157,23 +157,47 @@ class GpuBackend(GpuBackendBase):
         return MAX_ELEMENTS.get(op, 0)
 
     def unsupported(self, call) -> str | None:
-        """Why this GPU cannot run `call`, or None when it can: the op's launch planner
-        (`<op>_plan(ctx, call)` next to its glue) and this target's launch limits, judged on the call's
-        shapes and parameters before anything is uploaded. Only refusals count (GpuError "unsupported");
-        anything else (a compile error, a bug) is left for the run to report, where it counts against the
-        GPU's health. A call without arguments (select_backend by size) has nothing to judge."""
+        """Why this GPU cannot run `call`, or None when it can (see `_plan`)."""
+        return self._plan(call)[0]
+
+    def _plan(self, call) -> tuple:
+        """(refusal, plan): the op's launch planner (`<op>_plan(ctx, call)` next to its glue) checked
+        against this target's launch limits, judged on the call's shapes and parameters before anything
+        is uploaded. Only refusals count (GpuError "unsupported"); anything else (a compile error, a
+        bug) is left for the run to report, where it counts against the GPU's health, and gives no
+        plan. A call without arguments (select_backend by size) has nothing to judge."""
         if not call.args or not self.available:
-            return None
+            return None, None
         try:
-            planner = self._impl(call.op, "_plan")
-            self._ctx.check_launches(planner(self._ctx, call))
+            return None, self._ctx.check_launches(self._impl(call.op, "_plan")(self._ctx, call))
         except GpuError as e:
             if e.kind == "unavailable":   # loading the planned kernels met a dead driver: as run() would
                 self.disable(e.message)
-            return str(e) if e.kind == "unsupported" else None
+            return (str(e) if e.kind == "unsupported" else None), None
         except Exception:
-            return None
-        return None
+            return None, None
+
+    def judge(self, call) -> Judgement:
+        """GpuBackendBase.judge in one walk of the call's host inputs (the transfer count and what the
+        resident cache keeps come from the same pass), with the launch plan the run then uses."""
+        why, plan = self._plan(call)
+        if why is not None:
+            return Judgement(why, False)
+        fits = self.device_bytes_needed(call) <= self._free_bytes()
+        if call.on_device:
+            return Judgement(None, fits, 0, 0, plan)
+        resident = self._ctx.resident if self.available else None
+        total_in = h2d = 0
+        inputs = []
+        for a, trusted in host_arrays(call.args):
+            n = a.nbytes
+            total_in += n
+            kept = resident is not None and resident.is_resident(a)
+            if not kept:
+                h2d += n
+            if n >= KEEP_QUERY_MIN_BYTES:
+                inputs.append((a, trusted, kept, not kept and resident is not None and resident.would_keep(a, trusted)))
+        return Judgement(None, fits, int(h2d), int(max(0, call.nbytes - total_in)), plan, tuple(inputs))
 
     def free_memory(self) -> int:
         if not self._still_available():
@@ -219,11 +243,6 @@ class GpuBackend(GpuBackendBase):
         """Whether a GPU run would read `host` from a device copy kept now (no upload)."""
         ctx = self._ctx
         return ctx is not None and self.available and ctx.resident.is_resident(host)
-
-    def transfer_totals(self) -> tuple[int, int]:
-        """(bytes uploaded, bytes read from kept device copies) by this thread's calls so far."""
-        ctx = self._ctx
-        return ctx.resident.transfer_totals() if ctx is not None else (0, 0)
 
     def _trim_resident(self) -> None:
         """Out of device memory: the kept copies of host arrays go first (the retry in pieces needs the
@@ -321,7 +340,13 @@ class GpuBackend(GpuBackendBase):
                 # out-of-memory split, nor inputs prepare converted): its arrays are the ones it names
                 if wanted is not None and sorted(wanted) == sorted(_array_leaves(call.args, [])):
                     ctx = recorder = PlanRecorder(self._ctx, wanted, s)
+            judged = call.judged
+            counts = self._ctx.resident.transfer_totals if judged is not None and not call.on_device else None
+            before = counts() if counts is not None else None
             out = self._impl(call.op)(ctx or self._ctx, call, s)
+            if before is not None:   # host inputs: what the call uploaded and what it read from kept copies
+                after = counts()
+                judged.moved = (after[0] - before[0], after[1] - before[1])
             if recorder is not None:
                 self.callpath.recorded(recorder.plan(), recorder.refused)
             ticket = None

@@ -12,9 +12,29 @@ from __future__ import annotations
 import time
 
 from ..errors import GpuError
+from ..ops.base import host_arrays
 
 # Free device memory is re-read at most every 10 ms: a decision must not cost a driver query.
 FREE_MEMORY_TTL_NS = 10_000_000
+# Host inputs at least this large are asked whether a GPU run would keep them (upload_sharing spreads
+# their upload over the calls that reuse them; smaller uploads cost little next to a launch).
+KEEP_QUERY_MIN_BYTES = 1 << 20
+
+
+class Judgement:
+    """A GPU backend's view of one call, taken once before it is decided (`GpuBackendBase.judge`) and
+    carried on the call (`Call.judged`) to everything after: the decision's copy terms, the upload
+    sharing rule, and the run, which launches the plan judged here rather than planning again and
+    says here what it moved. `inputs`: (host array, trusted, resident now, a run would keep it) for
+    each host input of at least KEEP_QUERY_MIN_BYTES (the one walk of the call's arguments);
+    `plan`: the launch plan the judge checked (None: the backend has none to give); `moved`:
+    (bytes uploaded, bytes read from kept copies) by the run, None where the backend does not count."""
+
+    __slots__ = ("refusal", "fits", "h2d", "d2h", "plan", "inputs", "moved")
+
+    def __init__(self, refusal=None, fits=True, h2d=0, d2h=0, plan=None, inputs=()):
+        self.refusal, self.fits, self.h2d, self.d2h = refusal, fits, h2d, d2h
+        self.plan, self.inputs, self.moved = plan, inputs, None
 
 
 class GpuBackendBase:
@@ -68,17 +88,21 @@ class GpuBackendBase:
         """(host->device, device->host) bytes a run of `call` copies (device data: none)."""
         return (0, 0) if call.on_device else (int(call.nbytes), 0)
 
-    def judge(self, call) -> tuple[str | None, bool, int, int]:
-        """(refusal, fits, h2d, d2h) of a call the scheduler could send here: why the device cannot run
-        it (None: it can; judged on shapes and parameters before anything is uploaded), whether its
-        device memory fits what is free now, and the bytes a run would copy each way. May raise: a
-        failing query means the device cannot be trusted with the call."""
+    def judge(self, call) -> Judgement:
+        """The Judgement of a call the scheduler could send here: why the device cannot run it (None:
+        it can; judged on shapes and parameters before anything is uploaded), whether its device memory
+        fits what is free now, the bytes a run would copy each way, and what it would keep. May raise:
+        a failing query means the device cannot be trusted with the call. Composed here from the
+        members a test double overrides; GpuBackend's does the same in one walk of the arguments."""
         why = self.unsupported(call)
         if why is not None:
-            return why, False, 0, 0
+            return Judgement(why, False)
         fits = self.device_bytes_needed(call) <= self._free_bytes()
         h2d, d2h = self.transfer_bytes(call)
-        return None, fits, int(h2d), int(d2h)
+        inputs = () if call.on_device else tuple(
+            (a, trusted, resident, not resident and self.would_keep(a, trusted))
+            for a, trusted in host_arrays(call.args, KEEP_QUERY_MIN_BYTES) for resident in (self.is_resident(a),))
+        return Judgement(None, fits, int(h2d), int(d2h), inputs=inputs)
 
     def _free_bytes(self) -> int:
         now = time.perf_counter_ns()
@@ -124,11 +148,6 @@ class GpuBackendBase:
 
     def is_resident(self, host) -> bool:
         return False
-
-    def transfer_totals(self) -> tuple[int, int] | None:
-        """(bytes uploaded, bytes read from kept copies) by this thread's calls so far; None when the
-        backend does not keep count."""
-        return None
 
     def resident_summary(self) -> dict | None:
         return None

@@ -24,9 +24,10 @@ class Call:
     and writes (what transfers cost), `on_device` whether the inputs already live on a GPU. `dtype` is
     the name the kernels are chosen by, one of the op spec's declared dtypes: the inputs' float type, a
     quant type, or qmatmul's (quant type, x dtype) pair (ops/quant.py); the scheduler's model, the GPU's
-    capability check and the telemetry key on it."""
+    capability check and the telemetry key on it. `judged`: the GPU backend's Judgement of this call
+    (backends/interface.py), set by the dispatcher when it asks, and read by the run it decided."""
 
-    __slots__ = ("op", "args", "params", "size", "nbytes", "dtype", "on_device")
+    __slots__ = ("op", "args", "params", "size", "nbytes", "dtype", "on_device", "judged")
 
     def __init__(self, op, args, params, size, nbytes, dtype="float32", on_device=False):
         self.op = op
@@ -36,6 +37,7 @@ class Call:
         self.nbytes = nbytes
         self.dtype = dtype
         self.on_device = on_device
+        self.judged = None
 
     def part(self, args, share: float) -> "Call":
         """The call of one piece of this one, on host data: `args` for `share` of its work and bytes (at

@@ -395,6 +395,14 @@ class GpuContext:
                     planned[l] = fn
         return launches
 
+    def planned(self, call, planner):
+        """The call's launch plan: the one its judgement checked (GpuBackend.judge, carried on the call),
+        else `planner(self, call)` checked now (a call run without being judged: a piece of one cut for
+        memory, a test calling the glue)."""
+        judged = call.judged
+        plan = judged.plan if judged is not None else None
+        return plan if plan is not None else self.check_launches(planner(self, call))
+
     def run(self, launch: Launch, args, stream: int = 0) -> None:
         """Launch one planned launch with `args` (see `launch`)."""
         fn = self._planned.get(launch)

@@ -18,7 +18,7 @@ from .context import _as_dim3
 
 # GpuContext attributes a plan may depend on: fixed for the context's life (device geometry, the
 # compiled kernels and their limits)
-_READS = frozenset(("multiprocessors", "warp_size", "arch", "platform", "target", "device", "check_launches",
+_READS = frozenset(("multiprocessors", "warp_size", "arch", "platform", "target", "device", "check_launches", "planned",
                     "check", "function", "resources", "blocks_for", "cache", "_planned"))
 
 

@@ -55,7 +55,7 @@ def attention_plan(ctx, call) -> list[Launch]:
 
 
 def attention(ctx, call, stream):
-    plan = ctx.check_launches(attention_plan(ctx, call))  # before any upload: an unsupported call costs nothing
+    plan = ctx.planned(call, attention_plan)  # before any upload: an unsupported call costs nothing
     b, h, sq, hd = (int(s) for s in call.args[0].shape)
     sk = int(call.args[1].shape[2])
     causal = bool(call.params.get("causal", False))

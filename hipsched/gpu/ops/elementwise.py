@@ -54,7 +54,7 @@ def add_plan(ctx, call) -> list[Launch]:
 
 def add(ctx, call, stream):
     a_in, b_in = call.args[0], call.args[1]
-    plan = ctx.check_launches(add_plan(ctx, call))
+    plan = ctx.planned(call, add_plan)
     dtype, suffix = np_dtype(call.dtype), kernel_suffix(call)
     if not plan:
         return _empty_result(ctx, call, a_in.shape, dtype, stream)
@@ -94,7 +94,7 @@ def scale_plan(ctx, call) -> list[Launch]:
 def scale(ctx, call, stream):
     x_in = call.args[0]
     alpha = float(_param(call, 1, "alpha"))
-    plan = ctx.check_launches(scale_plan(ctx, call))
+    plan = ctx.planned(call, scale_plan)
     dtype, suffix = np_dtype(call.dtype), kernel_suffix(call)
     if not plan:
         return _empty_result(ctx, call, x_in.shape, dtype, stream)
@@ -134,7 +134,7 @@ def softmax_plan(ctx, call) -> list[Launch]:
 def softmax(ctx, call, stream):
     x_in = call.args[0]
     shape = tuple(x_in.shape)
-    plan = ctx.check_launches(softmax_plan(ctx, call))
+    plan = ctx.planned(call, softmax_plan)
     dtype, suffix = np_dtype(call.dtype), kernel_suffix(call)
     if not plan:
         return _empty_result(ctx, call, shape, dtype, stream)

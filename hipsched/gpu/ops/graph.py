@@ -44,7 +44,7 @@ def spread_activation_plan(ctx, call) -> list[Launch]:
 
 def spread_activation(ctx, call, stream):
     indptr, indices, weights, seeds = call.args
-    plan = ctx.check_launches(spread_activation_plan(ctx, call))
+    plan = ctx.planned(call, spread_activation_plan)
     decay = float(call.params["decay"])
     steps = int(call.params["steps"])
     threshold = float(call.params["threshold"])

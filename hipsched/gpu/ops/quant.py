@@ -172,7 +172,7 @@ def dequantize_plan(ctx, call) -> list[Launch]:
 
 def dequantize(ctx, call, stream):
     (w,) = call.args
-    plan = ctx.check_launches(dequantize_plan(ctx, call))
+    plan = ctx.planned(call, dequantize_plan)
     n, k = w.shape
     out = ctx.empty((n, k), np.float32, stream)
     if plan:
@@ -193,7 +193,7 @@ def qmatmul_plan(ctx, call) -> list[Launch]:
 def qmatmul(ctx, call, stream):
     w, x = call.args
     # checked before the weights go up: a launch the device refuses (m columns beyond grid y) costs nothing
-    plan = ctx.check_launches(qmatmul_plan(ctx, call))
+    plan = ctx.planned(call, qmatmul_plan)
     n, k = w.shape
     vector = len(x.shape) == 1
     m = 1 if vector else int(x.shape[1])

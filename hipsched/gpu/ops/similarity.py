@@ -71,7 +71,7 @@ def cosine_similarity(ctx, call, stream):
     m, d = _as_queries(q_in)
     n = T_in.shape[0]
     out_shape = (n,) if len(q_in.shape) == 1 else (m, n)
-    ctx.check_launches(cosine_similarity_plan(ctx, call))
+    ctx.planned(call, cosine_similarity_plan)
     if m == 0 or n == 0:
         return _empty_result(ctx, call, out_shape, np.float32, stream)
     if d == 0:  # every vector is a zero vector: similarity 0 by definition
@@ -136,7 +136,7 @@ def top_k(ctx, call, stream):
     kout = min(k, n)
     one = len(q_in.shape) == 1
     out_shape = (kout,) if one else (m, kout)
-    if not ctx.check_launches(top_k_plan(ctx, call)):
+    if not ctx.planned(call, top_k_plan):
         idx = ctx.empty(out_shape, np.int64, stream)
         return ctx.finish((idx, ctx.empty(out_shape, np.float32, stream)), call, stream)
     q, T = ctx.upload(q_in, stream), ctx.upload(T_in, stream)
