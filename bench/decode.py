@@ -73,6 +73,14 @@ def _per_op(events):
     return out
 
 
+def _gpu_info():
+    """(whether a GPU backend is there, its name)."""
+    import hipsched
+    with hipsched.Executor(persist_model=False, telemetry_enabled=False) as probe:
+        caps = probe.capabilities()
+    return caps.gpu_available, caps.gpu_device_name
+
+
 def _executor(mode, gpu, **cfg):
     import hipsched
     if mode == "cpu":
@@ -112,9 +120,7 @@ def main(argv=None):
                if getattr(cfg, k) != getattr(base, k)]
     weights = [w for w in args.weights.split(",") if w]
     modes = [m for m in args.modes.split(",") if m]
-    with hipsched.Executor(persist_model=False, telemetry_enabled=False) as probe:
-        caps = probe.capabilities()
-    has_gpu, gpu_name = caps.gpu_available, caps.gpu_device_name
+    has_gpu, gpu_name = _gpu_info()
 
     lines = [f"## LLM decode (bench/decode.py): preset `{args.preset}`" + (f", {', '.join(changed)}" if changed else ""),
              "",
@@ -199,29 +205,38 @@ def main(argv=None):
             covered = sum(v[1] for s in per.values() for v in s.values()) / args.tokens
             op_tables.append(f"| (outside the ops: cache writes, reshapes, argmax, Python) | | | "
                              f"{(step_us - covered) / 1e3:.3f} ms | {(step_us - covered) / step_us:.0%} |")
-        # weights that do not fit: a resident budget below the weights' bytes
+        # weights that do not fit: a resident budget below the weights' bytes. Each run but all-CPU starts
+        # with one step forced onto the GPU, which uploads every weight and leaves the cache holding what its
+        # budget allows (least recently used out: the last layers' weights stay); from then on `auto` decides
+        # each call, a kept weight charged no upload. All-resident keeps the default budget (half the free
+        # device memory) and pins the float weights with Executor.resident.
         for share in [float(s) for s in args.budgets.split(",") if s] if has_gpu else []:
             res = {}
-            for label, kw in (("all-CPU", dict(mode="cpu")), ("all-resident", dict(mode="auto")),
-                              (f"budget {share:g}", dict(mode="auto", resident_bytes=int(share * wbytes)))):
-                mode = kw.pop("mode")
+            for label, mode, kw, pin in (("all-CPU", "cpu", {}, False), ("all-resident", "auto", {}, True),
+                                         ("budget", "auto", {"resident_bytes": int(share * wbytes)}, False)):
                 with _executor(mode, has_gpu, **kw) as ex:
-                    dec = lm.HipschedLlama(model, ex)
-
+                    dec = lm.HipschedLlama(model, ex, resident=pin)
+                    if mode != "cpu":
+                        dec.backend = "gpu"
+                        dec.step(1)
+                        dec.backend = "auto"
                     t = _time_block(_hs_stepper(dec), dec.reset, args.warmup, args.tokens, 1, ex.clear_telemetry)
-                    sides = _per_op(ex.events)
-                gpu_calls = sum(v.get("gpu", [0])[0] for v in sides.values()) / args.tokens
-                res[label] = (1 / t, gpu_calls)
-            b = res[f"budget {share:g}"]
-            budget_rows.append(f"| {wd} | {share:g} x {wbytes / 2**20:.0f} MiB | {b[0]:.1f} | {b[1]:g} | "
-                               f"{res['all-CPU'][0]:.1f} | {res['all-resident'][0]:.1f} | "
+                    per = _per_op(ex.events)
+                    dec.close()
+                gpu_ops = ", ".join(f"{op} {v.get('gpu', [0])[0] / args.tokens:g}/"
+                                    f"{sum(x[0] for x in v.values()) / args.tokens:g}" for op, v in sorted(per.items())
+                                    if v.get("gpu"))
+                res[label] = (1 / t, gpu_ops or "none")
+            b = res["budget"]
+            budget_rows.append(f"| {wd} | {share:g} x {wbytes / 2**20:.0f} MiB | {b[0]:.1f} | {b[1]} | "
+                               f"{res['all-CPU'][0]:.1f} | {res['all-resident'][0]:.1f} ({res['all-resident'][1]}) | "
                                f"{b[0] / res['all-CPU'][0]:.2f}x | {b[0] / res['all-resident'][0]:.2f}x |")
             print(budget_rows[-1], flush=True)
     out = lines + table + [""] + op_tables + [""]
     out.append("**Weights that do not fit** (resident budget a share of the weights' bytes; auto):\n")
     if budget_rows:
-        out += ["| weights | budget | tok/s | GPU calls/token | all-CPU tok/s | all-resident tok/s | vs all-CPU "
-                "| vs all-resident |", "|---|---|---|---|---|---|---|---|"] + budget_rows
+        out += ["| weights | budget | tok/s | GPU calls/token per op (GPU/all) | all-CPU tok/s | all-resident tok/s "
+                "(GPU calls) | vs all-CPU | vs all-resident |", "|---|---|---|---|---|---|---|---|"] + budget_rows
     else:
         out.append("no GPU: the resident-budget runs need one (skipped).")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
