@@ -95,27 +95,34 @@ def test_a_full_cache_is_a_clear_error(gguf_files):
 
 
 @pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
-@pytest.mark.parametrize("weights", ["float32", "q8_0"])
-def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights):
-    """Every op of the step on the GPU side (the real kernels and glue on the emulator, fallback off)."""
+@pytest.mark.parametrize("weights,budget", [("float32", None), ("q8_0", None), ("q8_0", 0.25)])
+def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights, budget):
+    """Every op of the step on the GPU side (the real kernels and glue on the emulator, fallback off); with a
+    resident budget of a quarter of the weights, the weights that do not fit are uploaded per call and the
+    cache holds no more than its budget, the logits unchanged."""
     need("torch")
     from hipsched import Executor
     from hipsched.backends.gpu import GpuBackend
     monkeypatch.setenv("HIPSCHED_EMU_BUILD_CACHE", os.environ.get("HIPSCHED_EMU_BUILD_CACHE", str(tmp_path / "emu")))
-    cfg = lm.LlamaConfig(vocab=64, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96,
+    cfg = lm.LlamaConfig(vocab=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96,
                          max_seq=8)
     model = lm.load_gguf(lm.write_gguf(str(tmp_path / "m.gguf"), cfg, weights, seed=3))
+    wbytes = sum(t.nbytes for t in model.tensors.values())
     rt = gpu_emulator.EmuRuntime(32)
     try:
-        gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt)
+        gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels"),
+                          "resident_bytes": None if budget is None else int(budget * wbytes)}, runtime=rt)
         assert gpu.available, gpu.unavailable_reason
         with Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), allow_fallback=False) as ex:
             dec = lm.HipschedLlama(model, ex, backend="gpu")
             out, logits = dec.generate([5, 9], 3)
             sides = {(e["op"], e["backend"]) for e in ex.events}
+            held = gpu.resident_summary()
     finally:
         rt.close()
     ref = lm.TorchLlama(model).forward([5, 9] + out[:-1])
     rel, differ = lm.compare_logits(logits, ref)
     assert rel < 1e-4 and differ == [], (rel, differ)
     assert {side for _, side in sides} == {"gpu"}, sides
+    if budget is not None:
+        assert 0 < held["bytes"] <= budget * wbytes, held
