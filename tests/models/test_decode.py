@@ -95,9 +95,11 @@ def test_a_full_cache_is_a_clear_error(gguf_files):
 
 
 @pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
-@pytest.mark.parametrize("weights,budget", [("float32", None), ("q8_0", None), ("q8_0", 0.25)])
-def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights, budget):
-    """Every op of the step on the GPU side (the real kernels and glue on the emulator, fallback off); with a
+@pytest.mark.parametrize("weights,budget,warp", [("float32", None, 32), ("q8_0", None, 32), ("q4_0", None, 64),
+                                                 ("q8_0", 0.25, 32)])
+def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights, budget, warp):
+    """Every op of the step on the GPU side (the real kernels and glue on the emulator at warp 32, and 64 as
+    AMD's wavefronts, fallback off); with a
     resident budget of a quarter of the weights, the weights that do not fit are uploaded per call and the
     cache holds no more than its budget, the logits unchanged."""
     need("torch")
@@ -108,7 +110,7 @@ def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights
                          max_seq=8)
     model = lm.load_gguf(lm.write_gguf(str(tmp_path / "m.gguf"), cfg, weights, seed=3))
     wbytes = sum(t.nbytes for t in model.tensors.values())
-    rt = gpu_emulator.EmuRuntime(32)
+    rt = gpu_emulator.EmuRuntime(warp)
     try:
         gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels"),
                           "resident_bytes": None if budget is None else int(budget * wbytes)}, runtime=rt)
