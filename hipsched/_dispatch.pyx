@@ -11,6 +11,7 @@ from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESEN
                               MAX_SLOTS, Params, SchedCore, hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
 from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan
+from hipsched._queued_timing cimport PENDING, QueuedTimes
 from hipsched.telemetry._record cimport Recorder
 
 import logging
@@ -32,37 +33,8 @@ log = logging.getLogger("hipsched")
 _perf_ns = time.perf_counter_ns
 _BACKENDS = ("cpu", "gpu")
 
-# Device-data GPU runs are timed by events (they return with their work queued, so the host cannot time
-# them; two records, a query and a reading cost a few microseconds): every one of a slot's first
-# TIME_FIRST, then 1 in TIME_EVERY, which still refills a model window every few hundred calls. Runs
-# of the compiled path and of the glue count alike (FastPath._time_this).
 cdef enum:
-    TIME_FIRST = 64
-    TIME_EVERY = 8
-    PENDING = 64           # timed runs whose events are not read yet
     MAX_PLANS = 4096       # plan cache entries (a program makes the same calls again and again)
-
-
-_MAX_PENDING = 1024   # entries of FastPath.timed / early: far more than the device keeps readings for
-
-
-def _bounded_put(d, key, value):
-    """d[key] = value, dropping the oldest entry past _MAX_PENDING (a sample lost, never a wrong one)."""
-    if len(d) >= _MAX_PENDING:
-        try:
-            del d[next(iter(d))]
-        except (StopIteration, KeyError, RuntimeError):   # emptied or changed by another thread
-            pass
-    d[key] = value
-
-
-
-ctypedef struct Timing:
-    int slot
-    double size
-    double host_us
-    void *start
-    void *end
 
 
 cdef class Compiled:
@@ -99,31 +71,27 @@ cdef class FastPath:
     `_decide_call` is the only place a call's flags and decision are worked out: both kinds of real
     call (`run`) and `decide_call` (what Executor.select_backend answers) go through it, so a prediction
     is the decision the same call gets from the same state."""
-    cdef SchedCore core
+    cdef readonly SchedCore core
     cdef dict prepare
     cdef dict slots
     cdef dict hot           # op -> its float32 entry, for calls its HotOp accepts
     cdef object cpu, gpu            # the backends (gpu: the GpuBackendBase interface)
     cdef bint gpu_present
-    cdef object device_copy_bytes   # call -> (up, down) bytes a CPU run of device data copies
+    cdef readonly object device_copy_bytes   # call -> (up, down) bytes a CPU run of device data copies
     cdef object run_timed_fn        # the GPU backend's run_timed, or None
-    cdef dict timed, early          # event-timed glue runs on device data (see _learn_gpu_times)
+    cdef QueuedTimes times          # the timing of GPU runs left queued (device data): _queued_timing.pyx
     cdef object uploads             # upload_sharing.UploadSharing: the uploads shared between calls
     cdef set warned
     cdef object warn_lock
     cdef GpuPath path               # the GPU backend's compiled call path, or None
     cdef dict plans                 # plan key -> Compiled
     cdef dict unrecordable          # plan keys whose glue run the recorder refused -> why
-    cdef long long gpu_runs[MAX_SLOTS]  # per slot: device-data GPU runs so far (see _time_this)
-    cdef Timing pending[PENDING]
-    cdef int npending
     cdef public Recorder tel        # the executor's telemetry recorder, or None
     cdef double min_batch
     cdef public object splitter     # hipsched.splitting.Splitter, or None (splitting off, or no GPU)
-    cdef public object further      # {device index: splitting.Side} of the further GPUs, or None
-    cdef bint allow_fallback
-    cdef bint learning      # _learn_timings is running (a driver call may let another thread in)
-    cdef tuple reason_str
+    cdef public object further      # further_gpus.FurtherGpus (calls on a further GPU's data), or None
+    cdef readonly bint allow_fallback
+    cdef readonly tuple reason_str
 
     def __init__(self, SchedCore core, dict prepare, dict slots, cpu, gpu, Recorder tel, double min_batch,
                  bint allow_fallback, tuple reason_str):
@@ -136,20 +104,16 @@ cdef class FastPath:
         # the call alone)
         self.device_copy_bytes = getattr(cpu, "device_copy_bytes", CpuBackend.device_copy_bytes)
         # GPU runs on device data return with their work queued: they are timed by events on their
-        # stream, read on a later call (see _learn_gpu_times); a backend without them is not
+        # stream, read on a later call (_queued_timing.pyx); a backend without them is not
         self.run_timed_fn = gpu.run_timed if self.gpu_present else None
-        self.timed = {}             # ticket -> (slot, size, host us) of such runs not yet learned from
-        # ticket -> device us of readings that came before their run stored its entry (another thread
-        # polled in between); bounded, like timed, so a reading or an entry that never meets its
-        # other half cannot grow them for the life of the process
-        self.early = {}
+        self.times = QueuedTimes(core)
         self.uploads = UploadSharing()
         self.warned = set()
         self.warn_lock = threading.Lock()
         # a backend's compiled path is taken when it is the real one (test doubles have none)
         path = gpu.callpath if self.gpu_present else None
         self.path = path if isinstance(path, GpuPath) else None
-        self.plans, self.npending = {}, 0
+        self.plans = {}
         self.unrecordable = {}
         self.min_batch, self.allow_fallback, self.reason_str = min_batch, allow_fallback, reason_str
         self.hot = {}
@@ -211,7 +175,7 @@ cdef class FastPath:
         entry = self._entry(call.op, call.dtype)
         side = self._further_side(call, entry, want)
         if side is not None:
-            return self._decide_further(side, call, entry[0], want, False)[1:]
+            return self.further.decide(side, call, entry[0], want, False)[1:]
         detail = self._decide_call(call, call.size, want, entry, False, &d)   # a question: nothing counted
         return d.backend, d.reason, d.pc, d.pg, detail
 
@@ -220,8 +184,8 @@ cdef class FastPath:
         self.core._record(self.core.slots[d.slot], CPU, <double>size, dur, 0.0, 0.0, True, True, False)
         hs_unlock(&self.core.lock)
         if self.tel is not None:
-            self.tel.record(op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc, d.pg, stream, None,
-                            detail)
+            self.tel.record(op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc, d.pg, stream=stream,
+                            detail=detail)
 
     def run(self, str op, backend, stream, *args, **kwargs):
         return self._run(op, backend, stream, args, kwargs, True)
@@ -314,7 +278,7 @@ cdef class FastPath:
         if call.on_device and self.further is not None:
             side = self._further_side(call, entry, want)
             if side is not None:
-                return self._run_further(side, call, entry[0], want, stream)
+                return self.further.run(side, call, entry[0], want, stream)
         detail = self._decide_call(call, call.size, want, entry, True, &d)
         if split and d.reason == R_COST_MODEL and self.splitter is not None and not call.on_device:
             plan = self.splitter.plan(call, d.slot, d.pc, d.pg, d.h2d, d.d2h)
@@ -401,7 +365,7 @@ cdef class FastPath:
             return self._run_cpu(prep(*args, **kwargs), entry, &d, None, stream)
         t0 = now_ns()
         # (host calls wait for their results: their time is their completion time)
-        if c.on_device and self._time_this(d.slot) and self.npending < PENDING:
+        if c.on_device and self.times.time_this(d.slot) and self.times.npending < PENDING:
             start = gp.time_mark(s)
         try:
             out = gp.replay(c.plan, ins, keep, s)
@@ -411,67 +375,20 @@ cdef class FastPath:
             return self._compiled_gpu_failed(e, op, args, kwargs, d.slot, d.reason, d.pc, d.pg, stream, (now_ns() - t0) * 1e-3)
         dur = (now_ns() - t0) * 1e-3
         if start != NULL:
-            self._pend(gp, d.slot, c.size, dur, start, gp.time_mark(s))
+            self.times.pend(gp, d.slot, c.size, dur, start, gp.time_mark(s))
         hs_lock(&self.core.lock)
         if c.on_device:
-            # not a completion time (the work is still queued): the events time it (see _learn_timings)
+            # not a completion time (the work is still queued): the events time it (_queued_timing.pyx)
             self.core._record(self.core.slots[d.slot], GPU, c.size, -1.0, 0.0, 0.0, True, True, False)
         else:
             self.core._record(self.core.slots[d.slot], GPU, c.size, dur, c.h2d, c.d2h, True, True, False)
         hs_unlock(&self.core.lock)
         if self.tel is not None:
-            self.tel.record(op, "gpu", self.reason_str[d.reason], c.size, c.dtype, c.nbytes, dur, d.pc, d.pg, stream,
-                            None, None, None if c.on_device else {"uploaded": c.uploaded, "reused": 0})
-        if self.npending:
-            self._learn_timings(gp)
+            self.tel.record(op, "gpu", self.reason_str[d.reason], c.size, c.dtype, c.nbytes, dur, d.pc, d.pg, stream=stream,
+                            resident=None if c.on_device else {"uploaded": c.uploaded, "reused": 0})
+        if self.times.npending:
+            self.times.learn_marks(gp)
         return out
-
-    cdef bint _time_this(self, int slot) noexcept:
-        """Whether this device-data GPU run of `slot` is timed by events (see TIME_FIRST)."""
-        cdef long long n = self.gpu_runs[slot] + 1
-        self.gpu_runs[slot] = n
-        return n <= TIME_FIRST or n % TIME_EVERY == 0
-
-    cdef void _pend(self, GpuPath gp, int slot, double size, double host_us, void *start, void *end) noexcept:
-        cdef Timing *t
-        # _run_compiled saw room before its replay, but other threads' calls may have pended since (the
-        # replay can run Python: a library's from_dlpack, a finalizer, a driver reached through Python)
-        if end == NULL or self.npending >= PENDING:
-            gp.release_event(start)
-            gp.release_event(end)
-            return
-        t = &self.pending[self.npending]
-        t.slot, t.size, t.host_us, t.start, t.end = slot, size, host_us, start, end
-        self.npending += 1
-
-    cdef void _learn_timings(self, GpuPath gp) noexcept:
-        """Learn from the timed compiled runs whose work has run by now (never waits). A run's completion
-        time is the larger of its host time and the device time between its events (see
-        _learn_gpu_times)."""
-        cdef int i = 0, j
-        cdef double us
-        cdef Timing *t
-        if self.learning:   # another thread is in here (the driver call let it in): it does the reading
-            return
-        self.learning = True
-        while i < self.npending:
-            t = &self.pending[i]
-            us = gp.elapsed_us(t.start, t.end)
-            if us == -1.0:
-                break   # one stream's work runs in order: the later ones are queued too
-            if us >= 0:
-                hs_lock(&self.core.lock)
-                self.core._sample(self.core.slots[t.slot], GPU, t.size, us if us > t.host_us else t.host_us,
-                                  0.0, 0.0)
-                hs_unlock(&self.core.lock)
-            gp.release_event(t.start)
-            gp.release_event(t.end)
-            i += 1
-        if i:
-            for j in range(i, self.npending):
-                self.pending[j - i] = self.pending[j]
-            self.npending -= i
-        self.learning = False
 
     def forget_plans(self):
         """Drop every kept plan (the GPU context they name was closed), and every refusal with them."""
@@ -595,119 +512,28 @@ cdef class FastPath:
                 resident=None):
         # A GPU run on device data returns with the work still queued on the stream: its wall time is
         # not a completion time, so it counts here (-1: no sample) and is learned from once its timing
-        # events have been read (_learn_gpu_times)
+        # events have been read (_queued_timing.pyx)
         sample = -1.0 if be == GPU and call.on_device else dur
         self.core.record(slot, be, call.size, sample, h2d, d2h, fallback=fallback is not None)
         if self.tel is not None:
             self.tel.record(call.op, _BACKENDS[be], self.reason_str[reason], call.size, call.dtype, call.nbytes, dur,
-                             pc, pg, stream, fallback, detail, resident)
-        if self.timed:
-            self._learn_gpu_times()
-
-    def _learn_gpu_times(self):
-        """Learn from the timed device-data GPU runs whose work has run by now (never waits). Such a
-        run's completion time is the larger of its host time (launching, which its caller waited for)
-        and the device time between its events: recorded before its first launch and after its last
-        kernel, that span already holds the launch gaps an idle device waited through, and on a device
-        busy with earlier work only this call's own share. A reading that arrives before its run has
-        stored its entry (another thread polled in between) waits for it in _early."""
-        for ticket, device_us in self.gpu.gpu_times():
-            entry = self.timed.pop(ticket, None)
-            if entry is None:
-                if device_us is not None:
-                    _bounded_put(self.early, ticket, device_us)
-            elif device_us is not None:
-                slot, size, host_us = entry
-                self.core.learn(slot, GPU, size, max(host_us, device_us))
+                            pc, pg, stream=stream, fallback=fallback, detail=detail, resident=resident)
+        self.times.learn_tickets(self.gpu)
 
     # ------------------------------------------------------------------ device data on a further GPU
     def _further_side(self, call, tuple entry, int want):
-        """The further GPU (its splitting.Side) a call runs on because its device inputs all live there,
-        or None: no further devices, host data, inputs on the executor's own GPU or on several devices
-        (these take the executor's GPU's decision as before: for mixed devices, the CPU, which can read
-        every array), or a call that would stay on the CPU whatever a GPU said (backend='cpu',
-        force_cpu_mode, a strategy fixed on the CPU without backend='gpu', a size below
-        gpu_min_batch_size)."""
+        """The further GPU (its splitting.Side) a call runs on because its device inputs all live there
+        (further_gpus.FurtherGpus.side_for), or None: no further devices, host data, or a call that would
+        stay on the CPU whatever a GPU said (backend='cpu', force_cpu_mode, a strategy fixed on the CPU
+        without backend='gpu', a size below gpu_min_batch_size)."""
         cdef Params *p = &self.core.p
-        if not self.further or not call.on_device:
+        if self.further is None or not call.on_device:
             return None
         if want == 0 and (p.strategy == ST_CPU_PREFERRED or (p.strategy == ST_BACKEND_ONLY and p.backend_only == CPU)):
             return None
         if not self._asks_gpu(<int>entry[1] | want | F_FITS, want, call.size):
             return None
-        devices = device_indices(call.args)
-        return self.further.get(devices.pop()) if len(devices) == 1 else None
-
-    def _decide_further(self, side, call, int slot, int want, bint commit):
-        """(the device core's slot, backend, reason, predicted cpu us, predicted gpu us, detail) of a call
-        on a further GPU's data. That device's own core decides, from its backend's judgement of the call
-        and its breaker: it decides as gpu_preferred (Executor._device_core), so a device that is up,
-        takes the call and is healthy runs it where its data is. The executor's model, which weighs the
-        CPU's copies against its own GPU's measured times, has no such times for this device (its runs
-        leave their work queued and are not timed). The CPU's prediction is the executor's core's (one
-        CPU), the GPU's this device's own, else the executor's GPU's."""
-        g, core = side.backend, side.core
-        flags = F_GPU_PRESENT | F_GPU_SUPPORTS | F_FITS | F_ON_DEVICE | want
-        detail = None
-        try:
-            if not g.available:
-                flags &= ~F_GPU_PRESENT
-                detail = g.unavailable_reason
-            elif not g.supports(call.op, call.dtype) or call.size > g.max_elements(call.op):
-                flags &= ~F_GPU_SUPPORTS
-            else:
-                j = call.judged = g.judge(call)
-                if j.refusal is not None:
-                    flags |= F_CALL_UNSUPPORTED
-                    detail = j.refusal
-                elif not g.available:   # a query found the device gone
-                    flags &= ~F_GPU_PRESENT
-                    detail = g.unavailable_reason
-                elif not j.fits:
-                    flags &= ~F_FITS
-        except Exception as e:  # a failing query means the device cannot be trusted with this call
-            log.debug("hipsched: GPU %s query failed for %s: %s", g.device_index, call.op, e)
-            flags &= ~F_GPU_SUPPORTS
-        up, down = self.device_copy_bytes(call)
-        s_slot = core.slot(call.op, call.dtype)
-        be, reason, _, pg = core.decide(s_slot, call.size, up, down, flags, commit)
-        _, _, pc, main_pg = self.core.decide(slot, call.size, up, down, F_ON_DEVICE, False)
-        if pg != pg:   # NaN: not measured on this device yet
-            pg = main_pg
-        if reason != R_GPU_UNSUPPORTED and reason != R_GPU_UNAVAILABLE:
-            detail = None
-        return s_slot, be, reason, pc, pg, detail
-
-    def _run_further(self, side, call, int slot, int want, stream):
-        """Run a call on a further GPU's data on that device, through its backend: the result stays
-        there, as a run on the executor's GPU leaves it. Its health is that device's core's (the one its
-        split parts answer to), never the executor's GPU's; a failure reruns on the CPU, as there."""
-        s_slot, be, reason, pc, pg, detail = self._decide_further(side, call, slot, want, True)
-        g, core = side.backend, side.core
-        if be != GPU:
-            if want == F_WANT_GPU and not self.allow_fallback:
-                raise GpuError("unsupported" if reason == R_GPU_UNSUPPORTED else "unavailable",
-                               f"{call.op}: backend='gpu' was asked for but GPU {g.device_index}, where its inputs "
-                               f"live, cannot take this call ({self.reason_str[reason]}"
-                               f"{': ' + str(detail) if detail else ''})")
-            return self._run_cpu_device(call, slot, reason, pc, pg, stream, detail=detail)
-        t0 = _perf_ns()
-        try:
-            out = g.run(call, stream)
-        except Exception as e:  # noqa: BLE001 - any GPU-side failure falls back, whatever its type
-            return self._gpu_failed(core, g, call, slot, s_slot, e, (_perf_ns() - t0) * 1e-3, 0.0, 0.0,
-                                    pc, pg, stream, side.name, False)
-        except BaseException:  # interrupted: the breaker must still see an outcome (see _run_gpu)
-            core.record_gpu_failure(s_slot, call.size)
-            raise
-        dur = (_perf_ns() - t0) * 1e-3
-        # the work is left queued on the device: a success for its breaker, but no completion time
-        core.record_gpu_queued(s_slot, call.size)
-        self.core.count_gpu_run(-1.0)
-        if self.tel is not None:
-            self.tel.record(call.op, "gpu", self.reason_str[reason], call.size, call.dtype, call.nbytes, dur, pc, pg,
-                            stream, None, None, None, None, g.device_index)
-        return out
+        return self.further.side_for(call)
 
     def _run_gpu(self, call, slot, reason, pc, pg, h2d, d2h, stream):
         """A GPU run through the glue; `h2d` the bytes it uploads (not what the decision charged: a shared
@@ -717,7 +543,7 @@ cdef class FastPath:
         timed = ticket = None
         if call.on_device:
             h2d = d2h = 0   # the decision's copies were the CPU's: on the GPU device data moves nowhere
-            if self._time_this(slot):
+            if self.times.time_this(slot):
                 timed = self.run_timed_fn
         t0 = _perf_ns()
         try:
@@ -740,11 +566,7 @@ cdef class FastPath:
             raise
         dur = (_perf_ns() - t0) * 1e-3
         if ticket is not None:
-            device_us = self.early.pop(ticket, None)
-            if device_us is not None:   # read by another thread's call before this line
-                self.core.learn(slot, GPU, call.size, max(dur, device_us))
-            else:
-                _bounded_put(self.timed, ticket, (slot, call.size, dur))
+            self.times.ticketed(ticket, slot, call.size, dur)
         resident = None
         j = call.judged
         if j is not None and j.moved is not None:   # host inputs: what the run uploaded and read from kept copies
@@ -811,7 +633,4 @@ cdef class FastPath:
 
     def learn_pending(self):
         """Learn from every timed GPU run whose work has run by now (the executor's close calls it)."""
-        if self.timed:
-            self._learn_gpu_times()
-        if self.npending and self.path is not None:
-            self._learn_timings(self.path)
+        self.times.learn_all(self.gpu, self.path)

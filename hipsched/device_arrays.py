@@ -1,6 +1,6 @@
 """Which arrays live on a GPU: the DLPack device types and the one `is_device_array` test.
 
-A leaf: it imports nothing of hipsched, so the op specs (ops/base.py), the GPU layer
+A leaf: it imports nothing of hipsched, so the op specs (ops/validation.py), the GPU layer
 (gpu/memory/device_array.py, gpu/memory/dlpack.py) and the executor all ask the same question the same way
 without pointing at each other.
 

@@ -21,6 +21,7 @@ from .backends.interface import GpuBackendBase
 from .calibration import calibrate
 from .config import HybridConfig
 from .faults import FaultInjectingBackend
+from .further_gpus import FurtherGpus
 from .model_store import ModelPersistence
 from .ops import OPS
 from .ops.base import Call
@@ -167,7 +168,7 @@ class Executor:
             # one breaker sees both its split parts and its whole calls
             sides = (self._fast.splitter.others if self._fast.splitter is not None else
                      [Side(f"gpu:{g.device_index}", g, self._device_core()) for g in others])
-            self._fast.further = {s.backend.device_index: s for s in sides}
+            self._fast.further = FurtherGpus(sides, self._fast)
         version = getattr(sys.modules.get("hipsched"), "__version__", "0")
         self._model = ModelPersistence(self._core, cfg.cache_dir,
                                        gpu.device_name if self._gpu_present else None, version)
@@ -176,7 +177,7 @@ class Executor:
         self._device_models = [
             ModelPersistence(side.core, cfg.cache_dir, f"{side.backend.device_name} (device {side.backend.device_index})",
                              version)
-            for side in (self._fast.further or {}).values()]
+            for side in (self._fast.further.sides() if self._fast.further is not None else ())]
         self._save_at_exit = None
         if cfg.persist_model:
             for m in (self._model, *self._device_models):
@@ -207,7 +208,7 @@ class Executor:
     def _record_split(self, call, duration_us, pred_cpu_us, pred_gpu_us, fallback, split):
         if self._tel is not None:
             self._tel.record(call.op, "split", _REASON_STR[_sched.R_SPLIT], call.size, call.dtype, call.nbytes,
-                             duration_us, pred_cpu_us, pred_gpu_us, None, fallback, None, None, split)
+                             duration_us, pred_cpu_us, pred_gpu_us, fallback=fallback, split=split)
 
     def _measure_transfer(self):
         try:

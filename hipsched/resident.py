@@ -6,7 +6,7 @@ A leaf (imports nothing of hipsched): the op specs accept a handle wherever they
 (`hipsched.gpu.memory.resident_cache.ResidentCache.pin` attaches one per GPU context) and the Executor hands out
 handles (`Executor.resident`). Without a GPU a handle is just its host array, so the CPU side runs the
 same op on the same bytes either way. `immutable` and `fingerprint` say which host arrays may be kept
-(on a device, or as a converted copy: hipsched.ops.base.converted_once) and when a kept one changed.
+(on a device, or as a converted copy: hipsched.ops.converted_copies.converted_once) and when a kept one changed.
 
 Why updates go through the handle: a device copy cannot see a write to host memory. A handle makes
 its host array read-only, so `T[i] = v` raises instead of leaving the GPU on the old corpus, and

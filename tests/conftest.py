@@ -14,7 +14,8 @@ SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
 if SUPPORT not in sys.path:
     sys.path.insert(0, SUPPORT)
 
-from requires import need  # noqa: E402  (tests/support, on the path from here on)
+from gpu_presence import gpu_present  # noqa: E402  (tests/support, on the path from here on)
+from requires import need  # noqa: E402
 # CI's rule that a skip for a missing install fails (a hook: pytest finds it in this module's namespace)
 from skip_policy import pytest_runtest_makereport  # noqa: E402,F401
 
@@ -40,17 +41,9 @@ def gpu():
     be.close()
 
 
-def _gpu_present() -> bool:
-    try:
-        from hipsched.gpu.bindings import detect
-        return detect.gpu_available()
-    except Exception:
-        return False
-
-
 def pytest_collection_modifyitems(config, items):
     # the `gpu` marker, not the keyword: a test's keywords also hold its folder's name (tests/gpu/...)
-    if any(item.get_closest_marker("gpu") for item in items) and not _gpu_present():
+    if any(item.get_closest_marker("gpu") for item in items) and not gpu_present():
         skip = pytest.mark.skip(reason="no GPU on this machine")
         for item in items:
             if item.get_closest_marker("gpu"):

@@ -64,23 +64,6 @@ def _array_leaves(x, out):
     return out
 
 
-def _compiled_path(ctx):
-    """The compiled call path (gpu/launch/_callpath.pyx) of a context whose runtime has C entry points, or
-    None: the glue then serves every call, as it does for an emulator or a test double."""
-    try:
-        # deferred: compiled modules of the GPU layer, loaded once a runtime is found
-        from ..gpu.launch._callpath import GpuPath
-        from ..gpu.bindings._driver import driver_for
-    except ImportError as e:
-        logging.getLogger("hipsched").warning("hipsched: the compiled GPU call path is not built (%s); GPU "
-                                              "calls take the Python launch glue", e)
-        return None
-    drv = driver_for(ctx.rt)
-    if drv is None:
-        return None
-    return GpuPath(drv, ctx.rt, ctx.device.index, ctx.platform)
-
-
 class GpuBackend(GpuBackendBase):
     _fork_gen = 0
     # The compiled call path (hipsched/gpu/launch/_callpath.pyx's GpuPath), or None. The dispatcher replays
@@ -130,7 +113,9 @@ class GpuBackend(GpuBackendBase):
                 self.unavailable_reason = e.message
                 return
             self.available = True
-            self.callpath = _compiled_path(self._ctx)
+            # the engine replays recorded plans only through C entry points (see GpuPath)
+            engine = self._ctx.engine
+            self.callpath = engine if engine.enabled else None
         except Exception as e:
             self.available = False
             self.unavailable_reason = f"GPU initialisation failed: {type(e).__name__}: {e}"
@@ -211,6 +196,18 @@ class GpuBackend(GpuBackendBase):
         except Exception:
             return 0
 
+    def _free_bytes(self) -> int:
+        if not self._still_available():
+            return 0
+        try:
+            return int(self._ctx.engine.device_free_bytes())
+        except GpuError as e:   # the scheduler's first question often meets a dead driver first
+            if e.kind == "unavailable":
+                self.disable(e.message)
+            return 0
+        except Exception:
+            return 0
+
     def device_bytes_needed(self, call) -> int:
         """Inputs + outputs (call.nbytes) plus the scratch an op allocates on the device."""
         spec = OPS.get(call.op)
@@ -283,9 +280,8 @@ class GpuBackend(GpuBackendBase):
                                                   "CPU: %s", reason)
 
     def forget_free_memory(self) -> None:
-        super().forget_free_memory()
-        if self.callpath is not None:   # the compiled path keeps its own reading (read from C)
-            self.callpath.forget_free_memory()
+        if self._ctx is not None:   # the engine's reading, which the judge and the replayed calls share
+            self._ctx.engine.forget_free_memory()
 
     def _still_available(self) -> bool:
         if self.available and self._fork_gen != _rt._fork_generation:
@@ -319,7 +315,7 @@ class GpuBackend(GpuBackendBase):
         if ctx is None:
             return []
         try:
-            return [(t, None if ms is None else ms * 1e3) for t, ms in ctx.timings()]
+            return ctx.engine.read_timings()
         except Exception:
             return []
 
@@ -332,7 +328,7 @@ class GpuBackend(GpuBackendBase):
             if call.on_device:
                 self._check_devices(call.args)
             if timed:
-                start = self._ctx.start_timing(s)
+                start = self._ctx.engine.start_timing(s) or None
             ctx = recorder = None
             if self.callpath is not None:
                 wanted = self.callpath.recording_request()
@@ -351,7 +347,7 @@ class GpuBackend(GpuBackendBase):
                 self.callpath.recorded(recorder.plan(), recorder.refused)
             ticket = None
             if start is not None:
-                ticket, start = self._ctx.stop_timing(start, s), None
+                ticket, start = self._ctx.engine.stop_timing(start, s), None
             return out, ticket
         except GpuError as e:
             if e.kind == "unavailable":
@@ -366,7 +362,7 @@ class GpuBackend(GpuBackendBase):
             raise GpuError("runtime", f"{call.op} on the GPU: {type(e).__name__}: {e}") from e
         finally:
             if start is not None:   # the run failed: nothing to read
-                self._ctx.cancel_timing(start)
+                self._ctx.engine.cancel_timing(start)
             # Device inputs: the call returns with kernels reading them still queued (also when it
             # failed half way), and the caller may drop them at once, so they are held until then;
             # every call lets go of what earlier calls held and has run by now.
@@ -412,11 +408,7 @@ class GpuBackend(GpuBackendBase):
         with self._lock:
             if self.callpath is not None:
                 self.callpath.enabled = False
-                try:
-                    self.callpath.release_held()
-                except Exception:
-                    pass
-            if self._ctx is not None:
+            if self._ctx is not None:   # its engine lets go of held inputs once their work has run
                 try:
                     self._ctx.close()
                 except Exception:

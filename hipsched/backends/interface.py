@@ -9,13 +9,9 @@ run the op at all), `judge(call)` looks at one call (its shapes against the laun
 against what is free, what it would copy), and `run` runs it."""
 from __future__ import annotations
 
-import time
-
 from ..errors import GpuError
 from ..ops.base import host_arrays
 
-# Free device memory is re-read at most every 10 ms: a decision must not cost a driver query.
-FREE_MEMORY_TTL_NS = 10_000_000
 # Host inputs at least this large are asked whether a GPU run would keep them (upload_sharing spreads
 # their upload over the calls that reuse them; smaller uploads cost little next to a launch).
 KEEP_QUERY_MIN_BYTES = 1 << 20
@@ -53,7 +49,6 @@ class GpuBackendBase:
     # run_timed(call, stream) -> (result, ticket): a run whose device time its events measure, read back by
     # gpu_times(); None where a backend cannot time its runs (the dispatcher then calls run)
     run_timed = None
-    _free_read = (0, 0)   # (when, bytes) of the last free-memory reading
 
     # ------------------------------------------------------------------ devices
     def device_count(self) -> int:
@@ -105,16 +100,12 @@ class GpuBackendBase:
         return Judgement(None, fits, int(h2d), int(d2h), inputs=inputs)
 
     def _free_bytes(self) -> int:
-        now = time.perf_counter_ns()
-        when, free = self._free_read
-        if now - when > FREE_MEMORY_TTL_NS or not when:
-            free = int(self.free_memory())
-            self._free_read = (now, free)
-        return free
+        """The free memory a judgement compares with: GpuBackend's comes from its call engine, re-read at
+        most every 10 ms (a decision must not cost a driver query); a stand-in's is its answer."""
+        return int(self.free_memory())
 
     def forget_free_memory(self) -> None:
         """The device ran out of memory: the next judgement reads the free memory anew."""
-        self._free_read = (0, 0)
 
     def disable(self, reason: str) -> None:
         """The device is gone for this backend (a forked child, a driver that stopped answering): every

@@ -27,7 +27,7 @@ import numpy as np
 from distributed import futures_of
 from distributed.protocol import to_serialize
 
-from ..ops.base import as_float, finite_scalar
+from ..ops.validation import as_float, finite_scalar
 from .ops import SPLIT_EVERY, _corpus, check_split_every, held_chunk, held_plans, merged, scan_top_k, top_k
 from .placement import forget_placements, placement
 from .workers import executor_of

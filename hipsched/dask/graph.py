@@ -15,7 +15,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..ops.base import as_f32, check_ndim, finite_scalar, shape_mismatch
+from ..ops.validation import as_f32, check_ndim, finite_scalar, shape_mismatch
 from ..ops.graph import MAX_STEPS, OP, _csr_parts, _index_array, _index_pair, _seed_array
 
 SPLIT_EVERY = 8      # fan-in of the tree that sums the partitions' partial vectors

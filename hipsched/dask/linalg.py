@@ -12,7 +12,7 @@ import numpy as np
 
 from ..gguf_blocks import BLOCK_BYTES, QuantizedTensor, check_shape, qtype_name, row_blocks, row_bytes
 from ..ops.attention import check_attention
-from ..ops.base import as_f32, as_float, check_ndim, shape_mismatch
+from ..ops.validation import as_f32, as_float, check_ndim, shape_mismatch
 from ..ops.linalg import matmul_shapes
 from .ops import _dask, _dtype_ok, result_dtype
 from .workers import executor

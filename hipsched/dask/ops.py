@@ -18,7 +18,7 @@ from distributed.client import default_client
 from distributed.spill import SpillBuffer
 
 from ..broadcast import bias_fits
-from ..ops.base import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
+from ..ops.validation import HALF, as_float, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
 from ..ops.elementwise import _real_scalar
 from ..ops.similarity import merge_top_k
 from .placement import PLACEMENT_TOPIC, placement, runs
@@ -43,7 +43,7 @@ def _dtype_ok(x, op, arg):
 
 def result_dtype(*arrays):
     """The dtype the single-machine ops that keep half precision (add, scale, softmax, matmul, attention)
-    return for these inputs (ops/base.py's as_float and promote): float16 or bfloat16 when every input
+    return for these inputs (ops/validation.py's as_float and promote): float16 or bfloat16 when every input
     has that one type, float32 otherwise. A Dask array must declare it: its chunks will have it."""
     names = {np.dtype(a.dtype).name for a in arrays}
     if len(names) == 1 and names <= set(HALF):

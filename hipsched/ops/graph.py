@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (Call, _resolve, as_f32, check_ndim, contiguous_aligned, converted_once, finite_scalar, register,
-                   shape_mismatch)
+from .base import Call, _resolve, register
+from .converted_copies import converted_once
+from .validation import as_f32, check_ndim, contiguous_aligned, finite_scalar, shape_mismatch
 
 OP = "spread_activation"
 MAX_STEPS = 2**31 - 1
@@ -79,7 +80,7 @@ def _index_pair(indptr, indices):
     usual case, no copy), or when indices are int32 and the offsets fit in int32 (n + 1 offsets are
     converted, not nnz indices: large graphs often come with int64 offsets), else both int64 (uint64
     beyond int64 wraps negative: the checks reject it). A conversion of an input that cannot change is
-    made once (ops.base.converted_once), so a fixed graph is neither converted nor uploaded again."""
+    made once (ops.converted_copies.converted_once), so a fixed graph is neither converted nor uploaded again."""
     if indices.dtype == np.int32 and indptr.dtype != np.int32 and indptr.shape[0] - 1 <= _INT32_MAX:
         narrow = converted_once(indptr, "int32 offsets",
                                 lambda a: contiguous_aligned(a, np.int32) if _fits_int32(a) else None)

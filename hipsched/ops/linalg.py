@@ -4,15 +4,15 @@ Call.size = batch * m * n * k.
 
 Dtypes: float32, float16, bfloat16 on both backends; the result has the inputs' dtype and is accumulated in
 float32 (half operands are widened exactly, a row panel at a time, for the float32 BLAS; the result is
-rounded once, to nearest even). A mix promotes to float32, as NumPy and PyTorch do (ops.base.promote)."""
+rounded once, to nearest even). A mix promotes to float32, as NumPy and PyTorch do (ops.validation.promote)."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, promote, rand_f32, register, \
-    shape_mismatch
+from .base import Call, rand_f32, register
+from .validation import FLOATS, any_on_device, as_float, check_result_fits, promote, shape_mismatch
 
 
 def _split(call):

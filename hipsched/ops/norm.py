@@ -1,4 +1,4 @@
-"""Normalisation ops: rms_norm (validation, work measure and the op's spec; see base.py).
+"""Normalisation ops: rms_norm (validation, work measure and the op's spec; see base.py and validation.py).
 
 rms_norm(x, weight, eps=1e-6): over the last axis of x (at least 1-d), x / sqrt(mean(x**2) + eps) *
 weight, with weight of shape (x.shape[-1],) and eps a finite number > 0. Both backends form the sum of
@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from .base import FLOATS, Call, any_on_device, as_float, check_result_fits, finite_scalar, promote, rand_f32, \
-    partition_from_split, register, shape_mismatch, split_rows
+from .base import Call, partition_from_split, rand_f32, register, split_rows
+from .validation import FLOATS, any_on_device, as_float, check_result_fits, finite_scalar, promote, shape_mismatch
 
 OP = "rms_norm"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 # QuantizedTensor is public here too (hipsched.QuantizedTensor resolves through this module)
-from ..gguf_blocks import QTYPES, QuantizedTensor, check_shape, device_bytes, qtype_name
-from .base import FLOATS, Call, Partition, _resolve, any_on_device, as_float, check_ndim, dtype_name, \
-    check_result_fits, rand_f32, register, shape_mismatch
+from ..gguf_blocks import QTYPES, QuantizedTensor, check_shape, qtype_name
+from .base import Call, Partition, _resolve, rand_f32, register
+from .validation import FLOATS, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, shape_mismatch
 
 __all__ = ["QuantizedTensor", "quantize"]
 
@@ -52,14 +52,6 @@ def _check_qt(w, op: str) -> QuantizedTensor:
         raise TypeError(f"{op}: argument 'w' must be a QuantizedTensor (see hipsched.quantize), "
                         f"got {type(w).__name__}")
     return w
-
-
-
-def _scratch_layout(call):
-    """Device bytes beyond Call.nbytes: the GPU keeps w in its own layout (gguf_blocks.device_bytes), whose
-    rows are padded to whole superblocks (nothing when k is a multiple of 512 / 1024)."""
-    w = call.args[0]
-    return device_bytes(w.shape[0], w.shape[1], w.qtype) - w.nbytes
 
 
 def _split_qmatmul(call):
@@ -106,7 +98,7 @@ def _sweep(with_x):
 
 
 @register("dequantize", cpu=(_CPU, "dequantize"), gpu=(_GPU, "dequantize"), cpu_dtypes=QTYPES, gpu_dtypes=QTYPES,
-          scratch=_scratch_layout, partition=_partition_rows, sweep=_sweep(False))
+          partition=_partition_rows, sweep=_sweep(False))
 def prepare_dequantize(w) -> Call:
     """QuantizedTensor (GGUF Q8_0 or Q4_0 blocks) -> float32 array of its shape."""
     _check_qt(w, "dequantize")
@@ -116,7 +108,7 @@ def prepare_dequantize(w) -> Call:
 
 
 @register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QMATMUL_DTYPES,
-          gpu_dtypes=QMATMUL_DTYPES, scratch=_scratch_layout, split=_split_qmatmul, partition=_partition_rows,
+          gpu_dtypes=QMATMUL_DTYPES, split=_split_qmatmul, partition=_partition_rows,
           sweep=_sweep(True))
 def prepare_qmatmul(w, x) -> Call:
     """Quantized weights w (n, k), a QuantizedTensor, times x (k,) or (k, m) -> (n,) or (n, m). Both

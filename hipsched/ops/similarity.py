@@ -1,4 +1,4 @@
-"""Similarity ops: cosine_similarity and top_k (validation and work measures; see base.py).
+"""Similarity ops: cosine_similarity and top_k (validation and work measures; see base.py and validation.py).
 
 cosine_similarity(q, T): q (d,) or (m, d) against T (n, d) -> (n,) or (m, n) float32. A zero vector
 (q or a row of T, norm exactly 0, including d == 0) scores 0 against any finite vector; NaN or inf in
@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import FLOATS, Call, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, finite_scalar, \
-    Partition, partition_from_split, rand_f32, register, shape_mismatch
+from .base import Call, Partition, partition_from_split, rand_f32, register
+from .validation import (FLOATS, any_on_device, as_float, check_ndim, check_result_fits, dtype_name, finite_scalar,
+                         shape_mismatch)
 
 _CPU = "hipsched.cpu._similarity"
 _GPU = "hipsched.gpu.ops.similarity"
@@ -42,22 +43,6 @@ def _queries_targets(op, q, T):
 
 def _bytes(q, T):
     return q.dtype.itemsize * q.size + T.dtype.itemsize * T.size
-
-
-def _queries(call):
-    q = call.args[0]
-    return 1 if len(q.shape) == 1 else int(q.shape[0])
-
-
-def _scratch_cosine(call):
-    return 4 * _queries(call) if len(call.args) >= 2 else 0  # query norms
-
-
-def _scratch_top_k(call):
-    if len(call.args) < 2:
-        return 0
-    m, n = _queries(call), int(call.args[1].shape[0])
-    return 4 * m + 4 * m * n * 2 + 12 * m * n  # query norms, scores, first-pass partials (a bound)
 
 
 def _split_cosine(call):
@@ -125,7 +110,7 @@ def _sweep(*extra, queries=1):
 
 
 @register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
-          scratch=_scratch_cosine, split=_split_cosine, partition=_partition_cosine, sweep=_sweep(queries=32))
+          split=_split_cosine, partition=_partition_cosine, sweep=_sweep(queries=32))
 def prepare_cosine(q, T) -> Call:
     """Cosine similarity of q (d,) or (m, d) against the rows of T (n, d) -> (n,) or (m, n) float32. A
     zero vector has similarity 0 against any finite vector; NaN or inf gives NaN. q and T each float32,
@@ -137,7 +122,7 @@ def prepare_cosine(q, T) -> Call:
                 dtype=dtype_name(T), on_device=on_device)
 
 
-@register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, scratch=_scratch_top_k, split=_split_top_k,
+@register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split_top_k,
           partition=_partition_top_k,
           sweep=_sweep(10))
 def prepare_top_k(q, T, k) -> Call:

@@ -2,6 +2,7 @@
 needs it (CI must not pass on skips); a package outside the extra is skipped. A tool CI installs (g++
 for the kernel emulator, a C compiler, hiprtc, llvm-objdump) fails the tests that need it where
 HIPSCHED_REQUIRE_TOOLS is set, and skip_policy fails any skip that reads like a missing install there."""
+import ast
 import os
 import re
 import subprocess
@@ -127,3 +128,43 @@ def test_ci_requires_the_tools_it_installs():
     tests_start = ci.index('step "test command')
     assert "missing+=(g++)" in ci[:tests_start]
     assert "export HIPSCHED_REQUIRE_TOOLS=1" in ci[:tests_start]
+
+
+def imported_test_modules(source: str, test_modules: set[str]) -> list[str]:
+    """The test modules (names in `test_modules`) that `source` imports: `import test_x`, `from test_x
+    import ...`, `from pkg import test_x` and `importlib.import_module("test_x")`. A test function of the
+    same pattern imported from a support module (`from kernel_cases import test_softmax`) is no module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if set(a.name.split(".")) & test_modules]
+        elif isinstance(node, ast.ImportFrom):
+            if set((node.module or "").split(".")) & test_modules:
+                found.append(node.module)
+            found += [a.name for a in node.names if a.name in test_modules]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module":
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) \
+                    and set(node.args[0].value.split(".")) & test_modules:
+                found.append(node.args[0].value)
+    return found
+
+
+def test_no_test_module_imports_another():
+    """Cases two test modules share live in tests/support/ (op_cases.py, kernel_cases.py): a test module
+    imported by another is collected twice, runs only with the other's fixtures by accident, and ties
+    the two modules' names and paths together (test_gpu_ops.py had put tests/gpu/emulator on sys.path)."""
+    paths = sorted((ROOT / "tests").rglob("*.py"))
+    test_modules = {p.stem for p in paths if p.stem.startswith("test_")}
+    offenders = [f"{p.relative_to(ROOT)}: {name}" for p in paths
+                 for name in imported_test_modules(p.read_text(), test_modules)]
+    assert not offenders, "move what both need into tests/support/:\n" + "\n".join(offenders)
+
+
+def test_the_test_module_import_check_sees_each_form():
+    mods = {"test_gpu_kernels_emulated", "test_layers"}
+    assert imported_test_modules("from test_gpu_kernels_emulated import test_cosine\n", mods) == \
+        ["test_gpu_kernels_emulated"]
+    assert imported_test_modules("import test_layers as t\nfrom cli import test_layers\n", mods) == \
+        ["test_layers", "test_layers"]
+    assert imported_test_modules("importlib.import_module('test_layers')\n", mods) == ["test_layers"]
+    assert imported_test_modules("from kernel_cases import test_cosine, test_softmax\nimport test_helpers\n", mods) == []

@@ -16,15 +16,14 @@ rerun of test_simd_paths checks), and those are what the emulation must give.
 Skipped without gcc, at the scalar level (libm's exp2f there, not the polynomial), or on a CPU without
 AVX2."""
 import ctypes
-import shutil
 
 import numpy as np
 import pytest
-from requires import need, tools_required
+from requires import need
 
 import hipsched
 from hipsched.cpu import _attention as A
-from emulated_widths import build_widths  # tests/support
+from emulated_widths import build_widths, needs_gcc  # tests/support
 
 ml_dtypes = need("ml_dtypes", reason="bfloat16 arrays come from ml_dtypes (test extra)")
 
@@ -32,7 +31,7 @@ LEVEL = hipsched.cpu_features()["simd"]
 BF16_DOT = hipsched.cpu_features()["bf16_dot"]
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("gcc") is None and not tools_required(), reason="needs gcc to build the emulated widths"),
+    needs_gcc,
     pytest.mark.skipif(LEVEL not in ("avx2", "avx512"),
                        reason=f"the emulation's exp2 is the vector one; this process runs the {LEVEL} level"),
 ]

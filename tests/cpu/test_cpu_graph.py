@@ -307,11 +307,11 @@ def test_a_fixed_graph_is_converted_once(rng):
     assert prep((frozen, wide, weights), seeds).args[0] is frozen
     check(frozen, indices, weights, seeds, 0.4, 2, 0.05)
     # the kept copy goes with its source
-    from hipsched.ops import base
+    from hipsched.ops import converted_copies
     key = id(frozen)
-    assert any(k[0] == key for k in base._converted)
+    assert any(k[0] == key for k in converted_copies._converted)
     del frozen, a, view
-    assert not any(k[0] == key for k in base._converted)
+    assert not any(k[0] == key for k in converted_copies._converted)
 
 
 def test_prepare_validates_before_any_backend_runs():

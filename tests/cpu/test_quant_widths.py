@@ -15,7 +15,6 @@ hs_v_hsum does at AVX-512). So:
 
 Skipped without gcc or below the AVX2 level (the scalar variant's products are not fused)."""
 import ctypes
-import shutil
 
 import numpy as np
 import pytest
@@ -23,13 +22,12 @@ import pytest
 import hipsched
 from hipsched import QuantizedTensor
 from hipsched.cpu import _quant as Q
-from emulated_widths import build_widths  # tests/support
-from requires import tools_required
+from emulated_widths import build_widths, needs_gcc  # tests/support
 
 LEVEL = hipsched.cpu_features()["simd"]
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("gcc") is None and not tools_required(), reason="needs gcc to build the emulated widths"),
+    needs_gcc,
     pytest.mark.skipif(LEVEL not in ("avx2", "avx512"),
                        reason=f"the emulation fuses multiply-adds as the SIMD levels do; this process runs {LEVEL}"),
 ]

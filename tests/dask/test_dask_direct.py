@@ -10,9 +10,13 @@ from requires import need
 da = need("dask.array", reason="dask[array] is not installed (pip install 'hipsched[dask]')")
 distributed = need("distributed", reason="distributed is not installed (pip install 'hipsched[dask]')")
 
+import dask  # noqa: E402
+
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
-from dask_support import job_fixture, move_chunks, no_task_runs, tie_nan_corpus, unaligned_copy  # noqa: E402
+from dask_support import (computed, job_fixture, move_chunks, no_task_runs, same_bits, tie_nan_corpus,  # noqa: E402
+                          unaligned_copy)
+from half_formats import TYPE_IDS, TYPES  # noqa: E402
 from hipsched.dask import direct, placement  # noqa: E402
 
 D = 16
@@ -67,6 +71,25 @@ def test_direct_queries_equal_the_single_machine_op(dask_client, job, corpus, mo
     assert not any(name.startswith("hipsched") for name in names), names
     # the same answer as the task graph, which it stands for
     _same(hd.search(qm, Td, 7), tuple(dask_client.compute(list(hd.top_k(qm, Td, 7)), sync=True)))
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=TYPE_IDS)
+def test_a_corpus_of_each_float_type_gives_the_single_machine_bits(dask_client, job, dtype):
+    """top_k (the task graph and the direct search) and cosine_similarity over a float32, float16 or
+    bfloat16 corpus: the single-machine op's results bit for bit, the scores float32 whatever the type."""
+    rng = np.random.default_rng(41)
+    T = rng.standard_normal((3000, 24)).astype(TYPES[dtype])
+    T[2900] = T[7]
+    Td = da.from_array(T, chunks=(250, 24)).persist()
+    distributed.wait(Td)
+    for q in (rng.standard_normal(24).astype(np.float32), rng.standard_normal((12, 24)).astype(np.float32), T[7].copy()):
+        ref = hs.top_k(q, T, 10)
+        served = direct.search_stats["direct"]
+        for got in (dask.compute(*hd.top_k(q, Td, 10)), hd.search(q, Td, 10)):
+            same_bits(got[0], ref[0])
+            same_bits(got[1], ref[1])
+        assert direct.search_stats["direct"] == served + 1   # search answered directly, not through the graph
+        same_bits(computed(hd.cosine_similarity(q, Td)), hs.cosine_similarity(q, T))
 
 
 def test_held_chunks_are_realigned_once(dask_client, job, corpus):

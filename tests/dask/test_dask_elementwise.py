@@ -1,5 +1,6 @@
 """hipsched.dask add / scale / softmax on the 2-process LocalCluster: one float32 operation per element
-(softmax: per whole slice), so the results must be bit-identical to the single-machine ops."""
+(softmax: per whole slice), so the results must be bit-identical to the single-machine ops, in each float
+type, whose dtype the Dask array declares and its chunks have."""
 import numpy as np
 import pytest
 from requires import need
@@ -9,7 +10,8 @@ need("distributed", reason="distributed is not installed (pip install 'hipsched[
 
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
-from dask_support import FakeGpuFactory, job_fixture  # noqa: E402
+from dask_support import FakeGpuFactory, computed, job_fixture, same_bits  # noqa: E402
+from half_formats import TYPE_IDS, TYPES  # noqa: E402
 
 
 job = job_fixture("elementwise", executor_factory=FakeGpuFactory(gpu_workers=("0",)))
@@ -49,3 +51,21 @@ def test_softmax_along_an_unchunked_axis(dask_client, job, x):
         hd.softmax(xd, axis=1)
     with pytest.raises(ValueError, match="axis 3 is out of range"):
         hd.softmax(xd, axis=3)
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=TYPE_IDS)
+def test_each_float_type_is_kept(dask_client, job, dtype):
+    rng = np.random.default_rng(42)
+    dt = TYPES[dtype]
+    a = rng.standard_normal((60, 40)).astype(dt)
+    b = rng.standard_normal((60, 40)).astype(dt)
+    bias = rng.standard_normal(40).astype(dt)
+    ad, bd = da.from_array(a, chunks=(16, 40)), da.from_array(b, chunks=(25, 40))
+    same_bits(computed(hd.add(ad, bd)), hs.add(a, b))
+    same_bits(computed(hd.add(ad, bias)), hs.add(a, bias))          # a NumPy bias keeps its type
+    same_bits(computed(hd.scale(ad, 0.3)), hs.scale(a, 0.3))
+    same_bits(computed(hd.softmax(ad, axis=-1)), hs.softmax(a, axis=-1))
+    # a mix of types is float32, as on one machine
+    same_bits(computed(hd.add(ad, b.astype(np.float32))), hs.add(a, b.astype(np.float32)))
+    other = TYPES["float16" if dtype != "float16" else "bfloat16"]
+    same_bits(computed(hd.add(ad, da.from_array(b.astype(other), chunks=(16, 40)))), hs.add(a, b.astype(other)))

@@ -21,7 +21,8 @@ need("distributed", reason="distributed is not installed (pip install 'hipsched[
 import hipsched as hs  # noqa: E402
 import hipsched.dask as hd  # noqa: E402
 import dask_support  # noqa: E402
-from dask_support import FakeGpuFactory, job_fixture  # noqa: E402
+from dask_support import FakeGpuFactory, computed, job_fixture, same_bits  # noqa: E402
+from half_formats import TYPE_IDS, TYPES, UNIT  # noqa: E402
 from hipsched.ops.quant import QuantizedTensor  # noqa: E402
 
 U = 2.0 ** -24
@@ -114,6 +115,31 @@ def test_attention_is_bit_identical(dask_client, job, causal):
     np.testing.assert_array_equal(out.compute(), hs.attention(q, k, v, causal=causal))
     np.testing.assert_array_equal(hd.attention(qd, kd, vd, causal=causal, scale=0.3).compute(),
                                   hs.attention(q, k, v, causal=causal, scale=0.3))
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=TYPE_IDS)
+def test_matmul_and_attention_keep_each_float_type(dask_client, job, dtype):
+    """A float16 or bfloat16 matmul and attention give results of that type: attention the single-machine
+    bits, matmul within the float32 bound of the sums (see above) plus one rounding to the type on each
+    side."""
+    rng = np.random.default_rng(43)
+    dt = TYPES[dtype]
+    a = rng.standard_normal((50, 64)).astype(dt)
+    b = rng.standard_normal((64, 30)).astype(dt)
+    ref = hs.matmul(a, b)
+    mag = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    for ca in ((10, 64), (10, 16)):   # the contraction whole, then in 4 chunks (partial sums in float32)
+        got = computed(hd.matmul(da.from_array(a, chunks=ca), da.from_array(b, chunks=(ca[1], 30))))
+        assert got.dtype == ref.dtype == np.dtype(dt)
+        err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        assert np.all(err <= 2 * UNIT[dtype] * np.abs(ref.astype(np.float64)) + 2 * 70 * U * mag)
+    q = rng.standard_normal((2, 4, 33, 16)).astype(dt)
+    k = rng.standard_normal((2, 4, 40, 16)).astype(dt)
+    v = rng.standard_normal((2, 4, 40, 16)).astype(dt)
+    for causal in (False, True):
+        got = computed(hd.attention(da.from_array(q, chunks=(1, 2, 33, 16)), da.from_array(k, chunks=(1, 2, 40, 16)),
+                                    da.from_array(v, chunks=(1, 2, 40, 16)), causal=causal))
+        same_bits(got, hs.attention(q, k, v, causal=causal))
 
 
 def test_attention_bad_input_fails_on_the_client(dask_client, job, no_task_runs):

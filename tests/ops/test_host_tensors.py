@@ -9,7 +9,8 @@ torch = need("torch")
 ml_dtypes = need("ml_dtypes")
 
 import hipsched  # noqa: E402
-from hipsched.ops.base import as_float, host_array, result_converter  # noqa: E402
+from hipsched.ops.foreign_arrays import host_array, result_converter  # noqa: E402
+from hipsched.ops.validation import as_float  # noqa: E402
 
 
 @pytest.fixture

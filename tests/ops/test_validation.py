@@ -18,7 +18,7 @@ def test_an_input_that_cannot_change_is_converted_once():
     """A float64 corpus that is read-only and owns its memory converts to float32 once: later calls get
     the same read-only copy (no pass over the data per call, and the GPU may keep the copy resident). A
     writable one, or a read-only view of a writable one, is converted by every call."""
-    from hipsched.ops.base import as_float
+    from hipsched.ops.validation import as_float
     T = np.random.default_rng(0).standard_normal((64, 8))
     a, b = as_float(T, "top_k", "corpus"), as_float(T, "top_k", "corpus")
     assert a is not b and a.flags.writeable
@@ -46,19 +46,19 @@ def test_a_kept_copys_source_freed_by_the_collector_inside_the_lock_does_not_dea
     lock its own thread holds."""
     import gc
     import threading
-    from hipsched.ops import base
+    from hipsched.ops import converted_copies, validation
 
     def work():
         src = np.arange(16, dtype=np.float64)
         src.flags.writeable = False
-        base.as_float(src, "top_k", "corpus")
+        validation.as_float(src, "top_k", "corpus")
         cycle = [src]
         cycle.append(cycle)
         key = id(src)
         del src, cycle
-        with base._converted_lock:
+        with converted_copies._converted_lock:
             gc.collect()      # frees the cycle, and the source with it, while the lock is held
-        gone.append(not any(k[0] == key for k in base._converted))   # and its entry went with it
+        gone.append(not any(k[0] == key for k in converted_copies._converted))   # and its entry went with it
     gone = []
     t = threading.Thread(target=work, daemon=True)
     t.start()
@@ -155,9 +155,9 @@ def test_non_contiguous_and_unaligned_inputs_give_correct_results():
 
 
 def test_unaligned_buffers_are_copied_byte_for_byte():
-    """contiguous_aligned (ops/base.py) copies an unaligned buffer's bytes: NaN payloads, -0.0 and half
+    """contiguous_aligned (ops/validation.py) copies an unaligned buffer's bytes: NaN payloads, -0.0 and half
     types come through unchanged, the copy is aligned and C-contiguous, and an aligned array is kept."""
-    from hipsched.ops.base import contiguous_aligned
+    from hipsched.ops.validation import contiguous_aligned
     rng = np.random.default_rng(5)
     vals = rng.standard_normal(40).astype(np.float32)
     vals[3] = -0.0
@@ -314,7 +314,7 @@ def test_quantize_range_error_names_the_overflowing_row(qtype, fine, bad):
 def test_an_input_whose_copy_cannot_fit_is_memory_error_before_any_copy(op, monkeypatch):
     """A broadcast view of 2^41 elements costs nothing until copied. The check comes before the copy:
     where Linux overcommits (seen on a lent GPU VM), the copy itself would get the process killed."""
-    from hipsched.ops import base
+    from hipsched.ops import validation
     big = np.broadcast_to(np.float32(1), (1 << 16, 1 << 16, 8, 64))[..., ::2]   # not contiguous
     monkeypatch.setattr(np, "ascontiguousarray", lambda *a, **k: pytest.fail("copied before the check"))
     with pytest.raises(MemoryError, match=r"argument 'q'|argument 'x'|argument 'a'"):
@@ -325,4 +325,4 @@ def test_an_input_whose_copy_cannot_fit_is_memory_error_before_any_copy(op, monk
             ex.softmax(big)
         else:
             ex.add(big, big)
-    assert base.PHYSICAL_MEMORY < big.size * 4
+    assert validation.PHYSICAL_MEMORY < big.size * 4

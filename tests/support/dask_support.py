@@ -14,6 +14,19 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+def computed(x):
+    """x computed, after checking that its declared dtype is its chunks' dtype (a Dask array whose dtype
+    lies would give wrong results downstream)."""
+    out = x.compute()
+    assert out.dtype == x.dtype, f"declared {x.dtype}, chunks are {out.dtype}"
+    return out
+
+
+def same_bits(got, ref):
+    assert got.dtype == ref.dtype, (got.dtype, ref.dtype)
+    assert got.tobytes() == ref.tobytes()
+
+
 def start_cluster(distributed, n_workers=2, **kwargs):
     cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                        dashboard_address=":0", **kwargs)

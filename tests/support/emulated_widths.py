@@ -2,10 +2,18 @@
 setup.py's flags for the C kernels (-O3, OpenMP, no errno, no trapping math), for the width tests."""
 import ctypes
 import os
+import shutil
 import subprocess
+
+import pytest
+from requires import tools_required
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src_c", "cpu")
 SUPPORT = os.path.dirname(os.path.abspath(__file__))
+
+# a width test's module mark: without gcc it skips, where CI requires the tools it fails (requires.py)
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None and not tools_required(),
+                               reason="needs gcc to build the emulated widths")
 
 
 def build_widths(directory, harness: str, widths=(8, 16)) -> dict:

@@ -11,7 +11,6 @@ half_formats.py's, as everywhere in the tests."""
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from typing import Callable
 
 import numpy as np
@@ -20,8 +19,9 @@ import pytest
 from graph_data import random_graph
 from half_formats import HALF, TINY, UNIT
 from hipsched import quantize
-from hipsched.gpu.memory.device_array import DeviceArray, to_device
+from hipsched.gpu.memory.device_array import DeviceArray
 from hipsched.ops import OPS
+from kernel_cases import cosines64, gguf_dequantized
 from requires import need
 
 NP = {"float32": np.dtype(np.float32), **HALF}
@@ -117,13 +117,6 @@ def _check_rms_norm(out, args, kwargs, dtype):
     within(out, ref, (UNIT[elem(dtype)] + 2.0 ** -23) * np.abs(ref) + TINY[elem(dtype)], "rms_norm")
 
 
-def _cosines(q, T):
-    q64, T64 = np.atleast_2d(f64(q)), f64(T)
-    norms = np.linalg.norm(q64, axis=1)[:, None] * np.linalg.norm(T64, axis=1)[None, :]
-    ref = np.divide(q64 @ T64.T, norms, out=np.zeros_like(norms), where=norms > 0)
-    return ref.reshape(ref.shape[1:]) if np.ndim(q) == 1 else ref
-
-
 def _cosine(rng, dtype, form):
     q = randn(rng, dtype, *((12,) if form == "vector" else (3, 12)))
     return (q, randn(rng, dtype, 70, 12)), {}
@@ -132,7 +125,7 @@ def _cosine(rng, dtype, form):
 def _check_cosine(out, args, kwargs, dtype):
     # scores are float32 sums of d products whatever the inputs (these widen exactly): test_cosine's bound
     d = args[1].shape[1]
-    within(out, _cosines(*args), np.full(np.shape(out), 3e-6 + 2e-7 * np.sqrt(d)), "cosine_similarity")
+    within(out, cosines64(*args), np.full(np.shape(out), 3e-6 + 2e-7 * np.sqrt(d)), "cosine_similarity")
 
 
 def _top_k(rng, dtype, form):
@@ -142,7 +135,7 @@ def _top_k(rng, dtype, form):
 
 def _check_top_k(out, args, kwargs, dtype):
     idx, scores = out
-    ref = np.atleast_2d(_cosines(args[0], args[1]))
+    ref = np.atleast_2d(cosines64(args[0], args[1]))
     idx2, scores2 = np.atleast_2d(idx), np.atleast_2d(scores)
     assert idx2.shape == (ref.shape[0], args[2]) and np.asarray(scores).dtype == np.float32
     at = np.take_along_axis(ref, idx2.astype(np.int64), axis=1)
@@ -217,18 +210,12 @@ def _check_spread(out, args, kwargs, dtype):
     within(out, a, np.full(a.shape, 1e-5), "spread_activation")
 
 
-def _gguf_dequantized(W):
-    gguf = need("gguf")
-    t = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[W.qtype]
-    return np.asarray(gguf.quants.dequantize(np.asarray(W.data), t), np.float32).reshape(W.shape)
-
-
 def _dequantize(rng, dtype, form):
     return (quantize(rng.standard_normal((20, 64)).astype(np.float32), dtype),), {}
 
 
 def _check_dequantize(out, args, kwargs, dtype):
-    np.testing.assert_array_equal(out, _gguf_dequantized(args[0]))   # fp16 scale x int: exact
+    np.testing.assert_array_equal(out, gguf_dequantized(args[0]))   # fp16 scale x int: exact
 
 
 # the mat-vec, the 8-column mat-vec, and the 64x64 tiles (on the emulated sm_90 a half x takes the
@@ -245,7 +232,7 @@ def _qmatmul(rng, dtype, form):
 
 
 def _check_qmatmul(out, args, kwargs, dtype):
-    Wf, x = f64(_gguf_dequantized(args[0])), f64(args[1])
+    Wf, x = f64(gguf_dequantized(args[0])), f64(args[1])
     ref = Wf @ x
     # float32 sums of k products (and the per-block scale products): 2 k 2^-24 |W| @ |x|, then the
     # result's rounding

@@ -2,14 +2,16 @@
 
 The HIP module API mirrors the CUDA driver API argument for argument (hipModuleLoadData /
 cuModuleLoadData, hipModuleLaunchKernel / cuLaunchKernel, hipMemcpyHtoDAsync / cuMemcpyHtoDAsync_v2,
-...), so one class holds the one code path and each vendor is a symbol table. Every wrapper has the
-same shape: call, then one status check that turns a non-zero code into a GpuError carrying the
-runtime's own error name."""
+...), so one class holds the one code path and each vendor is a symbol table (vendor_tables.py). Every
+wrapper has the same shape: call, then one status check that turns a non-zero code into a GpuError
+carrying the runtime's own error name."""
 from __future__ import annotations
 
 import ctypes
 import re
 import threading
+from ctypes import POINTER as P
+from ctypes import c_char_p, c_float, c_int, c_size_t, c_void_p
 
 from ...errors import GpuError
 from ..compilation.compilers import get_compiler
@@ -17,94 +19,10 @@ from . import libs
 from . import runtime as _rt
 from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params
 from .status import gpu_error
+from .vendor_tables import (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CUDA_ATTR, CUDA_OPTIONAL, CUDA_SYMBOLS, EVENT_DEFAULT,
+                            HIP_ATTR, HIP_OPTIONAL, HIP_SYMBOLS, NOT_READY, OPTIONAL_SIGNATURES,
+                            POOL_ATTR_RELEASE_THRESHOLD, POOL_FNS, SIGNATURES, STREAM_NON_BLOCKING)
 
-c_void_p, c_size_t, c_int, c_uint, c_float, c_char_p = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                                         ctypes.c_uint, ctypes.c_float, ctypes.c_char_p)
-P = ctypes.POINTER
-
-# canonical name -> (argtypes); the symbol tables below name the vendor function for each.
-SIGNATURES = {
-    "init": [c_uint],
-    "driver_version": [P(c_int)],
-    "device_count": [P(c_int)],
-    "device_name": [c_char_p, c_int, c_int],
-    "device_total_mem": [P(c_size_t), c_int],
-    "device_attribute": [P(c_int), c_int, c_int],
-    "mem_info": [P(c_size_t), P(c_size_t)],
-    "malloc": [P(c_void_p), c_size_t],
-    "free": [c_void_p],
-    "memcpy_htod": [c_void_p, c_void_p, c_size_t, c_void_p],
-    "memcpy_dtoh": [c_void_p, c_void_p, c_size_t, c_void_p],
-    "memcpy_dtod": [c_void_p, c_void_p, c_size_t, c_void_p],
-    "memset_d8": [c_void_p, ctypes.c_ubyte, c_size_t, c_void_p],
-    "stream_create": [P(c_void_p), c_uint],
-    "stream_destroy": [c_void_p],
-    "stream_synchronize": [c_void_p],
-    "stream_wait_event": [c_void_p, c_void_p, c_uint],
-    "event_create": [P(c_void_p), c_uint],
-    "event_destroy": [c_void_p],
-    "event_record": [c_void_p, c_void_p],
-    "event_synchronize": [c_void_p],
-    "event_elapsed": [P(c_float), c_void_p, c_void_p],
-    "synchronize": [],
-    "module_load": [P(c_void_p), c_char_p],
-    "module_unload": [c_void_p],
-    "module_function": [P(c_void_p), c_void_p, c_char_p],
-    "launch": [c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p, P(c_void_p),
-               P(c_void_p)],
-}
-
-HIP_SYMBOLS = {
-    "init": "hipInit", "driver_version": "hipDriverGetVersion", "device_count": "hipGetDeviceCount",
-    "device_name": "hipDeviceGetName", "device_total_mem": "hipDeviceTotalMem",
-    "device_attribute": "hipDeviceGetAttribute", "mem_info": "hipMemGetInfo", "malloc": "hipMalloc",
-    "free": "hipFree", "memcpy_htod": "hipMemcpyHtoDAsync", "memcpy_dtoh": "hipMemcpyDtoHAsync",
-    "memcpy_dtod": "hipMemcpyDtoDAsync", "memset_d8": "hipMemsetD8Async",
-    "stream_create": "hipStreamCreateWithFlags", "stream_destroy": "hipStreamDestroy",
-    "stream_synchronize": "hipStreamSynchronize", "stream_wait_event": "hipStreamWaitEvent",
-    "event_create": "hipEventCreateWithFlags", "event_destroy": "hipEventDestroy",
-    "event_record": "hipEventRecord", "event_synchronize": "hipEventSynchronize",
-    "event_elapsed": "hipEventElapsedTime", "synchronize": "hipDeviceSynchronize",
-    "module_load": "hipModuleLoadData", "module_unload": "hipModuleUnload",
-    "module_function": "hipModuleGetFunction", "launch": "hipModuleLaunchKernel",
-}
-
-CUDA_SYMBOLS = {
-    "init": "cuInit", "driver_version": "cuDriverGetVersion", "device_count": "cuDeviceGetCount",
-    "device_name": "cuDeviceGetName", "device_total_mem": "cuDeviceTotalMem_v2",
-    "device_attribute": "cuDeviceGetAttribute", "mem_info": "cuMemGetInfo_v2", "malloc": "cuMemAlloc_v2",
-    "free": "cuMemFree_v2", "memcpy_htod": "cuMemcpyHtoDAsync_v2", "memcpy_dtoh": "cuMemcpyDtoHAsync_v2",
-    "memcpy_dtod": "cuMemcpyDtoDAsync_v2", "memset_d8": "cuMemsetD8Async",
-    "stream_create": "cuStreamCreate", "stream_destroy": "cuStreamDestroy_v2",
-    "stream_synchronize": "cuStreamSynchronize", "stream_wait_event": "cuStreamWaitEvent",
-    "event_create": "cuEventCreate", "event_destroy": "cuEventDestroy_v2",
-    "event_record": "cuEventRecord", "event_synchronize": "cuEventSynchronize",
-    "event_elapsed": "cuEventElapsedTime", "synchronize": "cuCtxSynchronize",
-    "module_load": "cuModuleLoadData", "module_unload": "cuModuleUnload",
-    "module_function": "cuModuleGetFunction", "launch": "cuLaunchKernel",
-}
-
-# Optional: a driver without them (CUDA before 11.2, old ROCm) gets Runtime's event-based fallbacks.
-OPTIONAL_SIGNATURES = {"free_async": [c_void_p, c_void_p], "event_query": [c_void_p],
-                       "malloc_async": [P(c_void_p), c_size_t, c_void_p],
-                       "default_pool": [P(c_void_p), c_int], "pool_set_attribute": [c_void_p, c_int, c_void_p],
-                       "pool_trim": [c_void_p, c_size_t]}
-HIP_OPTIONAL = {"free_async": "hipFreeAsync", "event_query": "hipEventQuery", "malloc_async": "hipMallocAsync",
-                "default_pool": "hipDeviceGetDefaultMemPool", "pool_set_attribute": "hipMemPoolSetAttribute",
-                "pool_trim": "hipMemPoolTrimTo"}
-CUDA_OPTIONAL = {"free_async": "cuMemFreeAsync", "event_query": "cuEventQuery", "malloc_async": "cuMemAllocAsync",
-                 "default_pool": "cuDeviceGetDefaultMemPool", "pool_set_attribute": "cuMemPoolSetAttribute",
-                 "pool_trim": "cuMemPoolTrimTo"}
-_POOL_FNS = ("malloc_async", "default_pool", "pool_set_attribute", "pool_trim")
-_POOL_ATTR_RELEASE_THRESHOLD = 4   # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD == hipMemPoolAttrReleaseThreshold
-_NOT_READY = 600             # hipErrorNotReady == CUDA_ERROR_NOT_READY: the event's work is still queued
-
-# Device attributes (hipDeviceAttribute_t from ROCm's hip_runtime_api.h; CUdevice_attribute).
-HIP_ATTR = {"multiprocessors": 63, "warp_size": 87, "cc_major": 23, "cc_minor": 61}
-CUDA_ATTR = {"multiprocessors": 16, "warp_size": 10, "cc_major": 75, "cc_minor": 76}
-_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
-_STREAM_NON_BLOCKING = 1     # hipStreamNonBlocking == CU_STREAM_NON_BLOCKING
-_EVENT_DEFAULT = 0
 _GFX_RE = re.compile(rb"gfx[0-9a-f]+(?::[a-z]+[+-])*")
 
 
@@ -309,7 +227,7 @@ class CtypesRuntime(Runtime):
             if fn is None:
                 return None
             fn.restype, fn.argtypes = c_int, [c_void_p, c_int, ctypes.c_uint64]
-            if fn(ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ctypes.c_uint64(ptr)) != 0:
+            if fn(ctypes.byref(ordinal), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ctypes.c_uint64(ptr)) != 0:
                 return None
             return ordinal.value if ordinal.value >= 0 else None
         fn = getattr(self._lib, "hipPointerGetAttributes", None)
@@ -416,7 +334,7 @@ class CtypesRuntime(Runtime):
         super().free_async(ptr, stream)
 
     def _pool_malloc(self, nbytes: int, stream: int):
-        if any(f not in self._fns for f in _POOL_FNS) or self._no_free_async or "free_async" not in self._fns:
+        if any(f not in self._fns for f in POOL_FNS) or self._no_free_async or "free_async" not in self._fns:
             return None
         self._ctx()
         if self._pools.get(self._device) is None:
@@ -442,7 +360,7 @@ class CtypesRuntime(Runtime):
             dev.value = index
         self._call_optional("default_pool", ctypes.byref(pool), dev.value)
         keep = ctypes.c_uint64(_rt.pool_keep_bytes(self.device_info(index).total_memory))
-        self._call_optional("pool_set_attribute", pool, _POOL_ATTR_RELEASE_THRESHOLD, ctypes.byref(keep))
+        self._call_optional("pool_set_attribute", pool, POOL_ATTR_RELEASE_THRESHOLD, ctypes.byref(keep))
         self._pools[index] = pool.value
         return pool.value
 
@@ -479,7 +397,7 @@ class CtypesRuntime(Runtime):
     def stream_create(self) -> int:
         self._ctx()
         s = c_void_p()
-        self._call("stream_create", ctypes.byref(s), _STREAM_NON_BLOCKING)
+        self._call("stream_create", ctypes.byref(s), STREAM_NON_BLOCKING)
         return s.value or 0
 
     def stream_destroy(self, stream):
@@ -497,7 +415,7 @@ class CtypesRuntime(Runtime):
     def event_create(self) -> int:
         self._ctx()
         e = c_void_p()
-        self._call("event_create", ctypes.byref(e), _EVENT_DEFAULT)
+        self._call("event_create", ctypes.byref(e), EVENT_DEFAULT)
         return e.value or 0
 
     def event_destroy(self, event):
@@ -517,7 +435,7 @@ class CtypesRuntime(Runtime):
             return super().event_query(event)
         self._ctx()
         status = self._fns["event_query"](c_void_p(event))
-        if status == _NOT_READY:
+        if status == NOT_READY:
             return False
         if status != 0:
             raise gpu_error(self._error_name(status), self._optional["event_query"], status)

@@ -51,7 +51,7 @@ cdef class Plan:
 
 
 cdef class GpuPath:
-    cdef Driver drv
+    cdef Driver drv                  # None: the runtime has no C entry points (plans are not replayed)
     cdef public bint enabled
     cdef readonly object runtime
     cdef int device_type, device_index
@@ -60,11 +60,22 @@ cdef class GpuPath:
     cdef object tls                  # per thread: the recording a general-path call asked for
     cdef long long free_at_ns
     cdef double free_bytes_cached
+    cdef list spare_events           # events of a runtime without C entry points, for reuse
+    cdef object timings              # deque of (ticket, start mark, end mark) of timed glue runs
+    cdef object timings_lock
+    cdef long long next_ticket
 
     cdef object read_args(self, str op, tuple args, dict kwargs, size_t reader, Inputs *ins, list keep)
     cdef object _part(self, a, size_t reader, Inputs *ins, list keep)
     cdef object _device_array(self, a, Inputs *ins, list keep)
     cdef object _dlpack(self, a, t, size_t reader, Inputs *ins, list keep)
+    cdef size_t _event(self) noexcept
+    cdef int _record(self, size_t e, size_t stream) noexcept
+    cdef int _query(self, size_t e, bint wait) noexcept
+    cdef int _elapsed(self, float *ms, size_t start, size_t end) noexcept
+    cdef void _spare(self, size_t e) noexcept
+    cdef int _stream_sync(self, size_t stream) noexcept
+    cdef int _current(self) noexcept
     cdef void _hold(self, list keep, size_t stream)
     cdef void _reap(self, bint wait_oldest)
     cdef object _host_array(self, a, Inputs *ins)
@@ -72,6 +83,7 @@ cdef class GpuPath:
     cdef object _download(self, Plan plan, void **outp, void *stage, size_t stream)
     cdef void _mark_busy(self, void *stage, size_t stream)
     cdef object replay(self, Plan plan, Inputs *ins, list keep, size_t stream)
+    cdef double _read_free(self) except -1.0
     cdef double free_bytes(self)
     cdef void *time_mark(self, size_t stream) noexcept
     cdef double elapsed_us(self, void *start, void *end) noexcept

@@ -22,6 +22,7 @@ from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer, PyCapsul
 
 cimport numpy as cnp
 
+import collections
 import sys
 import threading
 
@@ -69,15 +70,17 @@ cdef extern from *:
 # Calls whose foreign inputs are held before the oldest is waited for: a caller that never
 # synchronises must not make the list grow without bound.
 cdef int MAX_HELD = 256
+# Timed glue runs whose marks have not been read yet. Past this many the device is far behind the host:
+# later runs go untimed rather than holding more events, until readings are taken.
+MAX_PENDING_TIMINGS = 64
 # Free device memory is re-read at most every 10 ms.
 cdef long long FREE_TTL_NS = 10000000
 
 cdef object _NONE_PART = ("none",)
 # gpu/memory/device_array.py's DeviceArray, bound when the first GpuPath is made: importing this module
 # (the dispatcher cimports it) loads no more of the GPU layer than the driver table
-DeviceArray = None
+DeviceArray = library_of_type = to_library = None
 cdef object _new = object.__new__
-_libraries = {}    # type -> the top-level module that can make its arrays from DLPack, or None
 
 
 cdef inline long long _now_ns() noexcept nogil:
@@ -86,14 +89,13 @@ cdef inline long long _now_ns() noexcept nogil:
     return <long long>ts.tv_sec * 1000000000LL + ts.tv_nsec
 
 
-def _library_of(t):
-    """The library a foreign array's results go back to (its `from_dlpack`), as memory.callers_arrays."""
-    lib = _libraries.get(t, False)
-    if lib is False:
-        name = t.__module__.partition(".")[0]
-        module = sys.modules.get(name)
-        lib = _libraries[t] = name if callable(getattr(module, "from_dlpack", None)) else None
-    return lib
+cdef void _device_inputs(args, list found):
+    """The device arrays among a call's arguments (nested tuples and lists too): what may need holding."""
+    for a in args:
+        if isinstance(a, (tuple, list)):
+            _device_inputs(a, found)
+        elif not isinstance(a, np.ndarray) and hasattr(a, "ptr"):
+            found.append(a)
 
 
 cdef class DLPackHold:
@@ -208,16 +210,27 @@ cdef class Plan:
 
 
 cdef class GpuPath:
-    """The compiled call path of one GPU backend (one device): reads a call's arguments, replays plans,
-    holds foreign inputs while their work runs, and keeps the device's free memory (re-read at most every
-    10 ms). Made by GpuBackend when its runtime has C entry points (`_driver.driver_for`)."""
+    """The GPU call engine of one device, the one owner of what carrying out a call needs beyond its
+    kernels: it reads a call's arguments and replays plans (through C entry points only), holds foreign
+    inputs while their work runs, orders a stream after an input's producer, times runs with events,
+    and keeps the device's free memory (re-read at most every 10 ms). Every GpuContext makes one; the
+    glue's runs (gpu/launch/context.py) use its holding, timing and memory reading, so both ways of
+    running a call follow one set of rules."""
 
     def __init__(self, Driver drv, runtime, int device_index, str platform):
-        global DeviceArray
-        from ..memory.device_array import DeviceArray   # deferred: see the module-level binding
+        """`drv`: the runtime's Driver (`_driver.driver_for`), or None where it has no C entry points."""
+        global DeviceArray, library_of_type, to_library
+        # deferred: see the module-level binding
+        from ..memory.device_array import DeviceArray, library_of_type, to_library
         self.drv = drv
         self.runtime = runtime
-        self.enabled = True
+        # plans are replayed only through C entry points; without them (the kernel emulator) the engine
+        # still holds inputs, times runs and reads free memory for the glue, through the runtime
+        self.enabled = drv is not None
+        self.spare_events = []
+        self.timings = collections.deque()
+        self.timings_lock = threading.Lock()
+        self.next_ticket = 0
         self.device_type = kDLROCM if platform == "amd" else kDLCUDA
         self.device_index = device_index
         self.device = (self.device_type, device_index)
@@ -318,7 +331,7 @@ cdef class GpuPath:
         hold = DLPackHold.__new__(DLPackHold)
         hold.m = m
         hold.obj = a
-        hold.library = _library_of(t)
+        hold.library = library_of_type(t)
         d = &m.dl_tensor
         if d.dtype.lanes != 1 or d.ndim > 32:
             return None
@@ -483,14 +496,9 @@ cdef class GpuPath:
             a.stream = stream
             a.device = self.device
             out.append(a)
+        out = out[0] if plan.single else tuple(out)
         library = keep[0].library if type(keep[0]) is DLPackHold else keep[0].origin
-        if library is not None:
-            from_dlpack = sys.modules[library].from_dlpack
-            try:
-                out = [from_dlpack(o) for o in out]
-            except Exception:   # as memory.callers_arrays: the results are right, keep them as they are
-                pass
-        return out[0] if plan.single else tuple(out)
+        return out if library is None else to_library(library, out)
 
     cdef void _mark_busy(self, void *stage, size_t stream):
         cdef Pinned pin = self.tls.__dict__.get("staging")
@@ -530,15 +538,80 @@ cdef class GpuPath:
             out.append(a)
         return out[0] if plan.single else tuple(out)
 
+    # ------------------------------------------------------------------ events: the driver's or the runtime's
+    # Every event this engine records goes through these: the Driver's C function pointers where the
+    # runtime gave them, else the runtime's Python methods (the kernel emulator without C entry points).
+    # The rules above them (what is held and for how long, what a timing reads) are written once.
+    cdef size_t _event(self) noexcept:
+        """A fresh or spare event (0: none could be made)."""
+        if self.drv is not None:
+            return <size_t>self.drv.event()
+        try:
+            return self.spare_events.pop() if self.spare_events else <size_t>self.runtime.event_create()
+        except Exception:
+            return 0
+
+    cdef int _record(self, size_t e, size_t stream) noexcept:
+        if self.drv is not None:
+            return self.drv.event_record(<void *>e, <void *>stream)
+        try:
+            self.runtime.event_record(e, stream)
+            return 0
+        except Exception:
+            return 1
+
+    cdef int _query(self, size_t e, bint wait) noexcept:
+        """0 once the work before `e` has run (after waiting for it with `wait`), NOT_READY while it is
+        queued, another status when it cannot be told."""
+        if self.drv is not None:
+            return self.drv.event_sync(<void *>e) if wait else self.drv.event_query(<void *>e)
+        try:
+            if wait:
+                self.runtime.event_synchronize(e)
+                return 0
+            return 0 if self.runtime.event_query(e) else NOT_READY
+        except Exception:
+            return 1
+
+    cdef int _elapsed(self, float *ms, size_t start, size_t end) noexcept:
+        if self.drv is not None:
+            return self.drv.event_elapsed(ms, <void *>start, <void *>end)
+        try:
+            ms[0] = self.runtime.event_elapsed_ms(start, end)
+            return 0
+        except Exception:
+            return 1
+
+    cdef void _spare(self, size_t e) noexcept:
+        if e == 0:
+            return
+        if self.drv is not None:
+            self.drv.spare(<void *>e)
+        else:
+            self.spare_events.append(e)
+
+    cdef int _stream_sync(self, size_t stream) noexcept:
+        if self.drv is not None:
+            return self.drv.stream_sync(<void *>stream)
+        try:
+            self.runtime.stream_synchronize(stream)
+            return 0
+        except Exception:
+            return 1
+
+    cdef int _current(self) noexcept:
+        """0 when this device's context is current on the calling thread (made so if need be)."""
+        return self.drv.current() if self.drv is not None else 0
+
+    # ------------------------------------------------------------------ inputs' lifetimes
     cdef void _hold(self, list keep, size_t stream):
         """Inputs' lifetimes: hipsched's own memory is marked as used on `stream` (its free waits for
         it); anything else is held, with an event, until the work queued so far has run."""
-        cdef Driver drv = self.drv
-        cdef void *e
+        cdef size_t e
         foreign = None
         for a in keep:
             if type(a) is not DLPackHold:
-                owner = a.owner
+                owner = getattr(a, "owner", None)
                 while isinstance(owner, DeviceArray):
                     owner = owner.owner
                 if isinstance(owner, DeviceMemory):
@@ -555,26 +628,37 @@ cdef class GpuPath:
         self._reap(False)
         if foreign is None:
             return
-        e = drv.event()
-        if e == NULL or drv.event_record(e, <void *>stream) != 0:
-            drv.spare(e)
-            drv.stream_sync(<void *>stream)   # no event: wait now rather than let go of memory in use
+        e = self._event()
+        if e == 0 or self._record(e, stream) != 0:
+            self._spare(e)
+            self._stream_sync(stream)   # no event: wait now rather than let go of memory in use
             return
-        self.held.append((<size_t>e, foreign))
+        self.held.append((e, foreign))
         if len(self.held) > MAX_HELD:
             self._reap(True)
+
+    def hold_inputs(self, args, size_t stream):
+        """Hold a call's device inputs (`args`, nested tuples and lists too) until the work queued on
+        `stream` so far has run, as a replayed call's are (`_hold`): the glue's calls return with kernels
+        that read them still queued, and the caller may drop its last reference at once (its library's
+        caching allocator would then hand the memory to its next kernel while ours still reads it)."""
+        found = []
+        _device_inputs(args, found)
+        if found:
+            self._hold(found, stream)
+        else:
+            self._reap(False)
 
     cdef void _reap(self, bint wait_oldest):
         """Let go of held inputs whose work has run (oldest first: one stream's work runs in order, so
         this stops at the first still queued)."""
-        cdef Driver drv = self.drv
-        cdef void *e
+        cdef size_t e
         cdef int status
         held = self.held
         while held:
             entry = held[0]
-            e = <void *><size_t>entry[0]
-            status = drv.event_sync(e) if wait_oldest else drv.event_query(e)
+            e = <size_t>entry[0]
+            status = self._query(e, wait_oldest)
             wait_oldest = False
             if status == NOT_READY:
                 return
@@ -582,29 +666,65 @@ cdef class GpuPath:
             # Python lets one in): then held[0] is a later call's, whose work may still be queued
             if held and held[0] is entry:
                 del held[0]
-                drv.spare(e)
+                self._spare(e)
+
+    def reap(self):
+        """Let go of held inputs whose work has run, without waiting."""
+        self._reap(False)
 
     def release_held(self, bint wait=True):
         """Let go of every held input (waiting for its work when `wait`); the backend's close calls it."""
-        cdef Driver drv = self.drv
-        if not drv.usable() or drv.current() != 0:
+        if (self.drv is not None and not self.drv.usable()) or self._current() != 0:
             self.held = []
             return
         while self.held:
             e, _ = self.held.pop(0)
             if wait:
-                drv.event_sync(<void *><size_t>e)
-            drv.spare(<void *><size_t>e)
+                self._query(<size_t>e, True)
+            self._spare(<size_t>e)
+
+    def order_after(self, size_t producer, size_t consumer):
+        """Order `consumer` after the work queued on `producer` so far, with an event (the host does
+        not block): a device input last written on another stream."""
+        cdef int status
+        if producer == consumer:
+            return
+        if self.drv is not None:
+            status = self.drv.order_after(<void *>producer, <void *>consumer)
+            if status != 0:
+                self.drv.fail(status, "stream_wait_event")
+            return
+        event = self.runtime.event_create()
+        try:
+            self.runtime.event_record(event, producer)
+            self.runtime.stream_wait_event(consumer, event)
+        finally:
+            self.runtime.event_destroy(event)   # released once the wait has been satisfied
 
     # ------------------------------------------------------------------ memory and timing
+    cdef double _read_free(self) except -1.0:
+        return self.drv.free_bytes() if self.drv is not None else float(self.runtime.mem_info()[0])
+
     cdef double free_bytes(self):
+        """The device's free memory, re-read at most every FREE_TTL_NS (a decision must not cost a driver
+        query); 0 when it cannot be read."""
         cdef long long now = _now_ns()
-        if now - self.free_at_ns > FREE_TTL_NS:
-            try:
-                self.free_bytes_cached = self.drv.free_bytes()
-            except GpuError:
-                self.free_bytes_cached = 0.0
+        if now - self.free_at_ns > FREE_TTL_NS or self.free_at_ns == 0:
             self.free_at_ns = now
+            try:
+                self.free_bytes_cached = self._read_free()
+            except Exception:
+                self.free_bytes_cached = 0.0
+        return self.free_bytes_cached
+
+    def device_free_bytes(self):
+        """free_bytes, for the backend's judge: a reading that fails raises (a dead driver is often met
+        first here; the backend decides what that means) and reads as 0 until the next one."""
+        cdef long long now = _now_ns()
+        if now - self.free_at_ns > FREE_TTL_NS or self.free_at_ns == 0:
+            self.free_at_ns = now
+            self.free_bytes_cached = 0.0
+            self.free_bytes_cached = self._read_free()
         return self.free_bytes_cached
 
     def forget_free_memory(self):
@@ -613,30 +733,90 @@ cdef class GpuPath:
 
     cdef void *time_mark(self, size_t stream) noexcept:
         """An event recorded on `stream` now (NULL: none could be)."""
-        cdef void *e
-        if self.drv.current() != 0:   # (the first call on a thread may find another context current)
+        cdef size_t e
+        if self._current() != 0:   # (the first call on a thread may find another context current)
             return NULL
-        e = self.drv.event()
-        if e != NULL and self.drv.event_record(e, <void *>stream) != 0:
-            self.drv.spare(e)
+        e = self._event()
+        if e != 0 and self._record(e, stream) != 0:
+            self._spare(e)
             return NULL
-        return e
+        return <void *>e
 
     cdef double elapsed_us(self, void *start, void *end) noexcept:
         """Microseconds between two marks once `end` has run; -1 while it has not, -2 if lost."""
         cdef float ms = 0
-        cdef int status = self.drv.current()
+        cdef int status = self._current()
         if status != 0:
             return -2.0
-        status = self.drv.event_query(end)
+        status = self._query(<size_t>end, False)
         if status == NOT_READY:
             return -1.0
-        if status != 0 or self.drv.event_elapsed(&ms, start, end) != 0:
+        if status != 0 or self._elapsed(&ms, <size_t>start, <size_t>end) != 0:
             return -2.0
         return ms * 1e3
 
     cdef void release_event(self, void *event) noexcept:
-        self.drv.spare(event)
+        self._spare(<size_t>event)
+
+    def start_timing(self, size_t stream):
+        """A mark recorded on `stream` before a glue run's work, for stop_timing; 0 (untimed) when
+        MAX_PENDING_TIMINGS readings are pending or no event can be recorded."""
+        if len(self.timings) >= MAX_PENDING_TIMINGS:
+            return 0
+        return <size_t>self.time_mark(stream)
+
+    def stop_timing(self, size_t start, size_t stream):
+        """Record the end mark after the run's work on `stream`; returns the ticket `read_timings()` gives
+        back with the device time between the two marks once that work has run (None: untimed)."""
+        cdef void *end = self.time_mark(stream)
+        if end == NULL:
+            self._spare(start)
+            return None
+        with self.timings_lock:
+            self.next_ticket += 1
+            ticket = self.next_ticket
+            self.timings.append((ticket, start, <size_t>end))
+        return ticket
+
+    def cancel_timing(self, size_t start):
+        """The run whose start mark this is failed: no reading will be taken."""
+        self._spare(start)
+
+    def read_timings(self):
+        """[(ticket, device us or None)] of timed glue runs whose work has run, oldest first, without
+        waiting: it stops at the first one still queued (one stream's work finishes in order). None: the
+        reading could not be taken (a failed device, an event another context recorded)."""
+        cdef double us
+        if not self.timings:
+            return []
+        done = []
+        with self.timings_lock:
+            while self.timings:
+                ticket, start, end = self.timings[0]
+                us = self.elapsed_us(<void *><size_t>start, <void *><size_t>end)
+                if us == -1.0:
+                    break
+                self.timings.popleft()
+                self._spare(<size_t>start)
+                self._spare(<size_t>end)
+                done.append((ticket, us if us >= 0 else None))
+        return done
+
+    def close(self):
+        """Let go of held inputs once their work has run, drop unread timings and the spare events of a
+        runtime without C entry points (the Driver keeps its own pool); the runtime stays usable."""
+        self.release_held(True)
+        with self.timings_lock:
+            for _, start, end in self.timings:   # unread: destroying a recorded event is allowed
+                self._spare(<size_t>start)
+                self._spare(<size_t>end)
+            self.timings.clear()
+        events, self.spare_events = self.spare_events, []
+        for e in events:
+            try:
+                self.runtime.event_destroy(e)
+            except Exception:
+                pass
 
     # ------------------------------------------------------------------ recording
     def request_recording(self, inputs):

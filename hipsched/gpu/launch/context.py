@@ -13,10 +13,8 @@ Every launch is checked against the limits of the target the kernel was compiled
 refuse raises GpuError("unsupported", name="launch-limit-<limit>") before it is made."""
 from __future__ import annotations
 
-import collections
 import ctypes
 import functools
-import itertools
 import logging
 import math
 import threading
@@ -30,29 +28,14 @@ from ..compilation.kernels import KernelCache
 from ..compilation.targets import check_launch, target_for
 from ..memory.device_array import DeviceArray, callers_arrays, to_device
 from ..memory.resident_cache import ResidentCache
+from ..bindings._driver import driver_for
 from .blas import last_reasons, load_blas
+from ._callpath import GpuPath
 
 # Temporaries up to this size are kept per stream and reused (see GpuContext.scratch).
 SCRATCH_KEEP_BYTES = 64 << 20
-# Calls whose inputs are held (keep_alive) before the oldest is waited for: a caller that never
-# synchronises must not make the list grow without bound.
-MAX_HELD_CALLS = 256
-# Timed calls (start_timing) whose events have not been read yet. Past this many the device is far
-# behind the host: later calls go untimed rather than holding more events, until readings are taken.
-MAX_PENDING_TIMINGS = 64
 # Grid-stride kernels need only enough blocks to fill the device; more just adds scheduling work.
 _BLOCKS_PER_CU = 16
-
-
-def _foreign_inputs(args) -> list:
-    """The device arrays among a call's arguments (nested tuples too) whose memory hipsched does not own."""
-    found = []
-    for a in args:
-        if isinstance(a, (tuple, list)):
-            found += _foreign_inputs(a)
-        elif not isinstance(a, np.ndarray) and hasattr(a, "ptr") and not getattr(a, "owns_memory", False):
-            found.append(a)
-    return found
 
 
 def _as_dim3(v) -> tuple[int, int, int]:
@@ -128,12 +111,9 @@ class GpuContext:
         self._blas_tried = False
         self._blas_lock = threading.Lock()
         self._scratch = threading.local()  # per thread: see scratch()
-        self._held = collections.deque()   # (event, inputs) per call: see keep_alive
-        self._held_lock = threading.Lock()  # host threads only; no finalizer takes it
-        self._spare_events: list[int] = []  # recorded and complete, for reuse (keep_alive, timings)
-        self._timings = collections.deque()  # (ticket, start event, end event), oldest first
-        self._timings_lock = threading.Lock()
-        self._tickets = itertools.count(1)
+        # the call engine (gpu/launch/_callpath.pyx): inputs' lifetimes, timing events, free memory and,
+        # through C entry points where the runtime has them, the replay of recorded plans
+        self.engine = GpuPath(driver_for(rt), rt, self.device.index, self.platform)
 
     # ------------------------------------------------------------------ kernels
     def function(self, source: str, kernel: str) -> int:
@@ -203,147 +183,15 @@ class GpuContext:
 
     def _wait_for_producer(self, x, stream) -> None:
         """A device input last written on another stream (CAI v3 "stream", or one of our own results
-        from a call on another stream): order `stream` after that work before any kernel reads it,
-        with an event, so the host does not block."""
+        from a call on another stream): order `stream` after that work before any kernel reads it."""
         src = getattr(x, "stream", None)
-        if src is None:
-            return
-        src, dst = int(src), int(stream or 0)
-        if src == dst:
-            return
-        event = self.rt.event_create()
-        try:
-            self.rt.event_record(event, src)
-            self.rt.stream_wait_event(dst, event)
-        finally:
-            self.rt.event_destroy(event)   # released once the wait has been satisfied
+        if src is not None:
+            self.engine.order_after(int(src), int(stream or 0))
 
     def keep_alive(self, args, stream) -> None:
-        """Hold a call's device inputs whose memory hipsched does not own (foreign arrays, or ours behind
-        a foreign wrapper) until the work queued on `stream` so far has run. The call returns with
-        kernels that read them still queued, the caller may drop its last reference at once, and its
-        library's caching allocator would then give the memory to its next kernel while ours still
-        reads it. Released by a later call once an event says the work ran, by synchronize() or by
-        close(); if no event can be recorded the stream is synchronised instead."""
-        inputs = _foreign_inputs(args)
-        self.reap()
-        if not inputs:
-            return
-        s = int(stream or 0)
-        try:
-            event = self._spare_events.pop() if self._spare_events else self.rt.event_create()
-            self.rt.event_record(event, s)
-        except Exception:
-            try:
-                self.rt.stream_synchronize(s)
-            except Exception:
-                pass
-            return
-        with self._held_lock:
-            self._held.append((event, inputs))
-            over = len(self._held) > MAX_HELD_CALLS
-        if over:
-            self.reap(wait_oldest=True)
-
-    # ------------------------------------------------------------------ timing device work
-    def _event(self) -> int:
-        try:
-            return self._spare_events.pop()
-        except IndexError:
-            return self.rt.event_create()
-
-    def start_timing(self, stream):
-        """An event recorded on `stream` before a call's work, for stop_timing; None (untimed) when
-        MAX_PENDING_TIMINGS readings are pending or no event can be recorded."""
-        if len(self._timings) >= MAX_PENDING_TIMINGS:
-            return None
-        try:
-            event = self._event()
-        except Exception:
-            return None
-        try:
-            self.rt.event_record(event, int(stream or 0))
-        except Exception:
-            self._drop_event(event)
-            return None
-        return event
-
-    def stop_timing(self, start, stream):
-        """Record the end event after the call's work on `stream`; returns the ticket `timings()` gives
-        back with the device time between the two events once that work has run (None: untimed)."""
-        try:
-            end = self._event()
-        except Exception:
-            self._drop_event(start)
-            return None
-        try:
-            self.rt.event_record(end, int(stream or 0))
-        except Exception:
-            self._drop_event(start)
-            self._drop_event(end)
-            return None
-        ticket = next(self._tickets)
-        with self._timings_lock:
-            self._timings.append((ticket, start, end))
-        return ticket
-
-    def cancel_timing(self, start) -> None:
-        """The call whose start event this is failed: no reading will be taken."""
-        self._drop_event(start)
-
-    def _drop_event(self, event) -> None:
-        try:
-            self.rt.event_destroy(event)
-        except Exception:
-            pass
-
-    def timings(self) -> list:
-        """[(ticket, device ms or None)] of timed calls whose work has run, oldest first, without
-        waiting: it stops at the first one still queued (calls on one stream finish in order, so while
-        the device keeps up this is one or two queries). None: the reading could not be taken (a failed
-        device, an event another context recorded)."""
-        if not self._timings:
-            return []
-        done = []
-        with self._timings_lock:
-            while self._timings:
-                ticket, start, end = self._timings[0]
-                try:
-                    if not self.rt.event_query(end):
-                        break
-                    ms = float(self.rt.event_elapsed_ms(start, end))
-                except Exception:
-                    ms = None
-                self._timings.popleft()
-                self._spare_events += (start, end)
-                done.append((ticket, ms))
-        return done
-
-    def reap(self, wait_oldest: bool = False, wait_all: bool = False) -> None:
-        """Let go of held inputs whose work has run (waiting for the oldest, or for all, first)."""
-        with self._held_lock:
-            entries = list(self._held)
-        if not entries:
-            return
-        query = getattr(self.rt, "event_query", None)
-        finished = []
-        for i, entry in enumerate(entries):
-            try:
-                if wait_all or (wait_oldest and i == 0) or query is None:
-                    self.rt.event_synchronize(entry[0])
-                elif not query(entry[0]):
-                    continue
-            except Exception:
-                pass   # a failed device: nothing will run any more, so nothing still reads them
-            finished.append(entry)
-        with self._held_lock:
-            for entry in finished:
-                try:
-                    self._held.remove(entry)   # another thread may have let it go already
-                except ValueError:
-                    continue
-                self._spare_events.append(entry[0])
-        # the inputs are let go here, outside the lock: their finalizers (a DLPack deleter) run now
+        """Hold a call's device inputs until the work queued on `stream` so far has run (the engine's
+        rule, GpuPath.hold_inputs); earlier calls' inputs whose work has run are let go."""
+        self.engine.hold_inputs(args, int(stream or 0))
 
     def empty(self, shape, dtype, stream):
         """An uninitialised device array owned by hipsched (freed with its last reference)."""
@@ -452,22 +300,12 @@ class GpuContext:
 
     def synchronize(self, stream: int = 0) -> None:
         self.rt.stream_synchronize(int(stream or 0))
-        self.reap()
+        self.engine.reap()
 
     def close(self) -> None:
         """Drop device copies, the BLAS handle and the loaded modules (the runtime stays usable); let go
         of held inputs once their work has run."""
-        self.reap(wait_all=True)
-        with self._timings_lock:
-            for _, start, end in self._timings:   # unread: destroying a recorded event is allowed
-                self._spare_events += (start, end)
-            self._timings.clear()
-        for event in self._spare_events:
-            try:
-                self.rt.event_destroy(event)
-            except Exception:
-                pass
-        self._spare_events = []
+        self.engine.close()
         self.resident.clear()
         self._scratch = threading.local()  # every thread's buffers go with the old one
         if self._blas is not None:

@@ -355,12 +355,43 @@ def _order_after(runtime, producer: int, consumer: int) -> None:
         runtime.event_destroy(event)   # released once the wait has been satisfied
 
 
+_libraries: dict = {}   # array type -> the library its results go back to, or None (see library_of_type)
+
+
+def library_of_type(t):
+    """The top-level module of a foreign array type when it can make its own arrays from DLPack
+    (`from_dlpack`: torch, cupy), else None (raw pointers, CAI-only objects). The one lookup, for the
+    glue's results (callers_arrays) and the compiled call path's (gpu/launch/_callpath.pyx): cached per
+    type."""
+    lib = _libraries.get(t, False)
+    if lib is False:
+        name = t.__module__.partition(".")[0]
+        module = sys.modules.get(name)
+        lib = _libraries[t] = name if callable(getattr(module, "from_dlpack", None)) else None
+    return lib
+
+
 def _array_library(obj):
-    """The top-level module of a foreign array's type when it can make its own arrays from DLPack
-    (`from_dlpack`: torch, cupy), else None (raw pointers, CAI-only objects)."""
-    name = type(obj).__module__.partition(".")[0]
-    module = sys.modules.get(name)
-    return name if callable(getattr(module, "from_dlpack", None)) else None
+    return library_of_type(type(obj))
+
+
+def to_library(library, out):
+    """Device results (a DeviceArray or a tuple of them) as arrays of `library`, zero copy through its
+    `from_dlpack`, which passes its current stream to DeviceArray.__dlpack__ (ordering that stream after
+    the call's work). A refusal keeps them as DeviceArray (the results are right and on the device: they
+    must not be lost) and is warned about once per library."""
+    from_dlpack = sys.modules[library].from_dlpack
+    try:
+        if isinstance(out, tuple):
+            return tuple(from_dlpack(o) for o in out)
+        return from_dlpack(out)
+    except Exception as e:
+        if library not in _unconvertible:
+            _unconvertible.add(library)
+            logging.getLogger("hipsched").warning("hipsched: %s.from_dlpack refused a result (%s: %s); results of "
+                                                  "%s arrays come back as DeviceArray", library,
+                                                  type(e).__name__, e, library)
+        return out
 
 
 def _first_device_array(args):
@@ -382,20 +413,7 @@ def callers_arrays(out, args):
     current stream to DeviceArray.__dlpack__, which orders that stream after the call's work."""
     first = _first_device_array(args)
     library = first.origin if first is not None else None
-    if library is None:
-        return out
-    from_dlpack = sys.modules[library].from_dlpack
-    try:
-        if isinstance(out, tuple):
-            return tuple(from_dlpack(o) for o in out)
-        return from_dlpack(out)
-    except Exception as e:   # the results are right and on the device: a refusal must not lose them
-        if library not in _unconvertible:
-            _unconvertible.add(library)
-            logging.getLogger("hipsched").warning("hipsched: %s.from_dlpack refused a result (%s: %s); results of "
-                                                  "%s arrays come back as DeviceArray", library,
-                                                  type(e).__name__, e, library)
-        return out
+    return out if library is None else to_library(library, out)
 
 
 _unconvertible: set = set()   # libraries whose from_dlpack refused a result (warned once each)

@@ -42,6 +42,16 @@ def spread_activation_plan(ctx, call) -> list[Launch]:
     return spread_launches(n, _index_pair(indptr, indices)[1].dtype, ctx.multiprocessors)
 
 
+def spread_activation_scratch(call) -> int:
+    """Device bytes the glue allocates beyond the call's inputs and result (the op spec's device scratch):
+    the accumulator with its non-finite mark (n + 1 floats) and, for more than one step, the second
+    ping-pong buffer of activations; nothing for a call that launches nothing."""
+    n, steps = int(call.args[3].shape[0]), int(call.params["steps"])
+    if n == 0 or steps == 0:
+        return 0
+    return 4 * (n + 1) + (4 * n if steps > 1 else 0)
+
+
 def spread_activation(ctx, call, stream):
     indptr, indices, weights, seeds = call.args
     plan = ctx.planned(call, spread_activation_plan)

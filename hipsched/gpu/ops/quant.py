@@ -123,12 +123,17 @@ def weights(ctx, w, stream):
     return ctx.upload(w.data, stream, immutable=True, pack=_PACK[w.qtype])
 
 
+def _is_aligned(x) -> bool:
+    """Whether device array x's base takes the mat-vec's four-element loads."""
+    return int(x.ptr) % (4 * np.dtype(x.dtype).itemsize) == 0
+
+
 def _aligned(ctx, x, stream):
     """x on the device with its base aligned for the mat-vec's four-element loads (16 bytes of float32,
     8 of a half type): our own uploads always are; a foreign device array that is not gets copied once
     on the device."""
     x = ctx.upload(x, stream)
-    if int(x.ptr) % (4 * np.dtype(x.dtype).itemsize) == 0:
+    if _is_aligned(x):
         return x
     copy = ctx.empty(x.shape, x.dtype, stream)
     ctx.rt.memcpy_dtod(copy.ptr, x.ptr, x.nbytes, int(stream or 0))
@@ -170,6 +175,19 @@ def dequantize_plan(ctx, call) -> list[Launch]:
     return dequantize_launches(n, k, _suffix(w), ctx.multiprocessors) if n * k else []
 
 
+def _layout_padding(w) -> int:
+    """The bytes w's device layout (`weights`) holds beyond its gguf blocks: its rows padded to whole
+    superblocks (nothing when k is a multiple of 512 / 1024)."""
+    return device_bytes(w.shape[0], w.shape[1], w.qtype) - w.nbytes
+
+
+def dequantize_scratch(call) -> int:
+    """Device bytes the glue allocates beyond the call's input and result (the op spec's device scratch):
+    the padding of w's device layout, for a call that uploads it (a nonempty one)."""
+    (w,) = call.args
+    return _layout_padding(w) if w.shape[0] * w.shape[1] else 0
+
+
 def dequantize(ctx, call, stream):
     (w,) = call.args
     plan = ctx.planned(call, dequantize_plan)
@@ -188,6 +206,20 @@ def qmatmul_plan(ctx, call) -> list[Launch]:
     m = 1 if len(x.shape) == 1 else int(x.shape[1])
     qtype, suffix = _suffix(w), _x_suffix(x)
     return qmatmul_launches(n, m, qtype, ctx.warp_size, suffix, has_mma(ctx.arch)) if n * m * k else []
+
+
+def qmatmul_scratch(call) -> int:
+    """Device bytes the glue allocates beyond the call's inputs and result (the op spec's device scratch):
+    the padding of w's device layout, for a call that uploads it (none of n, m, k zero), and for a
+    matrix-vector product on a device x whose base the four-element loads cannot take, the aligned copy
+    of x (`_aligned`)."""
+    w, x = call.args
+    n, k = w.shape
+    m = 1 if len(x.shape) == 1 else int(x.shape[1])
+    if n * m * k == 0:
+        return 0
+    copy = x.nbytes if m == 1 and not isinstance(x, np.ndarray) and not _is_aligned(x) else 0
+    return _layout_padding(w) + copy
 
 
 def qmatmul(ctx, call, stream):

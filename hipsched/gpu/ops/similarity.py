@@ -25,9 +25,17 @@ def _queries_of_corpus_dtype(call) -> None:
                                       f"kernels read both in one dtype")
 
 
-def _as_queries(q_in):
-    """(m, d) view of q: a 1-d query is one row."""
-    return (1, q_in.shape[0]) if len(q_in.shape) == 1 else tuple(q_in.shape)
+def _shapes(call) -> tuple[int, int, int]:
+    """(m, n, d): m queries (a 1-d q is one) of dimension d against n rows of T."""
+    q_in, T_in = call.args[0], call.args[1]
+    m, d = (1, q_in.shape[0]) if len(q_in.shape) == 1 else tuple(q_in.shape)
+    return m, T_in.shape[0], d
+
+
+def _top_k_shapes(call) -> tuple[int, int, int, int]:
+    """(m, n, d, kout): _shapes and the number of results per query, min(k, n)."""
+    m, n, d = _shapes(call)
+    return m, n, d, min(int(_param(call, 2, "k")), n)
 
 
 @pure_plan
@@ -57,19 +65,23 @@ def _cosine_scores(ctx, q, T, m, n, d, stream, scores, suffix="f32"):
 def cosine_similarity_plan(ctx, call) -> list[Launch]:
     suffix = kernel_suffix(call)
     _queries_of_corpus_dtype(call)
-    q_in, T_in = call.args[0], call.args[1]
-    m, d = _as_queries(q_in)
-    n = T_in.shape[0]
+    m, n, d = _shapes(call)
     if m == 0 or n == 0 or d == 0:
         return []
-    return cosine_launches(m, n, d, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors,
+    return cosine_launches(m, n, d, d % 4 == 0 and _will_align(*call.args[:2]), ctx.warp_size, ctx.multiprocessors,
                            suffix)
+
+
+def cosine_similarity_scratch(call) -> int:
+    """Device bytes the glue allocates beyond the call's inputs and result (the op spec's device scratch):
+    the query norms, unless nothing is scored (an empty call, or d == 0)."""
+    m, n, d = _shapes(call)
+    return 4 * m if m and n and d else 0
 
 
 def cosine_similarity(ctx, call, stream):
     q_in, T_in = call.args[0], call.args[1]
-    m, d = _as_queries(q_in)
-    n = T_in.shape[0]
+    m, n, d = _shapes(call)
     out_shape = (n,) if len(q_in.shape) == 1 else (m, n)
     ctx.planned(call, cosine_similarity_plan)
     if m == 0 or n == 0:
@@ -115,25 +127,30 @@ def top_k_launches(m: int, n: int, d: int, kout: int, vec: bool, warp: int, mult
 def top_k_plan(ctx, call) -> list[Launch]:
     suffix = kernel_suffix(call)
     _queries_of_corpus_dtype(call)
-    q_in, T_in = call.args[0], call.args[1]
-    k = int(_param(call, 2, "k"))
-    m, d = _as_queries(q_in)
-    n = T_in.shape[0]
-    kout = min(k, n)
+    m, n, d, kout = _top_k_shapes(call)
     if kout > TOPK_MAX_K:
-        raise GpuError("unsupported", f"top_k: k={k} is above the GPU limit {TOPK_MAX_K}")
+        raise GpuError("unsupported", f"top_k: k={int(_param(call, 2, 'k'))} is above the GPU limit {TOPK_MAX_K}")
     if m == 0 or kout == 0:
         return []
-    return top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(q_in, T_in), ctx.warp_size, ctx.multiprocessors,
-                          suffix)
+    return top_k_launches(m, n, d, kout, d % 4 == 0 and _will_align(*call.args[:2]), ctx.warp_size,
+                          ctx.multiprocessors, suffix)
+
+
+def top_k_scratch(call) -> int:
+    """Device bytes the glue allocates beyond the call's inputs and results (the op spec's device scratch):
+    the (m, n) float32 scores, the query norms (unless d == 0), and the two alternating pairs of partial
+    results (float32 scores, int64 indices) of the selection passes before the last, each pair as large
+    as its first and largest use. Nothing for a call that launches nothing."""
+    m, n, d, kout = _top_k_shapes(call)
+    if m == 0 or kout == 0:
+        return 0
+    partials = [launch.grid[0] * kout for launch in top_k_select_launches(m, n, kout)[:-1]]
+    return 4 * m * n + (4 * m if d else 0) + 12 * m * sum(partials[:2])
 
 
 def top_k(ctx, call, stream):
     q_in, T_in = call.args[0], call.args[1]
-    k = int(_param(call, 2, "k"))
-    m, d = _as_queries(q_in)
-    n = T_in.shape[0]
-    kout = min(k, n)
+    m, n, d, kout = _top_k_shapes(call)
     one = len(q_in.shape) == 1
     out_shape = (kout,) if one else (m, kout)
     if not ctx.planned(call, top_k_plan):

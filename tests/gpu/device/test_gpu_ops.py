@@ -10,7 +10,7 @@ Every test needs a real GPU (marked `gpu`, skipped elsewhere). Tolerances:
   ties that must resolve to the lower index on both sides), scores as cosine_similarity.
 - matmul: |gpu - numpy(float64)| <= 1e-5 * (|a| @ |b|) elementwise (vendor BLAS and our tiled kernel).
 
-float16 and bfloat16: the half-kernel tests of tests/gpu/emulator/test_gpu_kernels_emulated.py run here
+float16 and bfloat16: the half-kernel tests the emulator runs (tests/support/kernel_cases.py) run here
 unchanged against the device instead of the emulator (the section at the end: its `emu` fixture is the
 real GPU backend, with the vendor BLAS off as there, so matmul is our tiled kernel), with the same
 outside references (NumPy/ml_dtypes rounding, float64) and the same bounds, stated in that file. What
@@ -24,14 +24,17 @@ tensors in and out through DLPack against PyTorch's own results. UNIT is the hal
   float32 value, so they may differ by one unit in the last place: |ours - torch| <= 2 * UNIT * |torch| +
   2e-6 (the absolute term for softmax's exponentials below float32's resolution).
 """
-import os
-import sys
-
 import numpy as np
 import pytest
 from requires import need
 
 from half_formats import HALF, UNIT
+from kernel_cases import (  # noqa: F401  (collected with this module's `emu`: the section at the end)
+    test_add_scale, test_attention_head_classes, test_cosine, test_device_in_device_out,
+    test_half_dtype_without_kernels_is_refused, test_matmul_tiled_kernel, test_half_overflow_nan_inf,
+    test_half_qmatmul, test_half_qmatmul_device_x,
+    test_rms_norm, test_softmax, test_softmax_nan_inf, test_half_supports_table,
+    test_top_k, half_call, parametrize_dtype)   # half_call: also the Calls of the half tests above
 from hipsched.ops import OPS
 
 pytestmark = pytest.mark.gpu
@@ -423,16 +426,6 @@ def emu(tmp_path_factory):
         assert be._ctx.blas() is None
     yield be
     be.close()
-
-
-# the emulator's tests live in tests/gpu/emulator, which pytest puts on the path only when it collects there
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "emulator"))
-from test_gpu_kernels_emulated import (  # noqa: E402, F401  (collected here, with this module's `emu`)
-    test_add_scale, test_attention_head_classes, test_cosine, test_device_in_device_out,
-    test_half_dtype_without_kernels_is_refused, test_matmul_tiled_kernel, test_half_overflow_nan_inf,
-    test_half_qmatmul, test_half_qmatmul_device_x,
-    test_rms_norm, test_softmax, test_softmax_nan_inf, test_half_supports_table,
-    test_top_k, half_call, parametrize_dtype)   # half_call: also the Calls of the half tests above
 
 
 def pytest_generate_tests(metafunc):

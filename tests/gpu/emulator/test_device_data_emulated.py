@@ -10,8 +10,7 @@ import pytest
 
 import fake_array_lib
 import gpu_emulator
-from hipsched import Executor
-from hipsched.backends.gpu import GpuBackend
+from emulated_executor import emulated_executor
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
@@ -35,12 +34,6 @@ def lib(rt, monkeypatch):
     fake_array_lib.uninstall()
 
 
-def make_executor(rt, tmp_path, **overrides):
-    gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt)
-    assert gpu.available, gpu.unavailable_reason
-    return Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), **overrides)
-
-
 def gpu_samples(ex, op="add"):
     return sum(b[1] for b in ex.performance_tracker.samples(op, "gpu"))
 
@@ -55,7 +48,7 @@ def test_a_device_pipeline_stays_on_the_gpu_when_moving_its_data_costs_more(mode
         rng = np.random.default_rng(19)
         a, b = rng.standard_normal((2, N), dtype=np.float32)
         da, db = to_device(a, runtime=runtime), to_device(b, runtime=runtime)
-        with make_executor(runtime, tmp_path) as ex:
+        with emulated_executor(runtime, tmp_path) as ex:
             ex._core.set_transfer(100.0, 0.005, 100.0, 0.005)
             outs = [ex.add(da, db) for _ in range(40)]
             picks = collections.Counter((e["backend"], e["reason"]) for e in ex.events)
@@ -75,7 +68,7 @@ def test_a_device_run_is_learned_on_a_later_call_without_waiting(tmp_path):
     try:
         a = np.arange(N, dtype=np.float32)
         da = to_device(a, runtime=runtime)
-        with make_executor(runtime, tmp_path) as ex:
+        with emulated_executor(runtime, tmp_path) as ex:
             t0 = time.perf_counter()
             out = ex.add(da, da)
             assert time.perf_counter() - t0 < 0.3
@@ -102,7 +95,7 @@ def test_device_data_moves_to_the_cpu_when_the_gpu_is_slower(rt, tmp_path):
     after that learn the GPU's times and move."""
     a = np.arange(N, dtype=np.float32)
     da = to_device(a, runtime=rt)
-    with make_executor(rt, tmp_path) as ex:
+    with emulated_executor(rt, tmp_path) as ex:
         outs = []
         for i in range(30):
             outs.append(ex.add(da, da))
@@ -122,7 +115,7 @@ def test_device_data_moves_to_the_cpu_when_the_gpu_is_slower(rt, tmp_path):
 def test_foreign_arrays_in_give_the_same_library_arrays_out(rt, lib, tmp_path, backend):
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((2, 300), dtype=np.float32)
-    with make_executor(rt, tmp_path) as ex:
+    with emulated_executor(rt, tmp_path) as ex:
         out = ex.add(lib.tensor(a), lib.tensor(b), backend=backend)
         assert type(out) is fake_array_lib.Tensor
         np.testing.assert_array_equal(out.numpy(), a + b)
@@ -133,7 +126,7 @@ def test_foreign_arrays_in_give_the_same_library_arrays_out(rt, lib, tmp_path, b
 
 def test_a_fallback_on_foreign_arrays_gives_the_same_library_arrays(rt, lib, tmp_path):
     a = np.arange(300, dtype=np.float32)
-    with make_executor(rt, tmp_path, fault_inject="launch=1.0") as ex:
+    with emulated_executor(rt, tmp_path, fault_inject="launch=1.0") as ex:
         out = ex.scale(lib.tensor(a), 2.0, backend="gpu")
         assert ex.events[-1]["reason"] == "cpu_fallback"
         assert type(out) is fake_array_lib.Tensor
@@ -145,7 +138,7 @@ def test_tuple_results_are_converted_item_by_item(rt, lib, tmp_path, backend):
     rng = np.random.default_rng(6)
     q = rng.standard_normal(16, dtype=np.float32)
     T = rng.standard_normal((200, 16), dtype=np.float32)
-    with make_executor(rt, tmp_path) as ex:
+    with emulated_executor(rt, tmp_path) as ex:
         idx, scores = ex.top_k(lib.tensor(q), lib.tensor(T), 5, backend=backend)
         want_idx, want_scores = ex.top_k(q, T, 5, backend="cpu")
         assert type(idx) is type(scores) is fake_array_lib.Tensor
@@ -157,7 +150,7 @@ def test_tuple_results_are_converted_item_by_item(rt, lib, tmp_path, backend):
 @pytest.mark.parametrize("backend", ["gpu", "cpu"])
 def test_hipsched_device_arrays_in_give_device_arrays_out(rt, lib, tmp_path, backend):
     a = np.arange(300, dtype=np.float32)
-    with make_executor(rt, tmp_path) as ex:
+    with emulated_executor(rt, tmp_path) as ex:
         out = ex.add(to_device(a, runtime=rt), to_device(a, runtime=rt), backend=backend)
         assert type(out) is DeviceArray and not lib.calls
         np.testing.assert_array_equal(out.get(), a + a)
@@ -173,7 +166,7 @@ def test_the_consumers_stream_is_ordered_after_the_call(lib, tmp_path, monkeypat
     lib.runtime = runtime
     try:
         a = np.arange(300, dtype=np.float32)
-        with make_executor(runtime, tmp_path) as ex:
+        with emulated_executor(runtime, tmp_path) as ex:
             lib.current_stream = consumer = runtime.stream_create()
             out = ex.add(lib.tensor(a), lib.tensor(a), backend="gpu")
             assert lib.calls[-1][1] == consumer
@@ -201,7 +194,7 @@ def test_a_library_that_refuses_the_result_gets_a_device_array_and_a_warning(rt,
     monkeypatch.setattr(lib, "from_dlpack", refuse)
     monkeypatch.setattr(device_array, "_unconvertible", set())
     a = np.arange(300, dtype=np.float32)
-    with make_executor(rt, tmp_path) as ex, caplog.at_level("WARNING", logger="hipsched"):
+    with emulated_executor(rt, tmp_path) as ex, caplog.at_level("WARNING", logger="hipsched"):
         out = ex.add(lib.tensor(a), lib.tensor(a), backend="gpu")
         assert type(out) is DeviceArray and ex.events[-1]["backend"] == "gpu"   # not a GPU failure
         np.testing.assert_array_equal(out.get(), a + a)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import gpu_emulator
+from emulated_executor import emulated_executor
 from graph_data import random_graph
-from hipsched import Executor, quantize
-from hipsched.backends.gpu import GpuBackend
+from hipsched import quantize
 from hipsched.gpu.memory.device_array import DeviceArray, to_device
 
 pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
@@ -22,12 +22,6 @@ def rt():
     runtime.close()
 
 
-def make_executor(rt, tmp_path, **overrides):
-    gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt)
-    assert gpu.available, gpu.unavailable_reason
-    return Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), **overrides)
-
-
 def test_gpu_results_match_cpu_through_the_executor(rt, tmp_path, monkeypatch):
     monkeypatch.setenv("HIPSCHED_BLAS", "none")
     rng = np.random.default_rng(3)
@@ -36,7 +30,7 @@ def test_gpu_results_match_cpu_through_the_executor(rt, tmp_path, monkeypatch):
     q = rng.standard_normal(40, dtype=np.float32)
     W = quantize(rng.standard_normal((16, 64), dtype=np.float32), "q8_0")
     x = rng.standard_normal(64, dtype=np.float32)
-    with make_executor(rt, tmp_path) as ex:
+    with emulated_executor(rt, tmp_path) as ex:
         np.testing.assert_array_equal(ex.add(a, b, backend="gpu"), ex.add(a, b, backend="cpu"))
         np.testing.assert_allclose(ex.cosine_similarity(q, T, backend="gpu"),
                                    ex.cosine_similarity(q, T, backend="cpu"), rtol=1e-5, atol=1e-6)
@@ -56,7 +50,7 @@ def test_results_live_where_inputs_live(rt, tmp_path):
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((2, 257), dtype=np.float32)
     da, db = to_device(a, runtime=rt), to_device(b, runtime=rt)
-    with make_executor(rt, tmp_path) as ex:
+    with emulated_executor(rt, tmp_path) as ex:
         on_gpu = ex.add(da, db)
         assert isinstance(on_gpu, DeviceArray)
         np.testing.assert_array_equal(on_gpu.get(), a + b)
@@ -71,7 +65,7 @@ def test_results_live_where_inputs_live(rt, tmp_path):
 def test_injected_faults_fall_back_to_the_cpu_answer(rt, tmp_path):
     rng = np.random.default_rng(5)
     xs = [rng.standard_normal((4, 33), dtype=np.float32) for _ in range(12)]
-    with make_executor(rt, tmp_path, fault_inject="launch=0.5,seed=11") as ex:
+    with emulated_executor(rt, tmp_path, fault_inject="launch=0.5,seed=11") as ex:
         for x in xs:
             np.testing.assert_allclose(ex.softmax(x, backend="gpu"), ex.softmax(x, backend="cpu"),
                                        rtol=1e-6, atol=1e-7)
@@ -89,7 +83,7 @@ def test_attention_and_spreading_on_the_gpu_path(warp, tmp_path):
     rng = np.random.default_rng(6)
     runtime = gpu_emulator.EmuRuntime(warp)
     try:
-        with make_executor(runtime, tmp_path, allow_fallback=False) as ex:
+        with emulated_executor(runtime, tmp_path, allow_fallback=False) as ex:
             for sq, sk, hd in [(17, 17, 8), (33, 20, 64), (5, 70, 40)]:
                 q = rng.standard_normal((1, 2, sq, hd), dtype=np.float32)
                 k, v = (rng.standard_normal((1, 2, sk, hd), dtype=np.float32) for _ in range(2))
@@ -117,7 +111,7 @@ def test_causal_attention_hidden_inf_value_stays_hidden(rt, tmp_path, pos):
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((1, 1, 128, 16), dtype=np.float32) for _ in range(3))
     v[0, 0, pos] = np.inf
-    with make_executor(rt, tmp_path, allow_fallback=False) as ex:
+    with emulated_executor(rt, tmp_path, allow_fallback=False) as ex:
         g = ex.attention(q, k, v, causal=True, backend="gpu")
         c = ex.attention(q, k, v, causal=True, backend="cpu")
     assert np.isfinite(g[0, 0, :pos]).all()

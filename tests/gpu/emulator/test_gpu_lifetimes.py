@@ -262,7 +262,7 @@ def test_foreign_input_of_a_failed_call_is_held_too(rt, kernel_dir, rng, monkeyp
     gc.collect()
     assert gone() is not None
     rt.synchronize()
-    be._ctx.reap()
+    be._ctx.engine.reap()
     gc.collect()
     assert gone() is None
     no_memcheck(rt)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import gpu_emulator
+from emulated_executor import emulated_executor
 from hipsched import Executor, HybridConfig, QuantizedTensor, quantize
 from hipsched.backends.gpu import GpuBackend
 from hipsched.gpu.memory import resident_cache
@@ -41,12 +42,6 @@ def emu():
     runtime = gpu_emulator.EmuRuntime(32)
     yield runtime
     runtime.close()
-
-
-def emulated_executor(rt, tmp_path, **overrides):
-    gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels"), **overrides}, runtime=rt)
-    assert gpu.available, gpu.unavailable_reason
-    return Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path))
 
 
 # ------------------------------------------------------------------ implicit: what nothing can write

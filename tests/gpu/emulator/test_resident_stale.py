@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import gpu_emulator
+from emulated_executor import emulated_executor
 from hipsched import Executor
-from hipsched.backends.gpu import GpuBackend, create_gpu_backend
+from hipsched.backends.gpu import create_gpu_backend
 from hipsched.gpu.memory.resident_cache import ResidentCache
 from host_memory import HostMemoryRuntime
 
@@ -68,12 +69,6 @@ def emu():
     runtime = gpu_emulator.EmuRuntime(32)
     yield runtime
     runtime.close()
-
-
-def emulated_executor(rt, tmp_path):
-    gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt)
-    assert gpu.available, gpu.unavailable_reason
-    return Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path))
 
 
 # ------------------------------------------------------------------ a writable array: never kept

@@ -187,8 +187,8 @@ class OnDlDevice:
 def test_one_device_array_test_and_one_set_of_device_types():
     import hipsched.device_arrays as leaf
     from hipsched.gpu.memory import device_array
-    from hipsched.ops import base
-    assert base.is_device_array is device_array.is_device_array is leaf.is_device_array
+    from hipsched.ops import validation
+    assert validation.is_device_array is device_array.is_device_array is leaf.is_device_array
     assert dlpack.GPU_DEVICE_TYPES is leaf.GPU_DEVICE_TYPES
     assert (dlpack.kDLCPU, dlpack.kDLCUDA, dlpack.kDLCUDAHost, dlpack.kDLROCM, dlpack.kDLROCMHost,
             dlpack.kDLCUDAManaged) == (1, 2, 3, 10, 11, 13)    # dlpack.h's numbers
