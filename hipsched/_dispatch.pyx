@@ -184,8 +184,8 @@ cdef class FastPath:
         self.core._record(self.core.slots[d.slot], CPU, <double>size, dur, 0.0, 0.0, True, True, False)
         hs_unlock(&self.core.lock)
         if self.tel is not None:
-            self.tel.record(op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc, d.pg, stream=stream,
-                            detail=detail)
+            self.tel.record(op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc, d.pg, stream, None,
+                            detail)
 
     def run(self, str op, backend, stream, *args, **kwargs):
         return self._run(op, backend, stream, args, kwargs, True)
@@ -384,8 +384,8 @@ cdef class FastPath:
             self.core._record(self.core.slots[d.slot], GPU, c.size, dur, c.h2d, c.d2h, True, True, False)
         hs_unlock(&self.core.lock)
         if self.tel is not None:
-            self.tel.record(op, "gpu", self.reason_str[d.reason], c.size, c.dtype, c.nbytes, dur, d.pc, d.pg, stream=stream,
-                            resident=None if c.on_device else {"uploaded": c.uploaded, "reused": 0})
+            self.tel.record(op, "gpu", self.reason_str[d.reason], c.size, c.dtype, c.nbytes, dur, d.pc, d.pg, stream,
+                            None, None, None if c.on_device else {"uploaded": c.uploaded, "reused": 0})
         if self.times.npending:
             self.times.learn_marks(gp)
         return out
@@ -517,7 +517,7 @@ cdef class FastPath:
         self.core.record(slot, be, call.size, sample, h2d, d2h, fallback=fallback is not None)
         if self.tel is not None:
             self.tel.record(call.op, _BACKENDS[be], self.reason_str[reason], call.size, call.dtype, call.nbytes, dur,
-                            pc, pg, stream=stream, fallback=fallback, detail=detail, resident=resident)
+                            pc, pg, stream, fallback, detail, resident)
         self.times.learn_tickets(self.gpu)
 
     # ------------------------------------------------------------------ device data on a further GPU

@@ -28,7 +28,7 @@ def add_arguments(parser):
 
 def run(args) -> int:
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-    from ..gpu.compilation.compilers import get_compiler
+    from ..gpu.bindings.compilers import get_compiler
     from ..gpu.compilation.kernels import KernelCache, compile_all
 
     failed = 0

@@ -36,7 +36,7 @@ def _devices(rt):
 
 def _compilers():
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-    from ..gpu.compilation.compilers import get_compiler
+    from ..gpu.bindings.compilers import get_compiler
     out = {}
     for platform in ("amd", "nvidia"):
         try:
@@ -46,7 +46,7 @@ def _compilers():
             out[platform] = {"error": str(e)}
     try:
         # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-        from ..gpu.compilation.compilers import nvrtc_candidates
+        from ..gpu.bindings.compilers import nvrtc_candidates
         found = nvrtc_candidates()
         if len(found) > 1:   # which one a driver gets depends on its version (see "kernels")
             out["nvidia"]["found"] = [{"version": c.version(), "library": c.library_path} for c in found]
@@ -58,7 +58,7 @@ def _compilers():
 def _kernels(rt):
     """What this runtime's kernels are compiled with and for, or why nothing compiled would load."""
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
-    from ..gpu.compilation.compilers import load_target
+    from ..gpu.bindings.compilers import load_target
     driver = rt.driver_version()
     out = {"driver_version": driver, "loader": rt.loader_tag()}
     try:

@@ -84,7 +84,7 @@ def test_kernel_wrappers_and_gpu_glue_point_down_only():
 RANKS = (
     ("hipsched", 5),                                               # public API (hipsched/__init__.py)
     ("hipsched.executor", 4), ("hipsched.chunking", 4), ("hipsched.calibration", 4), ("hipsched.splitting", 4),
-    ("hipsched.upload_sharing", 4),
+    ("hipsched.upload_sharing", 4), ("hipsched.further_gpus", 4), ("hipsched._queued_timing", 4),
     ("hipsched._dispatch", 4), ("hipsched._sched", 4), ("hipsched._perfmodel", 4),
     ("hipsched.backends", 3),
     ("hipsched.ops", 2),
@@ -281,6 +281,50 @@ def test_op_specs_import_only_specs_and_leaves():
     assert spec_imports_out(_tree()) == []
     assert all((name in {n for n, _, _ in imports_of(rel)}) for rel, name in SPEC_EXCEPTIONS), \
         "an exception no longer used: take it out of SPEC_EXCEPTIONS and docs/architecture.md"
+
+
+# Inside the GPU layer the folders are concerns with an order of their own: the glue (gpu/ops) runs through
+# gpu/launch, which uses gpu/memory and gpu/compilation, and all of them stand on gpu/bindings, which
+# imports nothing of the others (its compilers and the registry of destroyed streams live in it).
+GPU_RANKS = (("hipsched.gpu.ops", 4), ("hipsched.gpu.launch", 3), ("hipsched.gpu.memory", 2),
+             ("hipsched.gpu.compilation", 2), ("hipsched.gpu.bindings", 1))
+
+
+def _gpu_rank(module):
+    for prefix, rank in GPU_RANKS:
+        if module == prefix or module.startswith(prefix + "."):
+            return rank
+    return None
+
+
+def gpu_arrows_up(sources):
+    """(file, module, line) of each import inside hipsched/gpu that points to a folder of a higher GPU
+    rank, or across between the two of rank 2 (memory and compilation are independent)."""
+    wrong = []
+    for rel, text in sources.items():
+        me = _module_of(rel)
+        mine = _gpu_rank(me)
+        if mine is None:
+            continue
+        for name, line, _ in imports_of(rel, text):
+            theirs = _gpu_rank(name)
+            if theirs is None or name.split(".")[2] == me.split(".")[2]:
+                continue
+            if theirs >= mine:
+                wrong.append((rel, name, line))
+    return wrong
+
+
+def test_the_gpu_folders_point_down_only():
+    assert gpu_arrows_up(_tree()) == []
+
+
+def test_checker_reports_the_bindings_importing_a_folder_above_them():
+    bad = {"hipsched/gpu/bindings/ctypes_api.py": "from ..compilation.compilers import get_compiler\n",
+           "hipsched/gpu/bindings/_driver.pyx": "from ..memory.streams import _retired_streams\n",
+           "hipsched/gpu/launch/context.py": "from ..memory.device_array import DeviceArray\n"}
+    assert sorted(m for _, m, _ in gpu_arrows_up(bad)) == ["hipsched.gpu.compilation.compilers",
+                                                          "hipsched.gpu.memory.streams"]
 
 
 def test_no_import_cycles_including_deferred_imports():

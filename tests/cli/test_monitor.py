@@ -120,7 +120,7 @@ from hipsched.__main__ import main
 
 def test_compile_into_an_unwritable_cache_dir_fails(tmp_path, capsys):
     from hipsched.errors import GpuError
-    from hipsched.gpu.compilation.compilers import get_compiler
+    from hipsched.gpu.bindings.compilers import get_compiler
     try:
         c = get_compiler("gfx90a")
         if not c.supports("gfx90a"):

@@ -36,7 +36,7 @@ def _kernel_resources(arch: str) -> dict:
             found = {}
             try:
                 from hipsched.gpu.compilation.codeobject import kernel_resources
-                from hipsched.gpu.compilation.compilers import get_compiler
+                from hipsched.gpu.bindings.compilers import get_compiler
                 from hipsched.gpu.compilation.kernels import KernelCache
                 cache = KernelCache(get_compiler(arch))
                 for source in cache.sources:

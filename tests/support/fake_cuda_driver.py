@@ -375,7 +375,7 @@ def install(monkeypatch, driver: FakeCudaDriver):
 def fake_nvrtc(major: int, minor: int, archs=(75, 80, 86, 89, 90)):
     """An NvrtcCompiler of version major.minor that needs no library: a CUBIN is an ELF stub with the
     ABI version that NVRTC release writes (8 from CUDA 13 on, else 7), PTX declares the ISA it writes."""
-    from hipsched.gpu.compilation.compilers import NvrtcCompiler
+    from hipsched.gpu.bindings.compilers import NvrtcCompiler
 
     class FakeNvrtc(NvrtcCompiler):
         def __init__(self):

@@ -7,7 +7,7 @@ the same sources for the same six targets)."""
 import pytest
 
 from hipsched.errors import GpuError
-from hipsched.gpu.compilation.compilers import get_compiler
+from hipsched.gpu.bindings.compilers import get_compiler
 from requires import missing_tool
 
 

@@ -12,7 +12,7 @@ after the work of every stream it was used on (see its docstring)."""
 from libc.stdint cimport uintptr_t
 
 
-from ..memory.streams import _retired_streams
+from .retired_streams import _retired_streams
 from .status import gpu_error
 
 

@@ -14,7 +14,7 @@ from ctypes import POINTER as P
 from ctypes import c_char_p, c_float, c_int, c_size_t, c_void_p
 
 from ...errors import GpuError
-from ..compilation.compilers import get_compiler
+from .compilers import get_compiler
 from . import libs
 from . import runtime as _rt
 from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params

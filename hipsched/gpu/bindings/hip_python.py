@@ -2,7 +2,7 @@
 
 hip-python returns a tuple (hipError_t, values...) from every call; `_unwrap` is the one place that
 checks the error and unpacks the values, turning handles (its Pointer types) into plain ints. Kernel
-compilation goes through hipsched.gpu.compilation.compilers.HiprtcCompiler (ctypes on the same hiprtc library),
+compilation goes through hipsched.gpu.bindings.compilers.HiprtcCompiler (ctypes on the same hiprtc library),
 so the target allow-list that keeps ROCm 5.x hiprtc from aborting the process is shared with the
 ctypes binding; for hip-python's own hiprtc module, `point_hiprtc_at` does the ROCm 5.x library fix."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 
 from ...errors import GpuError
-from ..compilation.compilers import get_compiler
+from .compilers import get_compiler
 from . import runtime as _rt
 from .runtime import DeviceInfo, Runtime, forked_error, pack_kernel_params
 from .status import gpu_error

@@ -21,7 +21,7 @@ from ...atomic_file import atomic_write
 from ...errors import GpuError
 from . import kernel_constants
 from .codeobject import kernel_symbols
-from .compilers import load_target
+from ..bindings.compilers import load_target
 
 FORMAT_VERSION = 1
 _MAGIC = b"HSCHKO01"

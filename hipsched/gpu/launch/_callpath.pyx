@@ -31,7 +31,7 @@ import numpy as np
 from hipsched.gpu.bindings._driver cimport Driver, DeviceMemory, adopt, NOT_READY
 from ...device_arrays import GPU_DEVICE_TYPES, dlpack_stream, kDLCUDA, kDLROCM
 from ...errors import GpuError
-from ..memory.streams import _retired_streams
+from ..bindings.retired_streams import _retired_streams
 
 cnp.import_array()
 

@@ -17,7 +17,8 @@ from ...errors import GpuError
 from ..bindings import _driver, detect
 from ..bindings._driver import DeviceMemory
 from . import dlpack
-from .streams import _retired_streams, as_stream_handle
+from ..bindings.retired_streams import _retired_streams
+from .streams import as_stream_handle
 
 # The stream the current call will read foreign arrays on (see consumer_stream); None: not known.
 _consumer = contextvars.ContextVar("hipsched_consumer_stream", default=None)

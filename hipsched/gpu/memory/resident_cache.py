@@ -14,7 +14,7 @@ import numpy as np
 from ... import resident as _resident
 from ...resident import fingerprint, immutable  # noqa: F401 (fingerprint: also its import path here)
 from .device_array import DeviceArray, to_device
-from .streams import _retired_streams
+from ..bindings.retired_streams import _retired_streams
 
 # Without a configured budget (HybridConfig.resident_bytes, HIPSCHED_RESIDENT_BYTES) the cache may keep
 # this share of the device memory that is free when its GPU context is made: on an 80 GB H100 a 768 MB

@@ -7,22 +7,7 @@ import threading
 
 from ...errors import GpuError
 
-# Streams a StreamPool destroyed after their work finished: an allocation last used on one is freed on
-# the null stream instead (a destroyed handle must not reach the driver). A set of ints: add, discard
-# and membership need no lock, and the finalizers of device memory read it (device_array.py,
-# resident_cache.py, bindings/_driver.pyx and launch/_callpath.pyx import it from here: streams.py
-# imports nothing of gpu/). A handle in use again leaves it (DeviceMemory.used_on, a replay).
-_retired_streams: set = set()
-
-
-def retire_stream(stream) -> None:
-    """`stream` was synchronised and destroyed: frees due on it go to the null stream."""
-    _retired_streams.add(int(stream))
-
-
-def revive_stream(stream) -> None:
-    """A new stream got a handle a destroyed one had (drivers reuse them)."""
-    _retired_streams.discard(int(stream))
+from ..bindings.retired_streams import _retired_streams, retire_stream, revive_stream  # noqa: F401
 
 
 def as_stream_handle(obj) -> int:

@@ -13,7 +13,7 @@ import hipsched
 from hipsched.backends.gpu import GpuBackend
 from hipsched.errors import GpuError
 from hipsched.gpu.compilation import compilers
-from hipsched.gpu.compilation.compilers import (cuda_version_for_ptx_isa, load_target, ptx_isa_of, ptx_isa_of_nvrtc,
+from hipsched.gpu.bindings.compilers import (cuda_version_for_ptx_isa, load_target, ptx_isa_of, ptx_isa_of_nvrtc,
                                     select_nvrtc)
 from hipsched.gpu.compilation.kernels import KernelCache, cache_key
 

@@ -112,7 +112,7 @@ def test_import_hipsched_without_any_gpu_library():
                HIPSCHED_HIPRTC_LIBRARY="/nonexistent/libhiprtc.so", HIPSCHED_CUDA_LIBRARY="/nonexistent/libcuda.so",
                HIPSCHED_NVRTC_LIBRARY="/nonexistent/libnvrtc.so", HIPSCHED_GPU_RUNTIME="hip")
     code = ("import hipsched\nfrom hipsched.gpu.bindings import detect\n"
-            "from hipsched.gpu.compilation.compilers import get_compiler\n"
+            "from hipsched.gpu.bindings.compilers import get_compiler\n"
             "from hipsched.errors import GpuError\nprint(detect.gpu_available(), detect.unavailable_reason())\n"
             "try:\n    get_compiler('gfx90a')\nexcept GpuError as e:\n    print(e.kind)\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -204,7 +204,7 @@ def test_hip_python_hiprtc_pointed_at_libamdhip64():
     # redirection is process-wide and must happen before hip-python's first hiprtc call.
     import importlib.util
     need("hip")
-    from hipsched.gpu.compilation.compilers import get_compiler
+    from hipsched.gpu.bindings.compilers import get_compiler
     try:
         path = get_compiler("amd").library_path
     except GpuError as e:

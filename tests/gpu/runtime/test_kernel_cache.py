@@ -233,7 +233,7 @@ def test_function_loads_each_module_once_per_device(tmp_path):
 
 
 def test_real_hiprtc_round_trip_through_disk(tmp_path):
-    from hipsched.gpu.compilation.compilers import get_compiler
+    from hipsched.gpu.bindings.compilers import get_compiler
     try:
         comp = get_compiler("gfx906")
     except GpuError as e:

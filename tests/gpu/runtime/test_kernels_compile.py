@@ -9,7 +9,7 @@ import pytest
 
 from hipsched.errors import GpuError
 from hipsched.gpu.compilation.codeobject import kernel_symbols
-from hipsched.gpu.compilation.compilers import get_compiler, split_amd_target
+from hipsched.gpu.bindings.compilers import get_compiler, split_amd_target
 from hipsched.gpu.compilation.kernels import KernelCache, kernel_names, kernel_sources, prelude
 
 from real_compilers import cache_dir, compiler_or_skip  # noqa: F401 (cache_dir is a fixture)

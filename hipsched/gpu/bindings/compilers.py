@@ -17,8 +17,8 @@ import sys
 import threading
 
 from ...errors import GpuError
-from ..bindings import libs
-from ..bindings.runtime import Compiler
+from . import libs
+from .runtime import Compiler
 
 # ROCm 5.x (libamdhip64.so.5) hiprtc: base targets it compiles, and the target features each
 # accepts. Measured on libamdhip64.so.5.2.21153 by compiling a kernel for every combination in a
@@ -331,7 +331,7 @@ def _cuda_text(version: int) -> str:
 
 _PROBE = """
 import sys
-from hipsched.gpu.compilation.compilers import HiprtcCompiler
+from hipsched.gpu.bindings.compilers import HiprtcCompiler
 c = HiprtcCompiler()
 c.supports = lambda arch: True
 c.compile('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }', "probe.hip", sys.argv[1])
