@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import gpu_emulator
+from emulated_executor import emulated_executor
 from requires import need
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
@@ -103,8 +104,6 @@ def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights
     resident budget of a quarter of the weights, the weights that do not fit are uploaded per call and the
     cache holds no more than its budget, the logits unchanged."""
     need("torch")
-    from hipsched import Executor
-    from hipsched.backends.gpu import GpuBackend
     monkeypatch.setenv("HIPSCHED_EMU_BUILD_CACHE", os.environ.get("HIPSCHED_EMU_BUILD_CACHE", str(tmp_path / "emu")))
     cfg = lm.LlamaConfig(vocab=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96,
                          max_seq=8)
@@ -112,14 +111,12 @@ def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights
     wbytes = sum(t.nbytes for t in model.tensors.values())
     rt = gpu_emulator.EmuRuntime(warp)
     try:
-        gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels"),
-                          "resident_bytes": None if budget is None else int(budget * wbytes)}, runtime=rt)
-        assert gpu.available, gpu.unavailable_reason
-        with Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), allow_fallback=False) as ex:
+        gpu_config = {} if budget is None else {"resident_bytes": int(budget * wbytes)}
+        with emulated_executor(rt, tmp_path, gpu_config, allow_fallback=False) as ex:
             dec = lm.HipschedLlama(model, ex, backend="gpu")
             out, logits = dec.generate([5, 9], 3)
             sides = {(e["op"], e["backend"]) for e in ex.events}
-            held = gpu.resident_summary()
+            held = ex._gpu.resident_summary()
     finally:
         rt.close()
     ref = lm.TorchLlama(model).forward([5, 9] + out[:-1])
