@@ -4,7 +4,9 @@ from hipsched import Executor
 from hipsched.backends.gpu import GpuBackend
 
 
-def emulated_executor(rt, tmp_path, **executor_options):
-    gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels")}, runtime=rt)
+def emulated_executor(rt, tmp_path, gpu_config=None, **executor_options):
+    """`gpu_config`: more of the GPU backend's configuration (resident_bytes, say), which an Executor given
+    a backend does not pass on to it."""
+    gpu = GpuBackend({"kernel_cache_dir": str(tmp_path / "kernels"), **(gpu_config or {})}, runtime=rt)
     assert gpu.available, gpu.unavailable_reason
     return Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), **executor_options)
