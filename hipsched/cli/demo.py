@@ -361,11 +361,12 @@ def run(args) -> int:
     return run_demo(args)[0]
 
 
-def run_demo(args, machine=None, oracle_machine=None, **executor_options):
+def run_demo(args, machine=None, oracle_machine=None, tie_band=TIE_BAND, **executor_options):
     """The command: (exit status, the oracle's judgement or None). `machine` / `oracle_machine`
-    (Executor keyword arguments: gpu_backend, cpu_backend, e.g. a simulated machine from tests/support)
-    and `executor_options` (config fields) are for benchmarks and tests; the oracle's executor needs
-    backends of its own when they are given."""
+    (Executor keyword arguments: gpu_backend, cpu_backend, e.g. a simulated machine from tests/support),
+    `tie_band` (the judge's: a machine noisier than 5% needs a wider one) and `executor_options` (config
+    fields) are for benchmarks and tests; the oracle's executor needs backends of its own when they are
+    given."""
     # deferred: __main__ imports every command, so this loads only when the command runs (compiled modules)
     import hipsched as hs
     from ..telemetry import analysis, path_from_env
@@ -423,7 +424,7 @@ def run_demo(args, machine=None, oracle_machine=None, **executor_options):
                 with oex.scope(phase="oracle"):
                     pairs = oracle_runs(oex, rec.calls, bar, max(1, getattr(args, "oracle_repeats", 3)))
                 bar.close()
-            judgement = judge(auto_events, pairs, keep_calls=True)
+            judgement = judge(auto_events, pairs, tie_band=tie_band, keep_calls=True)
         elif oracle:
             print("\n--oracle: no GPU in use, so there is nothing to choose between: routing not judged")
         # the in-memory summary is printed only where the log's report below cannot be (its per-op table

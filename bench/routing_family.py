@@ -1,0 +1,88 @@
+"""Routing against the oracle over a family of simulated machines (bench/machines/*.json): for each machine,
+each starting point (an empty model, "cold"; a model Executor.calibrate() just filled, "calibrated") and
+each seed, one bench/routing.py run (`hipsched demo --oracle` on that machine). Regret first: it is what a
+wrong choice costs; accuracy counts calls within the machine's noise band as right either way.
+
+Usage: python bench/routing_family.py [--quick] [--seeds N] [--label NAME] [MACHINE.json ...]
+Writes bench/results/routing-family-<label>[-quick].md and .json (the rows, for before/after tables)."""
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
+
+import routing  # noqa: E402
+
+
+def run_family(paths, quick, seeds, starts=("cold", "calibrated"), log=print):
+    """[{machine, start, seed, regret, choice_regret, accuracy, judged, seconds}]"""
+    rows = []
+    for path in paths:
+        m = routing.load_machine(path)
+        for start in starts:
+            for seed in range(seeds):
+                t0 = time.perf_counter()
+                res, rc, text = routing.one_run(start, quick, seed, True, machine=m)
+                o = res["overall"]
+                row = {"machine": m.name, "start": start, "seed": seed, "regret": o["regret"],
+                       "choice_regret": o["choice_regret"], "accuracy": o["accuracy"], "judged": o["judged"],
+                       "rc": rc, "seconds": time.perf_counter() - t0,
+                       "per_op": {r["op"]: r["regret"] for r in res["per_op"] if r["judged"]}}
+                rows.append(row)
+                log(f"{m.name:<24} {start:<10} seed {seed}: regret {100 * o['regret']:6.1f}%  choice "
+                    f"{100 * o['choice_regret']:6.1f}%  accuracy {100 * o['accuracy']:5.1f}%  ({row['seconds']:.0f} s)")
+    return rows
+
+
+def table(rows):
+    """Markdown: one line per machine, regret (worst of the seeds, then the mean) per starting point."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["machine"], {}).setdefault(r["start"], []).append(r)
+    lines = ["| machine | cold regret: worst (mean) | calibrated regret: worst (mean) | cold choice regret | "
+             "calibrated choice regret | cold accuracy | calibrated accuracy | seeds |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def cell(rs, k, worst=True):
+        if not rs:
+            return "-"
+        v = [r[k] for r in rs]
+        return f"{100 * max(v):.1f}% ({100 * sum(v) / len(v):.1f}%)" if worst else f"{100 * sum(v) / len(v):.1f}%"
+    for name, st in by.items():
+        c, k = st.get("cold", []), st.get("calibrated", [])
+        lines.append(f"| {name} | {cell(c, 'regret')} | {cell(k, 'regret')} | {cell(c, 'choice_regret')} | "
+                     f"{cell(k, 'choice_regret')} | {cell(c, 'accuracy', False)} | {cell(k, 'accuracy', False)} | "
+                     f"{max(len(c), len(k))} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("machines", nargs="*", help="machine files (default: bench/machines/*.json)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--label", default="now")
+    args = ap.parse_args(argv)
+    paths = args.machines or sorted(glob.glob(os.path.join(HERE, "machines", "*.json")))
+    t0 = time.perf_counter()
+    rows = run_family(paths, args.quick, args.seeds)
+    text = (f"## routing over the machine family: demo{' --quick' if args.quick else ''}, {args.seeds} seed(s), "
+            f"label {args.label}\n\ncommand: `python bench/routing_family.py{' --quick' if args.quick else ''} "
+            f"--seeds {args.seeds} --label {args.label}` ({time.perf_counter() - t0:.0f} s)\n\n{table(rows)}\n")
+    print(text)
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    base = os.path.join(HERE, "results", f"routing-family-{args.label}{'-quick' if args.quick else ''}")
+    with open(base + ".md", "w") as fh:
+        fh.write(text)
+    with open(base + ".json", "w") as fh:
+        json.dump(rows, fh, indent=1)
+    print(f"written: {base}.md, {base}.json")
+
+
+if __name__ == "__main__":
+    main()
