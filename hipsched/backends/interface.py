@@ -125,6 +125,13 @@ class GpuBackendBase:
     def is_resident(self, host) -> bool:
         return False
 
+    def last_run_parts(self) -> tuple[float, float, float] | None:
+        """(bytes uploaded, upload us, kernel us) of this thread's last run of host data, each part timed
+        between events of its own (the copy engine's and the kernel's), or None where the backend does
+        not time its parts: the scheduler then treats the split of that run as unknown (it takes the
+        modelled copies off the wall time, as before; docs/design/scheduling.md, "Measured copies")."""
+        return None
+
     def transfer_totals(self) -> tuple[int, int] | None:
         """(bytes uploaded, bytes read from kept copies) by this thread's calls so far; None when the
         backend does not keep count."""

@@ -73,7 +73,7 @@ def check_attention(q, k, v, causal, scale, op=OP):
 
 
 @register(OP, cpu=("hipsched.cpu._attention", "attention"), gpu=("hipsched.gpu.ops.attention", "attention"),
-          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
+          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep, cost=(0.05, 4.0))
 def prepare(q, k, v, causal=False, scale=None) -> Call:
     """Scaled dot-product attention on (batch, heads, seq, head_dim) arrays: softmax(scale * q k^T) v,
     `scale` defaulting to 1/sqrt(head_dim); with `causal=True` query i sees keys j <= i only (aligned

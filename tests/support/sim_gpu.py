@@ -153,6 +153,16 @@ class SimulatedCpu:
     def run_device_data(self, call):   # the simulated GPU takes host arrays only
         return self.run(call)
 
+    def roofline_properties(self):
+        """What hipsched.priors.measure_cpu would find on this host: a tiny call, the largest add's
+        bandwidth (3 float32 per element), the largest matmul's rate (2 flops per unit of work)."""
+        m = self.machine
+        add = self._table["add"][-1]
+        mm = self._table["matmul"][-1]
+        return {"launch_us": min(t for _, t, _ in self._table["add"]) * m.cpu_scale,
+                "gbps": 12 * add[0] / (add[1] * m.cpu_scale) / 1e3,
+                "gflops": 2 * mm[0] / (mm[1] * m.cpu_scale) / 1e3}
+
 
 class SimulatedGpu(GpuBackendBase):
     """GpuBackend with the H100's times (see the module docstring)."""
@@ -170,6 +180,7 @@ class SimulatedGpu(GpuBackendBase):
         self._ops = set(ops if ops is not None else table)
         self.machine = _machine(machine, sigma)
         self._noise = _Noise(self.machine, seed)
+        self._parts = threading.local()
         # the real backend's default (resident_cache.resident_budget) unless a budget is given
         self._budget = int(FREE_BYTES * DEFAULT_RESIDENT_SHARE) if resident_bytes is None else resident_bytes
         self._resident = collections.OrderedDict()   # id(host) -> (weakref, nbytes)
@@ -226,11 +237,25 @@ class SimulatedGpu(GpuBackendBase):
         kernel = (latency_us(self._table, call.op, call.size) * m.gpu_scale * m.jitter("gpu", call.op, call.size)
                   + m.gpu_launch_us + m.d2h_extra_us(out_bytes)) * self._noise("gpu", call.op)
         copies = m.h2d_us(pinned, True) + m.h2d_us(up - pinned, False)
-        self.clock.advance_us(max(kernel, 1.0) + copies)
+        kernel = max(kernel, 1.0)
+        self.clock.advance_us(kernel + copies)
+        # the parts as events around the copies and the kernel would time them (a machine with
+        # times_parts False, like a backend without such events, reports none)
+        self._parts.last = (float(up), copies, kernel) if m.times_parts else None
         return out
+
+    def last_run_parts(self):
+        return getattr(self._parts, "last", None)
 
     def measure_transfer(self):
         return self.machine.probe()
+
+    def roofline_properties(self):
+        """The device's figures as a real backend would give them: an H100's memory bandwidth and fp32
+        rate (device properties), a tiny call's time as its launch (scaled by the machine)."""
+        m = self.machine
+        return {"launch_us": min(t for _, t, _ in self._table["add"]) * m.gpu_scale + m.gpu_launch_us,
+                "gbps": 3350.0 / m.gpu_scale, "gflops": 60000.0 / m.gpu_scale}
 
     def close(self):
         pass

@@ -19,6 +19,8 @@ perturbs them:
   for the others, and above `pageable_large_bytes` the pageable rate `pageable_large_gbps`;
   `d2h_*`: the output copy, whose H100 cost the table already holds, so only the difference is
   charged) against what the link probe (`measure_transfer`) reports (`probe_*`).
+- `times_parts`: whether the GPU backend reports each run's upload and kernel times apart (as events
+  around each would), or only the wall time (a backend that cannot time its parts).
 
 Keeping the table points but none of the smoothness and none of the exactness of the link is what the
 issue asked of it: a model that only interpolates the table, or trusts the probe, is wrong here as on
@@ -61,6 +63,8 @@ class Machine:
     probe_h2d_gbps: float = 11.75
     probe_d2h_latency_us: float = 20.8
     probe_d2h_gbps: float = 12.19
+    # whether the GPU backend times a run's uploads and kernel apart (GpuBackend.last_run_parts)
+    times_parts: bool = True
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
