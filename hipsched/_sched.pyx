@@ -347,21 +347,22 @@ cdef class SchedCore:
         loser = CPU if g * p.speedup_threshold < c else GPU
         best = g if loser == CPU else c
         if commit:
-            s.run_us += best
+            s.run_us += best   # (a what-if reads the budget as if it had been committed)
         if p.explore_period > 0:
             # (optimism on both sides, as UCB: the loser is tried when its optimistic time beats the
             # winner's optimistic time; against a well-measured winner, the winner's time)
             if loser == GPU:
-                lcb = kg / (1.0 + EXPLORE_Z * ug) + cg
+                lcb = (kg / (1.0 + EXPLORE_Z * ug) + cg) * p.speedup_threshold
                 lcb_best = kc / (1.0 + EXPLORE_Z * uc) + cc
                 excess = g - best
                 bc = &s.buckets[GPU][bucket_of(size)]
             else:
                 lcb = kc / (1.0 + EXPLORE_Z * uc) + cc
-                lcb_best = kg / (1.0 + EXPLORE_Z * ug) + cg
+                lcb_best = (kg / (1.0 + EXPLORE_Z * ug) + cg) * p.speedup_threshold
                 excess = c - best
                 bc = &s.buckets[CPU][bucket_of(size)]
-            if lcb < lcb_best and (bc.n == 0 or s.explore_us + excess <= EXPLORE_BUDGET * s.run_us):
+            if lcb < lcb_best and (bc.n == 0 or
+                                   s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
                 if commit:
                     s.explore_us += excess
                 return loser | R_EXPLORING << 1

@@ -71,7 +71,16 @@ def start(core, cpu_backend, gpu_backend, gpu_present: bool):
     without priors (as before this existed). A backend's `roofline_properties()` must answer at once
     (its device properties, figures it measured when it opened)."""
     cpu_props = getattr(cpu_backend, "roofline_properties", None)
-    gpu_props = getattr(gpu_backend, "roofline_properties", None) if gpu_present else None
+    try:
+        gpu_figures = gpu_backend.roofline_properties() if gpu_present else None
+    except Exception as e:  # noqa: BLE001 - as below: no prior
+        log.debug("hipsched: no GPU roofline figures (%s: %s)", type(e).__name__, e)
+        gpu_figures = None
+    if gpu_figures is None:
+        # a prior on the CPU side alone would only delay the GPU's first run (a side with no estimate
+        # is tried at once), and the choice is between the two
+        return None
+    gpu_props = lambda: gpu_figures  # noqa: E731
 
     def run():
         try:

@@ -125,6 +125,12 @@ class GpuBackendBase:
     def is_resident(self, host) -> bool:
         return False
 
+    def roofline_properties(self) -> dict | None:
+        """{"launch_us", "gbps", "gflops"}: a tiny call's time, the device's memory bandwidth and peak
+        rate, answered at once (device properties, figures measured when the backend opened), for the
+        roofline prior (hipsched/priors.py); None where the backend cannot say (no prior is used)."""
+        return None
+
     def last_run_parts(self) -> tuple[float, float, float] | None:
         """(bytes uploaded, upload us, kernel us) of this thread's last run of host data, each part timed
         between events of its own (the copy engine's and the kernel's), or None where the backend does
