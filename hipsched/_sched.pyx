@@ -361,7 +361,9 @@ cdef class SchedCore:
                 lcb_best = (kg / (1.0 + EXPLORE_Z * ug) + cg) * p.speedup_threshold
                 excess = c - best
                 bc = &s.buckets[CPU][bucket_of(size)]
-            if lcb < lcb_best and (bc.n == 0 or
+            # (a winner known only by a guess is run first: its run is the cheaper lesson, and the loser's
+            # turn comes once the winner's time is measured, if the loser could still beat it)
+            if (uc if loser == GPU else ug) < 1.0 and lcb < lcb_best and (bc.n == 0 or
                                    s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
                 if commit:
                     s.explore_us += excess
