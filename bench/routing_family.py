@@ -29,13 +29,16 @@ def run_family(paths, quick, seeds, starts=("cold", "calibrated"), log=print):
                 t0 = time.perf_counter()
                 res, rc, text = routing.one_run(start, quick, seed, True, machine=m)
                 o = res["overall"]
+                om = res["by_mean"]["overall"]
                 row = {"machine": m.name, "start": start, "seed": seed, "regret": o["regret"],
+                       "regret_mean": om["regret"], "choice_regret_mean": om["choice_regret"],
                        "choice_regret": o["choice_regret"], "accuracy": o["accuracy"], "judged": o["judged"],
                        "rc": rc, "seconds": time.perf_counter() - t0,
                        "per_op": {r["op"]: r["regret"] for r in res["per_op"] if r["judged"]}}
                 rows.append(row)
                 log(f"{m.name:<24} {start:<10} seed {seed}: regret {100 * o['regret']:6.1f}%  choice "
-                    f"{100 * o['choice_regret']:6.1f}%  accuracy {100 * o['accuracy']:5.1f}%  ({row['seconds']:.0f} s)")
+                    f"{100 * o['choice_regret']:6.1f}%  accuracy {100 * o['accuracy']:5.1f}%  mean-oracle regret "
+                    f"{100 * om['regret']:6.1f}% choice {100 * om['choice_regret']:6.1f}%  ({row['seconds']:.0f} s)")
     return rows
 
 
@@ -44,9 +47,10 @@ def table(rows):
     by = {}
     for r in rows:
         by.setdefault(r["machine"], {}).setdefault(r["start"], []).append(r)
-    lines = ["| machine | cold regret: worst (mean) | calibrated regret: worst (mean) | cold choice regret | "
-             "calibrated choice regret | cold accuracy | calibrated accuracy | seeds |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| machine | cold regret: worst (mean) | calibrated regret: worst (mean) | cold regret, mean oracle | "
+             "calibrated regret, mean oracle | cold choice regret | calibrated choice regret | cold choice regret, "
+             "mean oracle | calibrated choice regret, mean oracle | cold accuracy | calibrated accuracy | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(rs, k, worst=True):
         if not rs:
@@ -55,8 +59,10 @@ def table(rows):
         return f"{100 * max(v):.1f}% ({100 * sum(v) / len(v):.1f}%)" if worst else f"{100 * sum(v) / len(v):.1f}%"
     for name, st in by.items():
         c, k = st.get("cold", []), st.get("calibrated", [])
-        lines.append(f"| {name} | {cell(c, 'regret')} | {cell(k, 'regret')} | {cell(c, 'choice_regret')} | "
-                     f"{cell(k, 'choice_regret')} | {cell(c, 'accuracy', False)} | {cell(k, 'accuracy', False)} | "
+        lines.append(f"| {name} | {cell(c, 'regret')} | {cell(k, 'regret')} | {cell(c, 'regret_mean')} | "
+                     f"{cell(k, 'regret_mean')} | {cell(c, 'choice_regret')} | {cell(k, 'choice_regret')} | "
+                     f"{cell(c, 'choice_regret_mean')} | {cell(k, 'choice_regret_mean')} | "
+                     f"{cell(c, 'accuracy', False)} | {cell(k, 'accuracy', False)} | "
                      f"{max(len(c), len(k))} |")
     return "\n".join(lines)
 
