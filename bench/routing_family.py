@@ -3,7 +3,7 @@ each starting point (an empty model, "cold"; a model Executor.calibrate() just f
 each seed, one bench/routing.py run (`hipsched demo --oracle` on that machine). Regret first: it is what a
 wrong choice costs; accuracy counts calls within the machine's noise band as right either way.
 
-Usage: python bench/routing_family.py [--quick] [--seeds N] [--label NAME] [MACHINE.json ...]
+Usage: python bench/routing_family.py [--quick] [--seeds N] [--first-seed S] [--label NAME] [MACHINE.json ...]
 Writes bench/results/routing-family-<label>[-quick].md and .json (the rows, for before/after tables)."""
 import argparse
 import glob
@@ -19,13 +19,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
 import routing  # noqa: E402
 
 
-def run_family(paths, quick, seeds, starts=("cold", "calibrated"), log=print):
+def run_family(paths, quick, seeds, starts=("cold", "calibrated"), log=print, first_seed=0):
     """[{machine, start, seed, regret, choice_regret, accuracy, judged, seconds}]"""
     rows = []
     for path in paths:
         m = routing.load_machine(path)
         for start in starts:
-            for seed in range(seeds):
+            for seed in range(first_seed, first_seed + seeds):
                 t0 = time.perf_counter()
                 res, rc, text = routing.one_run(start, quick, seed, True, machine=m)
                 o = res["overall"]
@@ -72,11 +72,12 @@ def main(argv=None):
     ap.add_argument("machines", nargs="*", help="machine files (default: bench/machines/*.json)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--label", default="now")
     args = ap.parse_args(argv)
     paths = args.machines or sorted(glob.glob(os.path.join(HERE, "machines", "*.json")))
     t0 = time.perf_counter()
-    rows = run_family(paths, args.quick, args.seeds)
+    rows = run_family(paths, args.quick, args.seeds, first_seed=args.first_seed)
     text = (f"## routing over the machine family: demo{' --quick' if args.quick else ''}, {args.seeds} seed(s), "
             f"label {args.label}\n\ncommand: `python bench/routing_family.py{' --quick' if args.quick else ''} "
             f"--seeds {args.seeds} --label {args.label}` ({time.perf_counter() - t0:.0f} s)\n\n{table(rows)}\n")
