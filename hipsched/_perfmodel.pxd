@@ -96,8 +96,9 @@ cdef inline double bucket_median(const Bucket *bk) noexcept nogil:
 
 cdef inline double bucket_mean(const Bucket *bk, double *rel_sd) noexcept nogil:
     """The bucket's expected time: the mean of its samples, those over OUTLIER_RATIO x the median left
-    out (a bimodal side is its mean, not the mode the median or the last sample fall in); with one or
-    two samples the lower median (one of two may be a first launch). `rel_sd` (may be NULL): the
+    out, and the bucket's first sample ever when above the median (a bimodal side is its mean, not the
+    mode the median or the last sample fall in); with one or two samples the lower median (one of two
+    may be a first launch). `rel_sd` (may be NULL): the
     samples' standard deviation over that mean, PRIOR_REL_SD with fewer than three."""
     cdef int n = bk.n, k
     cdef double s = bk.sum, ss = bk.sumsq, cap, m, v, x
@@ -113,6 +114,13 @@ cdef inline double bucket_mean(const Bucket *bk, double *rel_sd) noexcept nogil:
         ss -= x * x
         k -= 1
     n = k + 1
+    # the bucket's first run ever, while the window still holds it, when slower than the median: a
+    # first run holds first-use costs (a module loaded, memory allocated, an input's first touch)
+    x = bk.ring[0]
+    if bk.total == bk.n and x > bk.sorted[(bk.n - 1) >> 1] and x <= cap and n > 2:
+        s -= x
+        ss -= x * x
+        n -= 1
     m = s / n
     if rel_sd != NULL:
         v = ss / n - m * m

@@ -329,11 +329,14 @@ cdef class SchedCore:
         # 6. a side with no estimate at all (no sample at any size, no prior) is tried: one run gives the
         # fit a point for every size. Not a GPU run of host data whose modelled uploads alone take longer
         # than the CPU's whole run (it could not win, and a run dominated by copies teaches little), nor a
-        # CPU run of device data (it stays where it lives until the CPU is known to be worth its copies).
+        # CPU run of device data until it could be worth its copies.
         if p.explore_period > 0:
             if isnan(g) and not isnan(c) and not (not on_device and cg > c):
                 return GPU | R_EXPLORING << 1
-            if isnan(c) and not isnan(g) and not on_device:
+            # device data: once the GPU's time at the size is known (min_samples runs: a first run holds
+            # the first use's costs) and the CPU's copies alone do not exceed it
+            if isnan(c) and not isnan(g) and (not on_device or (
+                    s.buckets[GPU][bucket_of(size)].n >= p.min_samples and cc < g)):
                 return CPU | R_EXPLORING << 1
         if on_device and (isnan(g) or isnan(c)):
             return GPU | R_COST_MODEL << 1
