@@ -46,6 +46,8 @@ cdef struct Bucket:
     long long calls        # decisions taken for sizes in this bucket (re-probe pacing)
     double sum             # sum and sum of squares of ring[:n]: the mean and spread in O(1)
     double sumsq
+    double mean            # bucket_stats at the last sample: what a decision reads
+    double rel_sd
 
 cdef struct Fit:           # t = a + b * work, weighted least squares over bucket medians
     double a
@@ -95,6 +97,13 @@ cdef inline double bucket_median(const Bucket *bk) noexcept nogil:
 
 
 cdef inline double bucket_mean(const Bucket *bk, double *rel_sd) noexcept nogil:
+    """bucket_stats as of the bucket's last sample (computed there: a decision reads two doubles)."""
+    if rel_sd != NULL:
+        rel_sd[0] = bk.rel_sd
+    return bk.mean
+
+
+cdef inline double bucket_stats(const Bucket *bk, double *rel_sd) noexcept nogil:
     """The bucket's expected time: the mean of its samples, those over OUTLIER_RATIO x the median left
     out, and the bucket's first sample ever when above the median (a bimodal side is its mean, not the
     mode the median or the last sample fall in); with one or two samples the lower median (one of two
@@ -169,6 +178,7 @@ cdef inline void bucket_add(Bucket *bk, int window, double t, double work) noexc
     bk.sumsq += t * t
     bk.pos = (bk.pos + 1) % window
     bk.total += 1
+    bk.mean = bucket_stats(bk, &bk.rel_sd)
 
 
 cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
