@@ -259,11 +259,12 @@ def test_demo_exits_nonzero_when_a_self_check_fails(tmp_path, monkeypatch, capsy
 
 
 # ---------------------------------------------------------------- the demo on the simulated H100
-@pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.95, 0.03), ("cold", 0.85, 0.12)])
+@pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.98, 0.01), ("cold", 0.90, 0.05)])
 def test_demo_oracle_on_the_simulated_h100(tmp_path, monkeypatch, start, floor, regret):
-    """The quick demo through the simulated H100 machine, judged by `demo --oracle`. The floor is below
-    what bench/routing.py measured (docs/design/history.md), and the time is virtual, so it does not
-    depend on this machine's load."""
+    """The quick demo through the simulated H100 machine (the smooth one), judged by `demo --oracle`. The
+    bounds are a little past what it measured on 2026-11-28 (cold: accuracy 92.6%, regret 3.0%;
+    calibrated: 99.5%, 0.1%; before issue 32: 90.2% / 7.6% and 98.5% / 0.4%), and the time is virtual,
+    so it does not depend on this machine's load."""
     # bench/ on the path for this test only: left there, its distributed.py shadowed the `distributed`
     # package in the Dask workers a later test spawns (they inherit sys.path), which then failed to start
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
