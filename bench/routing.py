@@ -7,10 +7,13 @@ time - oracle-best time) / oracle-best time over all calls; choice regret charge
 time of the side auto chose (no single-sample noise). Two starting points: an empty model (what a new
 user sees first) and a model calibrated by `Executor.calibrate()` just before, in a fresh cache dir.
 
-With a GPU the real one is used; without one (or with --sim) the simulated H100 of tests/support/sim_gpu.py
-(the H100's measured latencies, residency, its link, 5% noise; the CPU side is this machine's CPU).
-Usage: python bench/routing.py [--quick] [--sim] [--seed N] [--repeats N]
-Writes bench/results/routing.md."""
+With a GPU the real one is used; without one (or with --sim) the simulated machine of tests/support/sim_gpu.py:
+by default the smooth H100 (the H100's measured latencies, residency, its link, 5% noise), or the one
+`--machine FILE` describes (tests/support/sim_machine.py; a family in bench/machines/). On a simulated
+machine the judge's tie band is the machine's noise band (Machine.tie_band, at least 5%): a call whose
+sides lie within the noise of each other is right either way.
+Usage: python bench/routing.py [--quick] [--sim] [--machine FILE] [--seed N] [--repeats N]
+Writes bench/results/routing.md (routing-quick.md with --quick; with --machine, routing-<name>[-quick].md)."""
 import argparse
 import contextlib
 import io
@@ -34,17 +37,25 @@ def out(line=""):
     LINES.append(line)
 
 
-def one_run(start, quick, seed, sim, repeats=3):
+def load_machine(path):
+    from sim_machine import Machine
+    return Machine.load(path)
+
+
+def one_run(start, quick, seed, sim, repeats=3, machine=None):
     """(judgement, demo exit status, demo output) of one demo --oracle run from `start` ("cold" or
-    "calibrated"), in a fresh cache dir."""
+    "calibrated"), in a fresh cache dir; `machine`: a sim_machine.Machine (sim only)."""
     with tempfile.TemporaryDirectory(prefix="hipsched-routing-") as cache:
         clock = contextlib.nullcontext()
         machines = [{}, {}, {}]
+        tie_band = demo.TIE_BAND
         if sim:
             from sim_gpu import SimClock, simulated_machine
             c = SimClock()
             clock = c.executor_clock()
-            machines = [simulated_machine(c, seed=3 * seed + i) for i in range(3)]
+            machines = [simulated_machine(c, seed=3 * seed + i, machine=machine) for i in range(3)]
+            if machine is not None:
+                tie_band = machine.tie_band()
         with clock:
             if start == "calibrated":
                 with hs.Executor(cache_dir=cache, telemetry_enabled=False, **machines[2]) as ex:
@@ -55,7 +66,8 @@ def one_run(start, quick, seed, sim, repeats=3):
                                       oracle=True, oracle_repeats=repeats)
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf):
-                rc, judgement = demo.run_demo(args, machine=machines[0], oracle_machine=machines[1], cache_dir=cache)
+                rc, judgement = demo.run_demo(args, machine=machines[0], oracle_machine=machines[1],
+                                              tie_band=tie_band, cache_dir=cache)
         return judgement, rc, buf.getvalue()
 
 
@@ -63,54 +75,61 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the demo's --quick sizes")
     ap.add_argument("--sim", action="store_true", help="the simulated H100 even where a GPU is present")
+    ap.add_argument("--machine", metavar="FILE", help="a simulated machine's description (bench/machines/*.json); "
+                    "implies --sim")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="runs per starting point (seeds seed, seed+1, ...)")
     args = ap.parse_args(argv)
     with hs.Executor(persist_model=False, telemetry_enabled=False) as probe:
         caps = probe.capabilities()
-    sim = args.sim or not caps.gpu_available
+    machine = load_machine(args.machine) if args.machine else None
+    sim = args.sim or machine is not None or not caps.gpu_available
     device = "simulated H100 (tests/support/sim_gpu.py)" if sim else caps.gpu_device_name
+    if machine is not None:
+        device = f"simulated machine {machine.name} ({args.machine}: {machine.description}; tie band " \
+                 f"{100 * machine.tie_band():.0f}%)"
     feats = hs.cpu_features()
     out(f"## routing against the oracle: demo{' --quick' if args.quick else ''} workload, GPU: {device}; CPU: "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, simd={feats['simd']}, "
         f"threads={feats['threads']}\n")
-    out(f"command: `python bench/routing.py{' --quick' if args.quick else ''}{' --sim' if args.sim else ''} "
-        f"--seed {args.seed} --repeats {args.repeats}`\n")
-    out("| start | seed | calls judged | accuracy | regret | choice regret | auto ms | oracle-best ms | cpu-only ms | "
-        "gpu-only ms | misses by reason | self-checks |")
+    out(f"command: `python bench/routing.py{' --quick' if args.quick else ''}{' --sim' if args.sim else ''}"
+        f"{' --machine ' + args.machine if args.machine else ''} --seed {args.seed} --repeats {args.repeats}`\n")
+    out("| start | seed | regret | choice regret | accuracy (ties either way) | calls judged | auto ms | oracle-best ms | "
+        "cpu-only ms | gpu-only ms | misses by reason | self-checks |")
     out("|---|---|---|---|---|---|---|---|---|---|---|---|")
     per_op = {}
     for start in ("cold", "calibrated"):
         for r in range(args.repeats):
             seed = args.seed + r
             t0 = time.perf_counter()
-            res, rc, text = one_run(start, args.quick, seed, sim)
+            res, rc, text = one_run(start, args.quick, seed, sim, machine=machine)
             if res is None:
                 out(f"| {start} | {seed} | - | - | - | - | - | - | - | - | (no GPU: nothing judged) | "
                     f"{'ok' if rc == 0 else 'FAILED'} |")
                 continue
             o = res["overall"]
             misses = ", ".join(f"{k} {v}" for k, v in sorted(o["misses"].items(), key=lambda kv: -kv[1])) or "-"
-            out(f"| {start} | {seed} | {o['judged']} | {100 * o['accuracy']:.1f}% | {100 * o['regret']:.1f}% | "
-                f"{100 * o['choice_regret']:.1f}% | {o['auto_us'] / 1e3:.1f} | {o['best_us'] / 1e3:.1f} | "
+            out(f"| {start} | {seed} | {100 * o['regret']:.1f}% | {100 * o['choice_regret']:.1f}% | "
+                f"{100 * o['accuracy']:.1f}% | {o['judged']} | {o['auto_us'] / 1e3:.1f} | {o['best_us'] / 1e3:.1f} | "
                 f"{o['cpu_us'] / 1e3:.1f} | {o['gpu_us'] / 1e3:.1f} | {misses} | {'ok' if rc == 0 else 'FAILED'} |")
             print(f"  ({start}, seed {seed}: {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             for row in res["per_op"]:
                 per_op.setdefault((start, row["op"]), []).append(row)
     out("\nper op (all runs of a starting point together):\n")
-    out("| start | op | calls judged | accuracy | regret | choice regret | on GPU auto / best |")
+    out("| start | op | regret | choice regret | accuracy | calls judged | on GPU auto / best |")
     out("|---|---|---|---|---|---|---|")
     for (start, op), rows in per_op.items():
         j = sum(r["judged"] for r in rows)
         if not j:
             continue
         best = sum(r["best_us"] for r in rows)
-        out(f"| {start} | {op} | {j} | {100 * sum(r['correct'] for r in rows) / j:.1f}% | "
-            f"{100 * (sum(r['auto_us'] for r in rows) - best) / best:.1f}% | "
+        out(f"| {start} | {op} | {100 * (sum(r['auto_us'] for r in rows) - best) / best:.1f}% | "
             f"{100 * (sum(r['chosen_us'] for r in rows) - best) / best:.1f}% | "
+            f"{100 * sum(r['correct'] for r in rows) / j:.1f}% | {j} | "
             f"{sum(r['auto_gpu'] for r in rows)} / {sum(r['best_gpu'] for r in rows)} |")
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    path = os.path.join(HERE, "results", "routing-quick.md" if args.quick else "routing.md")
+    name = "routing" + (f"-{machine.name}" if machine is not None else "")
+    path = os.path.join(HERE, "results", f"{name}-quick.md" if args.quick else f"{name}.md")
     with open(path, "w") as fh:
         fh.write("\n".join(LINES) + "\n")
     print(f"\nwritten: {path}")

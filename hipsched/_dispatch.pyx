@@ -512,12 +512,16 @@ cdef class FastPath:
         return out
 
     def _finish(self, call, slot, be, reason, dur, pc, pg, stream, fallback=None, h2d=0, d2h=0, detail=None,
-                resident=None):
+                resident=None, parts=None):
         # A GPU run on device data returns with the work still queued on the stream: its wall time is
         # not a completion time, so it counts here (-1: no sample) and is learned from once its timing
-        # events have been read (_queued_timing.pyx)
-        sample = -1.0 if be == GPU and call.on_device else dur
-        self.core.record(slot, be, call.size, sample, h2d, d2h, fallback=fallback is not None)
+        # events have been read (_queued_timing.pyx). A run its backend timed in parts (`parts`) teaches
+        # its measured kernel time and its uploads, not the wall time less modelled copies.
+        if parts is not None:
+            self.core.record_parts(slot, call.size, dur, parts[2], parts[0], parts[1], fallback is not None)
+        else:
+            self.core.record(slot, be, call.size, -1.0 if be == GPU and call.on_device else dur, h2d, d2h,
+                             fallback=fallback is not None)
         if self.tel is not None:
             self.tel.record(call.op, _BACKENDS[be], self.reason_str[reason], call.size, call.dtype, call.nbytes, dur,
                             pc, pg, stream, fallback, detail, resident)
@@ -574,7 +578,8 @@ cdef class FastPath:
         j = call.judged
         if j is not None and j.moved is not None:   # host inputs: what the run uploaded and read from kept copies
             resident = {"uploaded": j.moved[0], "reused": j.moved[1]}
-        self._finish(call, slot, GPU, reason, dur, pc, pg, stream, None, h2d, d2h, resident=resident)
+        self._finish(call, slot, GPU, reason, dur, pc, pg, stream, None, h2d, d2h, resident=resident,
+                     parts=None if j is None or call.on_device else j.parts)
         return out
 
     def _compiled_gpu_failed(self, e, op, args, kwargs, slot, reason, pc, pg, stream, dur):

@@ -5,7 +5,7 @@
 from libc.stdlib cimport calloc, free
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy, memmove
-from libc.math cimport NAN, exp, log
+from libc.math cimport NAN, exp, fabs, log, sqrt
 
 cdef enum:
     # quarter-octave size buckets (4 per power of two): sizes up to 2**48 work units. Whole octaves
@@ -18,6 +18,23 @@ cdef enum:
     # behind: refitting on every record would cost more than the whole decision.
     REFIT_EVERY = 32
 
+# OUTLIER_RATIO: a sample this many times its bucket's median is not the op's time but an accident (a
+# first launch that loaded a module, a page-fault storm): the bucket's mean leaves it out. A slow mode of
+# the CPU (8x on the H100 host's top_k, a team waking up) lies within it and counts, by its share.
+# PRIOR_REL_SD, PRIOR_UNSEEN_ERR: what a bucket's relative spread is taken to be before it holds three
+# samples, and what the model's error at a size never measured is taken to be before one has been
+# checked: a machine's run-to-run log-sd was 0.2-0.4 on the H100 (shared/h100 demo logs), so 0.5
+# assumes no better than that.
+cdef extern from *:
+    """
+    #define HS_OUTLIER_RATIO 16.0
+    #define HS_PRIOR_REL_SD 0.5
+    #define HS_PRIOR_UNSEEN_ERR 0.5
+    """
+    const double OUTLIER_RATIO "HS_OUTLIER_RATIO"
+    const double PRIOR_REL_SD "HS_PRIOR_REL_SD"
+    const double PRIOR_UNSEEN_ERR "HS_PRIOR_UNSEEN_ERR"
+
 cdef struct Bucket:
     double *ring           # last `window` latencies (us), arrival order (allocated at the first sample)
     double *work_ring      # the work measure of each of those samples
@@ -26,7 +43,11 @@ cdef struct Bucket:
     int pos                # next slot to overwrite in the rings
     double work_sum        # sum of work_ring[:n], for the bucket's mean work
     long long total        # samples ever recorded
-    long long calls        # decisions taken for sizes in this bucket (exploration pacing)
+    long long calls        # decisions taken for sizes in this bucket (re-probe pacing)
+    double sum             # sum and sum of squares of ring[:n]: the mean and spread in O(1)
+    double sumsq
+    double mean            # bucket_stats at the last sample: what a decision reads
+    double rel_sd
 
 cdef struct Fit:           # t = a + b * work, weighted least squares over bucket medians
     double a
@@ -37,6 +58,12 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
     int npts               # buckets the fit went through
     double lo              # the smallest and largest of their mean work: between them the fit
     double hi              # interpolates measured sizes, outside it extrapolates
+    double lo_t            # the means of the buckets at lo and hi: beyond them the optimistic bound of an
+    double hi_t            # extrapolation is the edge's time held flat (larger) or shrinking with work
+    double unseen_err      # running mean |log(measured / predicted)| at a bucket's first sample: how far
+                           # this op's cost is from what the model says at sizes it has not measured
+                           # (small on a smooth machine, large where sizes are uneven); 0 = not yet known
+    int unseen_n           # first samples it was checked against
 
 
 cdef inline int bucket_of(double size) noexcept nogil:
@@ -69,6 +96,47 @@ cdef inline double bucket_median(const Bucket *bk) noexcept nogil:
     return bk.sorted[(bk.n - 1) >> 1]
 
 
+cdef inline double bucket_mean(const Bucket *bk, double *rel_sd) noexcept nogil:
+    """bucket_stats as of the bucket's last sample (computed there: a decision reads two doubles)."""
+    if rel_sd != NULL:
+        rel_sd[0] = bk.rel_sd
+    return bk.mean
+
+
+cdef inline double bucket_stats(const Bucket *bk, double *rel_sd) noexcept nogil:
+    """The bucket's expected time: the mean of its samples, those over OUTLIER_RATIO x the median left
+    out, and the bucket's first sample ever when above the median (a bimodal side is its mean, not the
+    mode the median or the last sample fall in); with one or two samples the lower median (one of two
+    may be a first launch). `rel_sd` (may be NULL): the
+    samples' standard deviation over that mean, PRIOR_REL_SD with fewer than three."""
+    cdef int n = bk.n, k
+    cdef double s = bk.sum, ss = bk.sumsq, cap, m, v, x
+    if n < 3:
+        if rel_sd != NULL:
+            rel_sd[0] = PRIOR_REL_SD
+        return bk.sorted[0]
+    cap = OUTLIER_RATIO * bk.sorted[(n - 1) >> 1]
+    k = n - 1
+    while k > 0 and bk.sorted[k] > cap:
+        x = bk.sorted[k]
+        s -= x
+        ss -= x * x
+        k -= 1
+    n = k + 1
+    # the bucket's first run ever, while the window still holds it, when slower than the median: a
+    # first run holds first-use costs (a module loaded, memory allocated, an input's first touch)
+    x = bk.ring[0]
+    if bk.total == bk.n and x > bk.sorted[(bk.n - 1) >> 1] and x <= cap and n > 2:
+        s -= x
+        ss -= x * x
+        n -= 1
+    m = s / n
+    if rel_sd != NULL:
+        v = ss / n - m * m
+        rel_sd[0] = sqrt(v) / m if v > 0 and m > 0 else 0.0
+    return m
+
+
 cdef inline bint bucket_alloc(Bucket *bk, int window) noexcept nogil:
     # once per bucket, at its first sample: most of the 48 buckets of most slots never see one
     bk.ring = <double *>calloc(window, sizeof(double))
@@ -96,6 +164,8 @@ cdef inline void bucket_add(Bucket *bk, int window, double t, double work) noexc
             memmove(&bk.sorted[j + 1], &bk.sorted[j], (i - j) * sizeof(double))
         bk.sorted[j] = t
         bk.work_sum -= bk.work_ring[bk.pos]
+        bk.sum -= bk.ring[bk.pos]
+        bk.sumsq -= bk.ring[bk.pos] * bk.ring[bk.pos]
     else:
         i = lower_bound(bk.sorted, bk.n, t)
         memmove(&bk.sorted[i + 1], &bk.sorted[i], (bk.n - i) * sizeof(double))
@@ -104,8 +174,11 @@ cdef inline void bucket_add(Bucket *bk, int window, double t, double work) noexc
     bk.ring[bk.pos] = t
     bk.work_ring[bk.pos] = work
     bk.work_sum += work
+    bk.sum += t
+    bk.sumsq += t * t
     bk.pos = (bk.pos + 1) % window
     bk.total += 1
+    bk.mean = bucket_stats(bk, &bk.rel_sd)
 
 
 cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
@@ -123,13 +196,15 @@ cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
         if bk.n == 0:
             continue
         x = bk.work_sum / bk.n
-        if npts == 0 or x < f.lo:
-            f.lo = x
-        if npts == 0 or x > f.hi:
-            f.hi = x
-        y = bucket_median(bk)
+        y = bucket_mean(bk, NULL)
         if y <= 0:
             y = 1e-3
+        if npts == 0 or x < f.lo:
+            f.lo = x
+            f.lo_t = y
+        if npts == 0 or x > f.hi:
+            f.hi = x
+            f.hi_t = y
         wt = 1.0 / (y * y)
         sw += wt; swx += wt * x; swy += wt * y; swxx += wt * x * x; swxy += wt * x * y
         npts += 1
@@ -181,23 +256,29 @@ cdef inline double between_measured(Bucket *bks, int b, double size) noexcept no
         return NAN
     x1 = bks[lo].work_sum / bks[lo].n
     x2 = bks[hi].work_sum / bks[hi].n
-    y1 = bucket_median(&bks[lo])
-    y2 = bucket_median(&bks[hi])
+    y1 = bucket_mean(&bks[lo], NULL)
+    y2 = bucket_mean(&bks[hi], NULL)
     if not (x1 > 0 and x2 > x1 and y1 > 0 and y2 > 0 and size > 0):
         return NAN
     return y1 * exp(log(y2 / y1) * log(size / x1) / log(x2 / x1))
 
 
-cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
-    """Bucket median (scaled by the fit's slope within the bucket), else the measured buckets on either
-    side (between_measured), else the fit, else NaN."""
+cdef inline double predict_us(Bucket *bks, Fit *f, double size, double *u=NULL) noexcept nogil:
+    """The expected time at `size`: the bucket's mean (scaled by the fit's slope within the bucket), else
+    the measured buckets on either side (between_measured), else the fit, else NaN. `u` (may be NULL):
+    the prediction's relative uncertainty, the standard error of a bucket's mean, or at a size not
+    measured what the model's error at such sizes has been (Fit.unseen_err; twice that beyond the
+    measured range, 1 from a single point); inf when nothing is known."""
     cdef int b = bucket_of(size)
     cdef Bucket *bk = &bks[b]
-    cdef double med, ratio, at_mean, t
+    cdef double med, ratio, at_mean, t, sd, err
     if f.dirty or f.pending >= REFIT_EVERY:
         refit(bks, f)
+    err = f.unseen_err if f.unseen_n > 0 else PRIOR_UNSEEN_ERR
     if bk.n > 0:
-        med = bucket_median(bk)
+        med = bucket_mean(bk, &sd)
+        if u != NULL:
+            u[0] = (sd if sd > 0.02 else 0.02) / sqrt(<double>bk.n)
         if f.valid:
             at_mean = fit_at(f, bk.work_sum / bk.n)
             if at_mean > 0:
@@ -213,37 +294,35 @@ cdef inline double predict_us(Bucket *bks, Fit *f, double size) noexcept nogil:
     if f.npts >= 2 and f.lo < size < f.hi:
         t = between_measured(bks, b, size)
         if t == t:
+            if u != NULL:
+                u[0] = err
             return t
     if f.valid:
-        return fit_at(f, size)
+        t = fit_at(f, size)
+        if u != NULL:
+            # beyond the measured sizes a line is a guess: its uncertainty reaches down at least to the
+            # edge's time held flat (a larger size) or shrunk in proportion to the work (a smaller one),
+            # so that exploring there stays possible wherever that bound could still win
+            if f.npts >= 2 and f.lo <= size <= f.hi:
+                u[0] = err
+            elif size > f.hi:
+                u[0] = t / f.hi_t - 1.0 if t > f.hi_t * (1.0 + 2.0 * err) else 2.0 * err
+            else:
+                u[0] = f.lo / size - 1.0 if size > 0 and f.lo > size * (1.0 + 2.0 * err) else 2.0 * err
+        return t
+    if u != NULL:
+        u[0] = 1e300
     return NAN
 
 
-cdef inline double floor_below(Bucket *bks, double size) noexcept nogil:
-    """The least of the medians of the two nearest measured buckets below `size`'s (NaN with fewer
-    than two samples between them): more work does not make a kernel faster, so a side at least this
-    slow at smaller sizes is about as slow here. Two samples at least, the least of two medians, so
-    that a single spike (a first launch) does not count. For exploration only: it keeps a side from
-    being tried where it cannot win, never decides a call."""
-    cdef int b = bucket_of(size) - 1, found = 0, samples = 0
-    cdef double m, least = NAN
-    while b >= 0 and found < 2:
-        if bks[b].n > 0:
-            m = bucket_median(&bks[b])
-            if found == 0 or m < least:
-                least = m
-            samples += bks[b].n
-            found += 1
-        b -= 1
-    return least if samples >= 2 else NAN
-
-
-cdef inline bint measured_near(Bucket *bks, Fit *f, double size) noexcept nogil:
-    """Whether a prediction at `size` rests on measurements there: its bucket has samples, or the fit
-    interpolates between two measured buckets on either side of it (a line through a few distant
-    sizes, or through one point, can be off by any factor beyond them)."""
-    if bks[bucket_of(size)].n > 0:
-        return True
-    if f.dirty or f.pending >= REFIT_EVERY:
-        refit(bks, f)
-    return f.valid and f.npts >= 2 and f.lo <= size <= f.hi
+cdef inline void check_unseen(Bucket *bks, Fit *f, double size, double t) noexcept nogil:
+    """At a bucket's first sample `t`: how far the model's prediction there was (Fit.unseen_err)."""
+    cdef double p = predict_us(bks, f, size)
+    cdef double e
+    if not (p > 0 and t > 0 and f.npts >= 2):
+        return
+    e = fabs(log(t / p))
+    if e > 3.0:
+        e = 3.0
+    f.unseen_n += 1
+    f.unseen_err += (e - f.unseen_err) / (f.unseen_n if f.unseen_n < 16 else 16)

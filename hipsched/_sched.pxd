@@ -52,6 +52,18 @@ cdef struct Slot:          # one (op, dtype): a model per backend (0 cpu, 1 gpu)
     int op_index
     Bucket buckets[2][NBUCKETS]
     Fit fit[2]
+    double prior_a[2]      # a prior per side, t = a + b * work (NaN a: none), until a side's first sample
+    double prior_b[2]
+    double explore_us      # what explorations were predicted to cost beyond the better side, summed
+    double run_us          # the better side's predicted time of every automatic decision, summed
+
+cdef enum:
+    LINK_BUCKETS = 48      # uploads by octave of bytes
+
+cdef struct Link:          # uploads timed apart (a backend that times its copies), per octave of bytes:
+    double ratio[LINK_BUCKETS]   # mean of measured time / the probe's model for those bytes
+    int n[LINK_BUCKETS]
+    int measured           # any octave measured
 
 cdef struct Health:        # GPU health of one op: success window + circuit breaker
     unsigned char *window  # 1 success, 0 failure, ring of `window` outcomes
@@ -125,9 +137,11 @@ cdef class SchedCore:
     cdef Health hl[MAX_OPS]
     cdef int nops
     cdef Counters c
+    cdef Link link
     cdef char lock
     cdef dict slot_ids
     cdef dict op_ids
+    cdef dict op_priors
     cdef object create_lock
     cdef int _op_index(self, str op) except -1
     cdef double _xfer(self, double h2d, double d2h) noexcept nogil
@@ -138,3 +152,7 @@ cdef class SchedCore:
                       double d2h) noexcept nogil
     cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
                       bint ok, bint final, bint fallback) noexcept nogil
+    cdef void _add(self, Slot *s, int backend, double size, double t) noexcept nogil
+    cdef void _sample_parts(self, Slot *s, double size, double kernel_us, double up_bytes,
+                            double up_us) noexcept nogil
+    cdef double _h2d_us(self, double h2d) noexcept nogil

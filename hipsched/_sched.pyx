@@ -6,9 +6,9 @@ Every sample, decision and health change happens under one lock, so counts stay 
 Python threads. Decisions never allocate; a record allocates only for a size bucket's first sample
 (its rings), once per bucket. The rules and the model are described in docs/guide/backends-and-routing.md and docs/design/scheduling.md."""
 from libc.stdlib cimport calloc, free, malloc
-from libc.math cimport isfinite, isnan
+from libc.math cimport isfinite, isnan, sqrt
 
-from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, floor_below, measured_near, predict_us
+from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, check_unseen, predict_us
 
 import threading
 
@@ -32,18 +32,29 @@ if tuple(STRATEGIES) != tuple(m.name[3:].lower() for m in sorted(Strategy, key=i
 # A re-probe of the losing side is skipped when it is predicted this many times slower: drift that
 # large would not go unnoticed anyway, and probing it would cost more than it could ever win back.
 DEF REPROBE_MAX_RATIO = 4.0
-# An under-sampled bucket does not explore a side predicted this many times slower than the other where
-# the prediction rests on measurements at or around the size (_perfmodel.measured_near): 1.5x is past
-# the run-to-run spread of a median, so such a call would only confirm what is known.
-DEF EXPLORE_MAX_RATIO = 1.5
-# A GPU sample is its wall time less the modelled copies, but never less than this share of the wall
-# time (a too-pessimistic transfer model must not produce zero-cost kernels).
+# Exploration is optimism under uncertainty (a UCB rule): the predicted loser is tried when its time,
+# EXPLORE_Z of its standard errors faster than predicted, would beat the winner's. Each sample narrows
+# its interval, so a side that loses stops being tried after a few calls, one within the noise of the
+# other keeps being tried now and then at the cost of a tie (nothing), and a side known only by a guess
+# (a size never measured, a prior) is tried while the guess could be that wrong.
+DEF EXPLORE_Z = 1.0
+# ...within a budget: what explorations were predicted to cost beyond the better side stays under
+# this share of the predicted time of all automatic decisions of the (op, dtype), except a side's first
+# run in a size bucket, which the interval alone decides.
+DEF EXPLORE_BUDGET = 0.05
+# Two sides whose predictions lie within TIE_Z of their combined standard error are a tie: either is
+# right, and the call stays where its data is (host data whose upload is not paid yet on the CPU,
+# device data on the GPU).
+DEF TIE_Z = 1.0
+# A GPU sample whose copies were not timed apart (split unknown) is its wall time less the modelled
+# copies, but never less than this share of the wall time (a too-pessimistic transfer model must not
+# produce zero-cost kernels).
 DEF MIN_KERNEL_SHARE = 0.1
-# A run whose modelled copies of at least UNSURE_COPY_BYTES make up more than COPY_DOMINATED_SHARE of its
-# time teaches nothing: what is left after subtracting them is mostly the copy model's error. On the H100
-# pageable uploads of 350-805 MB ran at 8 GB/s where the model said 11.75 (measured with 16 MB), so a
-# top_k that uploaded a 350 MB corpus slice in 44 ms was stored as 14 ms of kernel (the kernel takes
-# 0.55 ms) and every later call over that slice, resident by then, went to a CPU 5x slower.
+# Such a run whose modelled copies of at least UNSURE_COPY_BYTES make up more than COPY_DOMINATED_SHARE of
+# its time teaches nothing: what is left after subtracting them is mostly the copy model's error. On the
+# H100 pageable uploads of 350-805 MB ran at 8 GB/s where the model said 11.75 (measured with 16 MB), so
+# a top_k that uploaded a 350 MB corpus slice in 44 ms was stored as 14 ms of kernel (the kernel takes
+# 0.55 ms). A backend that times its uploads apart (Judgement.parts) has no such guess.
 DEF UNSURE_COPY_BYTES = 67108864.0
 DEF COPY_DOMINATED_SHARE = 0.5
 
@@ -53,15 +64,29 @@ DEF COPY_DOMINATED_SHARE = 0.5
 BACKEND_CPU = CPU
 BACKEND_GPU = GPU
 
-cdef inline bint _not_worth_exploring(Bucket *bks, Fit *f, double mine, double other, double size, bint early,
-                                      bint copies_lose) noexcept nogil:
-    """Whether an under-sampled bucket's call should not explore this side (predicted `mine` us against
-    the other side's `other`), by the rules in SchedCore._decide step 6; `copies_lose`: its copies alone
-    rule it out. At a bucket's first two calls (`early`) only a guess within EXPLORE_MAX_RATIO is tried."""
-    cdef bint near = measured_near(bks, f, size)
-    if copies_lose or (mine > EXPLORE_MAX_RATIO * other and near) or floor_below(bks, size) > EXPLORE_MAX_RATIO * other:
-        return True
-    return early and (mine > EXPLORE_MAX_RATIO * other or near)
+
+cdef inline int _octave(double nbytes) noexcept nogil:
+    cdef int b = bucket_of(nbytes) >> 2
+    return b if b < LINK_BUCKETS else LINK_BUCKETS - 1
+
+
+cdef inline double _side_predict(Slot *s, int be, double size, double *u) noexcept nogil:
+    """A side's expected kernel time and its relative uncertainty: the model's, else the side's prior
+    (a roofline from what was known at start: Executor._set_priors) with an uncertainty of e, else NaN."""
+    cdef Fit *f = &s.fit[be]
+    cdef bint prior = s.prior_a[be] > 0 or s.prior_b[be] > 0
+    cdef double t = predict_us(s.buckets[be], f, size, u)
+    if isnan(t):
+        if prior:
+            u[0] = 1.0
+            return s.prior_a[be] + s.prior_b[be] * size
+        return t
+    if prior and f.npts == 1 and s.buckets[be][bucket_of(size)].n == 0:
+        # one measured size: its time, at other sizes in the prior's shape (a line through one point
+        # would have to guess how much of it is fixed cost), as uncertain as a prior
+        u[0] = 1.0
+        return f.lo_t * (s.prior_a[be] + s.prior_b[be] * size) / (s.prior_a[be] + s.prior_b[be] * f.lo)
+    return t
 
 
 cdef class SchedCore:
@@ -73,6 +98,7 @@ cdef class SchedCore:
         self.create_lock = threading.Lock()
         self.slot_ids = {}
         self.op_ids = {}
+        self.op_priors = {}
 
     def __init__(self, int window=100, double min_batch=64, int min_samples=3, double exploration_share=0.2,
                  long long reprobe_interval=200, str strategy="automatic", str backend_only="cpu",
@@ -123,6 +149,51 @@ cdef class SchedCore:
         return {"h2d_latency_us": self.p.h2d_latency_us, "h2d_gbps": 1.0 / (self.p.h2d_us_per_byte * 1e3),
                 "d2h_latency_us": self.p.d2h_latency_us, "d2h_gbps": 1.0 / (self.p.d2h_us_per_byte * 1e3)}
 
+    def set_prior(self, int slot, int backend, double fixed_us, double us_per_work):
+        """A side's prior time at `slot`, fixed_us + us_per_work * work, used until the side is measured
+        there at any size (a roofline: Executor._set_priors)."""
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        if not (fixed_us >= 0 and us_per_work >= 0 and isfinite(fixed_us) and isfinite(us_per_work)):
+            raise ValueError("a prior needs finite times >= 0")
+        hs_lock(&self.lock)
+        self.slots[slot].prior_a[backend & 1] = fixed_us
+        self.slots[slot].prior_b[backend & 1] = us_per_work
+        hs_unlock(&self.lock)
+
+    def set_op_priors(self, dict priors):
+        """{op: {"cpu": (fixed us, us per work unit), "gpu": (...)}} (hipsched/priors.py): each side's prior
+        for every slot of that op, now and for slots created later."""
+        self.op_priors = dict(priors)
+        for (op, dtype), sid in list(self.slot_ids.items()):
+            self._apply_prior(op, sid)
+
+    def _apply_prior(self, str op, int sid):
+        sides = self.op_priors.get(op)
+        if not sides:
+            return
+        for name, be in (("cpu", CPU), ("gpu", GPU)):
+            if name in sides:
+                self.set_prior(sid, be, sides[name][0], sides[name][1])
+
+    def link_model(self):
+        """[(octave of bytes, uploads measured, measured time / the probe's model)] of the uploads timed
+        apart so far."""
+        cdef int b
+        out = []
+        hs_lock(&self.lock)
+        rows = [(b, self.link.n[b], self.link.ratio[b]) for b in range(LINK_BUCKETS) if self.link.n[b]]
+        hs_unlock(&self.lock)
+        return rows
+
+    def upload_us(self, double nbytes):
+        """What the model says an upload of `nbytes` costs (the measured octaves, else the probe's link)."""
+        cdef double t
+        hs_lock(&self.lock)
+        t = self._h2d_us(nbytes)
+        hs_unlock(&self.lock)
+        return t
+
     cdef int _op_index(self, str op) except -1:
         cdef int i
         cdef unsigned char *w
@@ -164,13 +235,31 @@ cdef class SchedCore:
             self.nslots += 1
             hs_unlock(&self.lock)
             self.slot_ids[key] = sid
+            self._apply_prior(op, sid)
             return sid
 
     # ------------------------------------------------------------ the hot path
+    cdef double _h2d_us(self, double h2d) noexcept nogil:
+        """An upload's time: the probe's latency and rate, times what measured uploads of that octave of
+        bytes took over what the probe said of them, else that ratio at the nearest measured octave
+        (the link's rate is not one number: the H100's 16 MB probe said 11.75 GB/s, its 350-805 MB
+        pageable uploads ran at 8)."""
+        cdef int b, d
+        cdef double t
+        if h2d <= 0:
+            return 0.0
+        t = self.p.h2d_latency_us + h2d * self.p.h2d_us_per_byte
+        if self.link.measured:
+            b = _octave(h2d)
+            for d in range(LINK_BUCKETS):
+                if b - d >= 0 and self.link.n[b - d]:
+                    return t * self.link.ratio[b - d]
+                if b + d < LINK_BUCKETS and self.link.n[b + d]:
+                    return t * self.link.ratio[b + d]
+        return t
+
     cdef double _xfer(self, double h2d, double d2h) noexcept nogil:
-        cdef double t = 0
-        if h2d > 0:
-            t += self.p.h2d_latency_us + h2d * self.p.h2d_us_per_byte
+        cdef double t = self._h2d_us(h2d)
         if d2h > 0:
             t += self.p.d2h_latency_us + d2h * self.p.d2h_us_per_byte
         return t
@@ -178,26 +267,26 @@ cdef class SchedCore:
     cdef int _decide(self, Slot *s, double size, double h2d, double d2h, int flags,
                      double *pc, double *pg, bint commit) noexcept nogil:
         """Returns backend | reason << 1, and the predicted us on each side (NaN when unknown).
-        Without `commit` nothing changes (exploration pacing, breaker state): a what-if query."""
+        Without `commit` nothing changes (exploration budget, breaker state): a what-if query."""
         cdef Params *p = &self.p
         cdef Health *h = &self.hl[s.op_index]
         cdef Bucket *bc
-        cdef Bucket *bg
         cdef int gpu_ok = (flags & F_GPU_PRESENT) and (flags & F_GPU_SUPPORTS)
         cdef int on_device = flags & F_ON_DEVICE
         cdef long long calls
-        cdef double c, g, copies
-        cdef bint early
-        c = predict_us(s.buckets[CPU], &s.fit[CPU], size)
-        g = predict_us(s.buckets[GPU], &s.fit[GPU], size)
+        cdef double c, g, kc, kg, uc = 0, ug = 0, copies, cc = 0, cg = 0, best, lcb, lcb_best, excess, se
+        cdef int loser
+        kc = _side_predict(s, CPU, size, &uc)
+        kg = _side_predict(s, GPU, size, &ug)
         # the copies are paid by the side the data is not on: host data goes up and back for the GPU,
         # device data comes down and its results go back up for the CPU
         copies = self._xfer(h2d, d2h)
         if on_device:
-            if not isnan(c):
-                c += copies
-        elif not isnan(g):
-            g += copies
+            cc = copies
+        else:
+            cg = copies
+        c = kc + cc
+        g = kg + cg
         pc[0] = c
         pg[0] = g
         # 1. what the user asked for
@@ -233,77 +322,71 @@ cdef class SchedCore:
             return GPU | R_GPU_AVAILABLE << 1
         if p.strategy == ST_CPU_PREFERRED:
             return CPU | R_USER_PREFERENCE << 1
-        # 6. learn what is not known yet, then re-probe now and then
         bc = &s.buckets[CPU][bucket_of(size)]
-        bg = &s.buckets[GPU][bucket_of(size)]
         calls = bc.calls + 1
         if commit:
             bc.calls = calls
-        # A side never measured at any size has no estimate, and one run tells the fit enough to
-        # predict every size: it is tried on a bucket's first two calls (the very first call of an op
-        # has nothing measured on either side and goes to the CPU), then 1 in explore_period, rather
-        # than only at the explore_period-th call (a workload with few calls per size, like a model's
-        # layers, would otherwise run most of them on a side it never compared).
-        if p.explore_period > 0 and (calls <= 2 or calls % p.explore_period == 0):
-            # (not a GPU run of host data whose uploads alone take EXPLORE_MAX_RATIO times the CPU's
-            # whole run: it could not win, and a run dominated by large copies teaches nothing, so the
-            # GPU would stay unmeasured and be tried again and again, each time paying the copies)
-            if isnan(g) and not isnan(c) and not (not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c):
+        # 6. a side with no estimate at all (no sample at any size, no prior) is tried: one run gives the
+        # fit a point for every size. Not a GPU run of host data whose modelled uploads alone take longer
+        # than the CPU's whole run (it could not win, and a run dominated by copies teaches little), nor a
+        # CPU run of device data until it could be worth its copies.
+        if p.explore_period > 0:
+            if isnan(g) and not isnan(c) and not (not on_device and cg > c):
                 return GPU | R_EXPLORING << 1
-            # (not for device data: it stays where it lives until the CPU is known to be worth its
-            # copies, which the under-sampled rule below weighs; a device pipeline's first GPU sample
-            # holds the first use's costs, and trying the CPU on it sent 1 call of the H100's
-            # 40-call torch add pipeline down and back up)
-            if isnan(c) and not isnan(g) and not on_device:
+            # device data: once the GPU's time at the size is known (min_samples runs: a first run holds
+            # the first use's costs) and the CPU's copies alone do not exceed it
+            if isnan(c) and not isnan(g) and (not on_device or (
+                    s.buckets[GPU][bucket_of(size)].n >= p.min_samples and cc < g)):
                 return CPU | R_EXPLORING << 1
-        if bg.n < p.min_samples or bc.n < p.min_samples:
-            # A bucket's first two calls also explore, but only a side whose prediction is a guess (no
-            # measurement at or around the size) within EXPLORE_MAX_RATIO of the other's: on the
-            # simulated H100 a calibrated model extrapolated top_k's GPU time past the calibrated sizes
-            # at 1.4-1.9x the 327-340 us measured, and spread_activation's CPU time at 2.5x, so the
-            # first 4 calls of each new size (of 6 to 33) ran on the slower side before the 5th explored.
-            # Two calls, not one: the first GPU run of a new input is its upload more than its kernel,
-            # which teaches nothing (see UNSURE_COPY_BYTES); the second finds it resident.
-            early = calls <= 2 and not isnan(c) and not isnan(g)
-            if p.explore_period > 0 and (early or calls % p.explore_period == 0):
-                # ...but a side predicted EXPLORE_MAX_RATIO times slower than the other, from
-                # measurements at or around this size, is not worth a call to confirm it: each is that
-                # side's full time lost, copies included (on the H100 a calibrated top_k sent 1 call in
-                # 5 of every new size to a GPU 5x slower, and in the simulation a GPU exploration
-                # uploaded a corpus that its 32 queries could not pay back). A side known only by
-                # extrapolation is still tried (a line through a few distant sizes, or through one
-                # point, can be off by any factor).
-                # Nor is a GPU run on host data whose uploads alone would take that much longer than
-                # the CPU's whole run: it would measure the copies more than the kernel.
-                # Device data costs the CPU at least its copies, whatever its kernel takes: when the GPU
-                # beats even those, a CPU run could not win and learning its time is not worth one.
-                # A side is also known to lose when it took that much longer than the other's
-                # prediction at a smaller size (work does not make a kernel faster: _perfmodel.floor_below):
-                # an empty model's GPU, measured at ~340 us on a small top_k, was tried again at each
-                # new size up to where the CPU takes ~250 us, 6 calls of the quick demo's cold run.
-                if bg.n <= bc.n:
-                    if not _not_worth_exploring(s.buckets[GPU], &s.fit[GPU], g, c, size, early,
-                                                not on_device and self._xfer(h2d, 0.0) > EXPLORE_MAX_RATIO * c):
-                        return GPU | R_EXPLORING << 1
-                elif not _not_worth_exploring(s.buckets[CPU], &s.fit[CPU], c, g, size, early,
-                                              on_device and g * p.speedup_threshold < copies):
-                    return CPU | R_EXPLORING << 1
-        elif p.reprobe_period > 0 and calls % p.reprobe_period == 0:
-            if g * p.speedup_threshold < c:   # GPU wins: re-probe the CPU unless far behind
-                if c < REPROBE_MAX_RATIO * g:
-                    return CPU | R_EXPLORING << 1
-            elif g < REPROBE_MAX_RATIO * c:
-                return GPU | R_EXPLORING << 1
-        # 7. the cost model: least predicted completion time, the GPU needing the configured speedup.
-        # A side without an estimate loses, except that device data stays where it is until both sides
-        # are known: moving it costs copies both ways, running it there teaches the GPU side.
         if on_device and (isnan(g) or isnan(c)):
             return GPU | R_COST_MODEL << 1
         if isnan(g):
             return CPU | R_COST_MODEL << 1
-        if isnan(c) or g * p.speedup_threshold < c:
+        if isnan(c):
             return GPU | R_COST_MODEL << 1
-        return CPU | R_COST_MODEL << 1
+        # 7. explore the predicted loser while it could still win (EXPLORE_Z of its uncertainty below its
+        # prediction, copies kept: they are measured, not guessed) and the budget allows; its copies alone
+        # losing rule it out
+        loser = CPU if g * p.speedup_threshold < c else GPU
+        best = g if loser == CPU else c
+        if commit:
+            s.run_us += best   # (a what-if reads the budget as if it had been committed)
+        if p.explore_period > 0:
+            # (optimism on both sides, as UCB: the loser is tried when its optimistic time beats the
+            # winner's optimistic time; against a well-measured winner, the winner's time)
+            if loser == GPU:
+                lcb = (kg / (1.0 + EXPLORE_Z * ug) + cg) * p.speedup_threshold
+                lcb_best = kc / (1.0 + EXPLORE_Z * uc) + cc
+                excess = g - best
+                bc = &s.buckets[GPU][bucket_of(size)]
+            else:
+                lcb = kc / (1.0 + EXPLORE_Z * uc) + cc
+                lcb_best = (kg / (1.0 + EXPLORE_Z * ug) + cg) * p.speedup_threshold
+                excess = c - best
+                bc = &s.buckets[CPU][bucket_of(size)]
+            # (a winner known only by a guess is run first: its run is the cheaper lesson, and the loser's
+            # turn comes once the winner's time is measured, if the loser could still beat it)
+            if (uc if loser == GPU else ug) < 1.0 and lcb < lcb_best and (bc.n == 0 or
+                                   s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
+                if commit:
+                    s.explore_us += excess
+                return loser | R_EXPLORING << 1
+            # drift: now and then the loser is measured again, unless far behind
+            if p.reprobe_period > 0 and calls % p.reprobe_period == 0 and \
+                    (c if loser == CPU else g) < REPROBE_MAX_RATIO * best:
+                return loser | R_EXPLORING << 1
+        # 8. the cost model: least predicted completion time, the GPU needing the configured speedup; two
+        # sides within their noise of each other are a tie, which leaves data where it is
+        # (measured at this size on both sides, three times each: a guess's uncertainty is not noise, and
+        # must not decide)
+        se = sqrt((uc * kc) * (uc * kc) + (ug * kg) * (ug * kg))
+        if s.buckets[CPU][bucket_of(size)].n >= 3 and s.buckets[GPU][bucket_of(size)].n >= 3 and \
+                (c - g if c > g else g - c) <= TIE_Z * se:
+            if on_device:
+                return GPU | R_COST_MODEL << 1
+            if cg > 0:
+                return CPU | R_COST_MODEL << 1
+        return (GPU if loser == CPU else CPU) | R_COST_MODEL << 1
 
     def decide(self, int slot, double size, double h2d_bytes=0.0, double d2h_bytes=0.0, int flags=0,
                bint commit=True):
@@ -381,7 +464,6 @@ cdef class SchedCore:
         device data on the CPU): the buckets hold compute time, and each decision adds its own copies.
         A run dominated by large copies adds none (see UNSURE_COPY_BYTES)."""
         cdef double t, x
-        cdef int b
         if not (dur_us >= 0 and isfinite(dur_us)):   # NaN/inf are not completion times
             return
         x = self._xfer(h2d, d2h)
@@ -390,11 +472,33 @@ cdef class SchedCore:
         t = dur_us - x
         if t < MIN_KERNEL_SHARE * dur_us:
             t = MIN_KERNEL_SHARE * dur_us
-        b = bucket_of(size)
+        self._add(s, backend, size, t)
+
+    cdef void _add(self, Slot *s, int backend, double size, double t) noexcept nogil:
+        cdef int b = bucket_of(size)
         if s.buckets[backend][b].n == 0:
+            # how far the model was at a size it had not measured: the uncertainty of its next guesses
+            check_unseen(s.buckets[backend], &s.fit[backend], size, t)
             s.fit[backend].dirty = 1
         s.fit[backend].pending += 1
         bucket_add(&s.buckets[backend][b], self.p.window, t, size)
+
+    cdef void _sample_parts(self, Slot *s, double size, double kernel_us, double up_bytes,
+                            double up_us) noexcept nogil:
+        """A GPU run timed in parts: its kernel time is the sample as it is, and its uploads teach the
+        link model (the measured time over the probe's, per octave of bytes)."""
+        cdef int b
+        cdef double probe, r
+        if up_bytes > 0 and up_us > 0 and isfinite(up_us):
+            probe = self.p.h2d_latency_us + up_bytes * self.p.h2d_us_per_byte
+            r = up_us / probe
+            b = _octave(up_bytes)
+            self.link.n[b] += 1
+            # the mean of the first 16, then a running mean that follows a link that changes
+            self.link.ratio[b] += (r - self.link.ratio[b]) / (self.link.n[b] if self.link.n[b] < 16 else 16)
+            self.link.measured = 1
+        if kernel_us >= 0 and isfinite(kernel_us):
+            self._add(s, GPU, size, kernel_us)
 
     cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
                       bint ok, bint final, bint fallback) noexcept nogil:
@@ -425,6 +529,20 @@ cdef class SchedCore:
         hs_lock(&self.lock)
         self._record(self.slots[slot], backend & 1, size, duration_us, h2d_bytes, d2h_bytes, ok, final,
                      fallback)
+        hs_unlock(&self.lock)
+
+    def record_parts(self, int slot, double size, double duration_us, double kernel_us, double upload_bytes,
+                     double upload_us, bint fallback=False):
+        """One successful GPU run of host data timed in parts by its backend (Judgement.parts):
+        counted and recorded as record() does, its sample the kernel's measured time, its uploads the
+        link model's. A part not timed (NaN) teaches nothing."""
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        hs_lock(&self.lock)
+        self._record(self.slots[slot], GPU, size, -1.0, 0.0, 0.0, True, True, fallback)
+        self._sample_parts(self.slots[slot], size, kernel_us, upload_bytes, upload_us)
+        if duration_us > 0:
+            self.c.gpu_time_us += duration_us
         hs_unlock(&self.lock)
 
     def record_sample(self, int slot, int backend, double size, double duration_us, double h2d_bytes=0.0,
@@ -535,6 +653,17 @@ cdef class SchedCore:
         r = predict_us(self.slots[slot].buckets[backend & 1], &self.slots[slot].fit[backend & 1], size)
         hs_unlock(&self.lock)
         return r
+
+    def predict_spread(self, int slot, int backend, double size):
+        """(expected kernel us, relative uncertainty) on one side, the prior's where nothing is measured;
+        (NaN, inf) when nothing is known."""
+        if slot < 0 or slot >= self.nslots:
+            raise IndexError(f"hipsched: no scheduler slot {slot}")
+        cdef double r, u = 0
+        hs_lock(&self.lock)
+        r = _side_predict(self.slots[slot], backend & 1, size, &u)
+        hs_unlock(&self.lock)
+        return r, u
 
     # Introspection copies C state under the spin lock and builds Python objects after releasing it:
     # creating objects can run arbitrary Python (a GC finalizer) and switch threads, and a thread

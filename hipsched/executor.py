@@ -15,7 +15,7 @@ import sys
 import weakref
 from contextlib import nullcontext
 
-from . import _dispatch, _sched
+from . import _dispatch, _sched, priors
 from .backends.cpu import CpuBackend
 from .backends.interface import GpuBackendBase
 from .calibration import calibrate
@@ -149,6 +149,9 @@ class Executor:
             breaker_failures=cfg.breaker_failures, health_min_samples=cfg.health_min_samples,
             success_threshold=cfg.gpu_success_rate_threshold, speedup_threshold=cfg.gpu_speedup_threshold,
             cooldown_s=cfg.breaker_cooldown_s)
+        # the roofline prior of each op and side, measured off the caller's path (hipsched/priors.py)
+        self._prior_thread = priors.start(self._core, self._cpu, gpu, self._gpu_present) \
+            if cfg.exploration_share > 0 and cfg.strategy == "automatic" else None
         self._tel = _create_telemetry(cfg, gpu.device_name if self._gpu_present else "cpu")
         self._slots = {}            # (op, dtype) -> (core slot, capability flags, GPU max size, CPU fn, HotOp)
         self._prepare = {name: spec.prepare for name, spec in OPS.items()}

@@ -24,13 +24,17 @@ class Judgement:
     says here what it moved. `inputs`: (host array, trusted, resident now, a run would keep it) for
     each host input of at least KEEP_QUERY_MIN_BYTES (the one walk of the call's arguments);
     `plan`: the launch plan the judge checked (None: the backend has none to give); `moved`:
-    (bytes uploaded, bytes read from kept copies) by the run, None where the backend does not count."""
+    (bytes uploaded, bytes read from kept copies) by the run, None where the backend does not count;
+    `parts`: (bytes uploaded, upload us, kernel us) of a run of host data whose backend timed each part
+    between events of its own (the copy engine's and the kernel's), None where it does not: the
+    scheduler then treats the split of that run as unknown (docs/design/scheduling.md, "Measured
+    copies")."""
 
-    __slots__ = ("refusal", "fits", "h2d", "d2h", "plan", "inputs", "moved")
+    __slots__ = ("refusal", "fits", "h2d", "d2h", "plan", "inputs", "moved", "parts")
 
     def __init__(self, refusal=None, fits=True, h2d=0, d2h=0, plan=None, inputs=()):
         self.refusal, self.fits, self.h2d, self.d2h = refusal, fits, h2d, d2h
-        self.plan, self.inputs, self.moved = plan, inputs, None
+        self.plan, self.inputs, self.moved, self.parts = plan, inputs, None, None
 
 
 class GpuBackendBase:
@@ -139,6 +143,12 @@ class GpuBackendBase:
 
     def is_resident(self, host) -> bool:
         return False
+
+    def roofline_properties(self) -> dict | None:
+        """{"launch_us", "gbps", "gflops"}: a tiny call's time, the device's memory bandwidth and peak
+        rate, answered at once (device properties, figures measured when the backend opened), for the
+        roofline prior (hipsched/priors.py); None where the backend cannot say (no prior is used)."""
+        return None
 
     def resident_summary(self) -> dict | None:
         return None

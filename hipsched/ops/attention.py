@@ -127,7 +127,7 @@ def check_attention(q, k, v, causal, scale, op=OP):
 
 
 @register(OP, cpu=("hipsched.cpu._attention", "attention_call"), gpu=("hipsched.gpu.glue.attention", "attention"),
-          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
+          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep, cost=(0.05, 4.0))
 def prepare(q, k, v, causal=False, scale=None, kv_len=None) -> Call:
     """Scaled dot-product attention on (batch, heads, seq, head_dim) arrays: softmax(scale * q k^T) v,
     `scale` defaulting to 1/sqrt(head_dim). k and v may have fewer heads than q (a divisor of q's: query

@@ -83,16 +83,20 @@ class OpSpec:
     cuts a call into independent pieces for out-of-memory recovery, (pieces, args(lo, hi),
     combine(results)) or None; `partition(call)` cuts it along the rows of its largest operand so that
     several processors can each take a share at once (hipsched.splitting), a Partition or None;
-    `sweep(rng)` yields the calibration calls (size, args, kwargs).
+    `sweep(rng)` yields the calibration calls (size, args, kwargs). `cost` is (bytes moved, flops) per
+    unit of the op's work measure (Call.size) for float32 data, roughly: the roofline prior's input
+    (hipsched/priors.py), which the first measurements replace.
     `hot` names the op's compiled common case (a hipsched.cpu._hot.HotOp instance): validation and the
     CPU kernel for plain float32 arrays, which the dispatcher runs without entering Python; calls it
     declines take `prepare` and `cpu`, with the same results."""
 
-    __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "split", "sweep", "partition")
+    __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "split", "sweep", "partition",
+                 "cost")
 
     def __init__(self, name, prepare, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, split=None,
-                 sweep=None, partition=None):
+                 sweep=None, partition=None, cost=None):
         self.name = name
+        self.cost = cost
         self.prepare = prepare
         self.cpu = cpu
         self.gpu = gpu
@@ -135,11 +139,11 @@ OPS: dict[str, OpSpec] = {}
 
 
 def register(name, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, split=None, sweep=None,
-             partition=None):
+             partition=None, cost=None):
     """Decorator for an op's prepare(*args, **kwargs) -> Call: declares the op (see OpSpec)."""
     def deco(fn):
         OPS[name] = OpSpec(name, fn, cpu=cpu, gpu=gpu, hot=hot, cpu_dtypes=cpu_dtypes, gpu_dtypes=gpu_dtypes,
-                           split=split, sweep=sweep, partition=partition)
+                           split=split, sweep=sweep, partition=partition, cost=cost)
         return fn
     return deco
 

@@ -70,7 +70,7 @@ def _split_softmax(call):
 @register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), hot=(_CPU, "add_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=lambda call: split_rows(call, same_shape_only=True),
           partition=lambda call: partition_from_split(split_rows(call, same_shape_only=True)),
-          sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
+          sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})), cost=(12.0, 1.0))
 def prepare_add(a, b) -> Call:
     """Elementwise a + b. b has a's shape, or a trailing part of it (a bias repeated over a's leading
     axes; a 0-d b or a Python number is a scalar). float32, float16 or bfloat16, computed in float32 and
@@ -106,7 +106,7 @@ def _real_scalar(value, op: str, name: str) -> float:
 
 @register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), hot=(_CPU, "scale_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=split_rows, partition=lambda call: partition_from_split(split_rows(call)),
-          sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})))
+          sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})), cost=(8.0, 1.0))
 def prepare_scale(x, alpha) -> Call:
     """alpha * x, alpha any real scalar (rounded to float32 as NumPy does; NaN and inf propagate). x
     float32, float16 or bfloat16, the result in x's dtype (computed in float32, rounded once); other real
@@ -121,7 +121,7 @@ def prepare_scale(x, alpha) -> Call:
 
 @register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), hot=(_CPU, "softmax_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=_split_softmax, partition=lambda call: partition_from_split(_split_softmax(call)),
-          sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})))
+          sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})), cost=(8.0, 5.0))
 def prepare_softmax(x, axis=-1) -> Call:
     """Numerically stable softmax along `axis`: exp(x - max) / sum, scipy.special.softmax's formula (a
     slice holding NaN, or whose max is infinite, comes out all NaN). x float32, float16 or bfloat16, the

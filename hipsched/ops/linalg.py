@@ -65,7 +65,7 @@ def matmul_shapes(sa: tuple, sb: tuple):
 
 
 @register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.glue.linalg", "matmul"),
-          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep)
+          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep, cost=(0.05, 2.0))
 def prepare_matmul(a, b) -> Call:
     """a @ b with np.matmul's shape rules (leading batch axes equal on both sides or present on one side
     only); the CPU side is NumPy's BLAS. float32, float16 or bfloat16, accumulated in float32 and rounded

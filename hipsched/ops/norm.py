@@ -36,7 +36,7 @@ def _sweep(rng):
 
 @register(OP, cpu=("hipsched.cpu._norm", "rms_norm"), gpu=("hipsched.gpu.glue.norm", "rms_norm"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=_split, partition=lambda call: partition_from_split(_split(call)),
-          sweep=_sweep)
+          sweep=_sweep, cost=(8.0, 3.0))
 def prepare_rms_norm(x, weight, eps=1e-6) -> Call:
     """x / sqrt(mean(x**2, -1) + eps) * weight over the last axis (float32, float16 or bfloat16);
     weight is (x.shape[-1],), eps finite and > 0."""

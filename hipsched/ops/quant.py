@@ -98,7 +98,7 @@ def _sweep(with_x):
 
 
 @register("dequantize", cpu=(_CPU, "dequantize"), gpu=(_GPU, "dequantize"), cpu_dtypes=QTYPES, gpu_dtypes=QTYPES,
-          partition=_partition_rows, sweep=_sweep(False))
+          partition=_partition_rows, sweep=_sweep(False), cost=(5.0, 1.0))
 def prepare_dequantize(w) -> Call:
     """QuantizedTensor (GGUF Q8_0 or Q4_0 blocks) -> float32 array of its shape."""
     _check_qt(w, "dequantize")
@@ -109,7 +109,7 @@ def prepare_dequantize(w) -> Call:
 
 @register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QMATMUL_DTYPES,
           gpu_dtypes=QMATMUL_DTYPES, split=_split_qmatmul, partition=_partition_rows,
-          sweep=_sweep(True))
+          sweep=_sweep(True), cost=(0.1, 2.0))
 def prepare_qmatmul(w, x) -> Call:
     """Quantized weights w (n, k), a QuantizedTensor, times x (k,) or (k, m) -> (n,) or (n, m). Both
     backends dequantize each weight in registers (bit-exact to `dequantize`), so the result is the

@@ -42,79 +42,74 @@ def test_a_side_never_measured_is_tried_at_once():
     assert decide(c, s, 2e9)[:2] == ("gpu", R.COST_MODEL)
 
 
-def test_exploration_skips_a_side_measured_far_slower_around_the_size():
-    """A calibrated top_k on the H100 sent 1 call in 5 of each new size to a GPU 5x slower: a prediction
-    interpolated between measured sizes is not explored when it is 1.5x the other side's..."""
-    c = core(min_samples=3, exploration_share=0.2)
+def test_a_bimodal_side_is_predicted_by_its_mean():
+    """The H100 host's top_k CPU times were bimodal (p90/p50 11.6x in the calibrated demo log): a median,
+    or the last sample, stands for one mode. The expected time is the mean, a slow mode by its share; a
+    single accident far beyond both (16x the median) is left out."""
+    c = core()
     s = c.slot("top_k", "float32")
-    for size in (1e5, 1e7):
-        for _ in range(3):
-            c.record(s, 0, size, 60.0 if size < 1e6 else 600.0)
-            c.record(s, 1, size, 340.0)
-    picks = [decide(c, s, 1e6)[:2] for _ in range(20)]       # between the two measured sizes
-    assert R.EXPLORING not in [r for _, r in picks]
-    # ...but one known only by extrapolation is (a line far beyond its points can be off by any factor)
-    picks = [decide(c, s, 1e10)[:2] for _ in range(10)]
-    assert ("cpu", R.EXPLORING) in picks or ("gpu", R.EXPLORING) in picks
+    for i in range(20):
+        c.record(s, 0, 1e6, 800.0 if i % 5 == 4 else 100.0)   # 20% of runs in an 8x mode
+    assert c.predict(s, 0, 1e6) == pytest.approx(0.8 * 100 + 0.2 * 800)
+    c.record(s, 0, 1e6, 1e6)                                  # a 10000x accident
+    assert c.predict(s, 0, 1e6) == pytest.approx((16 * 100 + 4 * 800) / 20)
 
 
-def test_a_guessed_side_close_to_the_other_is_tried_at_a_new_sizes_first_calls():
-    """Past the calibrated sizes a calibrated model guesses by extrapolation: on the simulated H100 it put
-    top_k's GPU at 1.4-1.9x the 327-340 us it took and spread_activation's CPU at 2.5x, and the first
-    4 calls of each new size went to the slower side until the 5th explored. A side guessed within 1.5x
-    of the other is tried at a new bucket's first two calls (two: a first GPU run that uploads its input
-    teaches nothing); one measured at or around the size is not, nor a guess far slower."""
-    c = core(min_samples=3, exploration_share=0.2)
-    s = c.slot("top_k", "float32")
-    for size in (1e5, 1e6, 8e6):                      # calibrated up to 8M work
+def test_sides_within_their_noise_are_a_tie_that_keeps_host_data_on_the_cpu():
+    """Two sides whose means differ by less than their standard errors are both right: the call stays
+    where its data is (host data not uploaded yet: the CPU), not on whichever side the noise favoured."""
+    c = core(reprobe_interval=0)
+    s = c.slot("add", "float32")
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        c.record(s, 0, 1e6, 100.0 * math.exp(0.4 * rng.standard_normal()))
+        c.record(s, 1, 1e6, 95.0 * math.exp(0.4 * rng.standard_normal()))
+    _, _, pc, pg = decide(c, s, 1e6)
+    assert abs(pc - pg) < 0.5 * min(pc, pg)
+    assert decide(c, s, 1e6, h2d=64.0)[:2] == ("cpu", R.COST_MODEL)
+    # clearly apart: the faster side, copies and all
+    c2 = core(reprobe_interval=0)
+    s2 = c2.slot("add", "float32")
+    for _ in range(4):
+        c2.record(s2, 0, 1e6, 400.0)
+        c2.record(s2, 1, 1e6, 95.0)
+    assert decide(c2, s2, 1e6, h2d=64.0)[:2] == ("gpu", R.COST_MODEL)
+
+
+def test_a_side_slower_at_smaller_sizes_is_still_tried_where_it_could_win():
+    """Work can make a kernel faster (the H100's GPU matmul: 518 us at 512 elements, 186 us at 2M; top_k
+    341 us at 8K, 257 us at 32K): a side slow at smaller sizes is tried at a larger one while its
+    optimistic time there could beat the other side's, and not where even that loses."""
+    c = core(min_samples=3, exploration_share=0.2, reprobe_interval=0)
+    s = c.slot("matmul", "float32")
+    for size in (512, 4096):
+        for _ in range(2):
+            c.record(s, 1, size, 520.0)
         for _ in range(3):
-            c.record(s, 0, size, 50.0 + size * 5e-5)
-            c.record(s, 1, size, 300.0 + size * 4e-5)
-    be, r, pc, pg = decide(c, s, 1.66e7)              # beyond: both sides guessed, the GPU the loser
-    assert (be, r) == ("gpu", R.EXPLORING) and pg > pc and pg < 1.5 * pc
-    c.record(s, 1, 1.66e7, 330.0)
-    assert decide(c, s, 1.66e7)[:2] == ("gpu", R.COST_MODEL)   # measured: the faster side at once
-    # inside the calibrated range a prediction rests on measurements: no early exploration
-    picks = [decide(c, s, 3e6)[:2] for _ in range(2)]
-    assert R.EXPLORING not in [r for _, r in picks]
-    # nor of a guess 1.5x slower than the other side
-    c2 = core(min_samples=3, exploration_share=0.2)
-    s2 = c2.slot("top_k", "float32")
+            c.record(s, 0, size, 24.0)
     for _ in range(3):
-        c2.record(s2, 0, 1e6, 100.0)
-        c2.record(s2, 1, 1e6, 1000.0)
-    assert decide(c2, s2, 1e8)[:2] == ("cpu", R.COST_MODEL)
+        c.record(s, 0, 2e6, 400.0)        # the CPU's time grows; the GPU's is unknown there
+    assert ("gpu", R.EXPLORING) in [decide(c, s, 2e6)[:2] for _ in range(3)]
+    c.record(s, 1, 2e6, 186.0)
+    assert decide(c, s, 2e6)[:2] == ("gpu", R.COST_MODEL)
+    assert decide(c, s, 4096)[:2] == ("cpu", R.COST_MODEL)   # 520 us measured against 24: not tried
 
 
-def test_a_side_slower_at_smaller_sizes_is_not_tried_at_a_larger_one():
-    """An empty model's GPU, measured at ~340 us on small top_k calls, was tried again at every new
-    size where the CPU still took 70-90 us (the quick demo's cold run: 6 calls at ~280 us lost each).
-    Work does not make a kernel faster: a side that took over 1.5x the other's prediction at the two
-    nearest smaller measured sizes is not explored; where the other side is predicted slower than that,
-    it is again."""
-    c = core(min_samples=3, exploration_share=0.2)
-    s = c.slot("top_k", "float32")
-    for size in (4e5, 5e5):
-        c.record(s, 1, size, 340.0)
-        for _ in range(3):
-            c.record(s, 0, size, 70.0 + size * 1e-5)
-    for size in (7e5, 9e5, 1.2e6):                      # new sizes: the GPU guessed, the CPU ~80-90 us
-        picks = [decide(c, s, size)[:2] for _ in range(10)]
-        assert ("gpu", R.EXPLORING) not in picks, (size, picks)
-        for _ in range(3):
-            c.record(s, 0, size, 70.0 + size * 1e-5)
-    for _ in range(3):                                  # far larger: the CPU now predicted ~470 us
-        c.record(s, 0, 4e7, 470.0)
-    picks = [decide(c, s, 3e7)[:2] for _ in range(10)]
-    assert ("gpu", R.EXPLORING) in picks
-    # one sample below is not enough (a first launch can be a spike)
-    c2 = core(min_samples=3, exploration_share=0.2)
-    s2 = c2.slot("top_k", "float32")
-    c2.record(s2, 1, 4e5, 340.0)
-    for _ in range(3):
-        c2.record(s2, 0, 4e5, 74.0)
-        c2.record(s2, 0, 9e5, 79.0)
-    assert ("gpu", R.EXPLORING) in [decide(c2, s2, 9e5)[:2] for _ in range(10)]
+def test_the_model_learns_how_wrong_it_is_at_sizes_it_has_not_measured():
+    """A machine whose sizes are uneven (a cost per size off a smooth line by 30%) makes guesses at new
+    sizes uncertain: the model checks each new bucket's first sample against what it predicted there,
+    and its uncertainty at unmeasured sizes follows (a smooth op's stays small)."""
+    rng = np.random.default_rng(1)
+    spreads = {}
+    for name, jitter in (("smooth", 0.0), ("uneven", 0.4)):
+        c = core()
+        s = c.slot("add", "float32")
+        sizes = np.geomspace(1e3, 1e7, 12)   # 2.3x apart: a size between two is in a bucket of its own
+        for size in sizes:
+            t = 10.0 + size * 1e-3
+            c.record(s, 0, size, t * math.exp(jitter * rng.standard_normal()))
+        spreads[name] = c.predict_spread(s, 0, math.sqrt(sizes[5] * sizes[6]))[1]
+    assert spreads["smooth"] < 0.1 < spreads["uneven"]
 
 
 def test_an_upload_is_charged_by_what_inputs_have_been_worth_per_byte():
@@ -264,11 +259,12 @@ def test_demo_exits_nonzero_when_a_self_check_fails(tmp_path, monkeypatch, capsy
 
 
 # ---------------------------------------------------------------- the demo on the simulated H100
-@pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.95, 0.03), ("cold", 0.85, 0.12)])
+@pytest.mark.parametrize("start,floor,regret", [("calibrated", 0.98, 0.01), ("cold", 0.90, 0.05)])
 def test_demo_oracle_on_the_simulated_h100(tmp_path, monkeypatch, start, floor, regret):
-    """The quick demo through the simulated H100 machine, judged by `demo --oracle`. The floor is below
-    what bench/routing.py measured (docs/design/history.md), and the time is virtual, so it does not
-    depend on this machine's load."""
+    """The quick demo through the simulated H100 machine (the smooth one), judged by `demo --oracle`. The
+    bounds are a little past what it measured on 2026-11-28 (cold: accuracy 92.6%, regret 3.0%;
+    calibrated: 99.5%, 0.1%; before issue 32: 90.2% / 7.6% and 98.5% / 0.4%), and the time is virtual,
+    so it does not depend on this machine's load."""
     # bench/ on the path for this test only: left there, its distributed.py shadowed the `distributed`
     # package in the Dask workers a later test spawns (they inherit sys.path), which then failed to start
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -281,6 +277,25 @@ def test_demo_oracle_on_the_simulated_h100(tmp_path, monkeypatch, start, floor, 
     assert o["accuracy"] >= floor, text
     assert o["regret"] <= regret, text
     assert "Routing against the oracle" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start,regret", [("cold", 0.15), ("calibrated", 0.07)])
+def test_demo_oracle_full_workload_on_the_measured_h100(tmp_path, monkeypatch, start, regret):
+    """The full demo on the H100 as its logs show it (bench/machines/h100-measured.json: noise, tails,
+    uneven sizes, a bimodal top_k CPU, large uploads slower than probed). The bounds are a little above
+    what bench/routing_family.py measured with seed 0 (cold 12.3%, calibrated 4.8%: 2026-11-28,
+    bench/results/routing-machines.md); minutes of this machine's CPU, hence slow."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                             "bench"))
+    import routing
+    from sim_machine import Machine
+    m = Machine.load(os.path.join(os.path.dirname(routing.__file__), "machines", "h100-measured.json"))
+    res, rc, text = routing.one_run(start, False, 0, True, machine=m)
+    assert rc == 0, text
+    o = res["overall"]
+    assert o["judged"] >= 0.95 * o["calls"]
+    assert o["regret"] <= regret, text
 
 
 def test_simulated_latencies_follow_the_measured_table():

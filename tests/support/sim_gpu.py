@@ -1,4 +1,4 @@
-"""A simulated H100 machine for routing tests and benchmarks on machines without a GPU: a GPU backend
+"""A simulated machine (by default the H100) for routing tests and benchmarks on machines without a GPU: a GPU backend
 (the interface Executor(gpu_backend=...) takes, as tests/support/fake_gpu.py) and a CPU backend
 (Executor(cpu_backend=...)) that take the time the H100 and its 16-core host took, on a virtual clock.
 
@@ -15,13 +15,12 @@ What it models, and why that much:
   device memory free at start, DEFAULT_RESIDENT_SHARE) or a budget given; writable arrays,
   arrays larger than the budget and non-contiguous ones are uploaded on every call. transfer_bytes()
   reports what a call would upload now, and would_keep() what a run would keep, as the real ones.
-- Link: uploads of non-resident inputs cost latency + bytes / bandwidth at the link hipsched measured
-  on the H100 (measure_transfer() returns that), except that large pageable uploads run at the slower
-  rate seen in the demo logs (LARGE_UPLOAD_GBPS): the scheduler's transfer model is then as wrong as
-  it was there.
-- Noise: each run's compute time is multiplied by exp(sigma * N(0, 1)), sigma 0.05 by default, from a
-  seeded generator (run to run variation on the H100 was a few percent at these sizes); uploads are
-  not noised.
+- The machine: a sim_machine.Machine (a dataclass, loadable from JSON: bench/machines/*.json) scales
+  and perturbs those times: compute scale per side, a GPU launch cost, run-to-run noise with a heavy
+  tail, a deterministic per-(side, op, size) jitter (sizes not on one smooth line), a bimodal CPU, and
+  the real link (pinned for registered arrays, pageable otherwise, slower above a size) against what
+  measure_transfer() reports. `Machine()` is the machine simulated before issue 32: 5% noise on compute,
+  the probed link but for pageable uploads over 64 MiB at the 8.5 GB/s the demo logs showed.
 
 Time is virtual: a run computes its result with the real CPU engine (so results are right) and then
 advances the SimClock by the modelled time, and `SimClock.executor_clock()` makes executors time calls
@@ -36,6 +35,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import dataclasses
 import math
 import threading
 import weakref
@@ -49,8 +49,8 @@ from hipsched.resident_array import handle_of, immutable
 
 from hipsched.gpu.memory.resident_cache import DEFAULT_RESIDENT_SHARE
 
-from h100_latency import (CPU_US, GPU_US, LARGE_UPLOAD_BYTES, LARGE_UPLOAD_GBPS,  # noqa: E402
-                          MEASURED_TRANSFER)
+from h100_latency import CPU_US, GPU_US  # noqa: E402
+from sim_machine import Machine, RunNoise  # noqa: E402
 
 # what the simulated device reports free, and so what the default budget is a share of
 FREE_BYTES = 79 << 30
@@ -81,11 +81,8 @@ def latency_us(table, op, size):
     return math.exp(ys[i] + f * (ys[i + 1] - ys[i]))
 
 
-def upload_us(nbytes):
-    if nbytes <= 0:
-        return 0.0
-    gbps = LARGE_UPLOAD_GBPS if nbytes > LARGE_UPLOAD_BYTES else MEASURED_TRANSFER["h2d_gbps"]
-    return MEASURED_TRANSFER["h2d_latency_us"] + nbytes / (gbps * 1e3)
+def upload_us(nbytes, machine=Machine(), pinned=False):
+    return machine.h2d_us(nbytes, pinned)
 
 
 class SimClock:
@@ -117,25 +114,29 @@ class SimClock:
 
 
 class _Noise:
-    def __init__(self, sigma, seed):
-        self.sigma = sigma
-        self.rng = np.random.default_rng(seed)
+    def __init__(self, machine, seed):
+        self.noise = RunNoise(machine, seed)
         self.lock = threading.Lock()
 
-    def __call__(self):
-        if not self.sigma:
-            return 1.0
+    def __call__(self, side, op):
         with self.lock:
-            return math.exp(self.sigma * self.rng.standard_normal())
+            return self.noise.factor(side, op)
+
+
+def _machine(machine, sigma):
+    if machine is None:
+        return Machine(sigma=0.05 if sigma is None else sigma)
+    return machine if sigma is None else dataclasses.replace(machine, sigma=sigma)
 
 
 class SimulatedCpu:
     """The CPU backend of the simulated machine: real results, the H100 host's times (CPU_US)."""
 
-    def __init__(self, clock, sigma=0.05, seed=0, table=CPU_US):
+    def __init__(self, clock, sigma=None, seed=0, table=CPU_US, machine=None):
         self.clock = clock
         self._table = table
-        self._noise = _Noise(sigma, seed)
+        self.machine = _machine(machine, sigma)
+        self._noise = _Noise(self.machine, seed)
         self._cpu = CpuBackend()
         self.runs = 0
 
@@ -144,19 +145,31 @@ class SimulatedCpu:
             raise NotImplementedError(f"simulated CPU: no H100-host latencies for {call.op}")
         out = self._cpu.run(call)
         self.runs += 1
-        self.clock.advance_us(latency_us(self._table, call.op, call.size) * self._noise())
+        m = self.machine
+        self.clock.advance_us(latency_us(self._table, call.op, call.size) * m.cpu_scale
+                              * m.jitter("cpu", call.op, call.size) * self._noise("cpu", call.op))
         return out
 
     def run_device_data(self, call):   # the simulated GPU takes host arrays only
         return self.run(call)
+
+    def roofline_properties(self):
+        """What hipsched.priors.measure_cpu would find on this host: a tiny call, the largest add's
+        bandwidth (3 float32 per element), the largest matmul's rate (2 flops per unit of work)."""
+        m = self.machine
+        add = self._table["add"][-1]
+        mm = self._table["matmul"][-1]
+        return {"launch_us": min(t for _, t, _ in self._table["add"]) * m.cpu_scale,
+                "gbps": 12 * add[0] / (add[1] * m.cpu_scale) / 1e3,
+                "gflops": 2 * mm[0] / (mm[1] * m.cpu_scale) / 1e3}
 
 
 class SimulatedGpu(GpuBackendBase):
     """GpuBackend with the H100's times (see the module docstring)."""
     name = "gpu"
 
-    def __init__(self, clock, ops=None, sigma=0.05, seed=0, resident_bytes=None, table=GPU_US,
-                 device_name="simulated NVIDIA H100 80GB HBM3"):
+    def __init__(self, clock, ops=None, sigma=None, seed=0, resident_bytes=None, table=GPU_US,
+                 device_name="simulated NVIDIA H100 80GB HBM3", machine=None):
         self.clock = clock
         self.available = True
         self.unavailable_reason = None
@@ -165,7 +178,8 @@ class SimulatedGpu(GpuBackendBase):
         self.device_arch = "sm_90 (simulated)"
         self._table = table
         self._ops = set(ops if ops is not None else table)
-        self._noise = _Noise(sigma, seed)
+        self.machine = _machine(machine, sigma)
+        self._noise = _Noise(self.machine, seed)
         # the real backend's default (resident_cache.resident_budget) unless a budget is given
         self._budget = int(FREE_BYTES * DEFAULT_RESIDENT_SHARE) if resident_bytes is None else resident_bytes
         self._resident = collections.OrderedDict()   # id(host) -> (weakref, nbytes)
@@ -209,17 +223,37 @@ class SimulatedGpu(GpuBackendBase):
         with self._lock:
             trusted = set()
             arrays = _host_arrays(call.args, trusted)
-            up = sum(a.nbytes for a in arrays if not self._is_resident(a))
+            new = [a for a in arrays if not self._is_resident(a)]
+            up = sum(a.nbytes for a in new)
+            pinned = sum(a.nbytes for a in new if handle_of(a) is not None)
             for a in arrays:
                 if self.would_keep(a, id(a) in trusted):
                     self._keep(a)
             self.runs += 1
             self.uploaded_bytes += up
-        self.clock.advance_us(latency_us(self._table, call.op, call.size) * self._noise() + upload_us(up))
+        m = self.machine
+        out_bytes = max(0, call.nbytes - sum(a.nbytes for a in arrays))
+        kernel = (latency_us(self._table, call.op, call.size) * m.gpu_scale * m.jitter("gpu", call.op, call.size)
+                  + m.gpu_launch_us + m.d2h_extra_us(out_bytes)) * self._noise("gpu", call.op)
+        copies = m.h2d_us(pinned, True) + m.h2d_us(up - pinned, False)
+        kernel = max(kernel, 1.0)
+        self.clock.advance_us(kernel + copies)
+        # the parts as events around the copies and the kernel would time them, written into the call's
+        # judgement (Judgement.parts); a machine with times_parts False, like a backend without such
+        # events, reports none
+        if call.judged is not None and m.times_parts:
+            call.judged.parts = (float(up), copies, kernel)
         return out
 
     def measure_transfer(self):
-        return dict(MEASURED_TRANSFER)
+        return self.machine.probe()
+
+    def roofline_properties(self):
+        """The device's figures as a real backend would give them: an H100's memory bandwidth and fp32
+        rate (device properties), a tiny call's time as its launch (scaled by the machine)."""
+        m = self.machine
+        return {"launch_us": min(t for _, t, _ in self._table["add"]) * m.gpu_scale + m.gpu_launch_us,
+                "gbps": 3350.0 / m.gpu_scale, "gflops": 60000.0 / m.gpu_scale}
 
     def close(self):
         pass
@@ -256,12 +290,13 @@ class SimulatedGpu(GpuBackendBase):
             self._resident_total -= e[1]
 
 
-def simulated_machine(clock=None, seed=0, sigma=0.05, resident_bytes=None):
+def simulated_machine(clock=None, seed=0, sigma=None, resident_bytes=None, machine=None):
     """{"gpu_backend": ..., "cpu_backend": ..., "split": False}: the Executor options of the simulated
     H100 machine (`resident_bytes`: the device's resident budget, None the package's default). Splitting is off: the virtual clock is one for the process, so two parts running at
     once would each advance it by their own time and the split call would take their sum (and the
     splitter times its parts on the wall clock, which here measures this machine computing the results);
     a split call's worth is measured by bench/split.py with a device that really runs beside the CPU."""
     clock = clock if clock is not None else SimClock()
-    return {"gpu_backend": SimulatedGpu(clock, sigma=sigma, seed=2 * seed + 1, resident_bytes=resident_bytes),
-            "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed), "split": False}
+    return {"gpu_backend": SimulatedGpu(clock, sigma=sigma, seed=2 * seed + 1, resident_bytes=resident_bytes,
+                                        machine=machine),
+            "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed, machine=machine), "split": False}
