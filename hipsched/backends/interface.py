@@ -27,8 +27,8 @@ class Judgement:
     (bytes uploaded, bytes read from kept copies) by the run, None where the backend does not count;
     `parts`: (bytes uploaded, upload us, kernel us) of a run of host data whose backend timed each part
     between events of its own (the copy engine's and the kernel's), None where it does not: the
-    scheduler then treats the split of that run as unknown (docs/design/scheduling.md, "Measured
-    copies")."""
+    scheduler then treats the split of that run as unknown (docs/design/scheduling.md, "The performance
+    model")."""
 
     __slots__ = ("refusal", "fits", "h2d", "d2h", "plan", "inputs", "moved", "parts")
 

@@ -84,7 +84,8 @@ def _same(a, b):
 
 def test_every_split_op_declares_a_partition():
     declared = {name for name, spec in OPS.items() if spec.partition is not None}
-    assert declared == {"top_k", "cosine_similarity", "add", "scale", "softmax", "rms_norm", "qmatmul", "dequantize"}
+    assert declared == {"top_k", "cosine_similarity", "add", "scale", "softmax", "rms_norm", "qmatmul", "dequantize",
+                        "silu_mul", "gelu", "rope"}
 
 
 @pytest.mark.parametrize("dtype", TYPES, ids=TYPE_IDS)
