@@ -4,7 +4,9 @@ scheduler core (_sched.SchedCore) through its C methods, an op's compiled common
 through a C vtable, the GPU's compiled call path (gpu/launch/_callpath.pyx) through C, and the telemetry
 recorder through C; the general path (an op's prepare, a GPU run through its glue, device data on the
 CPU, a failed GPU run rerun on the CPU) is here too, so a call never leaves this module until it has
-its result."""
+its result. One concept over 500 lines: the per-call path, from the op method's arguments to its
+result (the timing of queued runs is _queued_timing.pyx's, calls on a further GPU's data
+further_gpus.py's, the upload sharing rule upload_sharing.py's)."""
 from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
                               F_WANT_CPU, F_WANT_GPU, R_COST_MODEL, R_CPU_FALLBACK, R_GPU_UNAVAILABLE,
                               R_GPU_UNSUPPORTED, R_SPLIT, ST_BACKEND_ONLY, ST_CPU_PREFERRED,

@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The scheduler core: per-call CPU/GPU decision, performance model and GPU health, in C structs
-(the per-call path that uses it is _dispatch.pyx).
+(the per-call path that uses it is _dispatch.pyx). One concept, the decision core, over 500 lines: the
+model, its uncertainty and the breaker answer one question together and share one lock.
 
 Every sample, decision and health change happens under one lock, so counts stay exact with many
 Python threads. Decisions never allocate; a record allocates only for a size bucket's first sample

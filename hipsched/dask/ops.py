@@ -1,4 +1,5 @@
-"""The single-machine ops on Dask arrays: every chunk runs through its worker's Executor (workers.executor),
+"""The single-machine ops on Dask arrays (one concept over 500 lines: the row-chunked ops as graphs, each
+built the same way): every chunk runs through its worker's Executor (workers.executor),
 so each worker picks its own CPU or GPU per chunk. Inputs are checked on the client, before any task
 is built. See docs/guide/distributed.md for what each op moves and what equality to expect."""
 from __future__ import annotations

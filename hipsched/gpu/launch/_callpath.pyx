@@ -1,5 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The compiled GPU call path: what a GPU call on device data does after its first time, in C.
+"""The compiled GPU call path: what a GPU call on device data does after its first time, in C. One
+concept over 500 lines: the GPU call engine (GpuPath), the one owner of carrying out a call beyond its
+kernels (arguments, lifetimes, timing, free memory, replay) for the glue's runs and replayed ones.
 
 A call's first GPU run with given arguments goes through the op's Python launch glue
 (hipsched/gpu/glue/<family>.py) with a `PlanRecorder` (gpu/launch/recording.py) in place of the GpuContext: the glue
