@@ -211,7 +211,9 @@ class GpuBackend(GpuBackendBase):
     def device_bytes_needed(self, call) -> int:
         """Inputs + outputs (call.nbytes) plus the scratch an op allocates on the device."""
         spec = OPS.get(call.op)
-        return int(call.nbytes) + (spec.device_scratch(call) if spec is not None else 0)
+        if spec is None:
+            return int(call.nbytes)
+        return int(call.nbytes) + spec.device_scratch(call, self._ctx.multiprocessors if self._ctx is not None else 132)
 
     def transfer_bytes(self, call) -> tuple[int, int]:
         """(host->device, device->host) bytes this call copies: inputs not already resident, outputs."""

@@ -79,7 +79,7 @@ class OpSpec:
     this package, so each layer only points down. The GPU side is judged by the launch planner beside
     the glue (`<glue>_plan(ctx, call)`), so what the GPU accepts is decided by the code that launches.
     The device memory the glue allocates beyond inputs and outputs is declared beside the planner too
-    (`<glue>_scratch(call)`, see device_scratch); `split(call)`
+    (`<glue>_scratch(call, multiprocessors)`, see device_scratch); `split(call)`
     cuts a call into independent pieces for out-of-memory recovery, (pieces, args(lo, hi),
     combine(results)) or None; `partition(call)` cuts it along the rows of its largest operand so that
     several processors can each take a share at once (hipsched.splitting), a Partition or None;
@@ -122,14 +122,16 @@ class OpSpec:
     def gpu_function(self, suffix=""):
         return _resolve((self.gpu[0], self.gpu[1] + suffix))
 
-    def device_scratch(self, call) -> int:
+    def device_scratch(self, call, multiprocessors: int = 132) -> int:
         """Device bytes a GPU run of `call` allocates beyond its inputs and outputs, as the glue's module
-        declares them beside its planner (`<glue>_scratch(call)`; none declared: none allocated). Imports
-        the glue's module: only a GPU backend asks."""
+        declares them beside its planner (`<glue>_scratch(call, multiprocessors)`; none declared: none
+        allocated). `multiprocessors`: the device's count, which a plan may depend on (attention's
+        split-K decode cuts the keys into about two blocks per multiprocessor); an H100's where no device
+        is known. Imports the glue's module: only a GPU backend asks."""
         if self.gpu is None:
             return 0
         declared = getattr(importlib.import_module(self.gpu[0]), self.gpu[1] + "_scratch", None)
-        return int(declared(call)) if declared is not None else 0
+        return int(declared(call, multiprocessors)) if declared is not None else 0
 
     def chunks(self, call):
         return self.split(call) if self.split is not None else None

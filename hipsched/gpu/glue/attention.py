@@ -100,6 +100,18 @@ def attention_plan(ctx, call) -> list[Launch]:
                               _diagonal_aligned(call)) if b * h * sq * hd else []
 
 
+def attention_scratch(call, multiprocessors: int) -> int:
+    """Device bytes the glue allocates beyond the call's inputs and results: the split-K decode's partials
+    (per query row and key range: d accumulators, its maximum and its sum, float32); nothing for the
+    other kernels, or for a call that launches nothing."""
+    b, h, sq, hd = (int(s) for s in call.args[0].shape)
+    if sq != 1 or not b * h * hd:
+        return 0
+    hkv, sk = int(call.args[1].shape[1]), int(call.args[1].shape[2])
+    _, nsplit, _ = decode_launches(b, h, hkv, max(sk, 1), hd, kernel_suffix(call), multiprocessors)
+    return 4 * b * h * nsplit * (head_dim_class(hd) + 2)
+
+
 def attention(ctx, call, stream):
     plan = ctx.planned(call, attention_plan)  # before any upload: an unsupported call costs nothing
     b, h, sq, hd = (int(s) for s in call.args[0].shape)

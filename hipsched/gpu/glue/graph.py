@@ -42,7 +42,7 @@ def spread_activation_plan(ctx, call) -> list[Launch]:
     return spread_launches(n, _index_pair(indptr, indices)[1].dtype, ctx.multiprocessors)
 
 
-def spread_activation_scratch(call) -> int:
+def spread_activation_scratch(call, multiprocessors: int) -> int:
     """Device bytes the glue allocates beyond the call's inputs and result (the op spec's device scratch):
     the accumulator with its non-finite mark (n + 1 floats) and, for more than one step, the second
     ping-pong buffer of activations; nothing for a call that launches nothing."""

@@ -181,7 +181,7 @@ def _layout_padding(w) -> int:
     return device_bytes(w.shape[0], w.shape[1], w.qtype) - w.nbytes
 
 
-def dequantize_scratch(call) -> int:
+def dequantize_scratch(call, multiprocessors: int) -> int:
     """Device bytes the glue allocates beyond the call's input and result (the op spec's device scratch):
     the padding of w's device layout, for a call that uploads it (a nonempty one)."""
     (w,) = call.args
@@ -208,7 +208,7 @@ def qmatmul_plan(ctx, call) -> list[Launch]:
     return qmatmul_launches(n, m, qtype, ctx.warp_size, suffix, has_mma(ctx.arch)) if n * m * k else []
 
 
-def qmatmul_scratch(call) -> int:
+def qmatmul_scratch(call, multiprocessors: int) -> int:
     """Device bytes the glue allocates beyond the call's inputs and result (the op spec's device scratch):
     the padding of w's device layout, for a call that uploads it (none of n, m, k zero), and for a
     matrix-vector product on a device x whose base the four-element loads cannot take, the aligned copy

@@ -72,7 +72,7 @@ def cosine_similarity_plan(ctx, call) -> list[Launch]:
                            suffix)
 
 
-def cosine_similarity_scratch(call) -> int:
+def cosine_similarity_scratch(call, multiprocessors: int) -> int:
     """Device bytes the glue allocates beyond the call's inputs and result (the op spec's device scratch):
     the query norms, unless nothing is scored (an empty call, or d == 0)."""
     m, n, d = _shapes(call)
@@ -136,7 +136,7 @@ def top_k_plan(ctx, call) -> list[Launch]:
                           ctx.multiprocessors, suffix)
 
 
-def top_k_scratch(call) -> int:
+def top_k_scratch(call, multiprocessors: int) -> int:
     """Device bytes the glue allocates beyond the call's inputs and results (the op spec's device scratch):
     the (m, n) float32 scores, the query norms (unless d == 0), and the two alternating pairs of partial
     results (float32 scores, int64 indices) of the selection passes before the last, each pair as large

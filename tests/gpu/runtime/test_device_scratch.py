@@ -1,4 +1,4 @@
-"""The device scratch each op's launch glue declares beside its planner (`<op>_scratch(call)` in
+"""The device scratch each op's launch glue declares beside its planner (`<op>_scratch(call, multiprocessors)` in
 hipsched/gpu/glue/<family>.py, read through OpSpec.device_scratch by GpuBackend.device_bytes_needed and
 so by the memory check and the out-of-memory chunking) is exactly what the glue allocates beyond the
 call's inputs and results.
