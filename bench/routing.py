@@ -12,7 +12,7 @@ by default the smooth H100 (the H100's measured latencies, residency, its link, 
 `--machine FILE` describes (tests/support/sim_machine.py; a family in bench/machines/). On a simulated
 machine the judge's tie band is the machine's noise band (Machine.tie_band, at least 5%): a call whose
 sides lie within the noise of each other is right either way.
-Usage: python bench/routing.py [--quick] [--sim] [--machine FILE] [--seed N] [--repeats N]
+Usage: python bench/routing.py [--quick] [--sim] [--machine FILE] [--seed N] [--repeats N] [--dump DIR]
 Writes bench/results/routing.md (routing-quick.md with --quick; with --machine, routing-<name>[-quick].md)."""
 import argparse
 import contextlib
@@ -42,9 +42,27 @@ def load_machine(path):
     return Machine.load(path)
 
 
-def one_run(start, quick, seed, sim, repeats=3, machine=None):
+def dump_run(directory, start, seed, cache, judgement):
+    """Keep what a run leaves for reading later: the demo's telemetry and the model files of its cache
+    dir, and one line per judged call holding its auto, forced-CPU and forced-GPU events."""
+    import glob
+    import json
+    import shutil
+    os.makedirs(directory, exist_ok=True)
+    tag = f"{start}-s{seed}"
+    for path in glob.glob(os.path.join(cache, "**", "*.json*"), recursive=True):
+        shutil.copy(path, os.path.join(directory, f"{tag}-{os.path.basename(path)}"))
+    if judgement is not None:
+        with open(os.path.join(directory, f"{tag}-calls.jsonl"), "w") as fh:
+            for row in judgement["per_op"]:
+                for a, c, g in row.get("per_call", ()):
+                    fh.write(json.dumps({"auto": a, "cpu": c, "gpu": g}, default=str) + "\n")
+
+
+def one_run(start, quick, seed, sim, repeats=3, machine=None, dump=None):
     """(judgement, demo exit status, demo output) of one demo --oracle run from `start` ("cold" or
-    "calibrated"), in a fresh cache dir; `machine`: a sim_machine.Machine (sim only)."""
+    "calibrated"), in a fresh cache dir; `machine`: a sim_machine.Machine (sim only); `dump`: a
+    directory for dump_run."""
     with tempfile.TemporaryDirectory(prefix="hipsched-routing-") as cache:
         clock = contextlib.nullcontext()
         machines = [{}, {}, {}]
@@ -68,6 +86,8 @@ def one_run(start, quick, seed, sim, repeats=3, machine=None):
             with contextlib.redirect_stdout(buf):
                 rc, judgement = demo.run_demo(args, machine=machines[0], oracle_machine=machines[1],
                                               tie_band=tie_band, cache_dir=cache)
+            if dump:
+                dump_run(dump, start, seed, cache, judgement)
         return judgement, rc, buf.getvalue()
 
 
@@ -79,6 +99,7 @@ def main(argv=None):
                     "implies --sim")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="runs per starting point (seeds seed, seed+1, ...)")
+    ap.add_argument("--dump", metavar="DIR", help="keep each run's telemetry, model and per-call events there")
     args = ap.parse_args(argv)
     with hs.Executor(persist_model=False, telemetry_enabled=False) as probe:
         caps = probe.capabilities()
@@ -102,7 +123,7 @@ def main(argv=None):
         for r in range(args.repeats):
             seed = args.seed + r
             t0 = time.perf_counter()
-            res, rc, text = one_run(start, args.quick, seed, sim, machine=machine)
+            res, rc, text = one_run(start, args.quick, seed, sim, machine=machine, dump=args.dump)
             if res is None:
                 out(f"| {start} | {seed} | - | - | - | - | - | - | - | - | (no GPU: nothing judged) | "
                     f"{'ok' if rc == 0 else 'FAILED'} |")

@@ -23,8 +23,8 @@ int hs_csr_check_i64(const int64_t *indptr, const int64_t *indices, int64_t n, i
 
 /* out (n) = seeds after `steps` steps (steps == 0: a copy of seeds). The graph is checked again as the
  * first step reads it, so a bad graph is reported, never read out of bounds, even unvalidated.
- * Rows whose activation is exactly 0 add nothing (their edges are checked, not multiplied, so an
- * inf or NaN weight out of an inactive node does not turn its targets into NaN). */
+ * Rows whose activation is exactly 0 add nothing, except through a NaN or infinite weight: 0 * w is NaN
+ * there, as SciPy's A.T @ a gives (graph.inc, graph_push, says how the steps find such rows). */
 int hs_spread_activation_i32(const int32_t *indptr, const int32_t *indices, const float *weights, int64_t n,
                              int64_t nnz, const float *seeds, float *out, float decay, int64_t steps,
                              float threshold, int64_t *bad);

@@ -251,14 +251,18 @@ def test_spread_activation_self_loops_duplicates_and_scipy(gpu):
 
 
 def test_spread_activation_int32_pair_and_special_values(gpu):
-    """SciPy-style int32 indptr+indices; an inf weight out of an inactive node adds nothing; a NaN seed
-    propagates as the CPU rule says (np.clip keeps NaN)."""
+    """SciPy-style int32 indptr+indices; an inf weight out of an inactive node makes its target NaN, as
+    SciPy's A.T @ a gives (0 * inf) and the CPU engine does; a NaN seed propagates as the CPU rule says
+    (np.clip keeps NaN)."""
     indptr = np.array([0, 2, 3, 4, 4], np.int32)
     indices = np.array([1, 2, 3, 0], np.int32)
     weights = np.array([0.5, np.inf, 0.25, 1.0], np.float32)
     seeds = np.array([0.0, 0.5, 0.0, 0.0], np.float32)  # node 0 (inf edge) inactive
     got, cpu = run_both(gpu, "spread_activation", (indptr, indices, weights), seeds, decay=1.0, steps=1)
-    np.testing.assert_array_equal(got, np.array([0.0, 0.5, 0.0, 0.125], np.float32))
+    sp = need("scipy.sparse")
+    with np.errstate(invalid="ignore"):
+        pushed = sp.csr_matrix((weights, indices, indptr), shape=(4, 4)).T @ seeds
+    np.testing.assert_array_equal(got, np.clip(seeds + pushed, 0.0, 1.0).astype(np.float32))   # [0, .5, nan, .125]
     np.testing.assert_array_equal(got, cpu)
     seeds = np.array([0.0, np.nan, 0.0, 0.0], np.float32)
     got, cpu = run_both(gpu, "spread_activation", (indptr, indices, weights), seeds, decay=1.0, steps=2)
