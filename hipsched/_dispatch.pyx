@@ -8,13 +8,14 @@ its result. One concept over 500 lines: the per-call path, from the op method's 
 result (the timing of queued runs is _queued_timing.pyx's, calls on a further GPU's data
 further_gpus.py's, the upload sharing rule upload_sharing.py's)."""
 from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
-                              F_WANT_CPU, F_WANT_GPU, R_COST_MODEL, R_CPU_FALLBACK, R_GPU_UNAVAILABLE,
+                              F_WANT_CPU, F_WANT_GPU, R_COST_MODEL, R_CPU_FALLBACK, R_EXPLORING, R_GPU_UNAVAILABLE,
                               R_GPU_UNSUPPORTED, R_SPLIT, ST_BACKEND_ONLY, ST_CPU_PREFERRED,
                               MAX_SLOTS, Params, SchedCore, hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
 from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan
 from hipsched._queued_timing cimport PENDING, QueuedTimes
 from hipsched.telemetry._record cimport Recorder
+from libc.math cimport isnan
 
 import logging
 import threading
@@ -144,8 +145,39 @@ cdef class FastPath:
         that stay on the CPU whatever the GPU says are not asked about: small ones (below the batch
         minimum) keep the device queries off the common path; GPU-bound ones always are asked."""
         cdef Params *p = &self.core.p
-        return (flags & F_GPU_SUPPORTS and not want & F_WANT_CPU and not p.force_cpu and (
-            size >= self.min_batch or want & F_WANT_GPU or (p.strategy == ST_BACKEND_ONLY and p.backend_only == GPU)))
+        if not flags & F_GPU_SUPPORTS or want & F_WANT_CPU or p.force_cpu:
+            return False
+        if want & F_WANT_GPU:
+            return True
+        if p.strategy == ST_BACKEND_ONLY:
+            # an executor that only runs on one side asks the GPU only when that side is the GPU (on an
+            # H200 host, asking cost a forced-CPU ex.add of 512 floats 15 us against 0.7 us)
+            return p.backend_only == GPU
+        return size >= self.min_batch
+
+    cdef inline bint _cpu_whatever_copies(self, double size, int flags, Decision *d) noexcept:
+        """Whether the core keeps this call of host data on the CPU with the GPU's copies counted as
+        nothing: the GPU's judgement (its refusal, memory, copies) could then only add reasons for the
+        CPU, so it need not be asked. Not for a decision that explores (a dearer GPU could change which
+        side is explored), nor for a call the splitter could cut (it plans with the GPU's copies). The
+        judgement is what made every auto call cost 15-25 us of Python on a GPU machine; decode-sized
+        calls that stay on the CPU no longer pay it. Such a call is decided on cost (a refusal or a
+        memory limit the judgement would have found goes unsaid: the CPU won before either counted), and
+        its inputs count no use for upload sharing (with its copies free the GPU still lost, so not
+        uploading them lost nothing: what the ski-rental rule counts). A question (select_backend) gets
+        the same decision, with the GPU's estimate including its copies."""
+        cdef double pc, pg
+        cdef int r
+        if flags & F_ON_DEVICE:
+            return False   # device data: the copies are the CPU's, and the GPU's terms are what decide
+        hs_lock(&self.core.lock)
+        r = self.core._decide(self.core.slots[d.slot], size, 0.0, 0.0, flags, &pc, &pg, False)
+        hs_unlock(&self.core.lock)
+        # (a side still unknown decides nothing yet: the judgement's reasons, memory say, are then the
+        # decision's)
+        if r & 1 != CPU or r >> 1 == R_EXPLORING or isnan(pc) or isnan(pg):
+            return False
+        return self.splitter is None or not pc >= self.splitter.min_us
 
     cdef inline int _flags(self, tuple entry, int want, bint on_device, Decision *d) except? -1:
         """A call's flags before the GPU is asked (its capability, what the caller wants, fits until the
@@ -175,6 +207,14 @@ cdef class FastPath:
         cdef int flags = self._flags(entry, want, call is not None and call.on_device, d)
         detail = None
         if self._asks_gpu(flags, want, size):
+            if not want & F_WANT_GPU and self._cpu_whatever_copies(size, flags, d):
+                self._settle(size, flags, commit, d)
+                if not commit:
+                    # a question gets the call's decision, and the GPU's estimate with its copies
+                    flags_o, h2d_o, d2h_o, detail, real_o = self._gpu_terms(call, flags, entry[2], False)
+                    if not flags_o & F_CALL_UNSUPPORTED:
+                        d.pg += self.core._xfer(h2d_o, d2h_o)
+                return None
             flags_o, h2d_o, d2h_o, detail, real_o = self._gpu_terms(call, flags, entry[2], commit)
             flags, d.h2d, d.d2h, d.real_h2d = flags_o, h2d_o, d2h_o, real_o
         self._settle(size, flags, commit, d)

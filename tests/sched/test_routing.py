@@ -12,6 +12,7 @@ from hipsched import Executor, _sched
 from hipsched.cli import demo
 from hipsched.scheduling import REASONS, SelectionReason as R
 from sim_gpu import SimClock, latency_us, simulated_machine
+from sim_machine import Machine
 from h100_latency import CPU_US, GPU_US, MEASURED_TRANSFER
 
 ALL = _sched.F_GPU_PRESENT | _sched.F_GPU_SUPPORTS | _sched.F_FITS
@@ -169,10 +170,12 @@ def test_quarter_octave_buckets_keep_a_cost_step_apart():
 def test_reused_input_upload_is_spread_over_its_uses():
     """Charging every call the whole upload kept a reused corpus on the CPU for good (on the H100 64
     top_k calls over one 231 MB corpus at 7.7 ms each, 0.33 ms resident): the decision charges an input
-    that earlier calls passed its upload over its uses so far, and select_backend counts nothing."""
+    that earlier calls passed its upload over its uses so far, and select_backend counts nothing. (A CPU
+    six times slower than the simulated H100's, so that the GPU's kernel beats the CPU and only the
+    upload keeps the call there: a call the GPU loses even with free copies counts no use, below.)"""
     clock = SimClock()
     with clock.executor_clock(), Executor(persist_model=False, telemetry_enabled=False,
-                                          **simulated_machine(clock)) as ex:
+                                          **simulated_machine(clock, machine=Machine(cpu_scale=6.0))) as ex:
         rng = np.random.default_rng(0)
         T = rng.standard_normal((4096, 768), dtype=np.float32)    # 12.6 MB: resident once uploaded
         W = T.copy()                                              # the same bytes, writable
@@ -199,6 +202,44 @@ def test_reused_input_upload_is_spread_over_its_uses():
         ex.top_k(q, W, 10)
         assert ex.select_backend("top_k", args=(q, W, 10)).estimated_cost["gpu"] == pytest.approx(writable, rel=1e-6)
         assert writable == pytest.approx(first, rel=1e-6)
+
+
+
+def test_a_call_the_gpu_loses_with_free_copies_is_not_judged(tmp_path):
+    """The GPU's judgement of a call (its plan, memory and copies: 15-25 us of Python a call on an H200
+    host) is not asked for once the model keeps the call on the CPU with the GPU's copies counted as
+    nothing: the judgement could only add to the GPU's side. Its inputs count no use for upload sharing
+    (not uploading them lost nothing); a question (select_backend) still states the GPU's copies; a
+    forced-CPU executor never asks."""
+    clock = SimClock()
+    with clock.executor_clock(), Executor(persist_model=False, cache_dir=str(tmp_path), telemetry_ring_size=16,
+                                          **simulated_machine(clock)) as ex:
+        gpu = ex._gpu
+        judged = []
+        real_judge = gpu.judge
+        gpu.judge = lambda call: judged.append(call.op) or real_judge(call)
+        rng = np.random.default_rng(0)
+        T = rng.standard_normal((4096, 768), dtype=np.float32)
+        T.flags.writeable = False
+        q = rng.standard_normal(768, dtype=np.float32)
+        for _ in range(3):
+            ex.top_k(q, T.copy(), 10, backend="cpu")
+            ex.top_k(q, T.copy(), 10, backend="gpu")
+        s = ex._core.slot("top_k", "float32")
+        assert ex._core.predict(s, 0, T.size) < ex._core.predict(s, 1, T.size)   # the GPU's kernel alone loses
+        first = ex.select_backend("top_k", args=(q, T, 10)).estimated_cost["gpu"]
+        assert first > ex._core.predict(s, 1, T.size) + T.nbytes / (MEASURED_TRANSFER["h2d_gbps"] * 1e3)
+        del judged[:]
+        for _ in range(4):
+            ex.top_k(q, T, 10)
+        assert [e["backend"] for e in list(ex.events)[-4:]] == ["cpu"] * 4 and judged == []
+        assert ex.select_backend("top_k", args=(q, T, 10)).estimated_cost["gpu"] == pytest.approx(first, rel=1e-9)
+    with clock.executor_clock(), Executor(persist_model=False, telemetry_enabled=False, strategy="backend_only",
+                                          backend="cpu", **simulated_machine(clock)) as ex:
+        ex._gpu.judge = lambda call: pytest.fail("a forced-CPU executor asked the GPU")
+        x = np.ones(1 << 16, np.float32)
+        ex.add(x, x)
+        ex.top_k(q, T, 10)
 
 
 # ---------------------------------------------------------------- the oracle and the analyzer

@@ -344,3 +344,38 @@ def test_set_transfer_rejects_nan():
         c.set_transfer(float("nan"), 12.0, 10.0, 12.0)
     with pytest.raises(ValueError):
         c.set_transfer(10.0, float("nan"), 10.0, 12.0)
+
+
+def test_a_size_measured_once_far_above_its_neighbours_is_measured_again():
+    """The H200 host's calibrated demo: add at 524288 ran once on the CPU in 4609 us (a first touch of
+    fresh output memory), between 257 us and 334 us measured three times each at half and twice the
+    size; the GPU, 1232 us there, then took every later call. A size measured once or twice that far
+    above its neighbours is as uncertain as that disagreement, and the CPU is tried there again."""
+    c = core(min_batch=64, min_samples=3, exploration_share=0.2)
+    s = c.slot("add", "float32")
+    for n, cpu_us in ((65536, 17.0), (262144, 257.0), (1048576, 334.0), (4194304, 549.0)):
+        for _ in range(3):
+            c.record(s, 0, n, cpu_us)
+            c.record(s, 1, n, 1232.0 * n / 524288 if n > 524288 else 1232.0)
+    for _ in range(3):
+        c.record(s, 1, 524288, 1232.0)
+    c.record(s, 0, 524288, 4609.0)
+    seen = []
+    for _ in range(6):
+        be, why, pc, pg = decide(c, s, 524288)
+        seen.append((be, why))
+        c.record(s, 0 if be == "cpu" else 1, 524288, 300.0 if be == "cpu" else 1232.0)
+    assert seen[0] == ("cpu", R.EXPLORING), seen
+    assert seen[-1] == ("cpu", R.COST_MODEL), seen
+    # a second sample that agrees with the first is believed: the CPU is not tried on and on
+    c2 = core(min_batch=64, min_samples=3, exploration_share=0.2)
+    s2 = c2.slot("add", "float32")
+    for n, cpu_us in ((65536, 17.0), (262144, 257.0), (1048576, 334.0), (4194304, 549.0)):
+        for _ in range(3):
+            c2.record(s2, 0, n, cpu_us)
+            c2.record(s2, 1, n, 1232.0)
+    for _ in range(3):
+        c2.record(s2, 1, 524288, 1232.0)
+    for _ in range(3):
+        c2.record(s2, 0, 524288, 4609.0)
+    assert decide(c2, s2, 524288)[:2] == ("gpu", R.COST_MODEL)
