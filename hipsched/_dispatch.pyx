@@ -29,7 +29,10 @@ from .dlpack_devices import device_indices
 from .errors import GpuError
 from .ops import OPS
 from .ops.foreign_arrays import result_converter
-from .upload_sharing import UploadSharing
+from .upload_sharing import REUSE_MIN_BYTES, UploadSharing
+
+# inputs below this size are not followed by upload sharing (a call's total bytes under it hold none)
+cdef double _SHARED_MIN_BYTES = REUSE_MIN_BYTES
 
 log = logging.getLogger("hipsched")
 # the general path's clock (a module global: tests/support/sim_gpu.py runs it on a simulated clock)
@@ -162,10 +165,10 @@ cdef class FastPath:
         side is explored), nor for a call the splitter could cut (it plans with the GPU's copies). The
         judgement is what made every auto call cost 15-25 us of Python on a GPU machine; decode-sized
         calls that stay on the CPU no longer pay it. Such a call is decided on cost (a refusal or a
-        memory limit the judgement would have found goes unsaid: the CPU won before either counted), and
-        its inputs count no use for upload sharing (with its copies free the GPU still lost, so not
-        uploading them lost nothing: what the ski-rental rule counts). A question (select_backend) gets
-        the same decision, with the GPU's estimate including its copies."""
+        memory limit the judgement would have found goes unsaid: the CPU won before either counted); its
+        large host inputs still count a use for upload sharing (UploadSharing.count, a walk of its
+        arguments). A question (select_backend) gets the same decision, with the GPU's estimate
+        including its copies."""
         cdef double pc, pg
         cdef int r
         if flags & F_ON_DEVICE:
@@ -202,14 +205,20 @@ cdef class FastPath:
     cdef object _decide_call(self, call, double size, int want, tuple entry, bint commit, Decision *d):
         """Fills `d` with the decision for a call of work `size`, the GPU's terms from its backend's
         judgement; returns the decision's detail (why the GPU refuses the call, or why it was found gone
-        deciding it) or None. `call` (the prepared Call) may be None only where `_asks_gpu` is false.
+        deciding it) or None. `call` (the prepared Call) may be None only where `_asks_gpu` is false or
+        `_cpu_whatever_copies` true, and `commit` set (the compiled common path).
         Without `commit` nothing changes (see SchedCore._decide)."""
         cdef int flags = self._flags(entry, want, call is not None and call.on_device, d)
         detail = None
         if self._asks_gpu(flags, want, size):
             if not want & F_WANT_GPU and self._cpu_whatever_copies(size, flags, d):
                 self._settle(size, flags, commit, d)
-                if not commit:
+                if commit:
+                    # its large host inputs were passed all the same: a later call over them shares
+                    # their upload with this one (the compiled common path, call None, has none that large)
+                    if call is not None:
+                        self.uploads.count(call, self._resident_gain(call))
+                else:
                     # a question gets the call's decision, and the GPU's estimate with its copies
                     flags_o, h2d_o, d2h_o, detail, real_o = self._gpu_terms(call, flags, entry[2], False)
                     if not flags_o & F_CALL_UNSUPPORTED:
@@ -268,7 +277,12 @@ cdef class FastPath:
             ready = hot.check(args, kwargs, &size, &nbytes)
             if ready is not None:
                 want = self._want(op, backend)
-                if want != F_WANT_GPU and not self._asks_gpu(<int>entry[1] | want | F_FITS, want, size):
+                # (small inputs: none is large enough for upload sharing to count its uses, which needs
+                # the prepared call)
+                if want != F_WANT_GPU and (
+                        not self._asks_gpu(self._flags(entry, want, False, &d), want, size) or (
+                        nbytes < _SHARED_MIN_BYTES and self._cpu_whatever_copies(
+                            size, self._flags(entry, want, False, &d), &d))):
                     self._decide_call(None, size, want, entry, True, &d)
                     # (never the GPU: that takes a call the GPU was asked about)
                     t0 = now_ns()

@@ -367,11 +367,11 @@ cdef class SchedCore:
                 bc = &s.buckets[CPU][bucket_of(size)]
             # (a winner known only by a guess is run first: its run is the cheaper lesson, and the loser's
             # turn comes once the winner's time is measured, if the loser could still beat it)
-            # (a size the loser ran once or twice, whose time disagrees with its neighbours by more than
-            # twice, is tried like one it never ran: its predicted excess is that disagreement's)
+            # (a size the loser ran fewer than three times is not measured yet, as the tie rule below
+            # has it: one or two runs, one slow draw or a first touch among them, decide nothing, and the
+            # interval alone says whether to try it again)
             if (uc if loser == GPU else ug) < 1.0 and lcb < lcb_best and (
-                    bc.n == 0 or (bc.n < 3 and (uc if loser == CPU else ug) > 1.0) or
-                    s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
+                    bc.n < 3 or s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
                 if commit:
                     s.explore_us += excess
                 return loser | R_EXPLORING << 1

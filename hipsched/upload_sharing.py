@@ -35,7 +35,8 @@ import threading
 import weakref
 from collections import deque
 
-from .backends.interface import KEEP_QUERY_MIN_BYTES as REUSE_MIN_BYTES  # noqa: F401 (inputs the judge asks about)
+from .backends.interface import KEEP_QUERY_MIN_BYTES as REUSE_MIN_BYTES  # inputs the judge asks about
+from .ops.base import host_arrays
 _REUSE_MAX_TRACKED = 4096   # arrays whose uses are counted at once (dead ones go first when full)
 # how many of the last inputs' predicted savings per byte are kept (their median predicts a new input's
 # worth), and how many make a prediction
@@ -86,25 +87,45 @@ class UploadSharing:
                         share = min(share, gain / (per_byte * a.nbytes))
                     saved += a.nbytes * (1.0 - share)
                 if commit:
-                    if e is None:
-                        if len(uses) >= _REUSE_MAX_TRACKED:
-                            for key in [key for key, v in uses.items() if v[0]() is None]:
-                                del uses[key]
-                            if len(uses) >= _REUSE_MAX_TRACKED:
-                                uses.clear()
-                        try:
-                            entry = [weakref.ref(a), 1, False, gain, a.nbytes]
-                        except TypeError:
-                            continue
-                        uses[id(a)] = entry
-                        if self.newest_use is not None:
-                            n = self.newest_use
-                            history.append(n[3] / n[4])
-                        self.newest_use = entry
-                    else:
-                        e[1] += 1
-                        e[3] += gain
+                    self._count(a, e, gain)
         return max(0.0, h2d - saved)
+
+    def count(self, call, gain: float) -> None:
+        """Count the uses of `call`'s large host inputs as `charge(..., commit=True)` does, for a call
+        decided without the GPU's judgement (one the GPU lost with its copies free: `gain`, what the
+        model predicts it would save with its inputs resident, is then 0). Its inputs were passed all
+        the same: a later call over them shares their upload with this one, as it always did."""
+        arrays = host_arrays(call.args, REUSE_MIN_BYTES)
+        if not arrays:
+            return
+        with self.lock:
+            for a, _ in arrays:
+                e = self.uses.get(id(a))
+                if e is not None and e[0]() is not a:
+                    e = None
+                self._count(a, e, gain)
+
+    def _count(self, a, e, gain: float) -> None:
+        """One more use of host input `a` (`e`: its live entry, or None), under the lock."""
+        uses = self.uses
+        if e is not None:
+            e[1] += 1
+            e[3] += gain
+            return
+        if len(uses) >= _REUSE_MAX_TRACKED:
+            for key in [key for key, v in uses.items() if v[0]() is None]:
+                del uses[key]
+            if len(uses) >= _REUSE_MAX_TRACKED:
+                uses.clear()
+        try:
+            entry = [weakref.ref(a), 1, False, gain, a.nbytes]
+        except TypeError:
+            return
+        uses[id(a)] = entry
+        if self.newest_use is not None:
+            n = self.newest_use
+            self.gain_history.append(n[3] / n[4])
+        self.newest_use = entry
 
     def taken_by_gpu(self, call) -> None:
         """A GPU run uploaded `call`'s host inputs (those its judgement lists): the next call passing one

@@ -208,9 +208,9 @@ def test_reused_input_upload_is_spread_over_its_uses():
 def test_a_call_the_gpu_loses_with_free_copies_is_not_judged(tmp_path):
     """The GPU's judgement of a call (its plan, memory and copies: 15-25 us of Python a call on an H200
     host) is not asked for once the model keeps the call on the CPU with the GPU's copies counted as
-    nothing: the judgement could only add to the GPU's side. Its inputs count no use for upload sharing
-    (not uploading them lost nothing); a question (select_backend) still states the GPU's copies; a
-    forced-CPU executor never asks."""
+    nothing: the judgement could only add to the GPU's side. Its inputs still count their uses for upload
+    sharing; a question (select_backend) still states the GPU's copies; a forced-CPU executor never
+    asks."""
     clock = SimClock()
     with clock.executor_clock(), Executor(persist_model=False, cache_dir=str(tmp_path), telemetry_ring_size=16,
                                           **simulated_machine(clock)) as ex:
@@ -233,7 +233,10 @@ def test_a_call_the_gpu_loses_with_free_copies_is_not_judged(tmp_path):
         for _ in range(4):
             ex.top_k(q, T, 10)
         assert [e["backend"] for e in list(ex.events)[-4:]] == ["cpu"] * 4 and judged == []
-        assert ex.select_backend("top_k", args=(q, T, 10)).estimated_cost["gpu"] == pytest.approx(first, rel=1e-9)
+        # four uses counted: a GPU run would now be charged a fifth of the upload
+        later = ex.select_backend("top_k", args=(q, T, 10)).estimated_cost["gpu"]
+        upload = T.nbytes / (MEASURED_TRANSFER["h2d_gbps"] * 1e3)
+        assert later == pytest.approx(first - upload * (1 - 1 / 5), rel=1e-6)
     with clock.executor_clock(), Executor(persist_model=False, telemetry_enabled=False, strategy="backend_only",
                                           backend="cpu", **simulated_machine(clock)) as ex:
         ex._gpu.judge = lambda call: pytest.fail("a forced-CPU executor asked the GPU")
