@@ -62,33 +62,27 @@ if os.environ.get("HIPSCHED_CPU_FEATURES", "") not in ("",) + _LEVELS:
                   f"{', '.join(_LEVELS)}: the CPU kernels use the highest level this CPU has", RuntimeWarning,
                   stacklevel=2)
 
-# OpenMP's waiting threads spin only briefly before they sleep. libgomp's default spins each team thread
-# for up to a few milliseconds after every parallel region; our kernels are regions of 0.1-10 ms called
-# from Python, with GPU calls, the driver's threads and the telemetry writer between them, so the
-# spinning threads took the cores those need, and on the H100's 16-core host 15-100% of the CPU top_k
-# calls of a demo run took ~7 ms instead of ~0.3 ms (one preempted team thread holding up the region's
-# barrier for a scheduler time slice), which taught the scheduler a CPU 20x slower than it is. Sleeping
-# at once (OMP_WAIT_POLICY=PASSIVE, this module's setting until 2026-11-28) costs a futex wake-up of
-# every team thread per region, which a VM's halted virtual CPUs make dear: on the H200's 16-core host
-# (a VM), 150 calls each with 0.2 ms between them, a spin of GOMP_SPINCOUNT=10000 (tens of microseconds)
-# against PASSIVE in the same run gave means of 121 vs 192 us (top_k over 7 MB), 368 vs 460 us (a 64 MB
-# matvec), 170 vs 203 us (add of 4M floats), the slowest calls alike: consecutive calls find the team
-# awake, and a thread idle for longer than a few tens of microseconds gives its core back.
-# libgomp reads the setting once, when it is loaded, which the first of our extension modules does: the
-# variable is set only around that import, so a libgomp loaded later (PyTorch ships its own) keeps the
-# process's setting, and a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is. A libgomp some
-# other module loaded before hipsched is already set up, and keeps its own policy.
-SPIN_COUNT = "10000"
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+# OpenMP's waiting threads sleep at once rather than spin. libgomp's default spins each team thread for
+# up to a few milliseconds after every parallel region; our kernels are regions of 0.1-10 ms called from
+# Python, with GPU calls, the driver's threads and the telemetry writer between them, so the spinning
+# threads took the cores those need, and on the H100's 16-core host 15-100% of the CPU top_k calls of
+# a demo run took ~7 ms instead of ~0.3 ms (one preempted team thread holding up the region's barrier
+# for a scheduler time slice), which taught the scheduler a CPU 20x slower than it is. Sleeping costs
+# a wake-up per region (tens of microseconds) and never that. libgomp reads the policy once, when it is
+# loaded, which the first of our extension modules does: the variable is set only around that import,
+# so a libgomp loaded later (PyTorch ships its own) keeps the process's setting, and a user's
+# OMP_WAIT_POLICY is left as it is. A libgomp some other module loaded before hipsched is already set
+# up, and keeps its own policy.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:
         from . import _features  # noqa: F401  (loads libgomp)
     except ImportError:   # not built: the layer that needs it says so when it is used
         pass
     finally:
-        del os.environ["GOMP_SPINCOUNT"]
+        del os.environ["OMP_WAIT_POLICY"]
 
-# The pool's module (a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT skipped the import above): threadpoolctl finds the pool by
+# The pool's module (a user's OMP_WAIT_POLICY skipped the import above): threadpoolctl finds the pool by
 # its library, which must be loaded for threadpool_info to list it
 try:
     from . import _features  # noqa: F401,F811
