@@ -205,8 +205,7 @@ cdef class FastPath:
     cdef object _decide_call(self, call, double size, int want, tuple entry, bint commit, Decision *d):
         """Fills `d` with the decision for a call of work `size`, the GPU's terms from its backend's
         judgement; returns the decision's detail (why the GPU refuses the call, or why it was found gone
-        deciding it) or None. `call` (the prepared Call) may be None only where `_asks_gpu` is false or
-        `_cpu_whatever_copies` true, and `commit` set (the compiled common path).
+        deciding it) or None. `call` (the prepared Call) may be None only where `_asks_gpu` is false.
         Without `commit` nothing changes (see SchedCore._decide)."""
         cdef int flags = self._flags(entry, want, call is not None and call.on_device, d)
         detail = None
@@ -215,9 +214,8 @@ cdef class FastPath:
                 self._settle(size, flags, commit, d)
                 if commit:
                     # its large host inputs were passed all the same: a later call over them shares
-                    # their upload with this one (the compiled common path, call None, has none that large)
-                    if call is not None:
-                        self.uploads.count(call, self._resident_gain(call))
+                    # their upload with this one
+                    self.uploads.count(call, self._resident_gain(call))
                 else:
                     # a question gets the call's decision, and the GPU's estimate with its copies
                     flags_o, h2d_o, d2h_o, detail, real_o = self._gpu_terms(call, flags, entry[2], False)
@@ -263,7 +261,7 @@ cdef class FastPath:
         cdef double dur, size, nbytes
         cdef long long t0
         cdef HotOp hot
-        cdef int want
+        cdef int want, flags
         cdef size_t handle = 0
         # 1. the op's common case, compiled end to end
         entry = self.hot.get(op)
@@ -277,14 +275,14 @@ cdef class FastPath:
             ready = hot.check(args, kwargs, &size, &nbytes)
             if ready is not None:
                 want = self._want(op, backend)
-                # (small inputs: none is large enough for upload sharing to count its uses, which needs
-                # the prepared call)
-                if want != F_WANT_GPU and (
-                        not self._asks_gpu(self._flags(entry, want, False, &d), want, size) or (
-                        nbytes < _SHARED_MIN_BYTES and self._cpu_whatever_copies(
-                            size, self._flags(entry, want, False, &d), &d))):
-                    self._decide_call(None, size, want, entry, True, &d)
-                    # (never the GPU: that takes a call the GPU was asked about)
+                flags = self._flags(entry, want, False, &d)
+                # a call the GPU is not asked about, or one it loses with its copies free whose inputs are
+                # too small for upload sharing to count (that needs the prepared call)
+                if want != F_WANT_GPU and (not self._asks_gpu(flags, want, size) or (
+                        nbytes < _SHARED_MIN_BYTES and self._cpu_whatever_copies(size, flags, &d))):
+                    self._settle(size, flags, True, &d)
+                    # (never the GPU: that takes a call the GPU was asked about; should the model have
+                    # changed since the question, on another thread, the call still runs here)
                     t0 = now_ns()
                     out = hot.run(ready)
                     dur = (now_ns() - t0) * 1e-3
