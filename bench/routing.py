@@ -16,9 +16,12 @@ Usage: python bench/routing.py [--quick] [--sim] [--machine FILE] [--seed N] [--
 Writes bench/results/routing.md (routing-quick.md with --quick; with --machine, routing-<name>[-quick].md)."""
 import argparse
 import contextlib
+import glob
 import io
+import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -45,9 +48,6 @@ def load_machine(path):
 def dump_run(directory, start, seed, cache, judgement):
     """Keep what a run leaves for reading later: the demo's telemetry and the model files of its cache
     dir, and one line per judged call holding its auto, forced-CPU and forced-GPU events."""
-    import glob
-    import json
-    import shutil
     os.makedirs(directory, exist_ok=True)
     tag = f"{start}-s{seed}"
     for path in glob.glob(os.path.join(cache, "**", "*.json*"), recursive=True):

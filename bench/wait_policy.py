@@ -1,7 +1,8 @@
 """CPU call times under OpenMP wait settings, each in its own process (libgomp reads them once, when it
 loads): hipsched's default (OMP_WAIT_POLICY=PASSIVE: team threads sleep at once), a short spin before
-sleeping (GOMP_SPINCOUNT=10000), and the default on half the threads. Forced-CPU calls 0.2 ms apart, as a program's calls come: add of 128K
-and 4M floats, top_k over 7 MB and 38 MB corpora, a 64 MB matvec; mean, p50, p90 and max in us.
+sleeping (GOMP_SPINCOUNT=10000), and the default on half the threads. Forced-CPU calls 0.2 ms apart, as
+a program's calls come: add of 128K and 4M floats, top_k over 7 MB and 38 MB corpora, a 64 MB matvec;
+mean, p50, p90 and max in us.
 
 Usage: python bench/wait_policy.py [--calls N]
 Writes bench/results/wait_policy.md."""
@@ -46,9 +47,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     ncpu = os.cpu_count() or 1
+    half = str(max(1, ncpu // 2))
     settings = [("hipsched default (PASSIVE)", {}),
                 ("GOMP_SPINCOUNT=10000", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10000"}),
-                (f"default, HIPSCHED_NUM_THREADS={max(1, ncpu // 2)}", {"HIPSCHED_NUM_THREADS": str(max(1, ncpu // 2))})]
+                (f"default, HIPSCHED_NUM_THREADS={half}", {"HIPSCHED_NUM_THREADS": half})]
     lines = [f"## CPU calls under OpenMP wait settings ({platform.machine()}, {ncpu} CPUs; {args.calls} calls each, "
              "0.2 ms apart, forced CPU; microseconds)", "", "| setting | call | mean | p50 | p90 | max |",
              "|---|---|---|---|---|---|"]
@@ -56,8 +58,8 @@ def main(argv=None):
         r = subprocess.run([sys.executable, "-c", CHILD, str(args.calls)], env={**base, **env}, capture_output=True,
                            text=True, timeout=600)
         if r.returncode != 0:
-            lines.append(f"| {label} | failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode} |"
-                         " | | | |")
+            why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit status {r.returncode}"
+            lines.append(f"| {label} | failed: {why} | | | | |")
             continue
         for row in r.stdout.splitlines():
             lines.append(f"| {label} | " + " | ".join(row.split("|")) + " |")

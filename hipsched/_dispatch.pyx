@@ -214,8 +214,9 @@ cdef class FastPath:
                 self._settle(size, flags, commit, d)
                 if commit:
                     # its large host inputs were passed all the same: a later call over them shares
-                    # their upload with this one
-                    self.uploads.count(call, self._resident_gain(call))
+                    # their upload with this one. Settled without copies, d holds the predictions
+                    # _resident_gain would ask the core for again
+                    self.uploads.count(call, d.pc - d.pg if d.pc > d.pg else 0.0)
                 else:
                     # a question gets the call's decision, and the GPU's estimate with its copies
                     flags_o, h2d_o, d2h_o, detail, real_o = self._gpu_terms(call, flags, entry[2], False)

@@ -69,13 +69,10 @@ class UploadSharing:
         saved = 0.0
         gain = resident_gain(call)
         with self.lock:
-            uses = self.uses
             history = self.gain_history
             per_byte = sorted(history)[len(history) // 2] if len(history) >= _USE_HISTORY_MIN else 0.0
             for a, trusted, resident, keeps in judged.inputs:
-                e = uses.get(id(a))
-                if e is not None and e[0]() is not a:   # a dead array's id, reused
-                    e = None
+                e = self._live_entry(a)
                 k = e[1] if e is not None else 0
                 # an input a GPU run already took and that this call would upload again was not kept
                 # (a backend without a resident cache, or evicted): its uploads are not shared
@@ -93,17 +90,19 @@ class UploadSharing:
     def count(self, call, gain: float) -> None:
         """Count the uses of `call`'s large host inputs as `charge(..., commit=True)` does, for a call
         decided without the GPU's judgement (one the GPU lost with its copies free: `gain`, what the
-        model predicts it would save with its inputs resident, is then 0). Its inputs were passed all
-        the same: a later call over them shares their upload with this one, as it always did."""
+        model predicts it would save with its inputs resident, is small or 0 there). Its inputs were
+        passed all the same: a later call over them shares their upload with this one."""
         arrays = host_arrays(call.args, REUSE_MIN_BYTES)
         if not arrays:
             return
         with self.lock:
             for a, _ in arrays:
-                e = self.uses.get(id(a))
-                if e is not None and e[0]() is not a:
-                    e = None
-                self._count(a, e, gain)
+                self._count(a, self._live_entry(a), gain)
+
+    def _live_entry(self, a):
+        """The uses entry of host input `a`, or None (none yet, or a dead array's id reused)."""
+        e = self.uses.get(id(a))
+        return e if e is not None and e[0]() is a else None
 
     def _count(self, a, e, gain: float) -> None:
         """One more use of host input `a` (`e`: its live entry, or None), under the lock."""
@@ -132,6 +131,6 @@ class UploadSharing:
         of them that would upload it again shows it was not kept (see `charge`)."""
         with self.lock:
             for a, *_ in call.judged.inputs:
-                e = self.uses.get(id(a))
-                if e is not None and e[0]() is a:
+                e = self._live_entry(a)
+                if e is not None:
                     e[2] = True
