@@ -198,6 +198,9 @@ cdef class FastPath:
         cdef int r
         hs_lock(&self.core.lock)
         r = self.core._decide(self.core.slots[d.slot], size, d.h2d, d.d2h, flags, &d.pc, &d.pg, commit)
+        if commit:
+            # the call's predicted time is the side's work until its record (SchedCore._hold)
+            self.core._hold(r & 1, d.pc if r & 1 == CPU else d.pg, r & 1 == GPU and flags & F_ON_DEVICE)
         hs_unlock(&self.core.lock)
         d.backend = r & 1
         d.reason = r >> 1
@@ -249,11 +252,17 @@ cdef class FastPath:
                             detail)
 
     def run(self, str op, backend, stream, *args, **kwargs):
-        return self._run(op, backend, stream, args, kwargs, True)
+        try:
+            return self._run(op, backend, stream, args, kwargs, True)
+        finally:
+            self.core._release()   # a call that ended without its record still leaves its side's work
 
     def run_whole(self, str op, backend, stream, *args, **kwargs):
         """run, never splitting the call across processors (an op method's split=False)."""
-        return self._run(op, backend, stream, args, kwargs, False)
+        try:
+            return self._run(op, backend, stream, args, kwargs, False)
+        finally:
+            self.core._release()
 
     cdef object _run(self, str op, backend, stream, tuple args, dict kwargs, bint split):
         cdef Decision d

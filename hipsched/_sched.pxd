@@ -87,6 +87,15 @@ cdef struct Counters:      # exact per-executor totals (only ever changed under 
     double cpu_time_us
     double gpu_time_us
 
+cdef struct Load:          # one side's work in flight (docs/design/scheduling.md, "Under load"); under the lock
+    int inflight           # calls committed to the side and not yet finished
+    double work_us         # their predicted times, summed
+    double done_us         # predicted times of the calls finished since the side last went busy
+    long long busy_since_ns
+    long long queued_until_ns   # predicted end of device work left queued (it drains by the clock)
+    double area_us         # the integral of inflight over time, for a finished call's mean concurrency
+    long long area_at_ns   # when area_us was brought up to date
+
 cdef struct Params:
     int window
     double min_batch       # config allows any integer >= 0 (2**40: never the GPU)
@@ -138,6 +147,7 @@ cdef class SchedCore:
     cdef int nops
     cdef Counters c
     cdef Link link
+    cdef Load load[2]
     cdef char lock
     cdef dict slot_ids
     cdef dict op_ids
@@ -156,3 +166,6 @@ cdef class SchedCore:
     cdef void _sample_parts(self, Slot *s, double size, double kernel_us, double up_bytes,
                             double up_us) noexcept nogil
     cdef double _h2d_us(self, double h2d) noexcept nogil
+    cdef double _backlog(self, int side, long long now) noexcept nogil
+    cdef void _hold(self, int side, double t_us, bint queued) noexcept nogil
+    cdef void _release(self) noexcept

@@ -60,6 +60,61 @@ DEF UNSURE_COPY_BYTES = 67108864.0
 DEF COPY_DOMINATED_SHARE = 0.5
 
 
+# The calls this thread has committed and not yet finished, per core and side (at most a few: a call
+# holds one side, a call nested in another's run one more). Thread-local so that closing them needs no
+# search across threads; the Load they count into is changed under its core's lock.
+cdef extern from *:
+    """
+    typedef struct { void *load; char *lock; int queued; double t_us; long long t0_ns; double area0; } hs_held_t;
+    #define HS_MAX_HELD 4
+    static __thread hs_held_t hs_held[HS_MAX_HELD];
+    static __thread int hs_nheld;
+    """
+    ctypedef struct hs_held_t:
+        void *load
+        char *lock
+        int queued
+        double t_us
+        long long t0_ns
+        double area0
+    enum: HS_MAX_HELD
+    hs_held_t hs_held[HS_MAX_HELD]
+    int hs_nheld
+
+
+cdef inline void _load_touch(Load *L, long long now) noexcept nogil:
+    L.area_us += L.inflight * (now - L.area_at_ns) * 1e-3
+    L.area_at_ns = now
+
+
+cdef inline void _load_finish(hs_held_t *e, long long now, bint queued_left) noexcept nogil:
+    """A held call is over (its side's lock held): its predicted time leaves the side's work; device work
+    it left queued stays on the side's clock for what remains of its prediction."""
+    cdef Load *L = <Load *>e.load
+    cdef double rest
+    _load_touch(L, now)
+    L.inflight -= 1
+    L.work_us -= e.t_us
+    L.done_us += e.t_us
+    if L.inflight <= 0:
+        L.inflight = 0
+        L.work_us = L.done_us = 0
+    if queued_left:
+        rest = e.t_us - (now - e.t0_ns) * 1e-3
+        if rest > 0:
+            if L.queued_until_ns < now:
+                L.queued_until_ns = now
+            L.queued_until_ns += <long long>(rest * 1e3)
+
+
+cdef inline void _held_drop(int i) noexcept nogil:
+    global hs_nheld
+    cdef int j
+    for j in range(i, hs_nheld - 1):
+        hs_held[j] = hs_held[j + 1]
+    hs_nheld -= 1
+
+
 # The backends' indices, for Python callers of SchedCore's methods (a cpdef enum, which Python could
 # read, cannot index the model's C arrays)
 BACKEND_CPU = CPU
@@ -259,6 +314,84 @@ cdef class SchedCore:
                     return t * self.link.ratio[b + d]
         return t
 
+    cdef double _backlog(self, int side, long long now) noexcept nogil:
+        """Predicted us until the side has finished the work committed to it (under the lock): the
+        predicted times of its calls in flight less the time it has spent on them, and what remains of
+        device work left queued. (Several CPU calls share the cores, and a GPU runs its stream's work in
+        order: either way the side is through with all of it after about the sum of their times.)"""
+        cdef Load *L = &self.load[side]
+        cdef double r = 0, spent
+        if L.inflight > 0:
+            spent = (now - L.busy_since_ns) * 1e-3 - L.done_us
+            r = L.work_us - (spent if spent > 0 else 0)
+            if r < 0:
+                r = 0
+        if L.queued_until_ns > now:
+            r += (L.queued_until_ns - now) * 1e-3
+        return r
+
+    cdef void _hold(self, int side, double t_us, bint queued) noexcept nogil:
+        """A committed decision (under the lock): the call's predicted time joins the side's work until
+        its record (or the end of its run: _release) takes it off."""
+        global hs_nheld
+        cdef Load *L = &self.load[side & 1]
+        cdef long long now = now_ns()
+        cdef hs_held_t *e
+        if hs_nheld >= HS_MAX_HELD:
+            return
+        if not (t_us >= 0 and isfinite(t_us)):
+            t_us = 0   # a side not yet known (its first run): nothing predicted to wait for
+        _load_touch(L, now)
+        if L.inflight == 0:
+            L.busy_since_ns = now
+            L.work_us = L.done_us = 0
+        L.inflight += 1
+        L.work_us += t_us
+        e = &hs_held[hs_nheld]
+        e.load = <void *>L
+        e.lock = &self.lock
+        e.queued = queued
+        e.t_us = t_us
+        e.t0_ns = now
+        e.area0 = L.area_us
+        hs_nheld += 1
+
+    cdef void _release(self) noexcept:
+        """Ends this thread's held calls that no record ended (a run that raised, a question's hold):
+        called at the end of each dispatched call, on any core's calls."""
+        global hs_nheld
+        cdef long long now
+        cdef char *lk
+        while hs_nheld > 0:
+            lk = hs_held[hs_nheld - 1].lock
+            hs_lock(lk)
+            now = now_ns()
+            _load_finish(&hs_held[hs_nheld - 1], now, False)
+            hs_nheld -= 1
+            hs_unlock(lk)
+
+    def hold(self, int backend, double predicted_us, bint queued=False):
+        """Commits a call of `predicted_us` to a side for this thread, as a dispatched decision does,
+        until a record of that side on this thread or release() ends it (for tests and Python paths)."""
+        hs_lock(&self.lock)
+        self._hold(backend & 1, predicted_us, queued)
+        hs_unlock(&self.lock)
+
+    def release(self):
+        """Ends this thread's held calls (see _release)."""
+        self._release()
+
+    def backlog(self):
+        """(cpu us, gpu us): the predicted time until each side has finished the work committed to it."""
+        cdef double c, g
+        cdef long long now
+        hs_lock(&self.lock)
+        now = now_ns()
+        c = self._backlog(CPU, now)
+        g = self._backlog(GPU, now)
+        hs_unlock(&self.lock)
+        return c, g
+
     cdef double _xfer(self, double h2d, double d2h) noexcept nogil:
         cdef double t = self._h2d_us(h2d)
         if d2h > 0:
@@ -277,6 +410,8 @@ cdef class SchedCore:
         cdef long long calls
         cdef double c, g, kc, kg, uc = 0, ug = 0, copies, cc = 0, cg = 0, best, lcb, lcb_best, excess, se
         cdef int loser
+        cdef double blc = 0, blg = 0
+        cdef long long now
         kc = _side_predict(s, CPU, size, &uc)
         kg = _side_predict(s, GPU, size, &ug)
         # the copies are paid by the side the data is not on: host data goes up and back for the GPU,
@@ -290,6 +425,16 @@ cdef class SchedCore:
         g = kg + cg
         pc[0] = c
         pg[0] = g
+        # the work already committed to each side, when any: a call finishes after the side's backlog
+        # (device inputs are ready no sooner than the GPU's queue ends, so a CPU run of them waits too);
+        # one caller alone has none, or the same on both sides, and is decided as before
+        if self.load[CPU].inflight or self.load[GPU].inflight or self.load[GPU].queued_until_ns \
+                or self.load[CPU].queued_until_ns:
+            now = now_ns()
+            blc = self._backlog(CPU, now)
+            blg = self._backlog(GPU, now)
+            if on_device and blg > blc:
+                blc = blg
         # 1. what the user asked for
         if p.force_cpu or flags & F_WANT_CPU:
             return CPU | R_USER_PREFERENCE << 1
@@ -345,7 +490,12 @@ cdef class SchedCore:
             return CPU | R_COST_MODEL << 1
         if isnan(c):
             return GPU | R_COST_MODEL << 1
-        # 7. explore the predicted loser while it could still win (EXPLORE_Z of its uncertainty below its
+        # 7. under load (docs/design/scheduling.md, "Under load"): the earliest predicted finish, the
+        # GPU needing the configured speedup on its own time; nothing explored (the runs would measure
+        # the contention as much as the side)
+        if blc != blg:
+            return (GPU if blg + g * p.speedup_threshold < blc + c else CPU) | R_COST_MODEL << 1
+        # 8. explore the predicted loser while it could still win (EXPLORE_Z of its uncertainty below its
         # prediction, copies kept: they are measured, not guessed) and the budget allows; its copies alone
         # losing rule it out
         loser = CPU if g * p.speedup_threshold < c else GPU
@@ -379,7 +529,7 @@ cdef class SchedCore:
             if p.reprobe_period > 0 and calls % p.reprobe_period == 0 and \
                     (c if loser == CPU else g) < REPROBE_MAX_RATIO * best:
                 return loser | R_EXPLORING << 1
-        # 8. the cost model: least predicted completion time, the GPU needing the configured speedup; two
+        # 9. the cost model: least predicted completion time, the GPU needing the configured speedup; two
         # sides within their noise of each other are a tie, which leaves data where it is
         # (measured at this size on both sides, three times each: a guess's uncertainty is not noise, and
         # must not decide)
@@ -506,10 +656,30 @@ cdef class SchedCore:
 
     cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
                       bint ok, bint final, bint fallback) noexcept nogil:
+        cdef double sample_us = dur_us, wall, overlap
+        cdef long long now
+        cdef int i
+        cdef hs_held_t *e
+        # this thread's call held on the side ends here. Other calls that shared the side while it ran
+        # stretched its time: the sample is its time over their mean number (the integral of the
+        # side's calls in flight over its run, per unit of its run), what it would have taken alone
+        # when the side's calls share it, and on average when they queue. Alone: its time as measured.
+        for i in range(hs_nheld):
+            e = &hs_held[i]
+            if e.load == <void *>&self.load[backend]:
+                now = now_ns()
+                _load_touch(&self.load[backend], now)
+                wall = (now - e.t0_ns) * 1e-3
+                overlap = self.load[backend].area_us - e.area0
+                if ok and dur_us > 0 and wall > 0 and overlap > wall:
+                    sample_us = dur_us * wall / overlap
+                _load_finish(e, now, e.queued and ok and dur_us < 0)
+                _held_drop(i)
+                break
         if backend == GPU:
             self._health(&self.hl[s.op_index], ok)
         if ok:
-            self._sample(s, backend, size, dur_us, h2d, d2h)
+            self._sample(s, backend, size, sample_us, h2d, d2h)
         if final:
             self.c.total += 1
             if fallback:

@@ -1,0 +1,148 @@
+"""Decisions under load: each side's work in flight (SchedCore's Load) moves a call to the side where it
+finishes first, one caller alone is decided as before, and a run that shared its side is learned as
+what it would have taken alone. The core is driven with scripted times and holds made on purpose, so
+the schedule is exact; the Executor's threads are checked with a fake GPU in tests/sched/test_submit.py."""
+import threading
+import time
+
+import pytest
+
+from hipsched import _sched
+from hipsched.scheduling import REASONS, SelectionReason as R
+
+ALL = _sched.F_GPU_PRESENT | _sched.F_GPU_SUPPORTS | _sched.F_FITS
+CPU, GPU = _sched.BACKEND_CPU, _sched.BACKEND_GPU
+N = 1 << 20
+
+
+def measured(cpu_us=5600.0, gpu_us=3700.0, samples=8):
+    """A core whose top_k at size N is measured on both sides, the issue's machine: the GPU faster."""
+    c = _sched.SchedCore(reprobe_interval=0)
+    c.set_transfer(0.0, 1e6, 0.0, 1e6)
+    s = c.slot("top_k", "float32")
+    for _ in range(samples):
+        c.record(s, CPU, N, cpu_us)
+        c.record(s, GPU, N, gpu_us)
+    return c, s
+
+
+def side(c, s, flags=ALL):
+    be, r, pc, pg = c.decide(s, N, 0, 0, flags, False)
+    return ("cpu", "gpu")[be], REASONS[r]
+
+
+def held_elsewhere(c, holds):
+    """Commits `holds` [(side, predicted us)] from another thread, as its calls in flight would."""
+    done = threading.Event()
+
+    def hold():
+        for be, us in holds:
+            c.hold(be, us)
+        done.set()
+    t = threading.Thread(target=hold)
+    t.start()
+    t.join()
+    assert done.is_set()
+
+
+def test_alone_the_faster_side_takes_the_call():
+    c, s = measured()
+    assert side(c, s) == ("gpu", R.COST_MODEL)
+    assert c.backlog() == (0.0, 0.0)
+
+
+def test_a_busy_gpu_sends_the_next_call_to_the_idle_cpu():
+    c, s = measured()
+    held_elsewhere(c, [(GPU, 3700.0)])          # another thread's call runs on the GPU
+    # GPU: 3.7 ms queued + 3.7 ms; CPU: 5.6 ms
+    assert side(c, s) == ("cpu", R.COST_MODEL)
+    cpu_bl, gpu_bl = c.backlog()
+    assert cpu_bl == 0.0 and 3000.0 < gpu_bl <= 3700.0
+
+
+def test_work_on_both_sides_is_compared_as_finishing_times():
+    c, s = measured()
+    held_elsewhere(c, [(GPU, 3700.0), (CPU, 5600.0)])
+    # GPU finishes at 7.4 ms, the CPU at 11.2 ms: the GPU, although it has work too
+    assert side(c, s) == ("gpu", R.COST_MODEL)
+    held_elsewhere(c, [(GPU, 3700.0), (GPU, 3700.0)])
+    # GPU at 14.8 ms against the CPU's 11.2
+    assert side(c, s) == ("cpu", R.COST_MODEL)
+
+
+def test_the_backlog_drains_with_the_clock():
+    c, s = measured(cpu_us=50_000.0, gpu_us=20_000.0)
+    held_elsewhere(c, [(GPU, 40_000.0)])
+    assert side(c, s) == ("cpu", R.COST_MODEL)   # 60 ms against 50 ms
+    time.sleep(0.03)                             # 30 ms of the GPU's 40 spent: about 10 left
+    assert side(c, s) == ("gpu", R.COST_MODEL)
+    assert c.backlog()[1] <= 10_000.0
+
+
+def test_a_record_ends_the_threads_hold_and_learns_its_time_alone():
+    c, s = measured()
+    c.hold(GPU, 3700.0)
+    assert c.backlog()[1] > 0
+    c.record(s, GPU, N, 3700.0)
+    assert c.backlog() == (0.0, 0.0)
+    c.hold(CPU, 100.0)
+    c.release()
+    assert c.backlog() == (0.0, 0.0)
+
+
+def test_device_inputs_wait_for_the_gpu_queue_on_either_side():
+    c, s = measured(cpu_us=5600.0, gpu_us=3700.0)
+    held_elsewhere(c, [(GPU, 50_000.0)])
+    # a CPU run of device data copies them after the GPU's queue ends: no better than the GPU
+    assert side(c, s, ALL | _sched.F_ON_DEVICE) == ("gpu", R.COST_MODEL)
+    assert side(c, s) == ("cpu", R.COST_MODEL)
+
+
+def test_a_run_that_shared_its_side_is_learned_as_its_time_alone():
+    # four calls share the CPU for 4 x 1 ms: each took 4 ms of wall time, and is learned as 1 ms
+    c = _sched.SchedCore(reprobe_interval=0)
+    s = c.slot("top_k", "float32")
+    barrier = threading.Barrier(4)
+    held = threading.Barrier(4)
+
+    def call():
+        barrier.wait()
+        c.hold(CPU, 1000.0)
+        held.wait()             # all four in flight before any ends
+        time.sleep(0.02)
+        c.record(s, CPU, N, 20_000.0)
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    learned = c.predict(s, CPU, N)
+    # the four overlapped for nearly all of their 20 ms: each is learned near 5 ms, far below 20
+    assert 3000.0 < learned < 10_000.0, learned
+    assert c.backlog() == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_concurrent_deciders_spread_over_both_sides(threads):
+    """Callers that decide at once (each holding its call until all have decided) do not all take the
+    faster side: the schedule is the earliest-finish one."""
+    c, s = measured()
+    barrier = threading.Barrier(threads)
+    picks = []
+    lock = threading.Lock()
+
+    def caller(i):
+        barrier.wait()
+        with lock:              # one at a time, in a fixed order, so the expected schedule is exact
+            be, r, pc, pg = c.decide(s, N, 0, 0, ALL, True)
+            c.hold(be, pc if be == CPU else pg)
+            picks.append(be)
+        barrier.wait()          # every call in flight at once
+        c.release()
+    ts = [threading.Thread(target=caller, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    # GPU (finishes at 3.7 ms), CPU (5.6 < 7.4), GPU (7.4 < 11.2), GPU (11.1 < 11.2)
+    assert picks == [GPU, CPU, GPU, GPU][:threads], picks
