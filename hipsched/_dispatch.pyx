@@ -251,6 +251,10 @@ cdef class FastPath:
             self.tel.record(op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc, d.pg, stream, None,
                             detail)
 
+    def _want_checked(self, str op, backend):
+        """Raises the ValueError a call with this `backend` would (for a call submitted to run later)."""
+        self._want(op, backend)
+
     def run(self, str op, backend, stream, *args, **kwargs):
         try:
             return self._run(op, backend, stream, args, kwargs, True)

@@ -90,8 +90,8 @@ cdef struct Counters:      # exact per-executor totals (only ever changed under 
 cdef struct Load:          # one side's work in flight (docs/design/scheduling.md, "Under load"); under the lock
     int inflight           # calls committed to the side and not yet finished
     double work_us         # their predicted times, summed
-    double done_us         # predicted times of the calls finished since the side last went busy
-    long long busy_since_ns
+    long long since_ns     # when the side went busy, or its last call in flight finished since: the
+                           # work in flight has had the side from then on
     long long queued_until_ns   # predicted end of device work left queued (it drains by the clock)
     double area_us         # the integral of inflight over time, for a finished call's mean concurrency
     long long area_at_ns   # when area_us was brought up to date

@@ -95,10 +95,10 @@ cdef inline void _load_finish(hs_held_t *e, long long now, bint queued_left) noe
     _load_touch(L, now)
     L.inflight -= 1
     L.work_us -= e.t_us
-    L.done_us += e.t_us
+    L.since_ns = now
     if L.inflight <= 0:
         L.inflight = 0
-        L.work_us = L.done_us = 0
+        L.work_us = 0
     if queued_left:
         rest = e.t_us - (now - e.t0_ns) * 1e-3
         if rest > 0:
@@ -316,14 +316,17 @@ cdef class SchedCore:
 
     cdef double _backlog(self, int side, long long now) noexcept nogil:
         """Predicted us until the side has finished the work committed to it (under the lock): the
-        predicted times of its calls in flight less the time it has spent on them, and what remains of
-        device work left queued. (Several CPU calls share the cores, and a GPU runs its stream's work in
-        order: either way the side is through with all of it after about the sum of their times.)"""
+        predicted times of its calls in flight less the time they have had the side since it went busy
+        or since the last of its calls finished (in a queue the next call starts then; calls that share
+        the cores have all been running since), and what remains of device work left queued. Several
+        CPU calls share the cores, and a GPU runs its stream's work in order: either way the side is
+        through with all of it after about the sum of their times. (Counting from the last finish, not
+        from when the side went busy, keeps calls that ran over their prediction from eating the
+        predictions of the calls after them.)"""
         cdef Load *L = &self.load[side]
-        cdef double r = 0, spent
+        cdef double r = 0
         if L.inflight > 0:
-            spent = (now - L.busy_since_ns) * 1e-3 - L.done_us
-            r = L.work_us - (spent if spent > 0 else 0)
+            r = L.work_us - (now - L.since_ns) * 1e-3
             if r < 0:
                 r = 0
         if L.queued_until_ns > now:
@@ -343,8 +346,8 @@ cdef class SchedCore:
             t_us = 0   # a side not yet known (its first run): nothing predicted to wait for
         _load_touch(L, now)
         if L.inflight == 0:
-            L.busy_since_ns = now
-            L.work_us = L.done_us = 0
+            L.since_ns = now
+            L.work_us = 0
         L.inflight += 1
         L.work_us += t_us
         e = &hs_held[hs_nheld]

@@ -27,6 +27,7 @@ from .ops import OPS
 from .ops.base import Call
 from .resident_array import ResidentArray
 from .splitting import Side, Splitter
+from .submission import Submitter
 from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
                          PerformanceTracker, us_or_none)
 
@@ -189,6 +190,8 @@ class Executor:
             self._save_at_exit = weakref.finalize(self, _save_models, (self._model, *self._device_models))
         if self._gpu_present and not self._model.transfer_known:
             self._measure_transfer()
+        # calls submitted without waiting (hipsched/submission.py): threads started on the first one
+        self._submitter = Submitter(self, 1 + (1 + len(others) if self._gpu_present else 0))
 
     def _device_core(self):
         """The model and circuit breaker of one further GPU: a core whose GPU side is that device, deciding
@@ -228,7 +231,29 @@ class Executor:
                 m.save()
         return self._model.save(path)
 
-    # ------------------------------------------------------------------ the hot path
+    # ------------------------------------------------------------------ calls in flight
+    def submit(self, op, *args, backend="auto", stream=None, split=None, **kwargs):
+        """Runs `op` (a name of hipsched.OPS) on `args` without waiting: returns a
+        concurrent.futures.Future of what `getattr(ex, op)(*args, ...)` returns. A Future among the
+        arguments is a dependency (the call starts once it is done; its result is passed as it is, a
+        device array staying on the device). Inside `with ex.batch():` the call is planned with the
+        block's others when the block ends. The same as the op method's `wait=False`."""
+        if op not in self._prepare:
+            raise ValueError(f"submit: no op {op!r}; hipsched.OPS lists them")
+        self._fast._want_checked(op, backend)
+        return self._submitter.submit(op, backend, stream, split, args, kwargs)
+
+    def _submitted(self, op, backend, stream, split, wait, *args, **kwargs):
+        if wait is not False:
+            raise TypeError(f"{op}: wait must be True or False, got {wait!r}")
+        return self.submit(op, *args, backend=backend, stream=stream, split=split, **kwargs)
+
+    def batch(self):
+        """`with ex.batch() as b:` collects the calls submitted in the block (ex.submit, wait=False,
+        b.submit) and, when it ends, plans them over the CPU and the GPU together (earliest finish,
+        longest first) and starts them; b.plan then holds the plan, b.results() waits for them all."""
+        return self._submitter.batch()
+
     # ------------------------------------------------------------------ residency
     def resident(self, array, *, copy=False):
         """Keep `array` on the GPU for the long run -> a ResidentArray handle (hipsched.resident_array).
@@ -362,6 +387,7 @@ class Executor:
         if self._closed:
             return
         self._closed = True
+        self._submitter.close()      # submitted calls finish first: none is lost
         self._fast.learn_pending()   # what has run by now still counts for the saved model
         self._fast.forget_plans()
         if self._fast.splitter is not None:
@@ -391,7 +417,7 @@ class Executor:
 # go straight on to _run, required ones positionally and those with a default by keyword, with no
 # binding work per call. Adding an op takes no edit of this class. split=False keeps the call whole on
 # one side (the config's `split` turns splitting off for every call); True or None leave it to the model.
-_OP_METHOD_NAMES = ("self", "backend", "stream", "split")
+_OP_METHOD_NAMES = ("self", "backend", "stream", "split", "wait")
 
 
 def _op_method(name, spec):
@@ -426,13 +452,15 @@ def _op_method(name, spec):
     if last_positional_only:
         params.insert(last_positional_only, "/")
     # backend, stream and split go before a **kwargs (keyword-only either way)
-    own = ([] if kw_only else ["*"]) + ['backend="auto"', "stream=None", "split=None"]
+    own = ([] if kw_only else ["*"]) + ['backend="auto"', "stream=None", "split=None", "wait=True"]
     if params and params[-1].startswith("**"):
         params[-1:-1] = own
     else:
         params += own
     rest = ''.join(', ' + a for a in call_args)
     src = (f"def {name}(self, {', '.join(params)}):\n"
+           f"    if wait is not True:\n"
+           f"        return self._submitted({name!r}, backend, stream, split, wait{rest})\n"
            f"    if split is False:\n"
            f"        return self._run_whole({name!r}, backend, stream{rest})\n"
            f"    return self._run({name!r}, backend, stream{rest})\n")

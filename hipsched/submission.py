@@ -1,0 +1,270 @@
+"""Calls submitted without waiting: `Executor.submit` and each op method's `wait=False` return a
+`concurrent.futures.Future` (so `as_completed`, `wait` and asyncio's `wrap_future` work), and
+`Executor.batch()` places a block of calls together (docs/design/scheduling.md, "Under load").
+
+A submitted call runs on one of the executor's submission threads, through the same dispatch path as a
+call that waits: its decision counts the work already committed to each side (SchedCore's backlog), so
+calls submitted together spread over the CPU and the GPU. A Future (or a device result) passed as an
+input is a dependency: the call is queued once its inputs are ready, and an input produced on the GPU
+(a device array) is passed on as it is, so a chain on device data never copies its intermediates to the
+host; `.result()` gives what the call that waits would have returned. A cancelled call that has not
+started never runs; a failed input fails its dependants with the op and the argument named.
+
+A batch collects its calls and, when its block ends, plans them as a list schedule (HEFT: the call with
+the longest predicted path to the batch's end first, each to the side where it is predicted to finish
+earliest, its copies counted), then runs each side's calls in the plan's order on a thread of its own.
+A call whose inputs are other calls of the batch cannot be measured before they have run: it is decided
+by the backlog rule when its inputs are ready. Each call's telemetry event carries the plan (its scope's
+tags: the batch, the planned side and start, and what it waited for)."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextvars
+import itertools
+import threading
+import time
+
+from . import _sched
+from .errors import HipschedError
+
+# Threads that run submitted calls: two per side (one running, one deciding and waiting for the side),
+# so each side has its next call ready; more would only add calls contending for the same side.
+THREADS_PER_SIDE = 2
+
+_batch_ids = itertools.count(1)
+_local = threading.local()
+
+
+class SubmittedCallError(HipschedError):
+    """A submitted call could not run because one of its inputs failed or was cancelled."""
+
+
+def _futures_in(args, kwargs):
+    """[(argument name, Future)] among a call's inputs (positional ones named by index)."""
+    found = [(f"argument {i}", a) for i, a in enumerate(args) if isinstance(a, cf.Future)]
+    found += [(f"argument {k!r}", v) for k, v in kwargs.items() if isinstance(v, cf.Future)]
+    return found
+
+
+def _resolved(args, kwargs):
+    return (tuple(a.result() if isinstance(a, cf.Future) else a for a in args),
+            {k: (v.result() if isinstance(v, cf.Future) else v) for k, v in kwargs.items()})
+
+
+class _Pending:
+    """One submitted call: what to run, its future, and the context (telemetry scope) it was made in."""
+    __slots__ = ("op", "backend", "stream", "split", "args", "kwargs", "future", "context", "submitted_ns")
+
+    def __init__(self, op, backend, stream, split, args, kwargs):
+        self.op, self.backend, self.stream, self.split = op, backend, stream, split
+        self.args, self.kwargs = args, kwargs
+        self.future = cf.Future()
+        self.context = contextvars.copy_context()
+        self.submitted_ns = time.perf_counter_ns()
+
+
+class Submitter:
+    """The submission threads of one Executor (started on the first submitted call)."""
+
+    def __init__(self, executor, sides: int):
+        self._ex = executor
+        self._threads = max(2, THREADS_PER_SIDE * sides)
+        self._pool = None
+        self._lock = threading.Lock()
+
+    def _pool_now(self):
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self._threads, thread_name_prefix="hipsched-submit")
+            return self._pool
+
+    def submit(self, op, backend, stream, split, args, kwargs) -> cf.Future:
+        call = _Pending(op, backend, stream, split, args, kwargs)
+        batch = getattr(_local, "batch", None)
+        if batch is not None and batch.submitter is self:
+            batch.calls.append(call)
+            return call.future
+        self._when_ready(call, lambda: self._pool_now().submit(self._run, call))
+        return call.future
+
+    def _when_ready(self, call, start):
+        """Calls `start` once every Future among the call's inputs is done (at once when none is); an
+        input that failed fails the call instead, naming it."""
+        deps = _futures_in(call.args, call.kwargs)
+        if not deps:
+            start()
+            return
+        left = [len(deps)]
+        lock = threading.Lock()
+
+        def one_done(_):
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            for name, dep in deps:
+                err = "was cancelled" if dep.cancelled() else None
+                if err is None and dep.exception() is not None:
+                    err = f"failed: {type(dep.exception()).__name__}: {dep.exception()}"
+                if err is not None:
+                    if call.future.set_running_or_notify_cancel():
+                        e = SubmittedCallError(f"{call.op}: its input {name} {err}")
+                        e.__cause__ = None if dep.cancelled() else dep.exception()
+                        call.future.set_exception(e)
+                    return
+            start()
+        for _, dep in deps:
+            dep.add_done_callback(one_done)
+
+    def _run(self, call, backend=None, scope=None):
+        """Runs one call on this thread (a call cancelled before it started does not run)."""
+        if not call.future.set_running_or_notify_cancel():
+            return
+        try:
+            args, kwargs = _resolved(call.args, call.kwargs)
+            run = self._ex._run_whole if call.split is False else self._ex._run
+            b = call.backend if backend is None else backend
+            if scope is None:
+                out = call.context.run(run, call.op, b, call.stream, *args, **kwargs)
+            else:
+                out = call.context.run(self._scoped, scope, run, call.op, b, call.stream, args, kwargs)
+        except BaseException as e:  # the caller sees it from .result(), as the call would have raised it
+            call.future.set_exception(e)
+        else:
+            call.future.set_result(out)
+
+    def _scoped(self, tags, run, op, backend, stream, args, kwargs):
+        with self._ex.scope("batch", **tags):
+            return run(op, backend, stream, *args, **kwargs)
+
+    def batch(self):
+        return Batch(self)
+
+    def close(self):
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+class Batch:
+    """`with ex.batch() as b:` collects the calls submitted on this thread (ex.submit, an op's
+    wait=False, or b.submit) and plans and starts them when the block ends. `b.plan` is then
+    [(call index, op, side, predicted start us, predicted finish us)] in the plan's order."""
+
+    def __init__(self, submitter):
+        self.submitter = submitter
+        self.calls = []
+        self.plan = []
+        self.id = next(_batch_ids)
+        self._outer = None
+
+    def submit(self, op, *args, backend="auto", stream=None, split=None, **kwargs):
+        return self.submitter._ex.submit(op, *args, backend=backend, stream=stream, split=split, **kwargs)
+
+    def __enter__(self):
+        self._outer = getattr(_local, "batch", None)
+        _local.batch = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _local.batch = self._outer
+        if exc_type is not None:
+            for c in self.calls:
+                c.future.cancel()
+            return False
+        self._start()
+        return False
+
+    def results(self, timeout=None):
+        """Every call's result, in submission order (waits for them)."""
+        return [c.future.result(timeout) for c in self.calls]
+
+    # ------------------------------------------------------------------ planning
+    def _costs(self, call):
+        """(cpu us, gpu us or None): the call's predicted time on each side it may run on, its copies
+        counted (the decision core's predictions for the call as it would be decided now)."""
+        ex = self.submitter._ex
+        spec_prepare = ex._prepare[call.op]
+        prepared = spec_prepare(*call.args, **call.kwargs)
+        be, reason, pc, pg, _ = ex._fast.decide_call(prepared, call.backend)
+        if call.backend == "auto":
+            gpu_ok = _REASONS[reason] not in _CPU_ONLY_REASONS
+            cpu_ok = True
+        else:   # what was asked for, or the CPU where the GPU cannot take it
+            gpu_ok = be == _sched.BACKEND_GPU
+            cpu_ok = not gpu_ok
+        known = [t for t in (pc, pg) if t == t]
+        fill = max(known) if known else 1.0
+        c = (pc if pc == pc else fill) if cpu_ok else None
+        g = (pg if pg == pg else fill) if gpu_ok else None
+        if c is None and g is None:
+            c = fill
+        return c, g
+
+    def _start(self):
+        ready, later = [], []
+        for c in self.calls:
+            (later if _futures_in(c.args, c.kwargs) else ready).append(c)
+        # calls on other calls' results: decided by the backlog rule when their inputs are ready
+        for c in later:
+            self.submitter._when_ready(c, lambda c=c: self.submitter._pool_now().submit(self.submitter._run, c))
+        if not ready:
+            return
+        costs = []
+        for c in ready:
+            try:
+                costs.append(self._costs(c))
+            except Exception as e:  # a call that cannot be prepared fails alone, as it would run
+                if c.future.set_running_or_notify_cancel():
+                    c.future.set_exception(e)
+                costs.append(None)
+        plan = heft([x for x in costs if x is not None])
+        index = [i for i, x in enumerate(costs) if x is not None]
+        queues = {"cpu": [], "gpu": []}
+        self.plan = []
+        for j, side, start, end in plan:
+            i = index[j]
+            queues[side].append((ready[i], start))
+            self.plan.append((self.calls.index(ready[i]), ready[i].op, side, start, end))
+        for side, q in queues.items():
+            if q:
+                threading.Thread(target=self._run_side, args=(side, q), daemon=True,
+                                 name=f"hipsched-batch{self.id}-{side}").start()
+
+    def _run_side(self, side, queue):
+        t0 = time.perf_counter_ns()
+        for call, start in queue:
+            waited = (time.perf_counter_ns() - call.submitted_ns) * 1e-3
+            tags = {"batch": self.id, "planned": side, "planned_start_us": round(start, 1),
+                    "waited_us": round(waited, 1), "side_elapsed_us": round((time.perf_counter_ns() - t0) * 1e-3, 1)}
+            self.submitter._run(call, backend=side, scope=tags)
+
+
+# Decisions that leave the GPU out of an automatic call whatever the model says
+_CPU_ONLY_REASONS = frozenset(("gpu_unavailable", "gpu_unsupported", "memory_constraint", "gpu_unhealthy",
+                               "below_min_batch", "user_preference"))
+_REASONS = _sched.REASONS
+
+
+def heft(costs):
+    """A list schedule of independent calls over the CPU and the GPU: [(index, side, start, end)] in
+    the order each side runs them. `costs` is [(cpu us or None, gpu us or None)] (None: the side cannot
+    run it). The longest call first (its upward rank, for calls with no successors: their mean time
+    over the sides that can run them), each to the side where it finishes earliest."""
+    def rank(i):
+        ts = [t for t in costs[i] if t is not None]
+        return sum(ts) / len(ts)
+    free = {"cpu": 0.0, "gpu": 0.0}
+    out = []
+    for i in sorted(range(len(costs)), key=rank, reverse=True):
+        best = None
+        for side, t in zip(("cpu", "gpu"), costs[i]):
+            if t is None:
+                continue
+            end = free[side] + t
+            if best is None or end < best[2]:
+                best = (side, free[side], end)
+        free[best[0]] = best[2]
+        out.append((i, *best))
+    return out

@@ -1,0 +1,92 @@
+"""A machine for calls in flight: a CPU and a GPU that each run one call at a time for a scripted time,
+sleeping (so the callers' threads run meanwhile, and the machine running the tests does not set the
+times). Results are real: the CPU kernels compute them, outside the side's time, or a `result` function
+gives them (a benchmark that must not spend the real CPU on the GPU's results). tests/sched/test_submit.py
+and bench/concurrency.py use it; the fake GPU of tests/support/fake_gpu.py runs calls concurrently, and
+spins, so it cannot show a busy device."""
+from __future__ import annotations
+
+import threading
+
+from hipsched.backends.cpu import CpuBackend
+from hipsched.backends.interface import GpuBackendBase
+
+from fake_gpu import sleep_us
+
+
+class SerialSide:
+    """One processor: a call holds it for its time; calls that arrive meanwhile wait their turn."""
+
+    def __init__(self, us):
+        self.us = us                 # call -> microseconds
+        self.lock = threading.Lock()
+        self.runs = 0
+
+    def take(self, call):
+        with self.lock:
+            self.runs += 1
+            sleep_us(self.us(call))
+
+
+class SleepingCpu:
+    """The CPU backend of the loaded machine."""
+
+    def __init__(self, us):
+        self.side = SerialSide(us)
+        self._cpu = CpuBackend()
+
+    @property
+    def runs(self):
+        return self.side.runs
+
+    def run(self, call, stream=None):
+        out = self._cpu.run(call)
+        self.side.take(call)
+        return out
+
+    def run_device_data(self, call):
+        return self.run(call)
+
+    def roofline_properties(self):
+        return None
+
+
+class SleepingGpu(GpuBackendBase):
+    """One device with one stream: host data only, a fast link (the copies are part of the scripted
+    time), everything the CPU runs in float32."""
+    name = "gpu"
+
+    def __init__(self, us, result=None):
+        self.available = True
+        self.runtime_name = "sleeping"
+        self.device_name = "SleepingGPU"
+        self.device_arch = "sleeping"
+        self.side = SerialSide(us)
+        self._result = result if result is not None else CpuBackend().run
+
+    @property
+    def runs(self):
+        return self.side.runs
+
+    def supports(self, op, dtype):
+        return dtype == "float32"
+
+    def max_elements(self, op):
+        return 1 << 40
+
+    def free_memory(self):
+        return 1 << 36
+
+    def device_bytes_needed(self, call):
+        return call.nbytes
+
+    def transfer_bytes(self, call):
+        return (0, 0)
+
+    def run(self, call, stream=None):
+        out = self._result(call)
+        self.side.take(call)
+        return out
+
+    def measure_transfer(self):
+        return {"h2d_latency_us": 0.0, "h2d_gbps": 1e6, "d2h_latency_us": 0.0, "d2h_gbps": 1e6}
