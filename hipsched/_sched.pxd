@@ -148,6 +148,7 @@ cdef class SchedCore:
     cdef Counters c
     cdef Link link
     cdef Load load[2]
+    cdef long long clock_ns   # the time the core reads when nonzero (a machine in virtual time), else now_ns()
     cdef char lock
     cdef dict slot_ids
     cdef dict op_ids
@@ -166,6 +167,8 @@ cdef class SchedCore:
     cdef void _sample_parts(self, Slot *s, double size, double kernel_us, double up_bytes,
                             double up_us) noexcept nogil
     cdef double _h2d_us(self, double h2d) noexcept nogil
+    cdef inline long long _now(self) noexcept nogil:
+        return self.clock_ns if self.clock_ns else now_ns()
     cdef double _backlog(self, int side, long long now) noexcept nogil
     cdef void _hold(self, int side, double t_us, bint queued) noexcept nogil
     cdef void _release(self) noexcept

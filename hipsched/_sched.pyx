@@ -338,7 +338,7 @@ cdef class SchedCore:
         its record (or the end of its run: _release) takes it off."""
         global hs_nheld
         cdef Load *L = &self.load[side & 1]
-        cdef long long now = now_ns()
+        cdef long long now = self._now()
         cdef hs_held_t *e
         if hs_nheld >= HS_MAX_HELD:
             return
@@ -368,7 +368,7 @@ cdef class SchedCore:
         while hs_nheld > 0:
             lk = hs_held[hs_nheld - 1].lock
             hs_lock(lk)
-            now = now_ns()
+            now = self._now()
             _load_finish(&hs_held[hs_nheld - 1], now, False)
             hs_nheld -= 1
             hs_unlock(lk)
@@ -384,12 +384,17 @@ cdef class SchedCore:
         """Ends this thread's held calls (see _release)."""
         self._release()
 
+    def set_clock(self, long long ns):
+        """Makes the core read `ns` as the time (a simulated machine in virtual time moves it), or the
+        monotonic clock again with 0."""
+        self.clock_ns = ns
+
     def backlog(self):
         """(cpu us, gpu us): the predicted time until each side has finished the work committed to it."""
         cdef double c, g
         cdef long long now
         hs_lock(&self.lock)
-        now = now_ns()
+        now = self._now()
         c = self._backlog(CPU, now)
         g = self._backlog(GPU, now)
         hs_unlock(&self.lock)
@@ -413,7 +418,7 @@ cdef class SchedCore:
         cdef long long calls
         cdef double c, g, kc, kg, uc = 0, ug = 0, copies, cc = 0, cg = 0, best, lcb, lcb_best, excess, se
         cdef int loser
-        cdef double blc = 0, blg = 0
+        cdef double blc = 0, blg = 0, fc, fg
         cdef long long now
         kc = _side_predict(s, CPU, size, &uc)
         kg = _side_predict(s, GPU, size, &ug)
@@ -433,7 +438,7 @@ cdef class SchedCore:
         # one caller alone has none, or the same on both sides, and is decided as before
         if self.load[CPU].inflight or self.load[GPU].inflight or self.load[GPU].queued_until_ns \
                 or self.load[CPU].queued_until_ns:
-            now = now_ns()
+            now = self._now()
             blc = self._backlog(CPU, now)
             blg = self._backlog(GPU, now)
             if on_device and blg > blc:
@@ -457,7 +462,7 @@ cdef class SchedCore:
             return CPU | R_MEMORY_CONSTRAINT << 1
         # 3. health: while open, CPU; after the cooldown one probe call goes to the GPU
         if h.state != S_CLOSED:
-            if h.state == S_OPEN and size >= p.min_batch and now_ns() - h.opened_at_ns >= p.cooldown_ns:
+            if h.state == S_OPEN and size >= p.min_batch and self._now() - h.opened_at_ns >= p.cooldown_ns:
                 if commit:
                     h.state = S_HALF_OPEN
                     h.probe_in_flight = 1
@@ -494,10 +499,18 @@ cdef class SchedCore:
         if isnan(c):
             return GPU | R_COST_MODEL << 1
         # 7. under load (docs/design/scheduling.md, "Under load"): the earliest predicted finish, the
-        # GPU needing the configured speedup on its own time; nothing explored (the runs would measure
-        # the contention as much as the side)
+        # GPU needing the configured speedup on its own time. Two finishes within the predictions'
+        # standard error of each other are a tie, which goes to the side with less work waiting: this
+        # call ends as soon either way, and the busier side stays free for the calls behind it (with two
+        # callers and a GPU twice the CPU's time, sending ties to the busier side kept the GPU idle). A
+        # side measured too little to tell is inside that band, so under load it is still measured.
         if blc != blg:
-            return (GPU if blg + g * p.speedup_threshold < blc + c else CPU) | R_COST_MODEL << 1
+            fc = blc + c
+            fg = blg + g * p.speedup_threshold
+            se = sqrt((uc * kc) * (uc * kc) + (ug * kg) * (ug * kg))
+            if (fc - fg if fc > fg else fg - fc) <= TIE_Z * se:
+                return (GPU if blg < blc else CPU) | R_COST_MODEL << 1
+            return (GPU if fg < fc else CPU) | R_COST_MODEL << 1
         # 8. explore the predicted loser while it could still win (EXPLORE_Z of its uncertainty below its
         # prediction, copies kept: they are measured, not guessed) and the budget allows; its copies alone
         # losing rule it out
@@ -613,7 +626,7 @@ cdef class SchedCore:
                 h.times_opened += 1
             h.state = S_OPEN
             h.probe_in_flight = 0
-            h.opened_at_ns = now_ns()
+            h.opened_at_ns = self._now()
 
     cdef void _sample(self, Slot *s, int backend, double size, double dur_us, double h2d,
                       double d2h) noexcept nogil:
@@ -670,7 +683,7 @@ cdef class SchedCore:
         for i in range(hs_nheld):
             e = &hs_held[i]
             if e.load == <void *>&self.load[backend]:
-                now = now_ns()
+                now = self._now()
                 _load_touch(&self.load[backend], now)
                 wall = (now - e.t0_ns) * 1e-3
                 overlap = self.load[backend].area_us - e.area0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hipsched import Executor
-from hipsched.submission import SubmittedCallError, heft
+from hipsched.submission import SubmittedCallError, place
 
 from loaded_machine import SleepingCpu, SleepingGpu
 
@@ -150,16 +150,17 @@ def test_close_finishes_the_submitted_calls(data):
     assert all(f.done() and f.exception() is None for f in futs)
 
 
-def test_heft_places_the_longest_first_where_each_finishes_earliest():
-    # a GPU twice as fast: the 4 long calls go 2:2 so both end at 12 (not 4 on the GPU: 16)
-    plan = heft([(6.0, 3.0)] * 4 + [(None, 1.0)])
+def test_each_side_takes_the_calls_it_is_relatively_best_at():
+    # the GPU 2x on a (6 vs 3), 0.5x on b (2 vs 4): a to the GPU, b to the CPU, and with the one call
+    # each side alone can run, both sides end at 13
+    plan = place([(6.0, 3.0)] * 4 + [(2.0, 4.0)] * 6 + [(None, 1.0), (1.0, None)])
     ends = {"cpu": 0.0, "gpu": 0.0}
     for i, side, start, end in plan:
-        assert start == ends[side]
+        assert start == ends[side]      # each side's calls back to back, in the plan's order
         ends[side] = end
-    sides = [side for i, side, _, _ in plan if i < 4]
-    assert sides.count("cpu") == 1 and ends["gpu"] == 10.0 and ends["cpu"] == 6.0
-    assert [side for i, side, _, _ in plan if i == 4] == ["gpu"]
+    side_of = {i: side for i, side, _, _ in plan}
+    assert sorted(i for i in side_of if side_of[i] == "gpu") == [0, 1, 2, 3, 10]
+    assert ends == {"cpu": 13.0, "gpu": 13.0}
 
 
 def test_a_batch_of_independent_calls_is_planned_over_both_sides(data, tmp_path):
@@ -175,7 +176,8 @@ def test_a_batch_of_independent_calls_is_planned_over_both_sides(data, tmp_path)
         assert all(np.array_equal(g[0], want[0]) for g in got)
         sides = [p[2] for p in b.plan]
         assert len(b.plan) == 30 and sides.count("cpu") >= 9 and sides.count("gpu") >= 14
-        assert cpu.runs - c0 == sides.count("cpu") and gpu.runs - g0 == sides.count("gpu") + 1
+        # (the run may move a call or two between the sides where the plan's predictions were off)
+        assert cpu.runs - c0 >= 9 and gpu.runs - g0 >= 15 and cpu.runs + gpu.runs - c0 - g0 == 31
         # the plan's makespan against the bound: the work shared by the two sides' rates
         makespan = max(p[4] for p in b.plan)
         pc = max(p[4] - p[3] for p in b.plan if p[2] == "cpu")
@@ -184,5 +186,6 @@ def test_a_batch_of_independent_calls_is_planned_over_both_sides(data, tmp_path)
     events = [json.loads(line) for line in open(tmp_path / "events.jsonl")]
     planned = [e for e in events if e.get("phase") == "batch"]
     assert len(planned) == 30
-    assert all(e["tags"]["batch"] == b.id and e["tags"]["planned"] == e["backend"] for e in planned)
+    assert all(e["tags"]["batch"] == b.id and e["tags"]["planned"] in ("cpu", "gpu") for e in planned)
+    assert sum(e["tags"]["planned"] == e["backend"] for e in planned) >= 26
     assert all("waited_us" in e["tags"] for e in planned)

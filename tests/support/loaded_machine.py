@@ -53,7 +53,7 @@ class SleepingCpu:
 
 class SleepingGpu(GpuBackendBase):
     """One device with one stream: host data only, a fast link (the copies are part of the scripted
-    time), everything the CPU runs in float32."""
+    time), every op and dtype the CPU runs."""
     name = "gpu"
 
     def __init__(self, us, result=None):
@@ -69,7 +69,7 @@ class SleepingGpu(GpuBackendBase):
         return self.side.runs
 
     def supports(self, op, dtype):
-        return dtype == "float32"
+        return True
 
     def max_elements(self, op):
         return 1 << 40
