@@ -1,5 +1,6 @@
 """Each op's Executor method and module-level function are generated from its spec: the signature is
-the prepare's parameters followed by keyword-only backend, stream and split, the docstring the prepare's."""
+the prepare's parameters followed by keyword-only backend, stream, split and wait, the docstring the
+prepare's."""
 import inspect
 
 import pytest
@@ -21,7 +22,8 @@ def _check(params, op):
         [(p.name, p.kind, p.default) for p in prep]
     rest = params[len(prep):]
     assert [(p.name, p.kind, p.default) for p in rest] == \
-        [("backend", P.KEYWORD_ONLY, "auto"), ("stream", P.KEYWORD_ONLY, None), ("split", P.KEYWORD_ONLY, None)]
+        [("backend", P.KEYWORD_ONLY, "auto"), ("stream", P.KEYWORD_ONLY, None), ("split", P.KEYWORD_ONLY, None),
+         ("wait", P.KEYWORD_ONLY, True)]
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -55,6 +57,10 @@ def test_generated_method_passes_arguments_as_written():
             seen.append(("whole", args, kwargs))
             return "ran whole"
 
+        def _submitted(self, *args, **kwargs):
+            seen.append(("submitted", args, kwargs))
+            return "submitted"
+
     f = Fake()
     assert Executor.add(f, 1, 2) == "ran"
     assert Executor.softmax(f, 3, 0, backend="cpu") == "ran"
@@ -68,5 +74,8 @@ def test_generated_method_passes_arguments_as_written():
     assert Executor.top_k(f, 1, 2, 3, split=False) == "ran whole"
     assert Executor.top_k(f, 1, 2, 3, split=True) == "ran"
     assert seen[-2:] == [("whole", ("top_k", "auto", None, 1, 2, 3), {}), (("top_k", "auto", None, 1, 2, 3), {})]
+    # wait=False (or anything but True, which _submitted refuses) submits, with backend, stream and split
+    assert Executor.softmax(f, 3, 0, backend="gpu", split=False, wait=False) == "submitted"
+    assert seen[-1] == ("submitted", ("softmax", "gpu", None, False, False, 3), {"axis": 0})
     with pytest.raises(TypeError):
         Executor.add(f, 1, 2, 3)
