@@ -98,6 +98,7 @@ cdef class FastPath:
     cdef public object splitter     # hipsched.splitting.Splitter, or None (splitting off, or no GPU)
     cdef public object further      # further_gpus.FurtherGpus (calls on a further GPU's data), or None
     cdef readonly bint allow_fallback
+    cdef public bint background_compile   # an automatic call refused while its kernel compiles (config)
     cdef readonly tuple reason_str
 
     def __init__(self, SchedCore core, dict prepare, dict slots, cpu, gpu, Recorder tel, double min_batch,
@@ -514,7 +515,8 @@ cdef class FastPath:
         if call.size > max_size:
             return flags & ~F_GPU_SUPPORTS, 0, 0, None, 0
         try:
-            j = call.judged = gpu.judge(call)
+            # an automatic call does not wait for a kernel to compile: the CPU takes it meanwhile
+            j = call.judged = gpu.judge(call, flags & F_WANT_GPU or not self.background_compile)
             if j.refusal is not None:
                 return flags | F_CALL_UNSUPPORTED, 0, 0, j.refusal, 0
             if not gpu.available:  # a query found the GPU gone

@@ -48,6 +48,9 @@ class HybridConfig:
     # splitting one call across the CPU and the GPU (hipsched/splitting.py, docs/guide/splitting.md)
     split: bool = True                           # False: every call runs whole on one side
     split_min_us: float = 5000.0                 # calls the model predicts faster than this stay whole
+    # a GPU kernel not yet compiled is compiled on a thread of its own while its automatic calls run on
+    # the CPU (False: the first call waits for the compiler)
+    background_compile: bool = True
     # GPU health
     breaker_failures: int = 3                    # consecutive GPU failures that open the circuit breaker
     breaker_cooldown_s: float = 5.0              # seconds open before one half-open probe call

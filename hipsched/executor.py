@@ -162,6 +162,7 @@ class Executor:
         self._fast = _dispatch.FastPath(self._core, self._prepare, self._slots, self._cpu, gpu,
                                         self._tel.recorder if self._tel is not None else None,
                                         cfg.gpu_min_batch_size, cfg.allow_fallback, _REASON_STR)
+        self._fast.background_compile = cfg.background_compile
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
         self._run_whole = self._fast.run_whole   # the same, never split (an op method's split=False)
         if cfg.split and self._gpu_present:

@@ -19,6 +19,12 @@ from requires import need  # noqa: E402
 # CI's rule that a skip for a missing install fails (a hook: pytest finds it in this module's namespace)
 from skip_policy import pytest_runtest_makereport  # noqa: E402,F401
 
+# A test sees a GPU kernel compiled when its first call needs it: with background compiles on (the
+# default), an automatic call on a cold kernel cache would run on the CPU while the kernel compiles, and
+# every test would depend on the compiler's speed. tests/gpu/emulator/test_background_compile.py turns
+# them on. (setdefault: a run may still ask for them with HIPSCHED_BACKGROUND_COMPILE=1.)
+os.environ.setdefault("HIPSCHED_BACKGROUND_COMPILE", "0")
+
 # CI runs the same examples every time (a red build must be reproducible); local runs explore new ones.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):

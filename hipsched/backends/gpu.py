@@ -145,7 +145,7 @@ class GpuBackend(GpuBackendBase):
         """Why this GPU cannot run `call`, or None when it can (see `_plan`)."""
         return self._plan(call)[0]
 
-    def _plan(self, call) -> tuple:
+    def _plan(self, call, wait_for_kernels=True) -> tuple:
         """(refusal, plan): the op's launch planner (`<op>_plan(ctx, call)` next to its glue) checked
         against this target's launch limits, judged on the call's shapes and parameters before anything
         is uploaded. Only refusals count (GpuError "unsupported"); anything else (a compile error, a
@@ -154,7 +154,7 @@ class GpuBackend(GpuBackendBase):
         if not call.args or not self.available:
             return None, None
         try:
-            return None, self._ctx.check_launches(self._impl(call.op, "_plan")(self._ctx, call))
+            return None, self._ctx.check_launches(self._impl(call.op, "_plan")(self._ctx, call), wait_for_kernels)
         except GpuError as e:
             if e.kind == "unavailable":   # loading the planned kernels met a dead driver: as run() would
                 self.disable(e.message)
@@ -162,10 +162,10 @@ class GpuBackend(GpuBackendBase):
         except Exception:
             return None, None
 
-    def judge(self, call) -> Judgement:
+    def judge(self, call, wait_for_kernels=True) -> Judgement:
         """GpuBackendBase.judge in one walk of the call's host inputs (the transfer count and what the
         resident cache keeps come from the same pass), with the launch plan the run then uses."""
-        why, plan = self._plan(call)
+        why, plan = self._plan(call, wait_for_kernels)
         if why is not None:
             return Judgement(why, False)
         fits = self.device_bytes_needed(call) <= self._free_bytes()

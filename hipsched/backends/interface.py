@@ -87,9 +87,10 @@ class GpuBackendBase:
         """(host->device, device->host) bytes a run of `call` copies (device data: none)."""
         return (0, 0) if call.on_device else (int(call.nbytes), 0)
 
-    def judge(self, call) -> Judgement:
+    def judge(self, call, wait_for_kernels=True) -> Judgement:
         """The Judgement of a call the scheduler could send here: why the device cannot run it (None:
-        it can; judged on shapes and parameters before anything is uploaded), whether its device memory
+        it can; judged on shapes and parameters before anything is uploaded; without `wait_for_kernels`
+        also while a kernel it needs is compiled in the background), whether its device memory
         fits what is free now, the bytes a run would copy each way, and what it would keep. May raise:
         a failing query means the device cannot be trusted with the call. Composed here from the
         members a test double overrides; GpuBackend's does the same in one walk of the arguments."""

@@ -59,12 +59,19 @@ def _kernels(rt):
     """What this runtime's kernels are compiled with and for, or why nothing compiled would load."""
     # deferred: __main__ imports every command, so this loads only when the command runs (the GPU layer)
     from ..gpu.bindings.compilers import load_target
+    from ..gpu.compilation.kernels import KernelCache
     driver = rt.driver_version()
     out = {"driver_version": driver, "loader": rt.loader_tag()}
     try:
         c = rt.compiler
         out.update(compiler=c.version(), library=c.library_path)
         out["target"] = load_target(c, rt.device_info(rt.current_device()).arch, driver or None)
+        # which sources a first call would find compiled (the others compile then: in the background
+        # for automatic calls, background_compile)
+        cache = KernelCache(c)
+        names = sorted(cache.sources)
+        out["cached"] = [n for n in names if cache.ready(rt, n)]
+        out["sources"] = len(names)
     except GpuError as e:
         out["unavailable"] = e.message
     return out
@@ -119,6 +126,13 @@ def gather() -> dict:
     return info
 
 
+def _background_compile() -> bool:
+    try:
+        return HybridConfig().background_compile
+    except Exception:  # a bad config is reported by _splitting
+        return True
+
+
 def _splitting(devices: list) -> dict:
     """Whether an executor made now would cut long calls across the CPU and the GPUs (the config's split,
     split_min_us; hipsched/splitting.py), and which devices it would use: the one backend="gpu" means
@@ -164,6 +178,11 @@ def run(args) -> int:
         print(f"Kernels for this driver ({k['loader'] or 'version unknown'}): " +
               (f"unavailable: {k['unavailable']}" if "unavailable" in k else
                f"{k['compiler']} ({k['library']}) -> {k['target']}"))
+        if "cached" in k:
+            print(f"  compiled in the kernel cache: {len(k['cached'])} of {k['sources']} sources; the others "
+                  f"compile on first use (" + ("in the background while automatic calls run on the CPU: "
+                                                "background_compile" if _background_compile() else
+                                                "the first call waits: background_compile is off") + ")")
     c = info.get("call_path")
     if c:
         print("GPU call path: " + (f"compiled ({c['vendor']} driver entry points from {c['library'] or 'its library'}"

@@ -152,6 +152,10 @@ class KernelCache:
         self._objects: dict[tuple, tuple[str, bytes]] = {}
         self.hits = 0
         self.misses = 0
+        # sources being compiled off the caller's path (compile_in_background) -> when it started, and
+        # those done: (source, seconds, error text or None), oldest first
+        self._compiling: dict[str, float] = {}
+        self.compiled_in_background: list[tuple[str, float, str | None]] = []
 
     @property
     def sources(self) -> dict[str, str]:
@@ -199,6 +203,58 @@ class KernelCache:
             pass
         self._objects[(source_name, arch, options)] = (loader, payload)
         return payload
+
+    def ready(self, runtime, source_name: str, options=()) -> bool:
+        """Whether `function` would find `source_name` without compiling it: its module loaded on the
+        runtime's device, its code object in memory, on disk, or known not to compile (the error is then
+        raised at once)."""
+        device = runtime.current_device()
+        mkey = (id(runtime), device, source_name, tuple(options))
+        if mkey in self._modules or mkey in self._failed:
+            return True
+        try:
+            target = self.target(runtime, device)
+        except GpuError:
+            return True   # nothing to compile in the background: the synchronous path reports it
+        if (source_name, target, tuple(options)) in self._objects:
+            return True
+        loader = getattr(runtime, "loader_tag", lambda: "")()
+        version = self.compiler.version()
+        source = self.source(source_name)
+        keys = [cache_key(self.compiler.name, version, target, tuple(options), source, loader)]
+        if loader:
+            keys.append(cache_key(self.compiler.name, version, target, tuple(options), source))
+        return any(self.entry_path(k).is_file() for k in keys)
+
+    def compile_in_background(self, runtime, source_name: str, options=()) -> bool:
+        """Starts compiling `source_name` for the runtime's device on a thread of its own (once: False
+        when it is already being compiled). The code object lands in memory and on disk, where `ready`
+        then finds it; a compile error is kept in `compiled_in_background` and met again, as a GpuError,
+        by the next synchronous request."""
+        with self._lock:
+            if source_name in self._compiling:
+                return False
+            self._compiling[source_name] = time.monotonic()
+        device = runtime.current_device()
+        loader = getattr(runtime, "loader_tag", lambda: "")()
+
+        def compile_now():
+            t0, err = time.monotonic(), None
+            try:
+                self.code_object(source_name, self.target(runtime, device), tuple(options), loader)
+            except Exception as e:  # noqa: BLE001 - reported with the source; the call path meets it again
+                err = f"{type(e).__name__}: {e}"
+            with self._lock:
+                self._compiling.pop(source_name, None)
+                self.compiled_in_background.append((source_name, time.monotonic() - t0, err))
+        threading.Thread(target=compile_now, name=f"hipsched-compile-{source_name}", daemon=True).start()
+        return True
+
+    def compiling(self) -> dict[str, float]:
+        """{source: seconds since its background compile started} for those still compiling."""
+        now = time.monotonic()
+        with self._lock:
+            return {s: now - t for s, t in self._compiling.items()}
 
     def target(self, runtime, device=None) -> str:
         """What to compile for the runtime's device so that its driver loads it (compilers.load_target):

@@ -231,17 +231,30 @@ class GpuContext:
         if len(self._launches_fit) < 4096:
             self._launches_fit.add(key)
 
-    def check_launches(self, launches):
+    def check_launches(self, launches, wait=True):
         """Check a plan before anything is uploaded (a call the device cannot run then costs no copies);
-        compiles or loads the kernels it names. Returns the plan."""
+        compiles or loads the kernels it names. Returns the plan. Without `wait`, a kernel source that
+        would have to be compiled first is compiled in the background instead, and the call is refused
+        for now (GpuError "unsupported", name "compiling"): its calls run on the CPU until it is ready."""
         planned = self._planned
         for l in launches:
             if l not in planned:
+                if not wait:
+                    self._not_compiling(l.source)
                 fn = self.function(l.source, l.kernel)
                 self.check(fn, l.grid, l.block, l.shared)
                 if len(planned) < 4096:
                     planned[l] = fn
         return launches
+
+    def _not_compiling(self, source):
+        if source not in self.cache.sources and source + ".hip" in self.cache.sources:
+            source += ".hip"
+        if self.cache.ready(self.rt, source):
+            return
+        self.cache.compile_in_background(self.rt, source)
+        raise GpuError("unsupported", f"{source} is being compiled in the background; the CPU runs the calls "
+                                      f"that need it until it is ready", name="compiling")
 
     def planned(self, call, planner):
         """The call's launch plan: the one its judgement checked (GpuBackend.judge, carried on the call),
