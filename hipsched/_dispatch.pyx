@@ -515,8 +515,10 @@ cdef class FastPath:
         if call.size > max_size:
             return flags & ~F_GPU_SUPPORTS, 0, 0, None, 0
         try:
-            # an automatic call does not wait for a kernel to compile: the CPU takes it meanwhile
-            j = call.judged = gpu.judge(call, flags & F_WANT_GPU or not self.background_compile)
+            # an automatic call does not wait for a kernel to compile: the CPU takes it meanwhile (a
+            # backend's judge(call) alone waits)
+            j = call.judged = gpu.judge(call) if flags & F_WANT_GPU or not self.background_compile else \
+                gpu.judge(call, False)
             if j.refusal is not None:
                 return flags | F_CALL_UNSUPPORTED, 0, 0, j.refusal, 0
             if not gpu.available:  # a query found the GPU gone

@@ -189,3 +189,23 @@ def test_a_batch_of_independent_calls_is_planned_over_both_sides(data, tmp_path)
     assert all(e["tags"]["batch"] == b.id and e["tags"]["planned"] in ("cpu", "gpu") for e in planned)
     assert sum(e["tags"]["planned"] == e["backend"] for e in planned) >= 26
     assert all("waited_us" in e["tags"] for e in planned)
+
+
+def test_submitted_calls_under_injected_faults_equal_the_calls_that_wait(data):
+    """A GPU failure of a submitted call reruns it on the CPU, as it would a call that waits: the fake
+    GPU's results are the CPU kernels', so every result is the same bits whichever side ran it."""
+    from fake_gpu import FakeGpuBackend
+    q, T = data
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal((16, 512), dtype=np.float32) for _ in range(12)]
+    ex = Executor(gpu_backend=FakeGpuBackend(), persist_model=False, telemetry_path=None,
+                  fault_inject="launch=0.5,seed=3")
+    with ex:
+        futs = [ex.submit("softmax", x, backend="gpu") for x in xs] + \
+               [ex.top_k(q, T, 10, backend="gpu", wait=False) for _ in range(6)]
+        got = [f.result(timeout=60) for f in futs]
+        assert ex.stats().fallback_operations > 0
+        for x, g in zip(xs, got):
+            assert np.array_equal(g, ex.softmax(x, backend="cpu"))
+        want = ex.top_k(q, T, 10, backend="cpu")
+        assert all(np.array_equal(g[0], want[0]) and np.array_equal(g[1], want[1]) for g in got[len(xs):])

@@ -1,0 +1,47 @@
+"""A chain submitted without waiting on device data stays on the device: rms_norm -> qmatmul -> softmax ->
+top_k on GPU-resident inputs, each call's input the previous one's Future. No intermediate is copied to
+the host (the emulator counts its device-to-host copies), the results are device arrays, and they equal
+the same chain called synchronously, bit for bit. On the kernel emulator."""
+import numpy as np
+import pytest
+
+import gpu_emulator
+from call_counts import count_calls
+from emulated_executor import emulated_executor
+from hipsched import quantize
+from hipsched.gpu.memory.device_array import DeviceArray, to_device
+
+pytestmark = pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
+
+
+@pytest.fixture
+def rt(monkeypatch):
+    monkeypatch.setenv("HIPSCHED_BLAS", "none")
+    runtime = gpu_emulator.EmuRuntime(32)
+    yield runtime
+    runtime.close()
+
+
+def test_a_device_chain_submitted_without_waiting_copies_nothing_to_the_host(rt, tmp_path, monkeypatch):
+    rng = np.random.default_rng(11)
+    d, vocab = 256, 512
+    x = to_device(rng.standard_normal(d, dtype=np.float32), runtime=rt)
+    w = to_device(rng.standard_normal(d, dtype=np.float32), runtime=rt)
+    W = quantize(rng.standard_normal((vocab, d), dtype=np.float32), "q8_0")
+    T = to_device(rng.standard_normal((300, vocab), dtype=np.float32), runtime=rt)
+    with emulated_executor(rt, tmp_path, allow_fallback=False) as ex:
+        def chain_sync():
+            h = ex.rms_norm(x, w, backend="gpu")
+            logits = ex.qmatmul(W, h, backend="gpu")
+            return ex.top_k(ex.softmax(logits, backend="gpu"), T, 8, backend="gpu")
+        want = chain_sync()       # also compiles the kernels and keeps W's blocks on the device
+        counts = count_calls(monkeypatch, rt, ("memcpy_dtoh",))
+        h = ex.submit("rms_norm", x, w, backend="gpu")
+        logits = ex.submit("qmatmul", W, h, backend="gpu")
+        probs = ex.softmax(logits, backend="gpu", wait=False)
+        idx, scores = ex.submit("top_k", probs, T, 8, backend="gpu").result(timeout=120)
+        assert counts["memcpy_dtoh"] == 0
+        assert all(isinstance(f.result(), DeviceArray) for f in (h, logits, probs))
+        assert isinstance(idx, DeviceArray) and isinstance(scores, DeviceArray)
+        np.testing.assert_array_equal(idx.get(), want[0].get())
+        np.testing.assert_array_equal(scores.get(), want[1].get())
