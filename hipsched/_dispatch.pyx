@@ -64,6 +64,7 @@ ctypedef struct Decision:
     double h2d                      # what the decision charged the GPU for uploads (shared ones spread)
     double d2h
     double real_h2d                 # what its run would upload: the copies a GPU run's sample holds
+    long long t0                    # when a committed decision was taken (the core's clock)
 
 
 cdef class FastPath:
@@ -197,11 +198,13 @@ cdef class FastPath:
     cdef inline void _settle(self, double size, int flags, bint commit, Decision *d) noexcept:
         """The core's decision on a call's flags and the copy terms in `d`."""
         cdef int r
+        if commit:
+            d.t0 = self.core._now()   # (the hot path times its kernel from here: one clock read for both)
         hs_lock(&self.core.lock)
         r = self.core._decide(self.core.slots[d.slot], size, d.h2d, d.d2h, flags, &d.pc, &d.pg, commit)
         if commit:
             # the call's predicted time is the side's work until its record (SchedCore._hold)
-            self.core._hold(r & 1, d.pc if r & 1 == CPU else d.pg, r & 1 == GPU and flags & F_ON_DEVICE)
+            self.core._hold(r & 1, d.pc if r & 1 == CPU else d.pg, r & 1 == GPU and flags & F_ON_DEVICE, d.t0)
         hs_unlock(&self.core.lock)
         d.backend = r & 1
         d.reason = r >> 1
@@ -298,7 +301,7 @@ cdef class FastPath:
                     self._settle(size, flags, True, &d)
                     # (never the GPU: that takes a call the GPU was asked about; should the model have
                     # changed since the question, on another thread, the call still runs here)
-                    t0 = now_ns()
+                    t0 = d.t0
                     out = hot.run(ready)
                     dur = (now_ns() - t0) * 1e-3
                     self._record_cpu(op, &d, dur, <long long>size, "float32", <long long>nbytes, stream, None)

@@ -170,5 +170,5 @@ cdef class SchedCore:
     cdef inline long long _now(self) noexcept nogil:
         return self.clock_ns if self.clock_ns else now_ns()
     cdef double _backlog(self, int side, long long now) noexcept nogil
-    cdef void _hold(self, int side, double t_us, bint queued) noexcept nogil
+    cdef void _hold(self, int side, double t_us, bint queued, long long now) noexcept nogil
     cdef void _release(self) noexcept

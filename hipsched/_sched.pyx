@@ -83,8 +83,10 @@ cdef extern from *:
 
 
 cdef inline void _load_touch(Load *L, long long now) noexcept nogil:
-    L.area_us += L.inflight * (now - L.area_at_ns) * 1e-3
-    L.area_at_ns = now
+    # (a run's end is taken from its own timing, which another thread's later reading may precede)
+    if now > L.area_at_ns:
+        L.area_us += L.inflight * (now - L.area_at_ns) * 1e-3
+        L.area_at_ns = now
 
 
 cdef inline void _load_finish(hs_held_t *e, long long now, bint queued_left) noexcept nogil:
@@ -333,12 +335,11 @@ cdef class SchedCore:
             r += (L.queued_until_ns - now) * 1e-3
         return r
 
-    cdef void _hold(self, int side, double t_us, bint queued) noexcept nogil:
-        """A committed decision (under the lock): the call's predicted time joins the side's work until
-        its record (or the end of its run: _release) takes it off."""
+    cdef void _hold(self, int side, double t_us, bint queued, long long now) noexcept nogil:
+        """A committed decision taken at `now` (under the lock): the call's predicted time joins the
+        side's work until its record (or the end of its run: _release) takes it off."""
         global hs_nheld
         cdef Load *L = &self.load[side & 1]
-        cdef long long now = self._now()
         cdef hs_held_t *e
         if hs_nheld >= HS_MAX_HELD:
             return
@@ -376,8 +377,9 @@ cdef class SchedCore:
     def hold(self, int backend, double predicted_us, bint queued=False):
         """Commits a call of `predicted_us` to a side for this thread, as a dispatched decision does,
         until a record of that side on this thread or release() ends it (for tests and Python paths)."""
+        cdef long long now = self._now()
         hs_lock(&self.lock)
-        self._hold(backend & 1, predicted_us, queued)
+        self._hold(backend & 1, predicted_us, queued, now)
         hs_unlock(&self.lock)
 
     def release(self):
@@ -683,7 +685,8 @@ cdef class SchedCore:
         for i in range(hs_nheld):
             e = &hs_held[i]
             if e.load == <void *>&self.load[backend]:
-                now = self._now()
+                # (the run's end as its own timing has it, where it has one: no second clock read)
+                now = e.t0_ns + <long long>(dur_us * 1e3) if dur_us > 0 and isfinite(dur_us) else self._now()
                 _load_touch(&self.load[backend], now)
                 wall = (now - e.t0_ns) * 1e-3
                 overlap = self.load[backend].area_us - e.area0

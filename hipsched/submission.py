@@ -3,7 +3,8 @@
 `Executor.batch()` places a block of calls together (docs/design/scheduling.md, "Under load").
 
 A submitted call runs on one of the executor's submission threads, through the same dispatch path as a
-call that waits: its decision counts the work already committed to each side (SchedCore's backlog), so
+call that waits (a call on device data whose inputs are ready is dispatched on the caller's thread: a
+GPU run of device data leaves its work queued and returns at once): its decision counts the work already committed to each side (SchedCore's backlog), so
 calls submitted together spread over the CPU and the GPU. A Future (or a device result) passed as an
 input is a dependency: the call is queued once its inputs are ready, and an input produced on the GPU
 (a device array) is passed on as it is, so a chain on device data never copies its intermediates to the
@@ -28,7 +29,10 @@ import itertools
 import threading
 import time
 
+import numpy as np
+
 from . import _sched
+from .dlpack_devices import GPU_DEVICE_TYPES, dlpack_device, is_device_array
 from .errors import HipschedError
 
 # Threads that run submitted calls: two per side (one running, one deciding and waiting for the side),
@@ -53,6 +57,32 @@ def _futures_in(args, kwargs):
 def _resolved(args, kwargs):
     return (tuple(a.result() if isinstance(a, cf.Future) else a for a in args),
             {k: (v.result() if isinstance(v, cf.Future) else v) for k, v in kwargs.items()})
+
+
+def _on_device(a) -> bool:
+    # the DLPack device first: is_device_array's __cuda_array_interface__ builds a dict on every read
+    if isinstance(a, (int, float, str, np.ndarray)) or a is None:
+        return False
+    dev = dlpack_device(a)
+    return dev[0] in GPU_DEVICE_TYPES if dev is not None else is_device_array(a)
+
+
+def _ready_on_device(args, kwargs):
+    """(args, kwargs) with each Future replaced by its result, when every Future among them is done and
+    succeeded and some input is a device array; else None."""
+    device = False
+    futures = False
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, cf.Future):
+            if not a.done() or a.cancelled() or a.exception() is not None:
+                return None
+            futures = True
+            a = a.result()
+        if not device and _on_device(a):
+            device = True
+    if not device:
+        return None
+    return _resolved(args, kwargs) if futures else (args, kwargs)
 
 
 class _Pending:
@@ -83,8 +113,22 @@ class Submitter:
             return self._pool
 
     def submit(self, op, backend, stream, split, args, kwargs) -> cf.Future:
-        call = _Pending(op, backend, stream, split, args, kwargs)
         batch = getattr(_local, "batch", None)
+        if batch is None or batch.submitter is not self:
+            ready = _ready_on_device(args, kwargs)
+            if ready is not None:
+                # device data with every input ready: a GPU run leaves its work queued on the stream and
+                # returns at once, so the call is dispatched here, without a thread hand-off (a device
+                # chain costs about what its calls that wait cost), and the Future is done while the device
+                # may still be working. (Nobody else holds the Future yet: nothing can cancel it.)
+                fut = cf.Future()
+                try:
+                    run = self._ex._run_whole if split is False else self._ex._run
+                    fut.set_result(run(op, backend, stream, *ready[0], **ready[1]))
+                except BaseException as e:  # the caller sees it from .result(), as with any submitted call
+                    fut.set_exception(e)
+                return fut
+        call = _Pending(op, backend, stream, split, args, kwargs)
         if batch is not None and batch.submitter is self:
             batch.calls.append(call)
             return call.future

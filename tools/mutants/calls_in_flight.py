@@ -1,0 +1,64 @@
+"""Calls in flight: the backlog rule, its tie, what a shared run teaches, and submitted calls
+(tests/sched/test_under_load.py, tests/sched/test_submit.py)."""
+from mutants.mutant import Mutant
+
+_LOAD = "tests/sched/test_under_load.py"
+_SUBMIT = "tests/sched/test_submit.py"
+
+MUTANTS = [
+    Mutant(
+        name="load-decisions-blind-to-the-backlog",
+        why="issue 33: a decision compares the sides' run times alone, as before, whatever is in flight (four "
+            "callers put 154 of 160 calls on the GPU while the CPU idled)",
+        path="hipsched/_sched.pyx",
+        find="        if blc != blg:\n            fc = blc + c",
+        replace="        if False:\n            fc = blc + c",
+        kill=(f"{_LOAD}::test_a_busy_gpu_sends_the_next_call_to_the_idle_cpu",
+              f"{_LOAD}::test_callers_in_virtual_time_finish_near_both_sides_together[4]"),
+    ),
+    Mutant(
+        name="load-tie-to-the-busier-side",
+        why="issue 33: a tie under load goes to the side with more work waiting, which keeps it busy and the "
+            "other idle (two callers, a GPU exactly twice as fast: the CPU never used)",
+        path="hipsched/_sched.pyx",
+        find="return (GPU if blg < blc else CPU) | R_COST_MODEL << 1",
+        replace="return (GPU if blg > blc else CPU) | R_COST_MODEL << 1",
+        kill=(f"{_LOAD}::test_a_tie_goes_to_the_idle_side",),
+    ),
+    Mutant(
+        name="load-backlog-counted-from-busy-start",
+        why="issue 33: the backlog counts the time spent from when the side went busy, so calls over their "
+            "prediction eat the predictions of the calls behind them and the backlog falls to 0 under load",
+        path="hipsched/_sched.pyx",
+        find="    L.since_ns = now\n    if L.inflight <= 0:",
+        replace="    if L.inflight <= 0:",
+        kill=(f"{_LOAD}::test_callers_in_virtual_time_finish_near_both_sides_together[8]",
+              f"{_SUBMIT}::test_concurrent_callers_keep_both_sides_busy"),
+    ),
+    Mutant(
+        name="load-shared-run-learned-whole",
+        why="issue 33: a run that shared its side is learned as its whole wall time, so a side under load "
+            "looks several times slower than it is",
+        path="hipsched/_sched.pyx",
+        find="                    sample_us = dur_us * wall / overlap",
+        replace="                    sample_us = dur_us",
+        kill=(f"{_LOAD}::test_a_run_that_shared_its_side_is_learned_as_its_time_alone",),
+    ),
+    Mutant(
+        name="submit-failed-input-passed-on",
+        why="issue 33: a dependency that failed is not checked, so its dependant runs on the failed Future "
+            "and raises something unrelated instead of naming its input",
+        path="hipsched/submission.py",
+        find="                if err is not None:\n                    if call.future.set_running_or_notify_cancel():",
+        replace="                if False:\n                    if call.future.set_running_or_notify_cancel():",
+        kill=(f"{_SUBMIT}::test_errors_name_the_op_and_the_argument",),
+    ),
+    Mutant(
+        name="submit-cancelled-call-runs",
+        why="issue 33: a call cancelled before it started runs all the same",
+        path="hipsched/submission.py",
+        find="        if not call.future.set_running_or_notify_cancel():\n            return\n",
+        replace="        if not call.future.set_running_or_notify_cancel() and False:\n            return\n",
+        kill=(f"{_SUBMIT}::test_cancelling_a_call_that_has_not_started_removes_it",),
+    ),
+]
