@@ -260,17 +260,19 @@ cdef class FastPath:
         self._want(op, backend)
 
     def run(self, str op, backend, stream, *args, **kwargs):
+        cdef int mark = self.core._held()
         try:
             return self._run(op, backend, stream, args, kwargs, True)
         finally:
-            self.core._release()   # a call that ended without its record still leaves its side's work
+            self.core._release(mark)   # a call that ended without its record still leaves its side's work
 
     def run_whole(self, str op, backend, stream, *args, **kwargs):
         """run, never splitting the call across processors (an op method's split=False)."""
+        cdef int mark = self.core._held()
         try:
             return self._run(op, backend, stream, args, kwargs, False)
         finally:
-            self.core._release()
+            self.core._release(mark)
 
     cdef object _run(self, str op, backend, stream, tuple args, dict kwargs, bint split):
         cdef Decision d
@@ -303,7 +305,7 @@ cdef class FastPath:
                     # changed since the question, on another thread, the call still runs here)
                     t0 = d.t0
                     out = hot.run(ready)
-                    dur = (now_ns() - t0) * 1e-3
+                    dur = (self.core._now() - t0) * 1e-3
                     self._record_cpu(op, &d, dur, <long long>size, "float32", <long long>nbytes, stream, None)
                     return out
         # 2. device data whose call the GPU ran before with the same key: its plan, replayed in C
@@ -363,7 +365,9 @@ cdef class FastPath:
             if side is not None:
                 return self.further.run(side, call, entry[0], want, stream)
         detail = self._decide_call(call, call.size, want, entry, True, &d)
-        if split and d.reason == R_COST_MODEL and self.splitter is not None and not call.on_device:
+        # (not under load: the split plans each side idle, and its parts run on threads that hold nothing)
+        if split and d.reason == R_COST_MODEL and self.splitter is not None and not call.on_device and \
+                not self.core._shared():
             plan = self.splitter.plan(call, d.slot, d.pc, d.pg, d.h2d, d.d2h)
             if plan is not None:
                 return self.splitter.run(plan, call, d.slot, d.pc, d.pg, d.h2d, d.d2h, stream)

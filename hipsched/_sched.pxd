@@ -171,4 +171,9 @@ cdef class SchedCore:
         return self.clock_ns if self.clock_ns else now_ns()
     cdef double _backlog(self, int side, long long now) noexcept nogil
     cdef void _hold(self, int side, double t_us, bint queued, long long now) noexcept nogil
-    cdef void _release(self) noexcept
+    cdef void _release(self, int mark) noexcept
+    cdef int _held(self) noexcept nogil
+    cdef inline bint _shared(self) noexcept nogil:
+        # other calls in flight beside the caller's own, or device work queued: the sides are shared
+        return self.load[0].inflight + self.load[1].inflight > 1 or self.load[0].queued_until_ns > self._now() \
+            or self.load[1].queued_until_ns > self._now()

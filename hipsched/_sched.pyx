@@ -182,6 +182,12 @@ cdef class SchedCore:
 
     def __dealloc__(self):
         cdef int i, be, b
+        # this thread's holds on this core (a test's hold never released) must not outlive it
+        i = hs_nheld - 1
+        while i >= 0:
+            if hs_held[i].lock == &self.lock:
+                _held_drop(i)
+            i -= 1
         for i in range(self.nslots):
             for be in range(2):
                 for b in range(NBUCKETS):
@@ -360,13 +366,21 @@ cdef class SchedCore:
         e.area0 = L.area_us
         hs_nheld += 1
 
-    cdef void _release(self) noexcept:
-        """Ends this thread's held calls that no record ended (a run that raised, a question's hold):
-        called at the end of each dispatched call, on any core's calls."""
+    cdef int _held(self) noexcept nogil:
+        """How many calls this thread holds (a dispatched call releases down to the count it began with)."""
+        return hs_nheld
+
+    cdef void _release(self, int mark) noexcept:
+        """Ends this thread's held calls above `mark` that no record ended (a run that raised before its
+        record): called at the end of each dispatched call with the count it began with, so a call nested
+        in another's run leaves the outer call's hold alone. Any core's holds: a call on a further GPU
+        holds on that device's core."""
         global hs_nheld
         cdef long long now
         cdef char *lk
-        while hs_nheld > 0:
+        if mark < 0:
+            mark = 0
+        while hs_nheld > mark:
             lk = hs_held[hs_nheld - 1].lock
             hs_lock(lk)
             now = self._now()
@@ -383,8 +397,9 @@ cdef class SchedCore:
         hs_unlock(&self.lock)
 
     def release(self):
-        """Ends this thread's held calls (see _release)."""
-        self._release()
+        """Ends this thread's held calls (see _release). A test that holds must release on the same
+        thread before the core goes: a held entry points into the core."""
+        self._release(0)
 
     def set_clock(self, long long ns):
         """Makes the core read `ns` as the time (a simulated machine in virtual time moves it), or the
@@ -682,7 +697,7 @@ cdef class SchedCore:
         # stretched its time: the sample is its time over their mean number (the integral of the
         # side's calls in flight over its run, per unit of its run), what it would have taken alone
         # when the side's calls share it, and on average when they queue. Alone: its time as measured.
-        for i in range(hs_nheld):
+        for i in range(hs_nheld - 1, -1, -1):   # the innermost call's hold first (a call nested in a run)
             e = &hs_held[i]
             if e.load == <void *>&self.load[backend]:
                 # (the run's end as its own timing has it, where it has one: no second clock read)

@@ -55,6 +55,14 @@ def _create_gpu(config):
         return _NoGpu(f"GPU backend failed to start: {type(e).__name__}: {e}")
 
 
+def _judge_can_defer(gpu) -> bool:
+    """Whether the backend's judge takes `wait_for_kernels` (GpuBackendBase's does; an override may not)."""
+    try:
+        return "wait_for_kernels" in inspect.signature(gpu.judge).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
 def _further_gpus(config, gpu) -> list:
     """The backends of the devices besides `gpu` that the config lists (gpu_devices; None: every device
     the runtime finds), each on its own view of the runtime; a device that cannot start is logged and
@@ -162,7 +170,8 @@ class Executor:
         self._fast = _dispatch.FastPath(self._core, self._prepare, self._slots, self._cpu, gpu,
                                         self._tel.recorder if self._tel is not None else None,
                                         cfg.gpu_min_batch_size, cfg.allow_fallback, _REASON_STR)
-        self._fast.background_compile = cfg.background_compile
+        # (a backend whose judge takes no wait_for_kernels, a test double's override, is asked as before)
+        self._fast.background_compile = cfg.background_compile and _judge_can_defer(gpu)
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
         self._run_whole = self._fast.run_whole   # the same, never split (an op method's split=False)
         if cfg.split and self._gpu_present:

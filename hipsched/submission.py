@@ -28,6 +28,7 @@ import contextvars
 import itertools
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -98,13 +99,19 @@ class _Pending:
 
 
 class Submitter:
-    """The submission threads of one Executor (started on the first submitted call)."""
+    """The submission threads of one Executor (started on the first submitted call), and the calls
+    submitted and not yet done, which close() waits for."""
 
     def __init__(self, executor, sides: int):
         self._ex = executor
         self._threads = max(2, THREADS_PER_SIDE * sides)
         self._pool = None
         self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._outstanding = 0            # calls submitted (not inline) whose futures are not done
+        self._waiting = {}               # id(call) -> call, for calls waiting for their inputs
+        self._ours = weakref.WeakSet()   # the futures of those calls (a dependency on one of them is ours)
+        self._closed = False
 
     def _pool_now(self):
         with self._lock:
@@ -112,15 +119,31 @@ class Submitter:
                 self._pool = cf.ThreadPoolExecutor(self._threads, thread_name_prefix="hipsched-submit")
             return self._pool
 
+    def _track(self, call):
+        with self._lock:
+            if self._closed:
+                raise HipschedError(f"{call.op}: the executor is closed")
+            self._outstanding += 1
+            self._ours.add(call.future)
+        call.future.add_done_callback(self._untrack)
+
+    def _untrack(self, _):
+        with self._lock:
+            self._outstanding -= 1
+            self._done.notify_all()
+
     def submit(self, op, backend, stream, split, args, kwargs) -> cf.Future:
         batch = getattr(_local, "batch", None)
-        if batch is None or batch.submitter is not self:
+        if self._closed:
+            raise HipschedError(f"{op}: the executor is closed")
+        if backend != "cpu" and (batch is None or batch.submitter is not self):
             ready = _ready_on_device(args, kwargs)
             if ready is not None:
                 # device data with every input ready: a GPU run leaves its work queued on the stream and
                 # returns at once, so the call is dispatched here, without a thread hand-off (a device
                 # chain costs about what its calls that wait cost), and the Future is done while the device
-                # may still be working. (Nobody else holds the Future yet: nothing can cancel it.)
+                # may still be working; a decision for the CPU (copies down and back) waits here. (Nobody
+                # else holds the Future yet: nothing can cancel it.)
                 fut = cf.Future()
                 try:
                     run = self._ex._run_whole if split is False else self._ex._run
@@ -129,11 +152,16 @@ class Submitter:
                     fut.set_exception(e)
                 return fut
         call = _Pending(op, backend, stream, split, args, kwargs)
+        self._track(call)
         if batch is not None and batch.submitter is self:
             batch.calls.append(call)
             return call.future
-        self._when_ready(call, lambda: self._pool_now().submit(self._run, call))
+        self._when_ready(call, lambda: self._start(call))
         return call.future
+
+    def _start(self, call):
+        if not call.future.done():   # (cancelled meanwhile, at close say: nothing to queue)
+            self._pool_now().submit(self._run, call)
 
     def _when_ready(self, call, start):
         """Calls `start` once every Future among the call's inputs is done (at once when none is); an
@@ -144,12 +172,16 @@ class Submitter:
             return
         left = [len(deps)]
         lock = threading.Lock()
+        with self._lock:
+            self._waiting[id(call)] = call
 
         def one_done(_):
             with lock:
                 left[0] -= 1
                 if left[0]:
                     return
+            with self._lock:
+                self._waiting.pop(id(call), None)
             for name, dep in deps:
                 err = "was cancelled" if dep.cancelled() else None
                 if err is None and dep.exception() is not None:
@@ -189,7 +221,17 @@ class Submitter:
         return Batch(self)
 
     def close(self):
+        """Takes no more calls and waits for the submitted ones: a call waiting for an input that is not
+        one of them (a Future the caller made) is cancelled, since nothing here will finish it; the rest,
+        their dependants included, run to the end."""
         with self._lock:
+            self._closed = True
+            stuck = [c for c in self._waiting.values()
+                     if any(not f.done() and f not in self._ours for _, f in _futures_in(c.args, c.kwargs))]
+        for c in stuck:
+            c.future.cancel()
+        with self._lock:
+            self._done.wait_for(lambda: self._outstanding == 0)
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
@@ -258,7 +300,7 @@ class Batch:
             (later if _futures_in(c.args, c.kwargs) else ready).append(c)
         # calls on other calls' results: decided by the backlog rule when their inputs are ready
         for c in later:
-            self.submitter._when_ready(c, lambda c=c: self.submitter._pool_now().submit(self.submitter._run, c))
+            self.submitter._when_ready(c, lambda c=c: self.submitter._start(c))
         if not ready:
             return
         costs = []

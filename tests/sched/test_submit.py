@@ -209,3 +209,17 @@ def test_submitted_calls_under_injected_faults_equal_the_calls_that_wait(data):
             assert np.array_equal(g, ex.softmax(x, backend="cpu"))
         want = ex.top_k(q, T, 10, backend="cpu")
         assert all(np.array_equal(g[0], want[0]) and np.array_equal(g[1], want[1]) for g in got[len(xs):])
+
+
+def test_close_runs_the_dependants_and_cancels_calls_waiting_on_foreign_inputs(data):
+    q, T = data
+    ex, cpu, gpu = machine(cpu_us=3000.0, gpu_us=3000.0)
+    first = ex.submit("scale", q, 2.0)
+    then = ex.submit("softmax", first)                  # waits for one of the executor's own calls
+    gate = cf.Future()
+    stuck = ex.submit("softmax", gate)                  # waits for a Future nothing here will finish
+    ex.close()
+    assert then.done() and np.array_equal(then.result(), ex.softmax(ex.scale(q, 2.0), backend="cpu"))
+    assert stuck.cancelled()
+    with pytest.raises(Exception, match="the executor is closed"):
+        ex.submit("scale", q, 1.0)

@@ -152,9 +152,13 @@ class KernelCache:
         self._objects: dict[tuple, tuple[str, bytes]] = {}
         self.hits = 0
         self.misses = 0
-        # sources being compiled off the caller's path (compile_in_background) -> when it started, and
-        # those done: (source, seconds, error text or None), oldest first
+        # sources being compiled off the caller's path (compile_in_background) -> when it started; those
+        # done: (source, seconds, error text or None), the last 64; the errors by (source, options), which
+        # the next request raises without compiling again. Their own lock: the RLock above is held for a
+        # whole synchronous compile, which must not make an automatic call wait.
+        self._bg_lock = threading.Lock()
         self._compiling: dict[str, float] = {}
+        self._bg_failed: dict[tuple, GpuError] = {}
         self.compiled_in_background: list[tuple[str, float, str | None]] = []
 
     @property
@@ -210,7 +214,7 @@ class KernelCache:
         raised at once)."""
         device = runtime.current_device()
         mkey = (id(runtime), device, source_name, tuple(options))
-        if mkey in self._modules or mkey in self._failed:
+        if mkey in self._modules or mkey in self._failed or (source_name, tuple(options)) in self._bg_failed:
             return True
         try:
             target = self.target(runtime, device)
@@ -229,9 +233,9 @@ class KernelCache:
     def compile_in_background(self, runtime, source_name: str, options=()) -> bool:
         """Starts compiling `source_name` for the runtime's device on a thread of its own (once: False
         when it is already being compiled). The code object lands in memory and on disk, where `ready`
-        then finds it; a compile error is kept in `compiled_in_background` and met again, as a GpuError,
-        by the next synchronous request."""
-        with self._lock:
+        then finds it; a compile error is kept, and the next request for the source raises it (as a
+        GpuError, counted against the GPU's health like any compile error) without compiling again."""
+        with self._bg_lock:
             if source_name in self._compiling:
                 return False
             self._compiling[source_name] = time.monotonic()
@@ -242,18 +246,22 @@ class KernelCache:
             t0, err = time.monotonic(), None
             try:
                 self.code_object(source_name, self.target(runtime, device), tuple(options), loader)
-            except Exception as e:  # noqa: BLE001 - reported with the source; the call path meets it again
-                err = f"{type(e).__name__}: {e}"
-            with self._lock:
+            except Exception as e:  # noqa: BLE001 - kept: the next request for the source raises it
+                err = e if isinstance(e, GpuError) else GpuError("compile", f"{source_name}: {type(e).__name__}: {e}")
+            with self._bg_lock:
                 self._compiling.pop(source_name, None)
-                self.compiled_in_background.append((source_name, time.monotonic() - t0, err))
+                if err is not None:
+                    self._bg_failed[(source_name, tuple(options))] = err
+                self.compiled_in_background.append((source_name, time.monotonic() - t0,
+                                                    None if err is None else str(err)))
+                del self.compiled_in_background[:-64]
         threading.Thread(target=compile_now, name=f"hipsched-compile-{source_name}", daemon=True).start()
         return True
 
     def compiling(self) -> dict[str, float]:
         """{source: seconds since its background compile started} for those still compiling."""
         now = time.monotonic()
-        with self._lock:
+        with self._bg_lock:
             return {s: now - t for s, t in self._compiling.items()}
 
     def target(self, runtime, device=None) -> str:
@@ -287,6 +295,11 @@ class KernelCache:
 
     def _load(self, runtime, device, source_name, options, mkey) -> int:
         loader = getattr(runtime, "loader_tag", lambda: "")()
+        failed = self._bg_failed.get((source_name, tuple(options)))
+        if failed is not None:   # its background compile failed: the same source fails the same way
+            if failed.kind in ("compile", "unavailable", "unsupported"):
+                self._failed[mkey] = failed
+            raise failed
         try:
             target = self.target(runtime, device)
             code = self.code_object(source_name, target, options, loader)

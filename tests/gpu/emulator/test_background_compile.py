@@ -87,3 +87,57 @@ def test_without_background_compiles_the_first_call_waits(slow_rt, tmp_path):
         assert not ex._gpu._ctx.cache.compiled_in_background
     events = [json.loads(line) for line in open(tmp_path / "ev.jsonl")]
     assert events[0]["reason"] != "gpu_unsupported" and "detail" not in events[0]
+
+
+@emulated
+def test_a_failed_background_compile_is_not_tried_again(slow_rt, tmp_path, monkeypatch):
+    from hipsched.errors import GpuError
+    tries = []
+
+    def broken(source, name, arch, options=()):
+        tries.append(name)
+        raise GpuError("compile", f"{name}: planted error")
+    monkeypatch.setattr(slow_rt.compiler, "compile", broken)
+    x = np.random.default_rng(3).standard_normal((64, 1024), dtype=np.float32)
+    ex = emulated_executor(slow_rt, tmp_path, background_compile=True)
+    with ex:
+        ex.softmax(x)
+        _wait_compiled(ex)
+        for _ in range(4):
+            np.testing.assert_array_equal(ex.softmax(x), ex.softmax(x, backend="cpu"))
+        assert tries == ["softmax.hip"]    # one compile; later calls meet its error, not the compiler
+        assert "softmax.hip: planted error" in ex._gpu._ctx.cache.compiled_in_background[0][2]
+
+
+@emulated
+def test_an_automatic_call_does_not_wait_for_another_threads_compile(slow_rt, tmp_path):
+    import threading
+    x = np.random.default_rng(4).standard_normal((64, 1024), dtype=np.float32)
+    y = np.random.default_rng(5).standard_normal(1 << 16, dtype=np.float32)
+    ex = emulated_executor(slow_rt, tmp_path, background_compile=True)
+    with ex:
+        forced = threading.Thread(target=lambda: ex.softmax(x, backend="gpu"))   # compiles on its thread
+        forced.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        ex.scale(y, 2.0)                        # its own kernel is cold too: compiled in the background
+        assert time.monotonic() - t0 < SLOW_S / 2
+        forced.join()
+        _wait_compiled(ex)
+
+
+@emulated
+def test_a_backend_whose_judge_takes_only_the_call_keeps_the_gpu(tmp_path):
+    """A GPU backend overriding judge(call) (no wait_for_kernels) is asked as before, not dropped."""
+    from fake_gpu import FakeGpuBackend
+    from hipsched import Executor
+
+    class OwnJudge(FakeGpuBackend):
+        def judge(self, call):
+            return super().judge(call)
+    gpu = OwnJudge(cost_us=lambda call: 1.0)
+    x = np.ones((256, 1024), np.float32)
+    with Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), background_compile=True) as ex:
+        for _ in range(20):
+            ex.softmax(x)
+        assert gpu.ok_runs >= 10
