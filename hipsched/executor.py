@@ -253,6 +253,16 @@ class Executor:
         self._fast._want_checked(op, backend)
         return self._submitter.submit(op, backend, stream, split, args, kwargs)
 
+    def _thread_stream(self):
+        """The GPU stream of the calling submission thread (GpuBackend.stream_for_thread), or None."""
+        if not self._gpu_present:
+            return None
+        try:
+            return self._gpu.stream_for_thread()
+        except Exception as e:  # a pool that cannot be made leaves the calls on the default stream
+            log.debug("hipsched: no stream for a submission thread (%s)", e)
+            return None
+
     def _submitted(self, op, backend, stream, split, wait, *args, **kwargs):
         if wait is not False:
             raise TypeError(f"{op}: wait must be True or False, got {wait!r}")

@@ -204,10 +204,13 @@ class Submitter:
             args, kwargs = _resolved(call.args, call.kwargs)
             run = self._ex._run_whole if call.split is False else self._ex._run
             b = call.backend if backend is None else backend
+            # each submission thread's GPU work on a stream of its own: independent calls' copies and
+            # kernels overlap (a call given a stream keeps it; one forced onto the CPU needs none)
+            stream = call.stream if call.stream is not None or b == "cpu" else self._ex._thread_stream()
             if scope is None:
-                out = call.context.run(run, call.op, b, call.stream, *args, **kwargs)
+                out = call.context.run(run, call.op, b, stream, *args, **kwargs)
             else:
-                out = call.context.run(self._scoped, scope, run, call.op, b, call.stream, args, kwargs)
+                out = call.context.run(self._scoped, scope, run, call.op, b, stream, args, kwargs)
         except BaseException as e:  # the caller sees it from .result(), as the call would have raised it
             call.future.set_exception(e)
         else:

@@ -20,7 +20,7 @@ from ..errors import GpuError
 from ..gpu.bindings import detect
 from ..gpu.bindings import runtime as _rt
 from ..gpu.launch.recording import PlanRecorder
-from ..gpu.memory.streams import as_stream_handle
+from ..gpu.memory.streams import StreamPool, as_stream_handle
 from ..ops import OPS
 from ..ops.base import host_arrays
 from .interface import KEEP_QUERY_MIN_BYTES, GpuBackendBase, Judgement
@@ -64,6 +64,11 @@ def _array_leaves(x, out):
     return out
 
 
+# Streams for the executor's submission threads (stream_for_thread): as many as it starts for one GPU
+# (hipsched/submission.py, THREADS_PER_SIDE per side), so that none shares.
+THREAD_STREAMS = 4
+
+
 class GpuBackend(GpuBackendBase):
     _fork_gen = 0
     # The compiled call path (hipsched/gpu/launch/_callpath.pyx's GpuPath), or None. The dispatcher replays
@@ -83,6 +88,8 @@ class GpuBackend(GpuBackendBase):
         self._ctx = None
         self._fns = {}
         self._lock = threading.Lock()
+        self._stream_pool = None                 # the streams stream_for_thread hands out (made on first use)
+        self._thread_stream = threading.local()
         self._fork_gen = _rt.fork_generation()
         self.device_index: int | None = None
         self._config = config
@@ -406,8 +413,28 @@ class GpuBackend(GpuBackendBase):
         except Exception as e:
             raise GpuError("runtime", f"measure_transfer: {type(e).__name__}: {e}") from e
 
+    def stream_for_thread(self):
+        """A stream of this backend's pool for the calling thread, the same one on each call (one
+        thread's calls stay in order; different threads' overlap): the pool is made on first use."""
+        s = getattr(self._thread_stream, "stream", None)
+        if s is not None or not self.available:
+            return s
+        with self._lock:
+            if self._ctx is None:
+                return None
+            if self._stream_pool is None:
+                self._stream_pool = StreamPool(self._ctx.rt, n=THREAD_STREAMS)
+            s = self._thread_stream.stream = self._stream_pool.next()
+        return s
+
     def close(self) -> None:
         with self._lock:
+            if self._stream_pool is not None:   # its streams' work done first; their late frees retired
+                try:
+                    self._stream_pool.close()
+                except Exception:
+                    pass
+                self._stream_pool = None
             if self.callpath is not None:
                 self.callpath.enabled = False
             if self._ctx is not None:   # its engine lets go of held inputs once their work has run

@@ -104,6 +104,12 @@ class GpuBackendBase:
             for a, trusted in host_arrays(call.args, KEEP_QUERY_MIN_BYTES) for resident in (self.is_resident(a),))
         return Judgement(None, fits, int(h2d), int(d2h), inputs=inputs)
 
+    def stream_for_thread(self):
+        """A stream for the calling thread's GPU work, or None (the backend's default). The executor's
+        submission threads ask: each thread's calls then go to a stream of their own, so that one call's
+        copies can overlap another's kernel."""
+        return None
+
     def _free_bytes(self) -> int:
         """The free memory a judgement compares with: GpuBackend's comes from its call engine, re-read at
         most every 10 ms (a decision must not cost a driver query); a stand-in's is its answer."""

@@ -135,8 +135,10 @@ def test_a_backend_whose_judge_takes_only_the_call_keeps_the_gpu(tmp_path):
     class OwnJudge(FakeGpuBackend):
         def judge(self, call):
             return super().judge(call)
-    gpu = OwnJudge(cost_us=lambda call: 1.0)
-    x = np.ones((256, 1024), np.float32)
+    # a GPU far faster than the CPU at this size, its link free: it takes nearly every call it is judged fit for
+    gpu = OwnJudge(cost_us=lambda call: 1.0, transfer={"h2d_latency_us": 0.0, "h2d_gbps": 1e6, "d2h_latency_us": 0.0,
+                                                       "d2h_gbps": 1e6})
+    x = np.ones((512, 1024), np.float32)
     with Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), background_compile=True) as ex:
         for _ in range(20):
             ex.softmax(x)

@@ -45,3 +45,23 @@ def test_a_device_chain_submitted_without_waiting_copies_nothing_to_the_host(rt,
         assert isinstance(idx, DeviceArray) and isinstance(scores, DeviceArray)
         np.testing.assert_array_equal(idx.get(), want[0].get())
         np.testing.assert_array_equal(scores.get(), want[1].get())
+
+
+def test_submitted_host_calls_run_on_their_threads_own_streams(rt, tmp_path):
+    """Calls submitted on host data run on the submission threads, each thread's GPU work on a stream of
+    its own (so one call's copies can overlap another's kernel); the results are the calls that wait."""
+    import json
+    rng = np.random.default_rng(12)
+    xs = [rng.standard_normal((64, 256), dtype=np.float32) for _ in range(12)]
+    with emulated_executor(rt, tmp_path, allow_fallback=False, telemetry_path=str(tmp_path / "ev.jsonl")) as ex:
+        pool = ex._gpu
+        futs = [ex.submit("softmax", x, backend="gpu") for x in xs]
+        got = [f.result(timeout=120) for f in futs]
+        for x, g in zip(xs, got):
+            np.testing.assert_array_equal(g, ex.softmax(x, backend="gpu"))
+        own = set(pool._stream_pool.streams)
+    events = [json.loads(line) for line in open(tmp_path / "ev.jsonl")]
+    submitted, waited = events[:12], events[12:]
+    assert all(e["backend"] == "gpu" and e["stream"] in own for e in submitted)
+    assert all(e["stream"] is None for e in waited)
+    assert len(own) == 4 and 0 not in own
