@@ -115,6 +115,8 @@ class Submitter:
 
     def _pool_now(self):
         with self._lock:
+            if self._pool is None and self._closed and not self._outstanding:
+                return None
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(self._threads, thread_name_prefix="hipsched-submit")
             return self._pool
@@ -160,8 +162,9 @@ class Submitter:
         return call.future
 
     def _start(self, call):
-        if not call.future.done():   # (cancelled meanwhile, at close say: nothing to queue)
-            self._pool_now().submit(self._run, call)
+        pool = self._pool_now()
+        if pool is not None:   # (None: closed, and every call left was cancelled at close)
+            pool.submit(self._run, call)
 
     def _when_ready(self, call, start):
         """Calls `start` once every Future among the call's inputs is done (at once when none is); an
