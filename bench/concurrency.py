@@ -8,7 +8,8 @@ no noise and with heavy noise (every call's time times exp(0.3 N(0, 1))); the ca
 16 threads; top_k, qmatmul and softmax alone and mixed. Forced CPU, forced GPU and auto run the same
 calls; the ideal is both sides busy at their own speeds.
 
-With --wall, the wall-clock view on the machine that runs it: the real CPU engine beside a GPU that runs one call at a time (tests/support/loaded_machine.py's
+With --wall, the wall-clock view on the machine that runs it: the real CPU engine beside a GPU that
+runs one call at a time (tests/support/loaded_machine.py's
 SleepingGpu: it sleeps for its scripted time, holding its one stream; its results are the CPU's,
 computed once per op before the timing). The GPU's time per call is 0.5x, 1x or 2x the speed of the
 CPU's measured time for that call (so 2x the CPU's time, the same, or half).
@@ -205,7 +206,8 @@ def main_sim(a):
     out("CPU time per call: " + ", ".join(f"{op} {t:.0f} us" for op, t in SIM_CPU_US.items()) +
         f"; the GPU's, the CPU's over its speed. {ncalls} calls a row (after 8 of each op by one caller).")
     out()
-    out("| machine | noise | mix | threads | cpu calls/s | gpu calls/s | auto calls/s | of sum | of best | auto on cpu |")
+    out("| machine | noise | mix | threads | cpu calls/s | gpu calls/s | auto calls/s | of sum | of best "
+        "| auto on cpu |")
     out("|---|---|---|---|---|---|---|---|---|---|")
     of_sums, of_bests, alone = [], [], []
     mixes = [[op] for op in ops] + [list(ops)]
