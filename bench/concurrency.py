@@ -9,10 +9,10 @@ no noise and with heavy noise (every call's time times exp(0.3 N(0, 1))); the ca
 calls; the ideal is both sides busy at their own speeds.
 
 With --wall, the wall-clock view on the machine that runs it: the real CPU engine beside a GPU that
-runs one call at a time (tests/support/loaded_machine.py's
-SleepingGpu: it sleeps for its scripted time, holding its one stream; its results are the CPU's,
-computed once per op before the timing). The GPU's time per call is 0.5x, 1x or 2x the speed of the
-CPU's measured time for that call (so 2x the CPU's time, the same, or half).
+runs one call at a time (tests/support/loaded_machine.py's SleepingGpu: it sleeps for its scripted
+time, holding its one stream; its results are the CPU's, computed once per op and arguments:
+loaded_machine.Results). The GPU's time per call is 0.5x, 1x or 2x the speed of the CPU's measured time
+for that call (so 2x the CPU's time, the same, or half).
 
 For each op (top_k, qmatmul, softmax, and a mix of the three), each GPU speed and each number of
 threads, the same calls run three times: forced on the CPU, forced on the GPU, and automatic (the model
@@ -42,10 +42,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
 
 import hipsched as hs  # noqa: E402
-from hipsched.backends.cpu import CpuBackend  # noqa: E402
 from hipsched.ops import OPS  # noqa: E402
 
-from loaded_machine import SleepingGpu  # noqa: E402
+from loaded_machine import Results, SleepingGpu  # noqa: E402
 from virtual_machine import noisy, virtual_machine  # noqa: E402
 
 # the virtual machines' CPU times (us) per call, of the order of the H100 host's for these ops
@@ -84,24 +83,8 @@ def cpu_time_us(ex, op, args, kwargs, reps=15):
     return statistics.median(ts)
 
 
-class CachedResults:
-    """The GPU's result of a call: the CPU engine's, computed once per op (outside the timing)."""
-
-    def __init__(self):
-        self._cpu = CpuBackend()
-        self._done = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, call):
-        with self._lock:
-            r = self._done.get(call.op)
-            if r is None:
-                r = self._done[call.op] = self._cpu.run(call)
-            return r
-
-
 def executor(gpu_us_of):
-    gpu = SleepingGpu(lambda call: gpu_us_of[call.op], result=CachedResults())
+    gpu = SleepingGpu(lambda call: gpu_us_of[call.op], result=Results())
     return hs.Executor(gpu_backend=gpu, persist_model=False, telemetry_path=None, split=False), gpu
 
 

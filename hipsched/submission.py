@@ -4,11 +4,11 @@
 
 A submitted call runs on one of the executor's submission threads, through the same dispatch path as a
 call that waits (a call on device data whose inputs are ready is dispatched on the caller's thread: a
-GPU run of device data leaves its work queued and returns at once): its decision counts the work already committed to each side (SchedCore's backlog), so
-calls submitted together spread over the CPU and the GPU. A Future (or a device result) passed as an
-input is a dependency: the call is queued once its inputs are ready, and an input produced on the GPU
-(a device array) is passed on as it is, so a chain on device data never copies its intermediates to the
-host; `.result()` gives what the call that waits would have returned. A cancelled call that has not
+GPU run of device data leaves its work queued and returns at once): its decision counts the work already
+committed to each side (SchedCore's backlog), so calls submitted together spread over the CPU and the
+GPU. A Future (or a device result) passed as an input is a dependency: the call is queued once its
+inputs are ready, and an input produced on the GPU (a device array) is passed on as it is, so a chain on
+device data never copies its intermediates to the host; `.result()` gives what the call that waits would have returned. A cancelled call that has not
 started never runs; a failed input fails its dependants with the op and the argument named.
 
 A batch collects its calls and, when its block ends, places its independent calls together (`place`:
@@ -158,7 +158,7 @@ class Submitter:
         if batch is not None and batch.submitter is self:
             batch.calls.append(call)
             return call.future
-        self._when_ready(call, lambda: self._start(call))
+        self._when_ready(call)
         return call.future
 
     def _start(self, call):
@@ -166,12 +166,12 @@ class Submitter:
         if pool is not None:   # (None: closed, and every call left was cancelled at close)
             pool.submit(self._run, call)
 
-    def _when_ready(self, call, start):
-        """Calls `start` once every Future among the call's inputs is done (at once when none is); an
-        input that failed fails the call instead, naming it."""
+    def _when_ready(self, call):
+        """Queues the call once every Future among its inputs is done (at once when none is); an input
+        that failed fails the call instead, naming it."""
         deps = _futures_in(call.args, call.kwargs)
         if not deps:
-            start()
+            self._start(call)
             return
         left = [len(deps)]
         lock = threading.Lock()
@@ -195,7 +195,7 @@ class Submitter:
                         e.__cause__ = None if dep.cancelled() else dep.exception()
                         call.future.set_exception(e)
                     return
-            start()
+            self._start(call)
         for _, dep in deps:
             dep.add_done_callback(one_done)
 
@@ -306,7 +306,7 @@ class Batch:
             (later if _futures_in(c.args, c.kwargs) else ready).append(c)
         # calls on other calls' results: decided by the backlog rule when their inputs are ready
         for c in later:
-            self.submitter._when_ready(c, lambda c=c: self.submitter._start(c))
+            self.submitter._when_ready(c)
         if not ready:
             return
         costs = []
@@ -317,25 +317,18 @@ class Batch:
                 if c.future.set_running_or_notify_cancel():
                     c.future.set_exception(e)
                 costs.append(None)
-        placed = [i for i, x in enumerate(costs) if x is not None]
-        plan = place([costs[i] for i in placed])
+        calls = [c for c, x in zip(ready, costs) if x is not None]
+        costs = [x for x in costs if x is not None]
+        plan = place(costs)
         at = {id(c): n for n, c in enumerate(self.calls)}
-        self.plan = [(at[id(ready[placed[j]])], ready[placed[j]].op, side, start, end) for j, side, start, end in plan]
-        planned = {placed[j]: (side, start) for j, side, start, end in plan}
+        self.plan = [(at[id(calls[j])], calls[j].op, side, start, end) for j, side, start, end in plan]
+        planned = {j: (side, start) for j, side, start, end in plan}
         # The plan's sides come from predictions; the run follows its order, not its sides: each side
         # takes the calls only it can run, then pulls from a shared queue ordered by relative advantage
         # (the CPU from the front, the GPU from the back) whenever it is free. Where the predictions
         # are off, the side that runs ahead takes more of the middle: the batch ends within about one
         # call of both sides' actual finish, not the plan's.
-        own = {"cpu": [], "gpu": []}
-        both = []
-        for i in placed:
-            c, g = costs[i]
-            if g is None or c is None:
-                own["cpu" if g is None else "gpu"].append(i)
-            else:
-                both.append(i)
-        both.sort(key=lambda i: (costs[i][0] / costs[i][1] if costs[i][1] > 0 else float("inf"), i))
+        own, both = _by_side(costs)
         shared = collections.deque(both)
         lock = threading.Lock()
 
@@ -345,19 +338,18 @@ class Batch:
             while True:
                 with lock:
                     if mine:
-                        i = mine.popleft()
+                        j = mine.popleft()
                     elif shared:
-                        i = shared.popleft() if side == "cpu" else shared.pop()
+                        j = shared.popleft() if side == "cpu" else shared.pop()
                     else:
                         return
-                call = ready[i]
-                p_side, p_start = planned[i]
+                call = calls[j]
+                p_side, p_start = planned[j]
                 tags = {"batch": self.id, "planned": p_side, "planned_start_us": round(p_start, 1),
                         "waited_us": round((time.perf_counter_ns() - call.submitted_ns) * 1e-3, 1),
                         "side_elapsed_us": round((time.perf_counter_ns() - t0) * 1e-3, 1)}
                 self.submitter._run(call, backend=side, scope=tags)
-        self.run_sides({side: (lambda side=side: worker(side)) for side in ("cpu", "gpu")
-                        if own[side] or (both and (side == "cpu" or any(costs[i][1] is not None for i in both)))})
+        self.run_sides({side: (lambda side=side: worker(side)) for side in ("cpu", "gpu") if own[side] or both})
 
     def run_sides(self, workers):
         """Starts a thread per side running its worker (a function of no argument that runs the side's
@@ -373,6 +365,24 @@ _CPU_ONLY_REASONS = frozenset(("gpu_unavailable", "gpu_unsupported", "memory_con
 _REASONS = _sched.REASONS
 
 
+def _by_side(costs):
+    """({"cpu": [...], "gpu": [...]}: the calls only that side can run, longest first; [the others, by their
+    CPU time over their GPU time, the CPU's relatively best first]), as indices into `costs`."""
+    fixed = {"cpu": [], "gpu": []}
+    both = []
+    for i, (c, g) in enumerate(costs):
+        if g is None:
+            fixed["cpu"].append(i)
+        elif c is None:
+            fixed["gpu"].append(i)
+        else:
+            both.append(i)
+    fixed["cpu"].sort(key=lambda i: -costs[i][0])
+    fixed["gpu"].sort(key=lambda i: -costs[i][1])
+    both.sort(key=lambda i: (costs[i][0] / costs[i][1] if costs[i][1] > 0 else float("inf"), i))
+    return fixed, both
+
+
 def place(costs):
     """Places independent calls on the CPU and the GPU: [(index, side, start, end)] in the order each
     side runs them. `costs` is [(cpu us or None, gpu us or None)] (None: the side cannot run it).
@@ -383,15 +393,7 @@ def place(costs):
     whole calls (within one call's time of the bound); an earliest-finish rule alone, in any order, sends
     a call to the side it is poor at whenever that side is idle (a batch of calls of which the GPU is 2x on
     some and 0.5x on others came out 1.2-1.4x its bound). Calls only one side can run go there first."""
-    fixed = {"cpu": [], "gpu": []}
-    both = []
-    for i, (c, g) in enumerate(costs):
-        if g is None:
-            fixed["cpu"].append(i)
-        elif c is None:
-            fixed["gpu"].append(i)
-        else:
-            both.append(i)
+    fixed, both = _by_side(costs)
     free = {"cpu": 0.0, "gpu": 0.0}
     out = []
 
@@ -400,9 +402,8 @@ def place(costs):
         out.append((i, side, free[side], free[side] + t))
         free[side] += t
     for side in ("cpu", "gpu"):
-        for i in sorted(fixed[side], key=lambda i: -costs[i][0 if side == "cpu" else 1]):
+        for i in fixed[side]:
             put(i, side)
-    both.sort(key=lambda i: (costs[i][0] / costs[i][1] if costs[i][1] > 0 else float("inf"), i))
     lo, hi = 0, len(both) - 1
     while lo <= hi:
         c, g = costs[both[lo]][0], costs[both[hi]][1]

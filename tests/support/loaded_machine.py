@@ -28,19 +28,38 @@ class SerialSide:
             sleep_us(self.us(call))
 
 
-class SleepingCpu:
-    """The CPU backend of the loaded machine."""
+class Results:
+    """A call's result: the CPU kernels', computed once per (op, arguments) (a GPU that must not spend the
+    real CPU on its results: bench/concurrency.py; calls in virtual time: virtual_machine.py)."""
 
-    def __init__(self, us):
-        self.side = SerialSide(us)
+    def __init__(self):
         self._cpu = CpuBackend()
+        self._done = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, call):
+        key = (call.op, tuple(id(a) for a in call.args), tuple(sorted(call.params.items(), key=str)))
+        with self._lock:
+            r = self._done.get(key)
+            if r is None:
+                r = self._done[key] = self._cpu.run(call)
+            return r
+
+
+class SideCpu:
+    """A CPU backend whose calls each take `side` (its `take(call)` holds it for the call's time);
+    results from `result(call)`, the CPU kernels by default."""
+
+    def __init__(self, side, result=None):
+        self.side = side
+        self._result = result if result is not None else CpuBackend().run
 
     @property
     def runs(self):
         return self.side.runs
 
     def run(self, call, stream=None):
-        out = self._cpu.run(call)
+        out = self._result(call)
         self.side.take(call)
         return out
 
@@ -51,17 +70,17 @@ class SleepingCpu:
         return None
 
 
-class SleepingGpu(GpuBackendBase):
-    """One device with one stream: host data only, a fast link (the copies are part of the scripted
-    time), every op and dtype the CPU runs."""
+class SideGpu(GpuBackendBase):
+    """A GPU backend whose calls each take `side`: one device with one stream, host data only, a free
+    link (the copies are part of the side's time), every op and dtype the CPU runs."""
     name = "gpu"
 
-    def __init__(self, us, result=None):
+    def __init__(self, side, result=None, label="side"):
         self.available = True
-        self.runtime_name = "sleeping"
-        self.device_name = "SleepingGPU"
-        self.device_arch = "sleeping"
-        self.side = SerialSide(us)
+        self.runtime_name = label
+        self.device_name = f"{label} GPU"
+        self.device_arch = label
+        self.side = side
         self._result = result if result is not None else CpuBackend().run
 
     @property
@@ -90,3 +109,17 @@ class SleepingGpu(GpuBackendBase):
 
     def measure_transfer(self):
         return {"h2d_latency_us": 0.0, "h2d_gbps": 1e6, "d2h_latency_us": 0.0, "d2h_gbps": 1e6}
+
+
+class SleepingCpu(SideCpu):
+    """The loaded machine's CPU: `us(call)` of sleep a call, one call at a time."""
+
+    def __init__(self, us):
+        super().__init__(SerialSide(us))
+
+
+class SleepingGpu(SideGpu):
+    """The loaded machine's GPU: `us(call)` of sleep a call, one call at a time."""
+
+    def __init__(self, us, result=None):
+        super().__init__(SerialSide(us), result, "sleeping")

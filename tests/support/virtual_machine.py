@@ -8,7 +8,7 @@ machine running it.
 
 The executor reads this clock: the dispatcher's timer (hipsched._dispatch._perf_ns) and the decision
 core's (SchedCore.set_clock), so the samples it learns and the backlog it sees are in virtual time.
-Results are real (the CPU kernels', computed once per op and arguments: `results`)."""
+Results are real (the CPU kernels', computed once per op and arguments: loaded_machine.Results)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +17,7 @@ import threading
 
 import numpy as np
 
-from hipsched.backends.cpu import CpuBackend
-from hipsched.backends.interface import GpuBackendBase
+from loaded_machine import Results, SideCpu, SideGpu
 
 
 class VirtualTime:
@@ -136,72 +135,16 @@ class Timeline:
         self.vt.sleep_until(self.free_ns)
 
 
-class Results:
-    """A call's result: the CPU kernels', once per (op, arguments)."""
-
-    def __init__(self):
-        self._cpu = CpuBackend()
-        self._done = {}
-
-    def __call__(self, call):
-        key = (call.op, tuple(id(a) for a in call.args), tuple(sorted(call.params.items(), key=str)))
-        r = self._done.get(key)
-        if r is None:
-            r = self._done[key] = self._cpu.run(call)
-        return r
-
-
-class VirtualCpu:
+class VirtualCpu(SideCpu):
     def __init__(self, vt, us, results):
-        self.side = Timeline(vt, us)
-        self._results = results
-
-    def run(self, call, stream=None):
-        out = self._results(call)
-        self.side.take(call)
-        return out
-
-    def run_device_data(self, call):
-        return self.run(call)
-
-    def roofline_properties(self):
-        return None
+        super().__init__(Timeline(vt, us), results)
 
 
-class VirtualGpu(GpuBackendBase):
+class VirtualGpu(SideGpu):
     """One device, one stream, host data, a free link (its copies are in its modelled time)."""
-    name = "gpu"
 
     def __init__(self, vt, us, results):
-        self.available = True
-        self.runtime_name = "virtual"
-        self.device_name = "VirtualGPU"
-        self.device_arch = "virtual"
-        self.side = Timeline(vt, us)
-        self._results = results
-
-    def supports(self, op, dtype):
-        return True
-
-    def max_elements(self, op):
-        return 1 << 40
-
-    def free_memory(self):
-        return 1 << 36
-
-    def device_bytes_needed(self, call):
-        return call.nbytes
-
-    def transfer_bytes(self, call):
-        return (0, 0)
-
-    def run(self, call, stream=None):
-        out = self._results(call)
-        self.side.take(call)
-        return out
-
-    def measure_transfer(self):
-        return {"h2d_latency_us": 0.0, "h2d_gbps": 1e6, "d2h_latency_us": 0.0, "d2h_gbps": 1e6}
+        super().__init__(Timeline(vt, us), results, "virtual")
 
 
 def noisy(us_of, sigma, seed):

@@ -188,13 +188,12 @@ class KernelCache:
         if memo is not None:
             self.hits += 1
             return memo[1]
-        version = self.compiler.version()
-        key = cache_key(self.compiler.name, version, arch, options, source, loader)
-        path = self.entry_path(key)
-        payload = read_entry(path, key)
-        if payload is None and loader:
-            aot = cache_key(self.compiler.name, version, arch, options, source)
-            payload = read_entry(self.entry_path(aot), aot)
+        keys = self._disk_keys(source, arch, options, loader)
+        payload = None
+        for k in keys:
+            payload = read_entry(self.entry_path(k), k)
+            if payload is not None:
+                break
         if payload is not None:
             self.hits += 1
             self._objects[(source_name, arch, options)] = (loader, payload)
@@ -202,7 +201,7 @@ class KernelCache:
         self.misses += 1
         payload = self.compiler.compile(source, source_name, arch, options)
         try:
-            write_entry(path, key, payload)
+            write_entry(self.entry_path(keys[0]), keys[0], payload)
         except OSError:
             pass
         self._objects[(source_name, arch, options)] = (loader, payload)
@@ -223,12 +222,18 @@ class KernelCache:
         if (source_name, target, tuple(options)) in self._objects:
             return True
         loader = getattr(runtime, "loader_tag", lambda: "")()
-        version = self.compiler.version()
-        source = self.source(source_name)
-        keys = [cache_key(self.compiler.name, version, target, tuple(options), source, loader)]
-        if loader:
-            keys.append(cache_key(self.compiler.name, version, target, tuple(options), source))
+        keys = self._disk_keys(self.source(source_name), target, tuple(options), loader)
         return any(self.entry_path(k).is_file() for k in keys)
+
+    def _disk_keys(self, source: str, arch: str, options: tuple, loader: str) -> list[str]:
+        """The disk entries that hold `source`'s code object for (arch, options, loader), in the order
+        they are read: the loader's own, then one written ahead of time with none (`python -m hipsched
+        compile`). New code objects are written under the first."""
+        version = self.compiler.version()
+        keys = [cache_key(self.compiler.name, version, arch, options, source, loader)]
+        if loader:
+            keys.append(cache_key(self.compiler.name, version, arch, options, source))
+        return keys
 
     def compile_in_background(self, runtime, source_name: str, options=()) -> bool:
         """Starts compiling `source_name` for the runtime's device on a thread of its own (once: False

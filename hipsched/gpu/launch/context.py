@@ -119,8 +119,7 @@ class GpuContext:
     def function(self, source: str, kernel: str) -> int:
         """Function handle for `kernel` in src_c/hip/<source>.hip (compiled or loaded on first use).
         `source` may be given with or without the .hip suffix."""
-        if source not in self.cache.sources and source + ".hip" in self.cache.sources:
-            source += ".hip"
+        source = self._source_name(source)
         fn = self.cache.function(self.rt, source, kernel)
         if fn not in self._kernels:
             self._kernels[fn] = (kernel, self.resources(source).get(kernel))
@@ -129,8 +128,7 @@ class GpuContext:
     def resources(self, source: str) -> dict:
         """{kernel: KernelResources} of `source` as compiled for this device, from its cached code
         object ({} when the code object records none, e.g. an emulator's host library)."""
-        if source not in self.cache.sources and source + ".hip" in self.cache.sources:
-            source += ".hip"
+        source = self._source_name(source)
         got = self._resources.get(source)
         if got is None:
             try:   # the very code object `function` loads: same target and loader, so a cache hit
@@ -247,9 +245,14 @@ class GpuContext:
                     planned[l] = fn
         return launches
 
-    def _not_compiling(self, source):
+    def _source_name(self, source: str) -> str:
+        """A kernel source as the cache names it: `source` may be given without its .hip suffix."""
         if source not in self.cache.sources and source + ".hip" in self.cache.sources:
-            source += ".hip"
+            return source + ".hip"
+        return source
+
+    def _not_compiling(self, source):
+        source = self._source_name(source)
         if self.cache.ready(self.rt, source):
             return
         self.cache.compile_in_background(self.rt, source)
