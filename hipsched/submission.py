@@ -8,8 +8,9 @@ GPU run of device data leaves its work queued and returns at once): its decision
 committed to each side (SchedCore's backlog), so calls submitted together spread over the CPU and the
 GPU. A Future (or a device result) passed as an input is a dependency: the call is queued once its
 inputs are ready, and an input produced on the GPU (a device array) is passed on as it is, so a chain on
-device data never copies its intermediates to the host; `.result()` gives what the call that waits would have returned. A cancelled call that has not
-started never runs; a failed input fails its dependants with the op and the argument named.
+device data never copies its intermediates to the host; `.result()` gives what the call that waits would
+have returned. A cancelled call that has not started never runs; a failed input fails its dependants
+with the op and the argument named.
 
 A batch collects its calls and, when its block ends, places its independent calls together (`place`:
 each side takes the calls it is relatively best at, by their predicted times with copies counted,
