@@ -10,7 +10,7 @@ further_gpus.py's, the upload sharing rule upload_sharing.py's)."""
 from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
                               F_WANT_CPU, F_WANT_GPU, R_COST_MODEL, R_CPU_FALLBACK, R_EXPLORING, R_GPU_UNAVAILABLE,
                               R_GPU_UNSUPPORTED, R_SPLIT, ST_BACKEND_ONLY, ST_CPU_PREFERRED,
-                              MAX_SLOTS, Params, SchedCore, hs_lock, hs_unlock, now_ns)
+                              MAX_SLOTS, Params, SchedCore, hs_held_t, hs_lock, hs_unlock, now_ns)
 from hipsched.cpu._hot cimport HotOp
 from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan
 from hipsched._queued_timing cimport PENDING, QueuedTimes
@@ -65,6 +65,7 @@ ctypedef struct Decision:
     double d2h
     double real_h2d                 # what its run would upload: the copies a GPU run's sample holds
     long long t0                    # when a committed decision was taken (the core's clock)
+    hs_held_t held                  # the common path's hold on its side (others hold on the thread's list)
 
 
 cdef class FastPath:
@@ -100,6 +101,7 @@ cdef class FastPath:
     cdef public object further      # further_gpus.FurtherGpus (calls on a further GPU's data), or None
     cdef readonly bint allow_fallback
     cdef public bint background_compile   # an automatic call refused while its kernel compiles (config)
+    cdef public object submitted    # what an op method's wait=False does (the Executor's, held weakly), or None
     cdef readonly tuple reason_str
 
     def __init__(self, SchedCore core, dict prepare, dict slots, cpu, gpu, Recorder tel, double min_batch,
@@ -195,16 +197,19 @@ cdef class FastPath:
         d.h2d = d.d2h = d.real_h2d = 0.0
         return flags
 
-    cdef inline void _settle(self, double size, int flags, bint commit, Decision *d) noexcept:
-        """The core's decision on a call's flags and the copy terms in `d`."""
+    cdef inline void _settle(self, double size, int flags, bint commit, Decision *d,
+                             bint own_hold=False) noexcept:
+        """The core's decision on a call's flags and the copy terms in `d`. A committed call holds its
+        side (SchedCore._hold) in d.held with `own_hold` (its caller ends it), else on the thread's list."""
         cdef int r
         if commit:
             d.t0 = self.core._now()   # (the hot path times its kernel from here: one clock read for both)
         hs_lock(&self.core.lock)
         r = self.core._decide(self.core.slots[d.slot], size, d.h2d, d.d2h, flags, &d.pc, &d.pg, commit)
         if commit:
-            # the call's predicted time is the side's work until its record (SchedCore._hold)
-            self.core._hold(r & 1, d.pc if r & 1 == CPU else d.pg, r & 1 == GPU and flags & F_ON_DEVICE, d.t0)
+            # the call's predicted time is the side's work until its record
+            self.core._hold(r & 1, d.pc if r & 1 == CPU else d.pg, r & 1 == GPU and flags & F_ON_DEVICE, d.t0,
+                            &d.held if own_hold else NULL)
         hs_unlock(&self.core.lock)
         d.backend = r & 1
         d.reason = r >> 1
@@ -247,42 +252,61 @@ cdef class FastPath:
         detail = self._decide_call(call, call.size, want, entry, False, &d)   # a question: nothing counted
         return d.backend, d.reason, d.pc, d.pg, detail
 
-    cdef object _record_cpu(self, str op, Decision *d, double dur, size, dtype, nbytes, stream, detail):
+    cdef object _record_cpu(self, str op, Decision *d, double dur, size, dtype, nbytes, stream, detail,
+                            long long end_ns=0):
+        """A CPU run's record. `end_ns`: the common path's end of the run, read from the core's clock; its
+        hold is then d.held, and the event's wall time follows from that reading (Recorder.record_ended)."""
         hs_lock(&self.core.lock)
-        self.core._record(self.core.slots[d.slot], CPU, <double>size, dur, 0.0, 0.0, True, True, False)
+        if end_ns:
+            self.core._record_held(&d.held, self.core.slots[d.slot], CPU, <double>size, dur, 0.0, 0.0, True, True,
+                                   False)
+        else:
+            self.core._record(self.core.slots[d.slot], CPU, <double>size, dur, 0.0, 0.0, True, True, False)
         hs_unlock(&self.core.lock)
         if self.tel is not None:
-            self.tel.record(op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc, d.pg, stream, None,
-                            detail)
+            if end_ns and not self.core.clock_ns:   # (a core in virtual time: the event's time is now)
+                self.tel.record_ended(end_ns, op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc,
+                                      d.pg, stream, detail)
+            else:
+                self.tel.record(op, "cpu", self.reason_str[d.reason], size, dtype, nbytes, dur, d.pc, d.pg, stream,
+                                None, detail)
 
     def _want_checked(self, str op, backend):
         """Raises the ValueError a call with this `backend` would (for a call submitted to run later)."""
         self._want(op, backend)
 
+    def call(self, str op, dict own, tuple args, dict kwargs):
+        """An op method's call (executor._op_method): `own` holds the method's own keywords given (backend,
+        stream, split, wait), checked here in C; the op's arguments come as a tuple and a dict or None (no
+        packing of them again, and no empty dict made)."""
+        backend, stream, split, wait = "auto", None, None, True
+        if own:
+            backend = own.pop("backend", "auto")
+            stream = own.pop("stream", None)
+            split = own.pop("split", None)
+            wait = own.pop("wait", True)
+            if own:
+                raise TypeError(f"Executor.{op}() got an unexpected keyword argument {next(iter(own))!r}")
+        if wait is not True:
+            submitted = self.submitted() if self.submitted is not None else None
+            if submitted is None:
+                raise RuntimeError(f"{op}: wait=False needs the Executor that made this call")
+            return submitted(op, backend, stream, split, wait, *args, **(kwargs or {}))
+        return self._run(op, backend, stream, args, kwargs, split is not False)
+
     def run(self, str op, backend, stream, *args, **kwargs):
-        cdef int mark = self.core._held()
-        try:
-            return self._run(op, backend, stream, args, kwargs, True)
-        finally:
-            self.core._release(mark)   # a call that ended without its record still leaves its side's work
+        return self._run(op, backend, stream, args, kwargs, True)
 
     def run_whole(self, str op, backend, stream, *args, **kwargs):
         """run, never splitting the call across processors (an op method's split=False)."""
-        cdef int mark = self.core._held()
-        try:
-            return self._run(op, backend, stream, args, kwargs, False)
-        finally:
-            self.core._release(mark)
+        return self._run(op, backend, stream, args, kwargs, False)
 
     cdef object _run(self, str op, backend, stream, tuple args, dict kwargs, bint split):
         cdef Decision d
-        cdef Inputs ins
-        cdef GpuPath gp = self.path
-        cdef double dur, size, nbytes
-        cdef long long t0
+        cdef double size, nbytes
+        cdef long long t0, t1
         cdef HotOp hot
-        cdef int want, flags
-        cdef size_t handle = 0
+        cdef int want, flags, mark
         # 1. the op's common case, compiled end to end
         entry = self.hot.get(op)
         if entry is None and op not in self.hot:
@@ -300,14 +324,31 @@ cdef class FastPath:
                 # too small for upload sharing to count (that needs the prepared call)
                 if want != F_WANT_GPU and (not self._asks_gpu(flags, want, size) or (
                         nbytes < _SHARED_MIN_BYTES and self._cpu_whatever_copies(size, flags, &d))):
-                    self._settle(size, flags, True, &d)
+                    self._settle(size, flags, True, &d, True)
                     # (never the GPU: that takes a call the GPU was asked about; should the model have
                     # changed since the question, on another thread, the call still runs here)
                     t0 = d.t0
-                    out = hot.run(ready)
-                    dur = (self.core._now() - t0) * 1e-3
-                    self._record_cpu(op, &d, dur, <long long>size, "float32", <long long>nbytes, stream, None)
+                    try:
+                        out = hot.run(ready)
+                    except BaseException:
+                        self.core._unhold(&d.held)
+                        raise
+                    t1 = self.core._now()
+                    self._record_cpu(op, &d, (t1 - t0) * 1e-3, <long long>size, "float32", <long long>nbytes,
+                                     stream, None, t1)
                     return out
+        mark = self.core._held()
+        try:
+            return self._run_general(op, backend, stream, args, kwargs, split)
+        finally:
+            self.core._release(mark)   # a call that ended without its record still leaves its side's work
+
+    cdef object _run_general(self, str op, backend, stream, tuple args, dict kwargs, bint split):
+        cdef Inputs ins
+        cdef GpuPath gp = self.path
+        cdef size_t handle = 0
+        if kwargs is None:
+            kwargs = {}
         # 2. device data whose call the GPU ran before with the same key: its plan, replayed in C
         key = None
         if gp is not None and gp.enabled:

@@ -176,7 +176,9 @@ cdef inline void bucket_add(Bucket *bk, int window, double t, double work) noexc
     bk.work_sum += work
     bk.sum += t
     bk.sumsq += t * t
-    bk.pos = (bk.pos + 1) % window
+    bk.pos += 1
+    if bk.pos == window:
+        bk.pos = 0
     bk.total += 1
     bk.mean = bucket_stats(bk, &bk.rel_sd)
 

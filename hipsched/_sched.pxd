@@ -96,6 +96,23 @@ cdef struct Load:          # one side's work in flight (docs/design/scheduling.m
     double area_us         # the integral of inflight over time, for a finished call's mean concurrency
     long long area_at_ns   # when area_us was brought up to date
 
+# A committed call's hold on its side's Load (SchedCore._hold), until its record or its run's end.
+# Declared in C so that the thread-local list in _sched.pyx and a dispatcher's stack can both hold one.
+cdef extern from *:
+    """
+    #ifndef HS_HELD_T
+    #define HS_HELD_T
+    typedef struct { void *load; char *lock; int queued; double t_us; long long t0_ns; double area0; } hs_held_t;
+    #endif
+    """
+    ctypedef struct hs_held_t:
+        void *load         # the Load it counts in (NULL: nothing held)
+        char *lock         # its core's lock
+        int queued         # device work that may be left queued when the call returns
+        double t_us        # its predicted time
+        long long t0_ns    # when it was committed
+        double area0       # the side's area_us then
+
 cdef struct Params:
     int window
     double min_batch       # config allows any integer >= 0 (2**40: never the GPU)
@@ -163,6 +180,8 @@ cdef class SchedCore:
                       double d2h) noexcept nogil
     cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
                       bint ok, bint final, bint fallback) noexcept nogil
+    cdef void _record_held(self, hs_held_t *e, Slot *s, int backend, double size, double dur_us, double h2d,
+                           double d2h, bint ok, bint final, bint fallback) noexcept nogil
     cdef void _add(self, Slot *s, int backend, double size, double t) noexcept nogil
     cdef void _sample_parts(self, Slot *s, double size, double kernel_us, double up_bytes,
                             double up_us) noexcept nogil
@@ -170,7 +189,8 @@ cdef class SchedCore:
     cdef inline long long _now(self) noexcept nogil:
         return self.clock_ns if self.clock_ns else now_ns()
     cdef double _backlog(self, int side, long long now) noexcept nogil
-    cdef void _hold(self, int side, double t_us, bint queued, long long now) noexcept nogil
+    cdef void _hold(self, int side, double t_us, bint queued, long long now, hs_held_t *into) noexcept nogil
+    cdef void _unhold(self, hs_held_t *e) noexcept nogil
     cdef void _release(self, int mark) noexcept
     cdef int _held(self) noexcept nogil
     cdef inline bint _shared(self) noexcept nogil:

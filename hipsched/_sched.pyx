@@ -62,21 +62,14 @@ DEF COPY_DOMINATED_SHARE = 0.5
 
 # The calls this thread has committed and not yet finished, per core and side (at most a few: a call
 # holds one side, a call nested in another's run one more). Thread-local so that closing them needs no
-# search across threads; the Load they count into is changed under its core's lock.
+# search across threads; the Load they count into is changed under its core's lock. (The compiled common
+# path keeps its one hold on its own stack instead: SchedCore._hold's `into`.)
 cdef extern from *:
     """
-    typedef struct { void *load; char *lock; int queued; double t_us; long long t0_ns; double area0; } hs_held_t;
     #define HS_MAX_HELD 4
     static __thread hs_held_t hs_held[HS_MAX_HELD];
     static __thread int hs_nheld;
     """
-    ctypedef struct hs_held_t:
-        void *load
-        char *lock
-        int queued
-        double t_us
-        long long t0_ns
-        double area0
     enum: HS_MAX_HELD
     hs_held_t hs_held[HS_MAX_HELD]
     int hs_nheld
@@ -341,14 +334,18 @@ cdef class SchedCore:
             r += (L.queued_until_ns - now) * 1e-3
         return r
 
-    cdef void _hold(self, int side, double t_us, bint queued, long long now) noexcept nogil:
+    cdef void _hold(self, int side, double t_us, bint queued, long long now, hs_held_t *into) noexcept nogil:
         """A committed decision taken at `now` (under the lock): the call's predicted time joins the
-        side's work until its record (or the end of its run: _release) takes it off."""
+        side's work until its record (or the end of its run: _release) takes it off. The hold goes
+        in `into` when given (its caller ends it: _record_held, _unhold), else on this thread's list."""
         global hs_nheld
         cdef Load *L = &self.load[side & 1]
-        cdef hs_held_t *e
-        if hs_nheld >= HS_MAX_HELD:
-            return
+        cdef hs_held_t *e = into
+        if e == NULL:
+            if hs_nheld >= HS_MAX_HELD:
+                return
+            e = &hs_held[hs_nheld]
+            hs_nheld += 1
         if not (t_us >= 0 and isfinite(t_us)):
             t_us = 0   # a side not yet known (its first run): nothing predicted to wait for
         _load_touch(L, now)
@@ -357,14 +354,20 @@ cdef class SchedCore:
             L.work_us = 0
         L.inflight += 1
         L.work_us += t_us
-        e = &hs_held[hs_nheld]
         e.load = <void *>L
         e.lock = &self.lock
         e.queued = queued
         e.t_us = t_us
         e.t0_ns = now
         e.area0 = L.area_us
-        hs_nheld += 1
+
+    cdef void _unhold(self, hs_held_t *e) noexcept nogil:
+        """Ends a hold kept by its caller (_hold's `into`) whose call ended without its record."""
+        if e.load != NULL:
+            hs_lock(e.lock)
+            _load_finish(e, self._now(), False)
+            hs_unlock(e.lock)
+            e.load = NULL
 
     cdef int _held(self) noexcept nogil:
         """How many calls this thread holds (a dispatched call releases down to the count it began with)."""
@@ -393,7 +396,7 @@ cdef class SchedCore:
         until a record of that side on this thread or release() ends it (for tests and Python paths)."""
         cdef long long now = self._now()
         hs_lock(&self.lock)
-        self._hold(backend & 1, predicted_us, queued, now)
+        self._hold(backend & 1, predicted_us, queued, now, NULL)
         hs_unlock(&self.lock)
 
     def release(self):
@@ -416,6 +419,10 @@ cdef class SchedCore:
         g = self._backlog(GPU, now)
         hs_unlock(&self.lock)
         return c, g
+
+    def in_flight(self):
+        """(cpu, gpu): how many committed calls each side holds now (any thread's)."""
+        return self.load[CPU].inflight, self.load[GPU].inflight
 
     cdef double _xfer(self, double h2d, double d2h) noexcept nogil:
         cdef double t = self._h2d_us(h2d)
@@ -689,27 +696,33 @@ cdef class SchedCore:
 
     cdef void _record(self, Slot *s, int backend, double size, double dur_us, double h2d, double d2h,
                       bint ok, bint final, bint fallback) noexcept nogil:
+        """_record_held with this thread's hold on the side, the innermost (a call nested in a run)."""
+        cdef int i
+        for i in range(hs_nheld - 1, -1, -1):
+            if hs_held[i].load == <void *>&self.load[backend]:
+                self._record_held(&hs_held[i], s, backend, size, dur_us, h2d, d2h, ok, final, fallback)
+                _held_drop(i)
+                return
+        self._record_held(NULL, s, backend, size, dur_us, h2d, d2h, ok, final, fallback)
+
+    cdef void _record_held(self, hs_held_t *e, Slot *s, int backend, double size, double dur_us, double h2d,
+                           double d2h, bint ok, bint final, bint fallback) noexcept nogil:
         cdef double sample_us = dur_us, wall, overlap
         cdef long long now
-        cdef int i
-        cdef hs_held_t *e
-        # this thread's call held on the side ends here. Other calls that shared the side while it ran
-        # stretched its time: the sample is its time over their mean number (the integral of the
+        # the call's hold `e` (may be NULL or ended) ends here. Other calls that shared the side while it
+        # ran stretched its time: the sample is its time over their mean number (the integral of the
         # side's calls in flight over its run, per unit of its run), what it would have taken alone
         # when the side's calls share it, and on average when they queue. Alone: its time as measured.
-        for i in range(hs_nheld - 1, -1, -1):   # the innermost call's hold first (a call nested in a run)
-            e = &hs_held[i]
-            if e.load == <void *>&self.load[backend]:
-                # (the run's end as its own timing has it, where it has one: no second clock read)
-                now = e.t0_ns + <long long>(dur_us * 1e3) if dur_us > 0 and isfinite(dur_us) else self._now()
-                _load_touch(&self.load[backend], now)
-                wall = (now - e.t0_ns) * 1e-3
-                overlap = self.load[backend].area_us - e.area0
-                if ok and dur_us > 0 and wall > 0 and overlap > wall:
-                    sample_us = dur_us * wall / overlap
-                _load_finish(e, now, e.queued and ok and dur_us < 0)
-                _held_drop(i)
-                break
+        if e != NULL and e.load == <void *>&self.load[backend]:
+            # (the run's end as its own timing has it, where it has one: no second clock read)
+            now = e.t0_ns + <long long>(dur_us * 1e3) if dur_us > 0 and isfinite(dur_us) else self._now()
+            _load_touch(&self.load[backend], now)
+            wall = (now - e.t0_ns) * 1e-3
+            overlap = self.load[backend].area_us - e.area0
+            if ok and dur_us > 0 and wall > 0 and overlap > wall:
+                sample_us = dur_us * wall / overlap
+            _load_finish(e, now, e.queued and ok and dur_us < 0)
+            e.load = NULL
         if backend == GPU:
             self._health(&self.hl[s.op_index], ok)
         if ok:

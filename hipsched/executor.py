@@ -172,7 +172,10 @@ class Executor:
                                         cfg.gpu_min_batch_size, cfg.allow_fallback, _REASON_STR)
         # (a backend whose judge takes no wait_for_kernels, a test double's override, is asked as before)
         self._fast.background_compile = cfg.background_compile and _judge_can_defer(gpu)
-        self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): every op method goes through it
+        # (op, backend, stream, split, wait, *args, **kwargs): every op method goes through it
+        self._call = self._fast.call
+        self._fast.submitted = weakref.WeakMethod(self._submitted)   # (no cycle through the dispatcher)
+        self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): a call that waits
         self._run_whole = self._fast.run_whole   # the same, never split (an op method's split=False)
         if cfg.split and self._gpu_present:
             self._fast.splitter = Splitter(self._core, self._cpu, gpu, cfg.split_min_us, self._record_split,
@@ -437,7 +440,7 @@ class Executor:
 # go straight on to _run, required ones positionally and those with a default by keyword, with no
 # binding work per call. Adding an op takes no edit of this class. split=False keeps the call whole on
 # one side (the config's `split` turns splitting off for every call); True or None leave it to the model.
-_OP_METHOD_NAMES = ("self", "backend", "stream", "split", "wait")
+_OP_METHOD_NAMES = ("self", "backend", "stream", "split", "wait", "_own")
 
 
 def _op_method(name, spec):
@@ -471,24 +474,30 @@ def _op_method(name, spec):
                              else f"{p.name}={p.name}")
     if last_positional_only:
         params.insert(last_positional_only, "/")
-    # backend, stream and split go before a **kwargs (keyword-only either way)
-    own = ([] if kw_only else ["*"]) + ['backend="auto"', "stream=None", "split=None", "wait=True"]
     if params and params[-1].startswith("**"):
-        params[-1:-1] = own
-    else:
-        params += own
-    rest = ''.join(', ' + a for a in call_args)
-    src = (f"def {name}(self, {', '.join(params)}):\n"
-           f"    if wait is not True:\n"
-           f"        return self._submitted({name!r}, backend, stream, split, wait{rest})\n"
-           f"    if split is False:\n"
-           f"        return self._run_whole({name!r}, backend, stream{rest})\n"
-           f"    return self._run({name!r}, backend, stream{rest})\n")
+        raise TypeError(f"op {name}: prepare takes **{params[-1][2:]}, which the Executor method's own "
+                        f"keywords would mix with")
+    # the signature shown (help, inspect) names the method's own keyword-only backend, stream, split and
+    # wait; the method takes them as **_own, which the dispatcher's call reads in C: an absent keyword-only
+    # parameter costs its default's lookup by name, every call (four of them a sixth of a tiny call's
+    # Python), where an empty ** costs an empty dict
+    shown = params + ([] if kw_only else ["*"]) + ['backend="auto"', "stream=None", "split=None", "wait=True"]
+    exec(compile(f"def {name}(self, {', '.join(shown)}): pass\n", f"<hipsched op signature {name}>", "exec"),
+         ns)
+    signature = inspect.signature(ns[name])
+    # the op's arguments as one tuple and one dict (None without keywords): not packed again in C
+    positional = [a for a in call_args if "=" not in a]
+    keywords = [a for a in call_args if "=" in a]
+    as_tuple = "(" + "".join(a + ", " for a in positional) + ")"
+    as_dict = "{" + ", ".join("{0!r}: {1}".format(*a.split("=", 1)) for a in keywords) + "}" if keywords else "None"
+    src = (f"def {name}(self, {', '.join(params + ['**_own'])}):\n"
+           f"    return self._call({name!r}, _own, {as_tuple}, {as_dict})\n")
     exec(compile(src, f"<hipsched op method {name}>", "exec"), ns)
     method = ns[name]
     method.__qualname__ = f"Executor.{name}"
     method.__module__ = __name__
     method.__doc__ = spec.prepare.__doc__
+    method.__signature__ = signature
     return method
 
 

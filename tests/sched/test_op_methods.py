@@ -1,8 +1,11 @@
 """Each op's Executor method and module-level function are generated from its spec: the signature is
 the prepare's parameters followed by keyword-only backend, stream, split and wait, the docstring the
 prepare's."""
+import concurrent.futures
+import gc
 import inspect
 
+import numpy as np
 import pytest
 
 import hipsched as hs
@@ -45,37 +48,51 @@ def test_module_function_signature_and_doc(op):
 
 
 def test_generated_method_passes_arguments_as_written():
-    """Required parameters go positionally and those with a default by keyword, straight to _run."""
+    """Required parameters go in the tuple and those with a default in the dict (None when there are
+    none), straight to _call with the method's own keywords as given (the dispatcher's call reads those
+    in C); the signature shown still names them."""
     seen = []
 
     class Fake:
-        def _run(self, *args, **kwargs):
+        def _call(self, *args, **kwargs):
             seen.append((args, kwargs))
             return "ran"
-
-        def _run_whole(self, *args, **kwargs):
-            seen.append(("whole", args, kwargs))
-            return "ran whole"
-
-        def _submitted(self, *args, **kwargs):
-            seen.append(("submitted", args, kwargs))
-            return "submitted"
 
     f = Fake()
     assert Executor.add(f, 1, 2) == "ran"
     assert Executor.softmax(f, 3, 0, backend="cpu") == "ran"
     assert Executor.attention(f, 1, 2, 3) == "ran"
-    assert Executor.top_k(f, 1, 2, 3, stream="s") == "ran"
-    assert seen == [(("add", "auto", None, 1, 2), {}),
-                    (("softmax", "cpu", None, 3), {"axis": 0}),
-                    (("attention", "auto", None, 1, 2, 3), {"causal": False, "scale": None, "kv_len": None}),
-                    (("top_k", "auto", "s", 1, 2, 3), {})]
-    # split=False keeps the call whole; True and None leave it to the model
-    assert Executor.top_k(f, 1, 2, 3, split=False) == "ran whole"
-    assert Executor.top_k(f, 1, 2, 3, split=True) == "ran"
-    assert seen[-2:] == [("whole", ("top_k", "auto", None, 1, 2, 3), {}), (("top_k", "auto", None, 1, 2, 3), {})]
-    # wait=False (or anything but True, which _submitted refuses) submits, with backend, stream and split
-    assert Executor.softmax(f, 3, 0, backend="gpu", split=False, wait=False) == "submitted"
-    assert seen[-1] == ("submitted", ("softmax", "gpu", None, False, False, 3), {"axis": 0})
+    assert Executor.top_k(f, 1, 2, 3, stream="s", split=False) == "ran"
+    assert Executor.softmax(f, 3, 0, backend="gpu", split=False, wait=False) == "ran"
+    assert seen == [(("add", {}, (1, 2), None), {}),
+                    (("softmax", {"backend": "cpu"}, (3,), {"axis": 0}), {}),
+                    (("attention", {}, (1, 2, 3), {"causal": False, "scale": None, "kv_len": None}), {}),
+                    (("top_k", {"stream": "s", "split": False}, (1, 2, 3), None), {}),
+                    (("softmax", {"backend": "gpu", "split": False, "wait": False}, (3,), {"axis": 0}), {})]
     with pytest.raises(TypeError):
         Executor.add(f, 1, 2, 3)
+    assert list(inspect.signature(Executor.add).parameters) == ["self", "a", "b", "backend", "stream", "split",
+                                                                "wait"]
+
+
+def test_the_dispatchers_call_routes_wait_and_split(rng):
+    """wait=False submits (a Future), anything but True or False is refused by name, and the Executor's
+    submission is held weakly: a dispatcher outliving its Executor says so instead of keeping it."""
+    a = rng.standard_normal(8).astype(np.float32)
+    with hs.Executor(persist_model=False) as ex:
+        fut = ex.add(a, a, wait=False)
+        assert isinstance(fut, concurrent.futures.Future)
+        assert np.array_equal(fut.result(), a + a)
+        with pytest.raises(TypeError, match="wait must be True or False"):
+            ex.add(a, a, wait=None)
+        assert np.array_equal(ex.add(a, a, split=False), a + a)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'backnd'"):
+            ex.add(a, a, backnd="gpu")
+        with pytest.raises(ValueError):
+            ex.add(a, a, backend="tpu")
+        fast = ex._fast
+    del ex, fut
+    gc.collect()
+    with pytest.raises(RuntimeError, match="wait=False needs the Executor"):
+        fast.call("add", {"wait": False}, (a, a), None)
+    assert np.array_equal(fast.call("add", {}, (a, a), None), a + a)

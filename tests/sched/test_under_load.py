@@ -5,8 +5,10 @@ the schedule is exact; the Executor's threads are checked with a fake GPU in tes
 import threading
 import time
 
+import numpy as np
 import pytest
 
+import hipsched as hs
 from hipsched import _sched
 from hipsched.scheduling import REASONS, SelectionReason as R
 
@@ -204,3 +206,16 @@ def test_a_tie_goes_to_the_idle_side():
         ns = _callers(vt, ex, q, T, 2, 30)
     assert (cpu.side.runs - c0, gpu.side.runs - g0) == (15, 45)
     assert ns == 30 * 2_800_000 + 15 * 2_800_000
+
+
+def test_the_common_paths_hold_ends_with_its_record(rng):
+    """The compiled common path keeps its call's hold on its own stack: its record ends it, so with the
+    clock stopped no work is left on either side after any number of calls (a hold that outlived its
+    call would stay as backlog, and send the next calls away from a side that is idle)."""
+    a = rng.standard_normal(8).astype(np.float32)
+    with hs.Executor(persist_model=False) as ex:
+        ex._core.set_clock(10**12)
+        for _ in range(20):
+            ex.add(a, a)
+            assert ex._core.backlog() == (0.0, 0.0) and ex._core.in_flight() == (0, 0)
+        assert [e["backend"] for e in ex.events[-20:]] == ["cpu"] * 20

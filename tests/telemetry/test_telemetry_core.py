@@ -6,9 +6,11 @@ import threading
 import time
 from enum import Enum
 
+import numpy as np
 import pytest
 from requires import need
 
+import hipsched as hs
 from hipsched.telemetry import BackendStats, Telemetry, parse_ts, schema_path
 
 
@@ -271,3 +273,21 @@ def test_telemetry_doc_names_every_op():
     with open(os.path.join(root, "docs", "guide", "telemetry.md")) as f:
         row = next(line for line in f if line.startswith("| `op` |"))
     assert set(re.findall(r"`(\w+)`", row.split("|")[3])) == set(hipsched.OPS)
+
+
+def test_a_common_path_event_is_stamped_when_its_call_ended(rng):
+    """The compiled common path's events take their wall time from the run's own end reading (one clock
+    read fewer): each lies between the wall clock read before and after its call, and in seq order."""
+    a = rng.standard_normal(8).astype(np.float32)
+    with hs.Executor(persist_model=False) as ex:
+        bounds = []
+        for _ in range(50):
+            before = time.time()
+            ex.add(a, a)
+            bounds.append((before, time.time()))
+        ev = ex.events[-50:]
+    assert [e["reason"] for e in ev] and all(e["backend"] == "cpu" for e in ev)
+    ts = [parse_ts(e["ts"]) for e in ev]
+    for t, (lo, hi) in zip(ts, bounds):
+        assert lo - 1e-3 <= t <= hi + 1e-3   # (the anchor's two reads are ns apart; ts keeps us)
+    assert ts == sorted(ts)

@@ -40,9 +40,18 @@ MUTANTS = [
         why="issue 33: a run that shared its side is learned as its whole wall time, so a side under load "
             "looks several times slower than it is",
         path="hipsched/_sched.pyx",
-        find="                    sample_us = dur_us * wall / overlap",
-        replace="                    sample_us = dur_us",
+        find="                sample_us = dur_us * wall / overlap",
+        replace="                sample_us = dur_us",
         kill=(f"{_LOAD}::test_a_run_that_shared_its_side_is_learned_as_its_time_alone",),
+    ),
+    Mutant(
+        name="load-common-path-hold-never-ends",
+        why="issue 33: the compiled common path's record looks for its hold on the thread's list, where it "
+            "is not: every tiny call leaves its predicted time on its side for good",
+        path="hipsched/_dispatch.pyx",
+        find="            self.core._record_held(&d.held, self.core.slots[d.slot], CPU,",
+        replace="            self.core._record(self.core.slots[d.slot], CPU,",
+        kill=(f"{_LOAD}::test_the_common_paths_hold_ends_with_its_record",),
     ),
     Mutant(
         name="submit-failed-input-passed-on",
