@@ -184,6 +184,7 @@ cdef class FastPath:
         # decision's)
         if r & 1 != CPU or r >> 1 == R_EXPLORING or isnan(pc) or isnan(pg):
             return False
+        d.reason = r >> 1   # (the question's, which a commit that chose otherwise keeps: _keep_on_cpu)
         return self.splitter is None or not pc >= self.splitter.min_us
 
     cdef inline int _flags(self, tuple entry, int want, bint on_device, Decision *d) except? -1:
@@ -196,6 +197,27 @@ cdef class FastPath:
         d.slot = entry[0]
         d.h2d = d.d2h = d.real_h2d = 0.0
         return flags
+
+    cdef inline bint _cpu_asked(self, double size, int flags, Decision *d, bint *asked) noexcept:
+        asked[0] = True
+        return self._cpu_whatever_copies(size, flags, d)
+
+    cdef void _keep_on_cpu(self, Decision *d, int reason) noexcept:
+        """The common path's commit chose the GPU where its question a moment before said the CPU (a
+        breaker's cooldown ran out between the two, a queued backlog drained): the call runs on the CPU
+        as the question decided, so its hold moves there, and a half-open probe it claimed is given back
+        (the breaker open again, its cooldown served: the next eligible call probes)."""
+        self.core._unhold(&d.held)
+        if d.reason == R_EXPLORING:
+            try:
+                self.core.release_probe(d.slot)
+            except Exception:
+                pass   # (a slot index from this core: cannot fail)
+        hs_lock(&self.core.lock)
+        self.core._hold(CPU, d.pc, False, d.t0, &d.held)
+        hs_unlock(&self.core.lock)
+        d.backend = CPU
+        d.reason = reason
 
     cdef inline void _settle(self, double size, int flags, bint commit, Decision *d,
                              bint own_hold=False) noexcept:
@@ -306,7 +328,8 @@ cdef class FastPath:
         cdef double size, nbytes
         cdef long long t0, t1
         cdef HotOp hot
-        cdef int want, flags, mark
+        cdef int want, flags, mark, reason
+        cdef bint asked
         # 1. the op's common case, compiled end to end
         entry = self.hot.get(op)
         if entry is None and op not in self.hot:
@@ -322,11 +345,13 @@ cdef class FastPath:
                 flags = self._flags(entry, want, False, &d)
                 # a call the GPU is not asked about, or one it loses with its copies free whose inputs are
                 # too small for upload sharing to count (that needs the prepared call)
+                asked = False
                 if want != F_WANT_GPU and (not self._asks_gpu(flags, want, size) or (
-                        nbytes < _SHARED_MIN_BYTES and self._cpu_whatever_copies(size, flags, &d))):
+                        nbytes < _SHARED_MIN_BYTES and self._cpu_asked(size, flags, &d, &asked))):
+                    reason = d.reason if asked else R_COST_MODEL
                     self._settle(size, flags, True, &d, True)
-                    # (never the GPU: that takes a call the GPU was asked about; should the model have
-                    # changed since the question, on another thread, the call still runs here)
+                    if d.backend != CPU:
+                        self._keep_on_cpu(&d, reason)
                     t0 = d.t0
                     try:
                         out = hot.run(ready)

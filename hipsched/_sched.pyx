@@ -723,6 +723,11 @@ cdef class SchedCore:
                 sample_us = dur_us * wall / overlap
             _load_finish(e, now, e.queued and ok and dur_us < 0)
             e.load = NULL
+        elif e != NULL and e.load != NULL:
+            # held on the other side (a decision its run did not follow): ended all the same, since no
+            # later record or release would find it
+            _load_finish(e, self._now(), False)
+            e.load = NULL
         if backend == GPU:
             self._health(&self.hl[s.op_index], ok)
         if ok:

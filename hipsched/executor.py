@@ -172,7 +172,7 @@ class Executor:
                                         cfg.gpu_min_batch_size, cfg.allow_fallback, _REASON_STR)
         # (a backend whose judge takes no wait_for_kernels, a test double's override, is asked as before)
         self._fast.background_compile = cfg.background_compile and _judge_can_defer(gpu)
-        # (op, backend, stream, split, wait, *args, **kwargs): every op method goes through it
+        # (op, own keywords, args tuple, kwargs dict or None): every op method goes through it
         self._call = self._fast.call
         self._fast.submitted = weakref.WeakMethod(self._submitted)   # (no cycle through the dispatcher)
         self._run = self._fast.run  # (op, backend, stream, *args, **kwargs): a call that waits
@@ -435,11 +435,12 @@ class Executor:
 
 # ---------------------------------------------------------------------- op methods
 # Every op's method is generated from its spec: the parameters are its prepare's (so help(),
-# inspect.signature and IDE completion show them) plus keyword-only `backend`, `stream` and `split`, the
-# docstring is the prepare's, and the body is the one a hand-written method would have: the arguments
-# go straight on to _run, required ones positionally and those with a default by keyword, with no
-# binding work per call. Adding an op takes no edit of this class. split=False keeps the call whole on
-# one side (the config's `split` turns splitting off for every call); True or None leave it to the model.
+# inspect.signature and IDE completion show them) plus keyword-only `backend`, `stream`, `split` and
+# `wait` (taken as **_own, read by the dispatcher's call in C), the docstring is the prepare's, and the
+# body hands the op's arguments straight on to _call, required ones in a tuple and those with a default
+# in a dict, with no binding work per call. Adding an op takes no edit of this class. split=False keeps the
+# call whole on one side (the config's `split` turns splitting off for every call); True or None leave it
+# to the model.
 _OP_METHOD_NAMES = ("self", "backend", "stream", "split", "wait", "_own")
 
 

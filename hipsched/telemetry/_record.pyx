@@ -39,9 +39,10 @@ cdef inline long long mono_ns() noexcept nogil:
 
 
 # How long the wall time of an event may be taken from the monotonic clock reading its call already
-# made, from one reading of both clocks: a clock read is a fifth of a tiny call's telemetry, and over a
-# second the two clocks part by at most NTP's slew (500 ppm: 0.5 ms), far inside what a timestamp is for
-DEF ANCHOR_NS = 1000000000
+# made, from one reading of both clocks: a clock read is a fifth of a tiny call's telemetry. In 100 ms
+# NTP's slew (500 ppm) parts the clocks by 50 us; a step of the wall clock or a suspend (the monotonic
+# clock stops) shows up to 100 ms late, where events read the wall clock themselves on other paths
+DEF ANCHOR_NS = 100000000
 
 
 cdef class Recorder:
@@ -107,7 +108,7 @@ cdef class Recorder:
     cdef object record_ended(self, long long end_ns, op, backend, reason, size, dtype, nbytes, duration_us,
                              pred_cpu_us, pred_gpu_us, stream, detail):
         """record, for a call whose end the caller read from the monotonic clock (`end_ns`, now_ns()'s):
-        its wall time follows from the last reading of both clocks, taken again once a second."""
+        its wall time follows from the last reading of both clocks, taken again every 100 ms."""
         cdef long long d
         if not self.enabled:
             return None
