@@ -3,6 +3,7 @@ kernel is not compiled runs on the CPU while the kernel compiles on a thread of 
 so), and the GPU takes the calls once it is ready; backend="gpu" waits for it; background_compile=False
 keeps the first call waiting. On the kernel emulator, its compiler slowed to 2 s a source."""
 import json
+import threading
 import time
 
 import numpy as np
@@ -39,24 +40,34 @@ def _wait_compiled(ex, limit_s=120.0):
 
 
 @emulated
-def test_a_cold_kernel_compiles_while_the_cpu_runs_its_calls(slow_rt, tmp_path):
+def test_a_cold_kernel_compiles_while_the_cpu_runs_its_calls(slow_rt, tmp_path, monkeypatch):
+    # the compiler is held until the test lets it go (not timed: a loaded machine would make any time
+    # limit a guess), so a call that waited for it could only return once it gave up waiting
+    gate, started, gave_up = threading.Event(), [], []
+    slow = slow_rt.compiler.compile
+
+    def held(*a, **k):
+        started.append(a)
+        if not gate.wait(30.0):
+            gave_up.append(a)
+        return slow(*a, **k)
+    monkeypatch.setattr(slow_rt.compiler, "compile", held)
     x = np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)
     ex = emulated_executor(slow_rt, tmp_path, background_compile=True, telemetry_path=str(tmp_path / "ev.jsonl"),
                            allow_fallback=False)
     with ex:
-        t0 = time.monotonic()
         first = ex.softmax(x)                   # the GPU would be tried (no estimate yet): its kernel is cold
-        took = time.monotonic() - t0
-        assert took < SLOW_S / 2, took           # nobody waited for the compiler
+        assert not gave_up and not gate.is_set()   # returned while the compiler was held: nobody waited
         compiling = ex._gpu._ctx.cache.compiling()
         assert list(compiling) == ["softmax.hip"]
+        gate.set()
         cache = _wait_compiled(ex)
         assert [c[0] for c in cache.compiled_in_background] == ["softmax.hip"]
         assert cache.compiled_in_background[0][1] >= SLOW_S and cache.compiled_in_background[0][2] is None
         ex.softmax(x)                           # ready now: judged on its merits
-        t0 = time.monotonic()
+        compiles = len(started)
         second = ex.softmax(x, backend="gpu")   # and nothing left to compile
-        assert time.monotonic() - t0 < SLOW_S / 2
+        assert len(started) == compiles and not gave_up
         assert np.array_equal(first, ex.softmax(x, backend="cpu"))
         np.testing.assert_allclose(second, first, rtol=1e-6, atol=1e-7)
     events = [json.loads(line) for line in open(tmp_path / "ev.jsonl")]
@@ -133,13 +144,18 @@ def test_a_backend_whose_judge_takes_only_the_call_keeps_the_gpu(tmp_path):
     from hipsched import Executor
 
     class OwnJudge(FakeGpuBackend):
+        judged = 0
+
         def judge(self, call):
+            self.judged += 1
             return super().judge(call)
-    # a GPU far faster than the CPU at this size, its link free: it takes nearly every call it is judged fit for
+    # (the fake GPU runs the CPU's kernel, so it is never the faster side: how many calls it takes after
+    # exploring depends on the machine's load; that it is asked and runs calls does not)
     gpu = OwnJudge(cost_us=lambda call: 1.0, transfer={"h2d_latency_us": 0.0, "h2d_gbps": 1e6, "d2h_latency_us": 0.0,
                                                        "d2h_gbps": 1e6})
     x = np.ones((512, 1024), np.float32)
     with Executor(gpu_backend=gpu, persist_model=False, cache_dir=str(tmp_path), background_compile=True) as ex:
         for _ in range(20):
             ex.softmax(x)
-        assert gpu.ok_runs >= 10
+        assert gpu.judged >= 1 and gpu.ok_runs >= 1
+        assert any(e["backend"] == "gpu" for e in ex.events)
