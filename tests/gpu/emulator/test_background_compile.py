@@ -121,18 +121,29 @@ def test_a_failed_background_compile_is_not_tried_again(slow_rt, tmp_path, monke
 
 
 @emulated
-def test_an_automatic_call_does_not_wait_for_another_threads_compile(slow_rt, tmp_path):
-    import threading
+def test_an_automatic_call_does_not_wait_for_another_threads_compile(slow_rt, tmp_path, monkeypatch):
+    gate, started, gave_up = threading.Event(), [], []
+    slow = slow_rt.compiler.compile
+
+    def held(*a, **k):   # (as in the first test: held until the test lets it go)
+        started.append(a)
+        if not gate.wait(30.0):
+            gave_up.append(a)
+        return slow(*a, **k)
+    monkeypatch.setattr(slow_rt.compiler, "compile", held)
     x = np.random.default_rng(4).standard_normal((64, 1024), dtype=np.float32)
     y = np.random.default_rng(5).standard_normal(1 << 16, dtype=np.float32)
     ex = emulated_executor(slow_rt, tmp_path, background_compile=True)
     with ex:
         forced = threading.Thread(target=lambda: ex.softmax(x, backend="gpu"))   # compiles on its thread
         forced.start()
-        time.sleep(0.3)
-        t0 = time.monotonic()
+        end = time.monotonic() + 30.0
+        while not started and time.monotonic() < end:   # (until its compile has begun)
+            time.sleep(0.01)
+        assert started
         ex.scale(y, 2.0)                        # its own kernel is cold too: compiled in the background
-        assert time.monotonic() - t0 < SLOW_S / 2
+        assert not gave_up and not gate.is_set()
+        gate.set()
         forced.join()
         _wait_compiled(ex)
 
