@@ -195,12 +195,9 @@ cdef class FastPath:
             flags |= F_ON_DEVICE   # the GPU's terms are then the CPU's copies, which the core charges to the CPU
         d.want = want
         d.slot = entry[0]
+        d.reason = R_COST_MODEL   # (until a question or a decision says otherwise)
         d.h2d = d.d2h = d.real_h2d = 0.0
         return flags
-
-    cdef inline bint _cpu_asked(self, double size, int flags, Decision *d, bint *asked) noexcept:
-        asked[0] = True
-        return self._cpu_whatever_copies(size, flags, d)
 
     cdef void _keep_on_cpu(self, Decision *d, int reason) noexcept:
         """The common path's commit chose the GPU where its question a moment before said the CPU (a
@@ -209,10 +206,7 @@ cdef class FastPath:
         (the breaker open again, its cooldown served: the next eligible call probes)."""
         self.core._unhold(&d.held)
         if d.reason == R_EXPLORING:
-            try:
-                self.core.release_probe(d.slot)
-            except Exception:
-                pass   # (a slot index from this core: cannot fail)
+            self.core.release_probe(d.slot)
         hs_lock(&self.core.lock)
         self.core._hold(CPU, d.pc, False, d.t0, &d.held)
         hs_unlock(&self.core.lock)
@@ -329,7 +323,6 @@ cdef class FastPath:
         cdef long long t0, t1
         cdef HotOp hot
         cdef int want, flags, mark, reason
-        cdef bint asked
         # 1. the op's common case, compiled end to end
         entry = self.hot.get(op)
         if entry is None and op not in self.hot:
@@ -345,10 +338,9 @@ cdef class FastPath:
                 flags = self._flags(entry, want, False, &d)
                 # a call the GPU is not asked about, or one it loses with its copies free whose inputs are
                 # too small for upload sharing to count (that needs the prepared call)
-                asked = False
                 if want != F_WANT_GPU and (not self._asks_gpu(flags, want, size) or (
-                        nbytes < _SHARED_MIN_BYTES and self._cpu_asked(size, flags, &d, &asked))):
-                    reason = d.reason if asked else R_COST_MODEL
+                        nbytes < _SHARED_MIN_BYTES and self._cpu_whatever_copies(size, flags, &d))):
+                    reason = d.reason   # the question's, if one was asked
                     self._settle(size, flags, True, &d, True)
                     if d.backend != CPU:
                         self._keep_on_cpu(&d, reason)

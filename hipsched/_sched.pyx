@@ -379,17 +379,11 @@ cdef class SchedCore:
         in another's run leaves the outer call's hold alone. Any core's holds: a call on a further GPU
         holds on that device's core."""
         global hs_nheld
-        cdef long long now
-        cdef char *lk
         if mark < 0:
             mark = 0
         while hs_nheld > mark:
-            lk = hs_held[hs_nheld - 1].lock
-            hs_lock(lk)
-            now = self._now()
-            _load_finish(&hs_held[hs_nheld - 1], now, False)
+            self._unhold(&hs_held[hs_nheld - 1])
             hs_nheld -= 1
-            hs_unlock(lk)
 
     def hold(self, int backend, double predicted_us, bint queued=False):
         """Commits a call of `predicted_us` to a side for this thread, as a dispatched decision does,
@@ -709,7 +703,7 @@ cdef class SchedCore:
                            double d2h, bint ok, bint final, bint fallback) noexcept nogil:
         cdef double sample_us = dur_us, wall, overlap
         cdef long long now
-        # the call's hold `e` (may be NULL or ended) ends here. Other calls that shared the side while it
+        # the call's hold `e` on this side (may be NULL or ended) ends here. Other calls that shared the side while it
         # ran stretched its time: the sample is its time over their mean number (the integral of the
         # side's calls in flight over its run, per unit of its run), what it would have taken alone
         # when the side's calls share it, and on average when they queue. Alone: its time as measured.
@@ -722,11 +716,6 @@ cdef class SchedCore:
             if ok and dur_us > 0 and wall > 0 and overlap > wall:
                 sample_us = dur_us * wall / overlap
             _load_finish(e, now, e.queued and ok and dur_us < 0)
-            e.load = NULL
-        elif e != NULL and e.load != NULL:
-            # held on the other side (a decision its run did not follow): ended all the same, since no
-            # later record or release would find it
-            _load_finish(e, self._now(), False)
             e.load = NULL
         if backend == GPU:
             self._health(&self.hl[s.op_index], ok)
