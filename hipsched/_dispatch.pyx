@@ -28,6 +28,7 @@ from .chunking import chunkable, run_chunked
 from .dlpack_devices import device_indices
 from .errors import GpuError
 from .ops import OPS
+from .ops.base import deliver
 from .ops.foreign_arrays import result_converter
 from .upload_sharing import REUSE_MIN_BYTES, UploadSharing
 
@@ -368,7 +369,8 @@ cdef class FastPath:
             kwargs = {}
         # 2. device data whose call the GPU ran before with the same key: its plan, replayed in C
         key = None
-        if gp is not None and gp.enabled:
+        # (a call given out= writes a host array the compiled path's plans know nothing of: prepare's way)
+        if gp is not None and gp.enabled and not (kwargs and "out" in kwargs):
             if stream is not None:
                 handle = <size_t>stream if type(stream) is int and stream >= 0 else self._stream_handle(stream)
             keep = []
@@ -407,14 +409,19 @@ cdef class FastPath:
     cdef object _general(self, str op, backend, stream, tuple args, dict kwargs, key, Inputs *ins, bint split):
         """The general path: the op's prepare, the decision with the GPU's terms, the run (the first GPU
         run with a plan key recorded for the compiled path), or a split across both sides where the model
-        predicts one to finish sooner (a call both sides are measured for, the model's own choice)."""
-        cdef Decision d
-        cdef int want
-        cdef GpuPath gp = self.path
+        predicts one to finish sooner (a call both sides are measured for, the model's own choice). A
+        result given out= reaches it through deliver, whichever way the call ran."""
         prep = self.prepare.get(op)
         if prep is None:
             prep = self._prepare_missing(op)
         call = prep(*args, **kwargs)
+        return deliver(call, self._general_call(call, backend, stream, key, ins, split))
+
+    cdef object _general_call(self, call, backend, stream, key, Inputs *ins, bint split):
+        cdef Decision d
+        cdef int want
+        cdef GpuPath gp = self.path
+        cdef str op = call.op
         dtype = call.dtype
         entry = self._entry(op, dtype)
         want = self._want(op, backend)
@@ -459,7 +466,8 @@ cdef class FastPath:
         if fn is None or call.on_device or (d.want == F_WANT_GPU and not self.allow_fallback):
             return self._run_other(call, d.slot, d.reason, d.pc, d.pg, d.want, detail, stream)
         t0 = now_ns()
-        out = fn(*call.args, **call.params)  # the lock is not held while the kernel runs
+        # the lock is not held while the kernel runs; an out= is written by the kernel itself
+        out = fn(*call.args, **call.params) if call.out is None else fn(*call.args, out=call.out, **call.params)
         dur = (now_ns() - t0) * 1e-3
         self._record_cpu(call.op, d, dur, call.size, call.dtype, call.nbytes, stream, detail)
         return out

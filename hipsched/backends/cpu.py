@@ -28,8 +28,11 @@ class CpuBackend:
         return f
 
     def run(self, call, stream=None):
-        """Run on host arrays (see run_device_data for a call whose inputs live on a GPU)."""
+        """Run on host arrays (see run_device_data for a call whose inputs live on a GPU), into call.out
+        when the call has one."""
         f = self._fns.get(call.op) or self._load(call.op)
+        if call.out is not None:
+            return f(*call.args, out=call.out, **call.params)
         return f(*call.args, **call.params)
 
     def run_device_data(self, call):

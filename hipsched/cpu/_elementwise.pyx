@@ -97,8 +97,20 @@ def _result_like(a):
     return buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
 
 
-def silu_mul(gate, up):
-    """silu(gate) * up, gate and up of one shape and one dtype."""
+cdef object _given_out(object out, object like, str op):
+    """out= as the kernel takes it: like's shape and dtype, C-contiguous, aligned, writable (hipsched.ops
+    validated it, overlap included: these checks keep a direct caller's mistake from writing out of
+    bounds)."""
+    if (type(out) is not np.ndarray or out.shape != like.shape or out.dtype != like.dtype
+            or not out.flags.c_contiguous or not out.flags.aligned or not out.flags.writeable):
+        raise ValueError(f"{op}: out must be a writable C-contiguous array of shape {like.shape} and dtype "
+                         f"{like.dtype} (validate through hipsched.ops)")
+    return out
+
+
+def silu_mul(gate, up, out=None):
+    """silu(gate) * up, gate and up of one shape and one dtype; into out when given (gate or up itself
+    for in place)."""
     cdef int cg = -1, cu = -1
     cdef void *pg = float_ptr(gate, "gate", &cg)
     cdef void *pu = float_ptr(up, "up", &cu)
@@ -107,7 +119,7 @@ def silu_mul(gate, up):
     if gate.shape != up.shape:
         raise ValueError(f"silu_mul: gate {gate.shape} and up {up.shape} must have one shape")
     cdef int64_t n = gate.size
-    out = _result_like(gate)
+    out = _result_like(gate) if out is None else _given_out(out, gate, "silu_mul")
     cdef void *po = cnp.PyArray_DATA(out)
     cdef hs_dtype dt = <hs_dtype>cg
     with nogil:
@@ -115,15 +127,16 @@ def silu_mul(gate, up):
     return out
 
 
-def gelu(x, approximate="none"):
-    """GELU, torch's erf form ("none") or its tanh form ("tanh"), in float64 per element."""
+def gelu(x, approximate="none", out=None):
+    """GELU, torch's erf form ("none") or its tanh form ("tanh"), in float64 per element; into out when
+    given (x itself for in place)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     cdef int cx = -1
     cdef void *px = float_ptr(x, "x", &cx)
     cdef int64_t n = x.size
     cdef int tanh_form = approximate == "tanh"
-    out = np.empty_like(x)
+    out = np.empty_like(x) if out is None else _given_out(out, x, "gelu")
     cdef void *po = cnp.PyArray_DATA(out)
     cdef hs_dtype dt = <hs_dtype>cx
     with nogil:
@@ -131,9 +144,10 @@ def gelu(x, approximate="none"):
     return out
 
 
-def rope(x, positions, base=10000.0, scale=1.0, style="neox"):
+def rope(x, positions, base=10000.0, scale=1.0, style="neox", out=None):
     """Rotary embedding of x (batch, heads, seq, d) or (heads, seq, d) at int64 positions (seq,) or
-    (batch, seq) (see hipsched.ops.elementwise.prepare_rope for the formula)."""
+    (batch, seq) (see hipsched.ops.elementwise.prepare_rope for the formula); into out when given (x
+    itself for in place: each pair is read before it is written)."""
     cdef int cx = -1
     cdef void *px = float_ptr(x, "x", &cx)
     if style not in ("neox", "gptj"):
@@ -154,7 +168,7 @@ def rope(x, positions, base=10000.0, scale=1.0, style="neox"):
         raise ValueError(f"rope: positions {pos.shape} must be (seq,) or (batch, seq) for x {x.shape}")
     cdef double b = float(base), sc = float(scale)
     cdef int gptj = style == "gptj", rc
-    out = _result_like(x)
+    out = _result_like(x) if out is None else _given_out(out, x, "rope")
     cdef void *po = cnp.PyArray_DATA(out)
     cdef const int64_t *pp = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>pos)
     cdef hs_dtype dt = <hs_dtype>cx

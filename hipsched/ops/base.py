@@ -22,9 +22,12 @@ class Call:
     the name the kernels are chosen by, one of the op spec's declared dtypes: the inputs' float type, a
     quant type, or qmatmul's (quant type, x dtype) pair (ops/quant.py); the scheduler's model, the GPU's
     capability check and the telemetry key on it. `judged`: the GPU backend's Judgement of this call
-    (backends/interface.py), set by the dispatcher when it asks, and read by the run it decided."""
+    (backends/interface.py), set by the dispatcher when it asks, and read by the run it decided. `out`:
+    the host array the result is written into (an op's out=, validated by its prepare), or None; the CPU
+    kernel writes it directly, any other run (GPU, split, pieces) makes its result and the dispatcher
+    copies it there (deliver)."""
 
-    __slots__ = ("op", "args", "params", "size", "nbytes", "dtype", "on_device", "judged")
+    __slots__ = ("op", "args", "params", "size", "nbytes", "dtype", "on_device", "judged", "out")
 
     def __init__(self, op, args, params, size, nbytes, dtype="float32", on_device=False):
         self.op = op
@@ -35,16 +38,28 @@ class Call:
         self.dtype = dtype
         self.on_device = on_device
         self.judged = None
+        self.out = None
 
     def part(self, args, share: float) -> "Call":
         """The call of one piece of this one, on host data: `args` for `share` of its work and bytes (at
-        least 1 of each), the same op, params and dtype (out-of-memory chunks, split parts)."""
+        least 1 of each), the same op, params and dtype (out-of-memory chunks, split parts), its own
+        result (the whole's rejoined pieces reach `out` through deliver)."""
         return Call(self.op, args, self.params, max(1, int(self.size * share)), max(1, int(self.nbytes * share)),
                     self.dtype, False)
 
     def __repr__(self):
         return f"Call({self.op}, size={self.size}, nbytes={self.nbytes}, dtype={self.dtype}, on_device={self.on_device})"
 
+
+
+def deliver(call, result):
+    """The result as the caller gets it: written into call.out when out= was given (unless the run wrote
+    it there already) and call.out returned."""
+    out = call.out
+    if out is None or result is out:
+        return result
+    np.copyto(out, result)
+    return out
 
 
 def host_arrays(args, min_bytes: int = 0, out=None) -> list:

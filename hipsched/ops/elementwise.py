@@ -30,8 +30,8 @@ from ..dlpack_devices import is_device_array
 from . import validation
 from .base import Call, rand_f32, partition_from_split, register, split_rows
 from .foreign_arrays import _read_host
-from .validation import FLOATS, any_on_device, as_float, check_result_fits, contiguous_aligned, dtype_name, promote, \
-    shape_mismatch
+from .validation import FLOATS, any_on_device, as_float, check_result_fits, contiguous_aligned, dtype_name, out_array, \
+    promote, shape_mismatch
 
 _CPU = "hipsched.cpu._elementwise"
 _GPU = "hipsched.gpu.glue.elementwise"
@@ -145,11 +145,13 @@ def prepare_softmax(x, axis=-1) -> Call:
           split=lambda call: split_rows(call, same_shape_only=True),
           partition=lambda call: partition_from_split(split_rows(call, same_shape_only=True)),
           sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
-def prepare_silu_mul(gate, up) -> Call:
+def prepare_silu_mul(gate, up, *, out=None) -> Call:
     """SwiGLU's gate: silu(gate) * up = gate / (1 + exp(-gate)) * up, element-wise and fused. gate and up
     of one shape; float32, float16 or bfloat16, computed in float32 and rounded once to the result's
     dtype (theirs when they agree, float32 for a mix, as add promotes); other real types convert to
-    float32. Non-finite values propagate as torch's silu(gate) * up gives them (gate -inf: NaN)."""
+    float32. Non-finite values propagate as torch's silu(gate) * up gives them (gate -inf: NaN).
+    out: a host array of the result's shape and dtype to write it into (gate or up itself for in place),
+    returned; see validation.out_array."""
     gate = as_float(gate, "silu_mul", "gate")
     up = as_float(up, "silu_mul", "up")
     dtype, (gate, up) = promote("silu_mul", gate=gate, up=up)
@@ -158,7 +160,9 @@ def prepare_silu_mul(gate, up) -> Call:
         raise shape_mismatch("silu_mul", "gate", sg, "up", su, "gate and up must have one shape")
     es = _itemsize(dtype)
     n = _elements("silu_mul", sg, es)
-    return Call("silu_mul", (gate, up), {}, size=n, nbytes=3 * es * n, dtype=dtype, on_device=any_on_device(gate, up))
+    call = Call("silu_mul", (gate, up), {}, size=n, nbytes=3 * es * n, dtype=dtype, on_device=any_on_device(gate, up))
+    call.out = out_array(out, "silu_mul", gate, (("gate", gate), ("up", up)))
+    return call
 
 
 GELU_FORMS = ("none", "tanh")
@@ -167,20 +171,23 @@ GELU_FORMS = ("none", "tanh")
 @register("gelu", cpu=(_CPU, "gelu"), gpu=(_GPU, "gelu"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=split_rows, partition=lambda call: partition_from_split(split_rows(call)),
           sweep=_sweep_rows(lambda rng, x: ((x,), {"approximate": "none"})))
-def prepare_gelu(x, approximate="none") -> Call:
+def prepare_gelu(x, approximate="none", *, out=None) -> Call:
     """GELU as torch.nn.functional.gelu: approximate="none" is x * Phi(x) = 0.5 x erfc(-x / sqrt 2) (the
     erf form), "tanh" is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Each element is computed in
     float64 and rounded once to x's dtype (float32, float16 or bfloat16; other real types convert to
     float32), so the result is within half an ulp of torch's float64 gelu (plus what the float64
-    formula itself loses in 1 + tanh for the tanh form)."""
+    formula itself loses in 1 + tanh for the tanh form). out: a host array of the result's shape and
+    dtype to write it into (x itself for in place), returned; see validation.out_array."""
     if not isinstance(approximate, str) or approximate not in GELU_FORMS:
         raise ValueError(f"gelu: approximate must be one of {', '.join(repr(f) for f in GELU_FORMS)}, got {approximate!r}")
     x = as_float(x, "gelu", "x")
     dtype = dtype_name(x)
     es = _itemsize(dtype)
     n = _elements("gelu", x.shape, es)
-    return Call("gelu", (x,), {"approximate": approximate}, size=n, nbytes=2 * es * n, dtype=dtype,
+    call = Call("gelu", (x,), {"approximate": approximate}, size=n, nbytes=2 * es * n, dtype=dtype,
                 on_device=any_on_device(x))
+    call.out = out_array(out, "gelu", x, (("x", x),))
+    return call
 
 
 ROPE_STYLES = ("neox", "gptj")
@@ -233,7 +240,7 @@ def _sweep_rope(rng):
 
 @register("rope", cpu=(_CPU, "rope"), gpu=(_GPU, "rope"), hot=(_CPU, "rope_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=_split_rope, partition=lambda call: partition_from_split(_split_rope(call)), sweep=_sweep_rope)
-def prepare_rope(x, positions, *, base=10000.0, scale=1.0, style="neox") -> Call:
+def prepare_rope(x, positions, *, base=10000.0, scale=1.0, style="neox", out=None) -> Call:
     """Rotary position embedding of x (batch, heads, seq, head_dim) or (heads, seq, head_dim), head_dim
     even, at integer `positions` (seq,) (one position per sequence index, shared by every batch row) or,
     for a 4-d x, (batch, seq). With d = head_dim and i = 0 .. d/2 - 1, pair i of each row is rotated by
@@ -247,8 +254,10 @@ def prepare_rope(x, positions, *, base=10000.0, scale=1.0, style="neox") -> Call
     cosine and sine rounded to float32), so positions far past 32k lose nothing; the rotation is float32,
     rounded once to x's dtype (float32, float16, bfloat16; other real types convert to float32).
 
-    The result is a new array on the side x lives on; there is no `out=`: hipsched's ops return their
-    results. In place is `x[...] = rope(x, positions)` (for a device x, write the result where x is kept)."""
+    The result is a new array on the side x lives on, or, for a host x, `out`: a host array of x's shape
+    and dtype it is written into and returned. In place is out=x (each pair is read before it is
+    written); see validation.out_array for what out must be. A device x's result is a new device array
+    (write it where x is kept for in place)."""
     if not isinstance(style, str) or style not in ROPE_STYLES:
         raise ValueError(f"rope: style must be one of {', '.join(repr(s) for s in ROPE_STYLES)}, got {style!r}")
     base, scale = rope_parameter(base, "base"), rope_parameter(scale, "scale")
@@ -263,5 +272,7 @@ def prepare_rope(x, positions, *, base=10000.0, scale=1.0, style="neox") -> Call
     dtype = dtype_name(x)
     es = _itemsize(dtype)
     n = _elements("rope", shape, es)
-    return Call("rope", (x, pos), {"base": base, "scale": scale, "style": style}, size=n,
+    call = Call("rope", (x, pos), {"base": base, "scale": scale, "style": style}, size=n,
                 nbytes=2 * es * n + 8 * pos.size, dtype=dtype, on_device=any_on_device(x))
+    call.out = out_array(out, "rope", x, (("x", x),))
+    return call

@@ -162,6 +162,37 @@ def shape_mismatch(op: str, a_name: str, a_shape, b_name: str, b_shape, why: str
     return ValueError(msg + (f" ({why})" if why else ""))
 
 
+def out_array(out, op: str, like, inputs):
+    """An op's `out=`: None, or a host NumPy array the result is written into, which must be exactly the
+    result's array (the shape and dtype of `like`, the converted input that sets them: no casting),
+    writable, C-contiguous and aligned. It may be one of `inputs` ((name, array) pairs) itself (in place:
+    every element is read before its own result is written), but not overlap one otherwise (a shifted
+    view would read elements already written). A device result stays on its device, so out= takes host
+    arrays only."""
+    if out is None:
+        return None
+    if is_device_array(like):
+        raise TypeError(f"{op}: out= is for host inputs; with device inputs the result is a new array on their "
+                        f"device")
+    if is_device_array(out) or type(out) is not np.ndarray:
+        raise TypeError(f"{op}: out must be a host NumPy array (a device input's result is a new array on its "
+                        f"device), got {type(out).__name__}")
+    if out.shape != tuple(like.shape):
+        raise shape_mismatch(op, "out", out.shape, "the result", tuple(like.shape), "out must be the result's shape")
+    if out.dtype != like.dtype:
+        raise TypeError(f"{op}: out has dtype {out.dtype}, the result's is {like.dtype} (out= does not cast)")
+    if not (out.flags.c_contiguous and out.flags.aligned):
+        raise ValueError(f"{op}: out must be C-contiguous and aligned")
+    if not out.flags.writeable:
+        raise ValueError(f"{op}: out is read-only")
+    for name, a in inputs:
+        if isinstance(a, np.ndarray) and np.may_share_memory(out, a):
+            # both contiguous: overlapping bounds is sharing memory, and only the same array is in place
+            if not (a.ctypes.data == out.ctypes.data and a.shape == out.shape and a.strides == out.strides):
+                raise ValueError(f"{op}: out overlaps {name} without being it (in place is out={name})")
+    return out
+
+
 def finite_scalar(value, op: str, name: str, lo=None, hi=None, integer=False):
     """A Python scalar parameter checked for type, finiteness and range."""
     if integer:

@@ -241,3 +241,28 @@ def test_results_past_16_mib_take_the_streaming_stores(rng, dtype):
         out = hipsched.rope(x, positions, style=style)
         assert out.ctypes.data % 64 == 0
         _check_rope(out, x, positions, dtype, style=style)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+@pytest.mark.parametrize("n", [33, 1000, 300_001, (16 << 20) // 2 + 64])   # the last: a streamed result in halves
+def test_out_and_in_place_are_the_new_arrays_bits(dtype, n):
+    """The kernels write out= directly, and in place (out= the input) read each element, or rope's pair,
+    before writing it, at every vector width, thread split and with streaming stores: the bits of the
+    result in a new array."""
+    rng = np.random.default_rng(n)
+    t = npdt(dtype)
+    g, u = (rng.standard_normal(n).astype(np.float32).astype(t) for _ in range(2))
+    d = 64
+    x = rng.standard_normal((2, 3, max(1, n // (6 * d)), d)).astype(np.float32).astype(t)
+    pos = rng.integers(0, 5000, (2, x.shape[2]))
+    cases = [("silu_mul", (g, u), {}, 0), ("silu_mul", (g, u), {}, 1), ("gelu", (g,), {"approximate": "tanh"}, 0),
+             ("rope", (x, pos), {"style": "neox"}, 0), ("rope", (x, pos), {"style": "gptj"}, 0)]
+    for op, args, kw, which in cases:
+        fn = getattr(hipsched, op)
+        want = fn(*args, **kw)
+        out = np.empty_like(want)
+        assert fn(*args, **kw, out=out) is out
+        np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8), err_msg=f"{op} {dtype} out=")
+        mine = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        assert fn(*mine, **kw, out=mine[which]) is mine[which]
+        np.testing.assert_array_equal(mine[which].view(np.uint8), want.view(np.uint8), err_msg=f"{op} {dtype} in place")

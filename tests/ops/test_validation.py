@@ -367,3 +367,45 @@ def test_silu_mul_gelu_rope_bad_input_is_named():
     assert ex.silu_mul(np.ones((0, 3), np.float16), np.ones((0, 3), np.float16)).dtype == np.float16
     assert ex.gelu(np.ones((3, 0))).shape == (3, 0)
     assert ex.rope(np.ones((2, 0, 4, 8), np.float32), pos).shape == (2, 0, 4, 8)
+
+
+def test_out_must_be_exactly_the_results_array():
+    """out= of silu_mul, gelu and rope: refused, naming the op, unless a writable host array of the
+    result's shape and dtype that is an input itself or shares no memory with one; then returned holding
+    the result (in place included), and an empty out stays empty."""
+    x = np.linspace(-3, 3, 2 * 3 * 4 * 8, dtype=np.float32).reshape(2, 3, 4, 8)
+    pos = np.arange(4)
+    calls = {"rope": lambda a, **kw: ex.rope(a, pos, **kw), "gelu": lambda a, **kw: ex.gelu(a, **kw),
+             "silu_mul": lambda a, **kw: ex.silu_mul(a, x[::-1].copy(), **kw)}
+    for op, call in calls.items():
+        want = call(x)
+        with pytest.raises(ValueError, match=rf"{op}: shapes do not match: out \(2, 3, 4, 4\) vs the result"):
+            call(x, out=np.empty((2, 3, 4, 4), np.float32))
+        with pytest.raises(TypeError, match=f"{op}: out has dtype float64, the result's is float32"):
+            call(x, out=np.empty(x.shape))
+        with pytest.raises(TypeError, match=f"{op}: out must be a host NumPy array.*got list"):
+            call(x, out=x.tolist())
+        with pytest.raises(ValueError, match=f"{op}: out must be C-contiguous"):
+            call(x, out=np.empty(x.shape[::-1], np.float32).T)
+        ro = np.empty_like(x)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match=f"{op}: out is read-only"):
+            call(x, out=ro)
+        # x and out one row of 8 apart in one buffer: writing out would overwrite x's next row before it is read
+        buf = np.zeros(x.size + 8, np.float32)
+        shifted = buf[8:].reshape(x.shape)
+        shifted[...] = x
+        with pytest.raises(ValueError, match=f"{op}: out overlaps (x|gate) without being it"):
+            call(shifted, out=buf[:-8].reshape(x.shape))
+        out = np.empty_like(x)
+        assert call(x, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        mine = x.copy()
+        assert call(mine, out=mine) is mine
+        np.testing.assert_array_equal(mine, want)
+    buf = np.zeros(x.size + 8, np.float32)
+    up = buf[8:].reshape(x.shape)
+    with pytest.raises(ValueError, match="silu_mul: out overlaps up without being it"):
+        ex.silu_mul(x, up, out=buf[:-8].reshape(x.shape))
+    empty = np.ones((2, 0, 4, 8), np.float32)
+    assert ex.rope(empty, pos, out=empty) is empty

@@ -404,3 +404,26 @@ def test_a_forked_child_splits_without_the_parents_worker_thread(rng):
             os._exit(0 if ok else 1)
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+@pytest.mark.parametrize("dtype", TYPES, ids=TYPE_IDS)
+def test_a_split_call_given_out_writes_it_whole(rng, dtype):
+    """out= on a split call (each part makes its own result): the rejoined result lands in out, the
+    unsplit CPU result bit for bit, and in place (out= the input) reads every part's rows before any is
+    written."""
+    t = TYPES[dtype]
+    f = lambda *s: rng.standard_normal(s).astype(np.float32).astype(t)  # noqa: E731
+    gpu = FakeGpuBackend(ops=("silu_mul", "gelu", "rope"), dtypes=(dtype,))
+    cases = [("silu_mul", (f(300, 17), f(300, 17)), {}), ("gelu", (f(257, 9),), {"approximate": "tanh"}),
+             ("rope", (f(6, 4, 5, 8), np.arange(5)), {"style": "gptj"})]
+    with _forced(gpu, 0.5) as ex:
+        for op, args, kwargs in cases:
+            want = getattr(ex, op)(*args, **kwargs, backend="cpu")
+            out = np.zeros_like(want)
+            before = len(ex.events)
+            assert getattr(ex, op)(*args, **kwargs, out=out) is out
+            assert ex.events[before]["backend"] == "split", ex.events[before]
+            assert _same(out, want), op
+            first = args[0].copy()
+            assert getattr(ex, op)(first, *args[1:], **kwargs, out=first) is first
+            assert _same(first, want), op

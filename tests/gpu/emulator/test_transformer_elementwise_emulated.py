@@ -127,3 +127,30 @@ def test_rope_angles_past_the_kernels_reduction_are_refused(ex):
         e.rope(x, np.array([0, 1_000_000]), base=1e-3, backend="gpu")
     e.rope(x, np.array([0, 1_000_000]), base=10000.0, backend="gpu")
     _ran_on_gpu(e, "rope")
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+@pytest.mark.parametrize("op,form", [(op, f) for op, forms in FORMS.items() for f in forms])
+def test_out_and_in_place_on_both_sides(ex, op, form, dtype):
+    """out= on each side: the result is the given array, holding that side's result bit for bit; in
+    place (out= the first input itself) too, where the GPU reads its upload of the input and the CPU
+    kernel reads each element before writing it."""
+    e, rt = ex
+    rng = np.random.default_rng(abs(hash((op, form, dtype, "out"))) % 2 ** 32)
+    args, kwargs = CASES[op].make(rng, dtype, form)
+    for side in ("gpu", "cpu"):
+        want = getattr(e, op)(*args, backend=side, **kwargs)
+        out = np.full_like(want, np.nan)
+        got = getattr(e, op)(*args, backend=side, out=out, **kwargs)
+        assert got is out
+        if side == "gpu":
+            _ran_on_gpu(e, op)
+        np.testing.assert_array_equal(_bits(out), _bits(want), err_msg=f"{op} {form} {dtype} {side} out=")
+        first = args[0].copy()
+        got = getattr(e, op)(first, *args[1:], backend=side, out=first, **kwargs)
+        assert got is first
+        np.testing.assert_array_equal(_bits(first), _bits(want), err_msg=f"{op} {form} {dtype} {side} in place")
