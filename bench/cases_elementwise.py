@@ -4,8 +4,9 @@ same in float16 (add, scale against NumPy float16, whose GB/s sit beside a measu
 in float16 and bfloat16 against torch.softmax in the same dtype. silu_mul and rope (the transformer
 element-wise ops, issue 34: goal >= 0.8x the copy bandwidth for large inputs) against np.copyto of the
 same number of bytes (read + write) into a preallocated array, measured beside them: the ratio is the
-share of this machine's copy bandwidth the op reaches (its result is a new array each call, as every
-hipsched op's; the copyto peer allocates nothing, so rows against np.copy, which allocates, follow;
+share of this machine's copy bandwidth the op reaches (its result is a new array each call; the copyto
+peer allocates nothing, so rows against np.copy, which allocates, follow, and then rows with out= into
+memory already there, silu_mul into a preallocated array and rope in place, the peer's terms exactly;
 scale's row beside the copy shows where an existing one-pass op stands). gelu beside torch's gelu."""
 import time
 
@@ -146,6 +147,21 @@ def _transformer_cases(ex, rng):
                         lambda x=x: ex.rope(x, pos, backend="cpu"), lambda x=x: np.copy(x),
                         f"np.copy of {x.nbytes >> 20} MB (r+w)", bytes=2.0 * x.nbytes, target=0.8,
                         family="elementwise"))
+    # out= into an array already there (rope in place, as a decode loop runs it on its q and k): the
+    # same memory as the copyto peer's, so these rows are the kernels against the copy bandwidth alone
+    for label, dt in [("f32", np.float32)] + halves:
+        g, u, x = g32.astype(dt), u32.astype(dt), x32.astype(dt)
+        res = np.empty_like(g)
+        traffic = 3.0 * g.nbytes
+        out.append(Case("silu_mul", f"{label} gate, up (16M), {g.nbytes >> 20} MB each, out= preallocated",
+                        lambda g=g, u=u, res=res: ex.silu_mul(g, u, out=res, backend="cpu"), _copy_peer(traffic, dt),
+                        f"np.copyto of {traffic / 2**20:.0f} MB (r+w)", bytes=traffic, target=0.8, family="elementwise"))
+        for style in ("neox", "gptj"):
+            mine = x.copy()   # rotated again each call: a rotation keeps every pair's length
+            out.append(Case("rope", f"{label} {style} (1, 32, 4096, 128), {x.nbytes >> 20} MB, in place (out=x)",
+                            lambda mine=mine, style=style: ex.rope(mine, pos, style=style, out=mine, backend="cpu"),
+                            _copy_peer(2.0 * x.nbytes, dt), f"np.copyto of {x.nbytes >> 20} MB (r+w)",
+                            bytes=2.0 * x.nbytes, target=0.8, family="elementwise"))
     # decode: one token, 32 heads, at position 4095 (latency: the table and the call overhead)
     xd = rng.standard_normal((1, 32, 1, 128), dtype=np.float32)
     pd = np.array([4095])
