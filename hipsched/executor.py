@@ -283,7 +283,8 @@ class Executor:
 
         Pass the handle (or its `.host`) wherever the array is taken: the GPU reads its device copy (no
         upload, and the scheduler charges none), the CPU the host array, the same bytes. Change it with
-        `handle.update(rows, values)`, which writes the host rows and the device copy together; the host
+        `handle.update(index, values, axis=0)`, which writes the host entries and the device copy's same
+        bytes together (a KV cache's new position: `update(pos, k, axis=2)`); the host
         array is read-only while registered, so a direct write raises instead of going stale. End with
         `handle.release()` or a `with` block. `array` is registered in place when it is a C-contiguous
         NumPy array that owns its memory (or is already read-only), else (or with `copy=True`) a copy is.

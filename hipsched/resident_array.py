@@ -10,10 +10,12 @@ same op on the same bytes either way. `immutable` and `fingerprint` say which ho
 
 Why updates go through the handle: a device copy cannot see a write to host memory. A handle makes
 its host array read-only, so `T[i] = v` raises instead of leaving the GPU on the old corpus, and
-`update` writes the host rows and copies the same rows to each device copy before it returns."""
+`update` writes the host entries and copies the same bytes to each device copy before it returns."""
 from __future__ import annotations
 
+import math
 import mmap
+import operator
 import sys
 import threading
 
@@ -94,18 +96,33 @@ def _owns_its_memory(a: np.ndarray) -> bool:
     return x.base is None
 
 
+def _changed_bytes(host: np.ndarray, axis: int, changed: np.ndarray) -> list:
+    """(byte offset, byte count) of each contiguous run of host's C-contiguous memory that the sorted,
+    distinct indices `changed` along `axis` cover: consecutive indices make one run, and each index
+    range is one run per position of the axes before `axis` (batch * heads runs for a KV cache's seq
+    axis), in address order."""
+    breaks = np.flatnonzero(np.diff(changed) != 1) + 1
+    los = changed[np.concatenate(([0], breaks))]
+    his = changed[np.concatenate((breaks - 1, [changed.size - 1]))] + 1
+    shape = host.shape or (1,)
+    inner = host.itemsize * math.prod(shape[axis + 1:])   # bytes per step along axis
+    stride = inner * shape[axis]                           # bytes per position of the axes before it
+    return [(o * stride + lo * inner, (hi - lo) * inner)
+            for o in range(math.prod(shape[:axis])) for lo, hi in zip(los.tolist(), his.tolist())]
+
+
 class ResidentArray:
     """A registered host array (see the module docstring); made by `Executor.resident(array)`.
 
     The host array is `host` (read-only while registered). Pass the handle, or `host` itself, as an op's
     argument: on the GPU the registered device copy is read (no upload), on the CPU the host array.
-    `update(rows, values)` changes rows (indices along axis 0) of both. `release()` (or leaving a `with`
+    `update(index, values, axis=0)` changes entries along an axis of both. `release()` (or leaving a `with`
     block) drops the device copies and gives the host array its write access back."""
 
     def __init__(self, host: np.ndarray, restore_writeable: bool):
         self._host = host
         self._restore = restore_writeable
-        self._mirrors = []            # device copies: objects with write_rows(lo_hi_runs) and release()
+        self._mirrors = []            # device copies: objects with write_bytes(offset_count_runs) and release()
         self._lock = threading.RLock()
         self.released = False
         self.version = 0              # bumped by every update
@@ -195,22 +212,35 @@ class ResidentArray:
             raise ValueError("resident: this ResidentArray was released; use its array (or register it again)")
 
     # ------------------------------------------------------------------ changes
-    def update(self, rows, values) -> None:
-        """Set `host[rows] = values` and the same rows of every device copy, before returning.
+    def update(self, index, values, axis: int = 0) -> None:
+        """Set the entries at `index` along `axis` to `values` (`host[index] = values` for axis 0,
+        `host[:, index] = values` for axis 1, ...) and the same bytes of every device copy, before
+        returning. A KV cache (batch, heads, max_seq, head_dim) takes each step's new position with
+        `update(pos, k_new, axis=2)`: its device copy gets the batch * heads rows of head_dim that changed,
+        never the whole cache again.
 
-        `rows`: an index or a 1-d sequence of indices along axis 0 (negative ones count from the end;
-        a repeated index takes its last value, as NumPy's assignment does); `values`: what
-        `host[rows] = values` accepts. Not atomic with respect to ops running at the same time in other
-        threads on this array, as with any write to an array; order them as you would those."""
+        `index`: an integer or a 1-d sequence of integers along `axis` (negative ones count from the end;
+        a repeated index takes its last value, as NumPy's assignment does); `values`: what that
+        assignment accepts. Not atomic with respect to ops running at the same time in other threads on
+        this array, as with any write to an array; order them as you would those."""
         self._check()
         host = self._host
-        idx = np.asarray(rows)
+        try:
+            axis = operator.index(axis)
+        except TypeError:
+            raise TypeError(f"resident.update: axis must be an integer, got {axis!r}") from None
+        nd = max(host.ndim, 1)
+        if not -nd <= axis < nd:
+            raise ValueError(f"resident.update: axis {axis} is out of range for a {host.ndim}-d array")
+        axis %= nd
+        idx = np.asarray(index)
+        scalar = idx.ndim == 0   # host[..., i] = values drops the axis, as NumPy's assignment does
         if idx.ndim > 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise TypeError(f"resident.update: rows must be an integer or a 1-d sequence of integers, got {rows!r}")
+            raise TypeError(f"resident.update: index must be an integer or a 1-d sequence of integers, got {index!r}")
         idx = idx.reshape(-1).astype(np.int64, copy=False)
-        n = host.shape[0] if host.ndim else 1
+        n = host.shape[axis] if host.ndim else 1
         if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"resident.update: a row index is out of range for {n} rows")
+            raise IndexError(f"resident.update: an index is out of range for {n} entries along axis {axis}")
         idx = np.where(idx < 0, idx + n, idx)
         with self._lock:
             self._check()
@@ -220,20 +250,15 @@ class ResidentArray:
                 raise ValueError("resident.update: the registered array is read-only at its source (a "
                                  "read-only memory map or buffer); register a copy (copy=True)") from None
             try:
-                host[idx] = values
+                host[(slice(None),) * axis + (int(idx[0]) if scalar else idx,)] = values
             finally:
                 host.flags.writeable = False
             self.version += 1
-            if not idx.size:
+            if not idx.size or not host.size:
                 return
-            changed = np.unique(idx)
-            # runs of consecutive rows [lo, hi): one copy each on the device side
-            breaks = np.flatnonzero(np.diff(changed) != 1) + 1
-            los = changed[np.concatenate(([0], breaks))]
-            his = changed[np.concatenate((breaks - 1, [changed.size - 1]))] + 1
-            runs = list(zip(los.tolist(), his.tolist()))
+            runs = _changed_bytes(host, axis, np.unique(idx))
             for mirror in list(self._mirrors):
-                mirror.write_rows(runs)
+                mirror.write_bytes(runs)
 
     # ------------------------------------------------------------------ end
     def release(self) -> None:

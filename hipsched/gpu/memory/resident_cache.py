@@ -23,8 +23,8 @@ from ..bindings.retired_streams import _retired_streams
 DEFAULT_RESIDENT_SHARE = 0.5
 # What is kept when the runtime cannot say how much memory is free.
 FALLBACK_RESIDENT_BYTES = 1 << 30
-# An update of more separate row runs than this copies the span from the first to the last changed row
-# at once: each copy of pageable memory costs about 10 us, the span's bytes usually less.
+# An update of more separate runs of bytes than this copies the span from the first to the last changed
+# byte at once: each copy of pageable memory costs about 10 us, the span's bytes usually less.
 MAX_ROW_COPIES = 256
 
 def resident_budget(runtime, configured: int | None = None) -> tuple[int, str]:
@@ -60,24 +60,23 @@ _ANY_LAYOUT = object()
 
 class _Pin:
     """The device copy of one ResidentArray (hipsched.resident_array) in one cache: the handle calls
-    write_rows after changing host rows, and release when it is released."""
+    write_bytes after changing host entries, and release when it is released."""
 
     def __init__(self, cache, handle, dev):
         self.cache, self.handle, self.dev = cache, handle, dev
 
-    def write_rows(self, runs) -> None:
-        """Copy rows [lo, hi) of each run from the (already changed) host array. Returns once the copies
-        are done, so every later call, on any stream, reads the new rows. A failed copy drops this
-        device copy (the next GPU use uploads it whole): a half-written copy must never be read."""
+    def write_bytes(self, runs) -> None:
+        """Copy each (byte offset, byte count) run from the (already changed) host array. Returns once the
+        copies are done, so every later call, on any stream, reads the new bytes. A failed copy drops
+        this device copy (the next GPU use uploads it whole): a half-written copy must never be read."""
         host = self.handle._host
-        row = host.strides[0] if host.ndim else host.nbytes
         if len(runs) > MAX_ROW_COPIES:
-            runs = [(runs[0][0], runs[-1][1])]
+            runs = [(runs[0][0], runs[-1][0] + runs[-1][1] - runs[0][0])]
         rt = self.cache.runtime
         try:
             _after_readers(rt, self.dev, 0)
-            for lo, hi in runs:
-                rt.memcpy_htod(self.dev.ptr + lo * row, host.ctypes.data + lo * row, (hi - lo) * row, 0)
+            for off, count in runs:
+                rt.memcpy_htod(self.dev.ptr + off, host.ctypes.data + off, count, 0)
             rt.stream_synchronize(0)
         except Exception as e:
             logging.getLogger("hipsched").warning("hipsched: updating a resident array's device copy failed (%s); "

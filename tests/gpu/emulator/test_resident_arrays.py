@@ -408,7 +408,7 @@ def test_an_implicit_copy_made_before_registration_is_not_served_after_updates()
 
 def test_an_update_racing_a_pin_is_never_lost():
     """The pin copies the host array with updates held off, so an update made while it uploads
-    reaches the new copy (before, or through write_rows after)."""
+    reaches the new copy (before, or through write_bytes after)."""
     import threading
     import time
     rt = HostMemoryRuntime()
@@ -460,3 +460,69 @@ def test_a_gpu_out_of_memory_trims_the_kept_copies_first(emu, tmp_path, monkeypa
         monkeypatch.setattr(ctx, "empty", real)
         assert not ctx.resident.is_resident(T)
         np.testing.assert_allclose(out, ex.cosine_similarity(q, T, backend="cpu"), rtol=1e-5, atol=1e-6)
+
+
+def test_an_update_along_a_later_axis_copies_only_its_bytes(monkeypatch):
+    """A KV cache (batch, heads, max_seq, head_dim) takes a step's position along axis 2: each device copy
+    gets batch * heads runs of head_dim (one per (batch, head), consecutive positions joined), never the
+    whole cache, and ends holding the host's bytes; negative axes count from the end; a bad axis or index
+    is refused before anything is written."""
+    rt = HostMemoryRuntime()
+    copies = []
+    real = rt.memcpy_htod
+
+    def counted(dst, src, n, stream=0):
+        copies.append((dst, n))
+        real(dst, src, n, stream)
+    cache = ResidentCache(rt, max_bytes=1 << 20)
+    K = np.zeros((2, 3, 16, 8), np.float32)
+    rng = np.random.default_rng(3)
+    with ResidentArray.register(K) as h:
+        d = cache.pin(h)
+        rt.memcpy_htod = counted
+        new = rng.standard_normal((2, 3, 8)).astype(np.float32)
+        h.update(5, new, axis=2)
+        np.testing.assert_array_equal(K[:, :, 5], new)
+        row = 16 * 8 * 4   # one (batch, head)'s slab of the cache, in bytes
+        assert [(dst - d.ptr, n) for dst, n in copies] == [(i * row + 5 * 32, 32) for i in range(6)]
+        copies.clear()
+        h.update([6, 7, 9], rng.standard_normal((2, 3, 3, 8)), axis=-2)
+        assert [(dst - d.ptr, n) for dst, n in copies] == [
+            (i * row + off, n) for i in range(6) for off, n in ((6 * 32, 64), (9 * 32, 32))]
+        copies.clear()
+        h.update([-1], rng.standard_normal((2, 3, 16, 1)), axis=3)   # the last column: 96 runs of 4 bytes
+        assert len(copies) == 2 * 3 * 16 and {n for _, n in copies} == {4}
+        np.testing.assert_array_equal(device_bytes(d), K)
+        before = K.copy()
+        for axis, index, err in ((4, 0, ValueError), (-5, 0, ValueError), (1.0, 0, TypeError), (2, 16, IndexError),
+                                 (2, [[1]], TypeError)):
+            with pytest.raises(err):
+                h.update(index, 0.0, axis=axis)
+        np.testing.assert_array_equal(K, before)
+
+
+@needs_emulator
+def test_a_resident_kv_cache_grows_on_the_gpu_without_uploads(tmp_path):
+    """A decode loop's KV cache kept on the GPU through the public API: registered with ex.resident, each
+    step's k and v written with update(pos, ..., axis=2), attention over the handles on the emulated GPU
+    gives the CPU's result on the same bytes (grouped heads, lower_right, kv_len) and uploads only the
+    query: the caches are read from their device copies."""
+    rt = gpu_emulator.EmuRuntime(32)
+    rng = np.random.default_rng(5)
+    b, hq, hkv, seq, d = 1, 4, 2, 24, 16
+    with emulated_executor(rt, tmp_path, allow_fallback=False) as ex:
+        K, V = (ex.resident(np.zeros((b, hkv, seq, d), np.float32)) for _ in range(2))
+        for pos in range(6):
+            K.update(pos, rng.standard_normal((b, hkv, d)), axis=2)
+            V.update(pos, rng.standard_normal((b, hkv, d)), axis=2)
+            q = rng.standard_normal((b, hq, 1, d)).astype(np.float32)
+            kv_len = np.array([pos + 1])
+            got = ex.attention(q, K, V, causal="lower_right", kv_len=kv_len, backend="gpu")
+            ev = ex.events[-1]
+            assert (ev["backend"], ev["fallback"]) == ("gpu", None), ev
+            assert ev["resident"]["uploaded"] <= q.nbytes + kv_len.nbytes, ev["resident"]
+            assert ev["resident"]["reused"] >= K.nbytes + V.nbytes, ev["resident"]
+            want = ex.attention(q, K.host, V.host, causal="lower_right", kv_len=kv_len, backend="cpu")
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+        K.release(), V.release()
+    rt.close()
