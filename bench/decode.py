@@ -160,7 +160,8 @@ def main(argv=None):
                 table.append(f"| {wd} | gpu | no GPU | | | | |")
                 continue
             with _executor(mode, has_gpu) as ex:
-                dec = lm.HipschedLlama(model, ex)
+                # with a GPU the KV caches are resident: its attention calls read their device copies
+                dec = lm.HipschedLlama(model, ex, resident_cache=has_gpu and mode != "cpu")
                 hs_step = _hs_stepper(dec)
 
                 def reset():
@@ -180,6 +181,7 @@ def main(argv=None):
                     block_events.append(list(ex.events))
                     time.sleep(CPU_SETTLE_S)
                     tt.append(_time_block(torch_step, treset, args.warmup, args.tokens, 1))
+                dec.close()
             # the per-op table is the median block's own telemetry, so its times add up to that block's
             median = int(np.argsort(th)[len(th) // 2])
             th, tt, events = th[median], float(np.median(tt)), block_events[median]
@@ -215,7 +217,7 @@ def main(argv=None):
             for label, mode, kw, pin in (("all-CPU", "cpu", {}, False), ("all-resident", "auto", {}, True),
                                          ("budget", "auto", {"resident_bytes": int(share * wbytes)}, False)):
                 with _executor(mode, has_gpu, **kw) as ex:
-                    dec = lm.HipschedLlama(model, ex, resident=pin)
+                    dec = lm.HipschedLlama(model, ex, resident=pin, resident_cache=mode != "cpu")
                     if mode != "cpu":
                         dec.backend = "gpu"
                         dec.step(1)

@@ -270,15 +270,18 @@ class HipschedLlama:
     `Executor.resident` instead, pinning them there whatever the budget. The KV cache is one preallocated
     host array per layer and per K / V, (batch, n_kv_heads, max_seq, head_dim): step `pos` writes row
     `pos` and attention reads the first `pos + 1` rows (kv_len), aligned bottom-right (causal="lower_right"),
-    so one cache serves the whole sequence without a copy of the past. The activations are small host
-    arrays the executor moves where each op runs.
+    so one cache serves the whole sequence without a copy of the past. `resident_cache=True` (with an
+    executor) registers the caches with `Executor.resident` and writes each step's row with
+    `update(pos, row, axis=2)`, so a GPU keeps them: its attention calls read the device copies, and each
+    step copies only the new row there (a plain host cache is uploaded whole by every GPU attention
+    call). The activations are small host arrays the executor moves where each op runs.
 
     `fuse=True` stacks q, k and v's weights into one matrix and gate and up's into another at load (a copy
     of those weights, made once): two matvecs a layer instead of five, the same numbers.
     """
 
     def __init__(self, model: GgufModel, executor=None, *, resident: bool = False, fuse: bool = True,
-                 backend: str = "auto"):
+                 backend: str = "auto", resident_cache: bool = False):
         import hipsched
         self.hs = executor if executor is not None else hipsched
         lacking = missing_ops(self.hs)
@@ -289,6 +292,8 @@ class HipschedLlama:
         self.backend = backend
         t = model.tensors
         self._handles = []
+        self._cache_handles = []
+        self._resident_cache = resident_cache and executor is not None
 
         from hipsched import QuantizedTensor
 
@@ -329,14 +334,25 @@ class HipschedLlama:
     def reset(self, batch: int = 1):
         c = self.cfg
         shape = (batch, c.n_kv_heads, c.max_seq, c.head_dim)
+        self._release_caches()
         self.k_cache = [np.zeros(shape, np.float32) for _ in range(c.n_layers)]
         self.v_cache = [np.zeros(shape, np.float32) for _ in range(c.n_layers)]
+        if self._resident_cache:
+            self.k_cache = [self.hs.resident(a) for a in self.k_cache]
+            self.v_cache = [self.hs.resident(a) for a in self.v_cache]
+            self._cache_handles = self.k_cache + self.v_cache
         self.pos = 0
+
+    def _release_caches(self):
+        for h in self._cache_handles:
+            h.release()
+        self._cache_handles = []
 
     def close(self):
         for h in self._handles:
             h.release()
         self._handles = []
+        self._release_caches()
 
     def _linear(self, w, x):
         from hipsched import QuantizedTensor
@@ -371,8 +387,12 @@ class HipschedLlama:
             v = v.reshape(1, c.n_kv_heads, 1, c.head_dim)
             q = hs.rope(q, positions, base=c.rope_base, style="gptj", backend=be)
             k = hs.rope(k, positions, base=c.rope_base, style="gptj", backend=be)
-            self.k_cache[i][:, :, pos, :] = k[:, :, 0, :]
-            self.v_cache[i][:, :, pos, :] = v[:, :, 0, :]
+            if self._resident_cache:   # the host row and the device copy's together
+                self.k_cache[i].update(pos, k[:, :, 0, :], axis=2)
+                self.v_cache[i].update(pos, v[:, :, 0, :], axis=2)
+            else:
+                self.k_cache[i][:, :, pos, :] = k[:, :, 0, :]
+                self.v_cache[i][:, :, pos, :] = v[:, :, 0, :]
             a = hs.attention(q, self.k_cache[i], self.v_cache[i], causal="lower_right", kv_len=kv_len, backend=be)
             x = hs.add(x, self._linear(L["attn_output"], a.reshape(c.q_dim)), backend=be)
             h = hs.rms_norm(x, L["ffn_norm"], c.rms_eps, backend=be)

@@ -96,13 +96,14 @@ def test_a_full_cache_is_a_clear_error(gguf_files):
 
 
 @pytest.mark.skipif(not gpu_emulator.available(), reason="needs g++ (C++20) for the kernel emulator")
-@pytest.mark.parametrize("weights,budget,warp", [("float32", None, 32), ("q8_0", None, 32), ("q4_0", None, 64),
-                                                 ("q8_0", 0.25, 32)])
-def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights, budget, warp):
+@pytest.mark.parametrize("weights,budget,warp,kv_resident", [("float32", None, 32, False), ("q8_0", None, 32, True),
+                                                             ("q4_0", None, 64, False), ("q8_0", 0.25, 32, False)])
+def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights, budget, warp, kv_resident):
     """Every op of the step on the GPU side (the real kernels and glue on the emulator at warp 32, and 64 as
     AMD's wavefronts, fallback off); with a
     resident budget of a quarter of the weights, the weights that do not fit are uploaded per call and the
-    cache holds no more than its budget, the logits unchanged."""
+    cache holds no more than its budget, the logits unchanged; with the KV caches resident, every
+    attention call reads them from their device copies (it uploads less than one cache's bytes)."""
     need("torch")
     monkeypatch.setenv("HIPSCHED_EMU_BUILD_CACHE", os.environ.get("HIPSCHED_EMU_BUILD_CACHE", str(tmp_path / "emu")))
     cfg = lm.LlamaConfig(vocab=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96,
@@ -113,15 +114,19 @@ def test_decode_on_the_emulated_gpu_matches_torch(tmp_path, monkeypatch, weights
     try:
         gpu_config = {} if budget is None else {"resident_bytes": int(budget * wbytes)}
         with emulated_executor(rt, tmp_path, gpu_config, allow_fallback=False) as ex:
-            dec = lm.HipschedLlama(model, ex, backend="gpu")
+            dec = lm.HipschedLlama(model, ex, backend="gpu", resident_cache=kv_resident)
             out, logits = dec.generate([5, 9], 3)
             sides = {(e["op"], e["backend"]) for e in ex.events}
             held = ex._gpu.resident_summary()
+            attn = [e["resident"] for e in ex.events if e["op"] == "attention"]
+            dec.close()
     finally:
         rt.close()
     ref = lm.TorchLlama(model).forward([5, 9] + out[:-1])
     rel, differ = lm.compare_logits(logits, ref)
     assert rel < 1e-4 and differ == [], (rel, differ)
     assert {side for _, side in sides} == {"gpu"}, sides
+    cache_bytes = dec.k_cache[0].nbytes
+    assert attn and all((r["uploaded"] < cache_bytes) == kv_resident for r in attn), attn
     if budget is not None:
         assert 0 < held["bytes"] <= budget * wbytes, held
