@@ -394,7 +394,7 @@ HSD_COMBINE(bf16, hs_bf16)
 
 // ------------------------------------------------------------------------------------ tensor cores
 // FlashAttention-2 on NVIDIA's mma.sync m16n8k16 (prelude.h's "warp matrix" section), for float16 and
-// bfloat16 q, k, v: hs_attention_f16_mma_d<D> and hs_attention_bf16_mma_d<D>, D = 32, 64, 128.
+// bfloat16 q, k, v: hs_attention_f16_mma_d<D> and hs_attention_bf16_mma_d<D>, D = 32, 64, 128, 256.
 //
 // A block of 4 warps owns 64 query rows of one (batch, head), 16 per warp, and streams K and V through
 // shared memory in tiles of BN keys, double-buffered: the next tile's cp.async copies are in flight while
@@ -452,13 +452,35 @@ HS_DEV void hsm_load_tile(hs_u16 (*kd)[LD], hs_u16 (*vd)[LD], const hs_u16* kb, 
     hs_cp_async_commit();
 }
 
+// The A fragment of Q's rows `row`, row + 8 and dims col .. col + 1, col + 8 .. col + 9 (col even), zeros
+// past sq and hd. `word`: hd even and q 4-byte aligned, so each pair is one 32-bit load.
+HS_DEV void hsm_q_frag(hs_u32 a[4], const hs_u16* qb, hs_i64 row0, int col0, hs_i64 sq, int hd, bool word) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const hs_i64 row = row0 + 8 * (i & 1);
+        const int col = col0 + 8 * (i >> 1);
+        if (word) {
+            a[i] = row < sq && col < hd ? *reinterpret_cast<const hs_u32*>(qb + row * hd + col) : 0u;
+        } else {
+            const hs_u32 lo = row < sq && col < hd ? qb[row * hd + col] : 0u;
+            const hs_u32 hi = row < sq && col + 1 < hd ? qb[row * hd + col + 1] : 0u;
+            a[i] = lo | (hi << 16);
+        }
+    }
+}
+
 template <int D, class E>
 HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                           E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal,
                           int group, hs_i64 heads, const hs_i64* __restrict__ kvlen) {
-    constexpr int BN = D == 128 ? 32 : 64;   // keys per tile: registers for S, 16 KiB or so per buffer pair
+    // keys per tile: registers for S, 16 KiB or so per buffer pair (d256: 16 keys, 8 registers of S)
+    constexpr int BN = D == 256 ? 16 : D == 128 ? 32 : 64;
     constexpr int LD = D + 8;                // row stride: 16 bytes of padding, so ldmatrix's 8 rows hit 8 bank groups
     constexpr int KS = D / 16;               // k steps of Q K^T
+    // Q's A fragments held in registers for the whole block up to d128; at d256 they would be 64 registers
+    // beside O's 128, past the 255 a thread has (NVRTC spilled), so each k step reads its fragment again
+    // (4 32-bit loads a lane, from L1: the block's 32 KiB of Q stays there, read once from memory)
+    constexpr bool QREG = D <= 128;
     constexpr int NT = BN / 8;               // 8-key tiles of S
     constexpr int DT = D / 8;                // 8-dim tiles of O
     alignas(16) __shared__ hs_u16 ks[2][BN][LD];
@@ -480,17 +502,12 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
     const hs_u16* vb = reinterpret_cast<const hs_u16*>(v) + (bh / group) * sk * hd;
     const bool vec = hd % 8 == 0 && ((hs_u64)kb % 16) == 0 && ((hs_u64)vb % 16) == 0;
 
-    hs_u32 qa[KS][4];
+    // an even hd and a 4-byte aligned q: a fragment's pair (col, col + 1), col even, is one 32-bit word
+    const bool qw = hd % 2 == 0 && ((hs_u64)qb % 4) == 0;
+    hs_u32 qa[QREG ? KS : 1][4];
+    if (QREG) {
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const hs_i64 row = r0 + g + 8 * (i & 1);
-            const int col = 16 * kk + 2 * t + 8 * (i >> 1);
-            const hs_u32 lo = row < sq && col < hd ? qb[row * hd + col] : 0u;
-            const hs_u32 hi = row < sq && col + 1 < hd ? qb[row * hd + col + 1] : 0u;
-            qa[kk][i] = lo | (hi << 16);
-        }
+        for (int kk = 0; kk < KS; ++kk) hsm_q_frag(qa[QREG ? kk : 0], qb, r0 + g, 16 * kk + 2 * t, sq, hd, qw);
     }
     float o[DT][4];
 #pragma unroll
@@ -519,13 +536,16 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
             for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < KS; ++kk) {
+                hs_u32 qf[4];
+                if (!QREG) hsm_q_frag(qf, qb, r0 + g, 16 * kk + 2 * t, sq, hd, qw);
+                const hs_u32* a = QREG ? qa[QREG ? kk : 0] : qf;
 #pragma unroll
                 for (int np = 0; np < NT / 2; ++np) {
                     // matrices: keys +0 / +8 (lane / 16) by dims +0 / +8 ((lane / 8) % 2)
                     hs_u32 b[4];
                     hs_ldsm_x4(b, &ks[buf][16 * np + (lane / 16) * 8 + lane % 8][16 * kk + ((lane / 8) % 2) * 8]);
-                    hs_mma_16816<E>(s[2 * np], qa[kk], b);
-                    hs_mma_16816<E>(s[2 * np + 1], qa[kk], b + 2);
+                    hs_mma_16816<E>(s[2 * np], a, b);
+                    hs_mma_16816<E>(s[2 * np + 1], a, b + 2);
                 }
             }
             float mx[2] = {m[0], m[1]};
@@ -655,6 +675,7 @@ HS_DEV void hsm_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 HSM_ENTRY(32)
 HSM_ENTRY(64)
 HSM_ENTRY(128)
+HSM_ENTRY(256)
 #endif  // HS_MMA_M16N8K16
 
 // ------------------------------------------------------------------------------------ matrix cores (AMD)

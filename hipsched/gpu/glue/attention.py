@@ -10,7 +10,7 @@ is a multiple of 16 (decided here, on the host's kv_len), else on the SIMT kerne
 zero-padded (hd up to 256). Two kernel families:
 - the SIMT flash-attention kernels (hs_attention_[f16_|bf16_]d<D>, every class and target): float32
   arithmetic throughout, half inputs widened;
-- the matrix-core kernels (hs_attention_{f16,bf16}_mma_d<D>, D in MMA_CLASSES) for half inputs on
+- the matrix-core kernels (hs_attention_{f16,bf16}_mma_d<D>, D in MMA_CLASSES[warp]) for half inputs on
   targets with mma.sync m16n8k16 (NVIDIA sm_80 and later; prelude.h's HS_MMA_M16N8K16) or MFMA
   16x16x16 (AMD gfx908, gfx90a, gfx940-942; HS_MFMA_16X16X16): Q K^T accumulated in float32, P rounded
   to the input type for P V (docs/design/kernels.md, "Attention on tensor cores"). A block is 4 warps of the
@@ -29,7 +29,10 @@ from .common import KERNEL_SUFFIX, has_mma, kernel_suffix, np_dtype
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
-MMA_CLASSES = (32, 64, 128)   # head-dim classes with tensor-core kernels (d256 would spill its registers)
+# head-dim classes with matrix-core kernels, by warp width: NVIDIA's mma.sync kernel (warp 32) at d256
+# too (its Q fragments read per k step, not held: docs/design/kernels.md); AMD's MFMA kernel (wavefront
+# 64) to d128, d256 on the SIMT kernel there
+MMA_CLASSES = {32: (32, 64, 128, 256), 64: (32, 64, 128)}
 
 
 def head_dim_class(hd: int) -> int:
@@ -47,7 +50,7 @@ def attention_launches(b: int, h: int, sq: int, hd: int, suffix: str = "f32", mm
     warps of `warp` lanes: the mma.sync kernel's HSM_ geometry at warp 32, the MFMA one's HSF_ at
     wavefront 64), else the SIMT kernel."""
     d = head_dim_class(hd)
-    if mma and aligned and suffix != "f32" and d in MMA_CLASSES:
+    if mma and aligned and suffix != "f32" and d in MMA_CLASSES[warp]:
         rows, threads = (HSM_ROWS, HSM_THREADS) if warp == 32 else (HSF_ROWS, HSF_THREADS)
         return [Launch.of("attention", f"hs_attention_{suffix}_mma_d{d}", -(-sq // rows) * b * h, threads)]
     rows = HSA_R * HSA_THREADS // (d // HSA_DIMS)

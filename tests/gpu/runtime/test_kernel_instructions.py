@@ -86,7 +86,7 @@ def test_the_glues_matrix_kernels_are_built_and_use_matrix_cores(family, arch, c
     facts = _facts(arch, f"{family}.hip", cache_dir)
     planned = {launch.kernel for launch in module.report_launches(TARGETS[arch].wavefront, 1, arch=arch)
                if MATRIX.search(launch.kernel)}
-    assert planned == ({f"hs_attention_{t}_mma_d{d}" for t in ("f16", "bf16") for d in attention.MMA_CLASSES}
+    assert planned == ({f"hs_attention_{t}_mma_d{d}" for t in ("f16", "bf16") for d in attention.MMA_CLASSES[TARGETS[arch].wavefront]}
                        if family == "attention" else
                        {f"hs_qmatmat_{t}_mma_{q}" for t in ("f16", "bf16") for q in ("q8_0", "q4_0")})
     for kernel in sorted(planned):
