@@ -370,7 +370,7 @@ cdef class FastPath:
         # 2. device data whose call the GPU ran before with the same key: its plan, replayed in C
         key = None
         # (a call given out= writes a host array the compiled path's plans know nothing of: prepare's way)
-        if gp is not None and gp.enabled and not (kwargs and "out" in kwargs):
+        if gp is not None and gp.enabled and not (kwargs and kwargs.get("out") is not None):
             if stream is not None:
                 handle = <size_t>stream if type(stream) is int and stream >= 0 else self._stream_handle(stream)
             keep = []

@@ -140,6 +140,13 @@ cdef inline double _side_predict(Slot *s, int be, double size, double *u) noexce
     return t
 
 
+cdef inline double _side_spread(Slot *s, int be, double size, double u) noexcept nogil:
+    """A side's run-to-run spread at `size`, relative: the standard deviation of its bucket's samples over
+    their mean, else (a size not measured) `u`, the prediction's own uncertainty there."""
+    cdef Bucket *bk = &s.buckets[be][bucket_of(size)]
+    return bk.rel_sd if bk.n > 0 else u
+
+
 cdef class SchedCore:
     """Owns the C state (declared in _sched.pxd); the dispatcher (_dispatch.FastPath) decides and
     records through its C methods, Python code through `decide` and `record`."""
@@ -436,7 +443,7 @@ cdef class SchedCore:
         cdef long long calls
         cdef double c, g, kc, kg, uc = 0, ug = 0, copies, cc = 0, cg = 0, best, lcb, lcb_best, excess, se
         cdef int loser
-        cdef double blc = 0, blg = 0, fc, fg
+        cdef double blc = 0, blg = 0, shared = 0, fc, fg, wc, wg
         cdef long long now
         kc = _side_predict(s, CPU, size, &uc)
         kg = _side_predict(s, GPU, size, &ug)
@@ -459,6 +466,7 @@ cdef class SchedCore:
             now = self._now()
             blc = self._backlog(CPU, now)
             blg = self._backlog(GPU, now)
+            shared = blc   # the CPU's own calls, whose cores a CPU run would share (rule 7)
             if on_device and blg > blc:
                 blc = blg
         # 1. what the user asked for
@@ -523,9 +531,22 @@ cdef class SchedCore:
         # callers and a GPU twice the CPU's time, sending ties to the busier side kept the GPU idle). A
         # side measured too little to tell is inside that band, so under load it is still measured.
         if blc != blg:
-            fc = blc + c
+            # the CPU's calls share its cores, so a call sent there also slows the ones already running,
+            # each until it or they end: about min(their work left, its own) more time for them, which
+            # the GPU, running its stream in order, never charges the calls ahead of it. Counting it
+            # chooses by what the call costs everyone, not by its own end alone: two callers with the
+            # CPU twice the GPU's speed both went to the CPU (each call ending no later there), and the
+            # GPU idled (bench/concurrency.py)
+            fc = blc + c + (shared if shared < c else c)
             fg = blg + g * p.speedup_threshold
-            se = sqrt((uc * kc) * (uc * kc) + (ug * kg) * (ug * kg))
+            # the work waiting on a side ends when its calls do, not when their means say: it is as
+            # uncertain as their runs spread (this op's spread on that side standing for theirs; k calls
+            # of about equal time: spread * backlog / sqrt(k)). With noisy runs and two sides twice apart,
+            # a band of the means' standard error alone left the busier side winning by accidents of the
+            # estimates: two callers on the GPU while the CPU idled (bench/concurrency.py)
+            wc = _side_spread(s, CPU, size, uc) * blc / sqrt(<double>(self.load[CPU].inflight or 1))
+            wg = _side_spread(s, GPU, size, ug) * blg / sqrt(<double>(self.load[GPU].inflight or 1))
+            se = sqrt((uc * kc) * (uc * kc) + (ug * kg) * (ug * kg) + wc * wc + wg * wg)
             if (fc - fg if fc > fg else fg - fc) <= TIE_Z * se:
                 return (GPU if blg < blc else CPU) | R_COST_MODEL << 1
             return (GPU if fg < fc else CPU) | R_COST_MODEL << 1

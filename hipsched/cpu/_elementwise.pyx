@@ -331,7 +331,8 @@ cdef class SiluMulHot(HotOp):
     """silu_mul(gate, up): both plain float32 of one shape (a decode step calls it once per layer on a
     few thousand elements, where the general path's checks cost more than the kernel)."""
     cdef object check(self, tuple args, dict kwargs, double *size, double *nbytes):
-        if len(args) != 2 or kwargs:
+        # (the op method passes out=None with every call: only a given out= is the general path's)
+        if len(args) != 2 or kwargs and (len(kwargs) != 1 or kwargs.get("out", 0) is not None):
             return None
         g = args[0]
         u = args[1]
@@ -386,7 +387,7 @@ cdef class RopeHot(HotOp):
                     if v != "neox" and v != "gptj" or type(v) is not str:
                         return None
                     style = v
-                else:
+                elif k != "out" or v is not None:   # a given out= is the general path's
                     return None
         x = args[0]
         p = args[1]

@@ -65,11 +65,24 @@ def test_a_busy_gpu_sends_the_next_call_to_the_idle_cpu():
 def test_work_on_both_sides_is_compared_as_finishing_times():
     c, s = measured()
     held_elsewhere(c, [(GPU, 3700.0), (CPU, 5600.0)])
-    # GPU finishes at 7.4 ms, the CPU at 11.2 ms: the GPU, although it has work too
+    # GPU finishes at 7.4 ms, the CPU at 11.2 ms (and the CPU's call running there 5.6 ms later): the
+    # GPU, although it has work too
     assert side(c, s) == ("gpu", R.COST_MODEL)
-    held_elsewhere(c, [(GPU, 3700.0), (GPU, 3700.0)])
-    # GPU at 14.8 ms against the CPU's 11.2
+    held_elsewhere(c, [(GPU, 3700.0)] * 4)
+    # GPU at 22.2 ms against the CPU's 11.2 + 5.6
     assert side(c, s) == ("cpu", R.COST_MODEL)
+
+
+def test_a_call_on_the_shared_cpu_counts_the_time_it_costs_the_calls_there():
+    """The CPU's calls share its cores: a call sent there ends when its own time says, but the call
+    already running there ends later by as much as the two overlap. Finishing times alone choose the
+    CPU here (7.6 ms against 8.7); with the 2 ms the running CPU call loses, the GPU's queue wins."""
+    c, s = measured()
+    held_elsewhere(c, [(CPU, 2000.0), (GPU, 5000.0)])
+    assert side(c, s) == ("gpu", R.COST_MODEL)   # CPU 2.0 + 5.6 + 2.0 against GPU 5.0 + 3.7
+    c2, s2 = measured()
+    held_elsewhere(c2, [(CPU, 500.0), (GPU, 5000.0)])
+    assert side(c2, s2) == ("cpu", R.COST_MODEL)   # 0.5 + 5.6 + 0.5 against 8.7: still the CPU
 
 
 def test_the_backlog_drains_with_the_clock():
@@ -219,3 +232,20 @@ def test_the_common_paths_hold_ends_with_its_record(rng):
             ex.add(a, a)
             assert ex._core.backlog() == (0.0, 0.0) and ex._core.in_flight() == (0, 0)
         assert [e["backend"] for e in ex.events[-20:]] == ["cpu"] * 20
+
+
+def test_a_backlog_is_as_uncertain_as_the_runs_in_it():
+    """The GPU's runs spread 30% about their mean: a call queued there ends anywhere in a wide band, so a
+    finish 0.3 ms sooner than the idle CPU's is a tie (which goes to the side with less work waiting),
+    where the standard error of 32 runs' means alone (about 0.2 ms) would have called it for the GPU.
+    Runs that do not spread leave the same gap a win."""
+    for gpu_runs, want in (((2590.0, 4810.0), "cpu"), ((3700.0, 3700.0), "gpu")):
+        c = _sched.SchedCore(reprobe_interval=0)
+        c.set_transfer(0.0, 1e6, 0.0, 1e6)
+        s = c.slot("top_k", "float32")
+        for i in range(32):
+            c.record(s, CPU, N, 7000.0)
+            c.record(s, GPU, N, gpu_runs[i % 2])
+        held_elsewhere(c, [(GPU, 3000.0)])
+        # GPU: 3.0 ms queued + 3.7 ms = 6.7 ms; CPU: 7.0 ms
+        assert side(c, s) == (want, R.COST_MODEL), gpu_runs
