@@ -32,13 +32,21 @@ int hs_attention(const void *q, const void *k, const void *v, void *out, int dty
         memset(out, 0, (size_t)(dtype == HS_F32 ? 4 : 2) * (size_t)(slabs * seq_q * head_dim));
         return 0;
     }
+    /* the keys a call reads: a KV cache's valid length, not its allocated one (a decode step early in a
+     * 2048-position cache reads a few keys; sized by the cache it woke a second thread for microseconds
+     * of work, and beside another library's spinning threads a team waiting on a preempted member took
+     * milliseconds) */
+    int64_t keys = kv_len ? 0 : seq_k;
     if (kv_len)
-        for (int64_t b = 0; b < batch; b++)
+        for (int64_t b = 0; b < batch; b++) {
             if (kv_len[b] < 0 || kv_len[b] > seq_k) return -2;
-    long long work = (long long)slabs * seq_q * seq_k * head_dim;
+            if (kv_len[b] > keys) keys = kv_len[b];
+        }
+    long long work = (long long)slabs * seq_q * (keys > 0 ? keys : 1) * head_dim;
     int nt = hs_threads_for(work, HS_ATTENTION_GRAIN);
-    long long items = seq_q == 1 ? batch * heads_kv * ((seq_k + 1023) / 1024)
+    long long items = seq_q == 1 ? batch * heads_kv * ((keys + 1023) / 1024)
                                  : slabs * ((seq_q + HS_ATTENTION_QTILE - 1) / HS_ATTENTION_QTILE);
+    if (items < 1) items = 1;
     if (nt > items) nt = (int)items;
     if (dtype == HS_BF16 && head_dim % 2 == 0 && hs_cpu_bf16_dot())
         return hs_attention_run_avx512bf16(q, k, v, out, dtype, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, scale,
