@@ -11,8 +11,8 @@ MUTANTS = [
         why="issue 33: a decision compares the sides' run times alone, as before, whatever is in flight (four "
             "callers put 154 of 160 calls on the GPU while the CPU idled)",
         path="hipsched/_sched.pyx",
-        find="        if blc != blg:\n            fc = blc + c",
-        replace="        if False:\n            fc = blc + c",
+        find="        if blc != blg:\n            # the CPU's calls share its cores",
+        replace="        if False:\n            # the CPU's calls share its cores",
         kill=(f"{_LOAD}::test_a_busy_gpu_sends_the_next_call_to_the_idle_cpu",
               f"{_LOAD}::test_callers_in_virtual_time_finish_near_both_sides_together[4]"),
     ),
@@ -24,6 +24,25 @@ MUTANTS = [
         find="return (GPU if blg < blc else CPU) | R_COST_MODEL << 1",
         replace="return (GPU if blg > blc else CPU) | R_COST_MODEL << 1",
         kill=(f"{_LOAD}::test_a_tie_goes_to_the_idle_side",),
+    ),
+    Mutant(
+        name="load-cpu-sharing-costs-nothing",
+        why="issue 33: a call sent to the busy CPU is charged only its own finish, not the time it takes from "
+            "the calls sharing the cores with it (two callers, the GPU at half the CPU's speed: both stayed "
+            "on the CPU while the GPU idled)",
+        path="hipsched/_sched.pyx",
+        find="            fc = blc + c + (shared if shared < c else c)",
+        replace="            fc = blc + c",
+        kill=(f"{_LOAD}::test_a_call_on_the_shared_cpu_counts_the_time_it_costs_the_calls_there",),
+    ),
+    Mutant(
+        name="load-tie-band-without-the-backlogs-spread",
+        why="issue 33: the tie under load is judged by the means' standard errors alone, so after many runs "
+            "accidents of the estimates decide between finishes equal in expectation",
+        path="hipsched/_sched.pyx",
+        find="            se = sqrt((uc * kc) * (uc * kc) + (ug * kg) * (ug * kg) + wc * wc + wg * wg)",
+        replace="            se = sqrt((uc * kc) * (uc * kc) + (ug * kg) * (ug * kg))",
+        kill=(f"{_LOAD}::test_a_backlog_is_as_uncertain_as_the_runs_in_it",),
     ),
     Mutant(
         name="load-backlog-counted-from-busy-start",

@@ -29,8 +29,8 @@ MUTANTS.append(Mutant(
     why="issue 30 item 5: the dispatcher replays through a closed GPU backend's compiled path (the old test "
         "called with host arrays, whose key no plan has, so no replay could happen)",
     path="hipsched/_dispatch.pyx",
-    find="if gp is not None and gp.enabled:",
-    replace="if gp is not None:",
+    find="if gp is not None and gp.enabled and not (kwargs",
+    replace="if gp is not None and not (kwargs",
     kill=("tests/gpu/runtime/test_call_path_cost.py::test_a_closed_backend_replays_nothing",),
 ))
 MUTANTS += [
