@@ -28,7 +28,7 @@ from .chunking import chunkable, run_chunked
 from .dlpack_devices import device_indices
 from .errors import GpuError
 from .ops import OPS
-from .ops.base import deliver
+from .ops.base import deliver, run_kernel
 from .ops.foreign_arrays import result_converter
 from .upload_sharing import REUSE_MIN_BYTES, UploadSharing
 
@@ -466,8 +466,7 @@ cdef class FastPath:
         if fn is None or call.on_device or (d.want == F_WANT_GPU and not self.allow_fallback):
             return self._run_other(call, d.slot, d.reason, d.pc, d.pg, d.want, detail, stream)
         t0 = now_ns()
-        # the lock is not held while the kernel runs; an out= is written by the kernel itself
-        out = fn(*call.args, **call.params) if call.out is None else fn(*call.args, out=call.out, **call.params)
+        out = run_kernel(fn, call)  # the lock is not held while the kernel runs
         dur = (now_ns() - t0) * 1e-3
         self._record_cpu(call.op, d, dur, call.size, call.dtype, call.nbytes, stream, detail)
         return out

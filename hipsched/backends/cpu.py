@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dlpack_devices import is_device_array
 from ..ops import OPS
-from ..ops.base import Call
+from ..ops.base import Call, run_kernel
 
 # op -> (module, function) of its CPU kernel, as the op specs declare it
 CPU_IMPLS = {name: spec.cpu for name, spec in OPS.items()}
@@ -30,10 +30,7 @@ class CpuBackend:
     def run(self, call, stream=None):
         """Run on host arrays (see run_device_data for a call whose inputs live on a GPU), into call.out
         when the call has one."""
-        f = self._fns.get(call.op) or self._load(call.op)
-        if call.out is not None:
-            return f(*call.args, out=call.out, **call.params)
-        return f(*call.args, **call.params)
+        return run_kernel(self._fns.get(call.op) or self._load(call.op), call)
 
     def run_device_data(self, call):
         """Download the device inputs, run, and upload the result (each array of a tuple) onto the

@@ -174,7 +174,7 @@ def out_array(out, op: str, like, inputs):
     if is_device_array(like):
         raise TypeError(f"{op}: out= is for host inputs; with device inputs the result is a new array on their "
                         f"device")
-    if is_device_array(out) or type(out) is not np.ndarray:
+    if type(out) is not np.ndarray:
         raise TypeError(f"{op}: out must be a host NumPy array (a device input's result is a new array on its "
                         f"device), got {type(out).__name__}")
     if out.shape != tuple(like.shape):
