@@ -3,6 +3,7 @@ benchmarks need (the binding initialises on it, copies round-trip, a GpuBackend 
 one GPU add is one launch) and that its entry points can be called by address, as a compiled call path
 will call them."""
 import ctypes
+import gc
 import os
 import threading
 
@@ -135,10 +136,17 @@ def test_a_thread_without_a_context_is_refused(rt):
     from hipsched.gpu.bindings import libs
     lib = libs.open_library("cuda")[0]
     alloc = _fn(lib, "cuMemAlloc_v2", ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t])
-    result = []
-    t = threading.Thread(target=lambda: result.append(alloc(ctypes.byref(ctypes.c_uint64()), 64)))
-    t.start()
-    t.join()
+    result, out = [], ctypes.c_uint64()
+    # A garbage collection on the new thread would run earlier tests' finalizers there, and one that
+    # frees device memory through the binding sets the context on that thread (seen once in CI).
+    gc.collect()
+    gc.disable()
+    try:
+        t = threading.Thread(target=lambda: result.append(alloc(ctypes.byref(out), 64)))
+        t.start()
+        t.join()
+    finally:
+        gc.enable()
     assert result == [CUDA_ERROR_INVALID_CONTEXT]
     rt.free(rt.malloc(64))   # the binding sets the context on every thread it runs on
 
