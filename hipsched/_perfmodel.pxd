@@ -4,7 +4,7 @@
 # Inline C only (no runtime module): hipsched._sched cimports it. See docs/design/scheduling.md.
 from libc.stdlib cimport calloc, free
 from libc.stdint cimport uint64_t
-from libc.string cimport memcpy, memmove
+from libc.string cimport memcpy, memmove, memset
 from libc.math cimport NAN, exp, fabs, log, sqrt
 
 cdef enum:
@@ -25,15 +25,20 @@ cdef enum:
 # samples, and what the model's error at a size never measured is taken to be before one has been
 # checked: a machine's run-to-run log-sd was 0.2-0.4 on the H100 (shared/h100 demo logs), so 0.5
 # assumes no better than that.
+# POOL_PRIOR_N: how many samples' worth the op's pooled spread counts for against a bucket's own when
+# judging how noisy the bucket's mean is: the three samples below which a bucket's own spread is not
+# read at all (PRIOR_REL_SD), so that its own spread outweighs the pool's from there on.
 cdef extern from *:
     """
     #define HS_OUTLIER_RATIO 16.0
     #define HS_PRIOR_REL_SD 0.5
     #define HS_PRIOR_UNSEEN_ERR 0.5
+    #define HS_POOL_PRIOR_N 3.0
     """
     const double OUTLIER_RATIO "HS_OUTLIER_RATIO"
     const double PRIOR_REL_SD "HS_PRIOR_REL_SD"
     const double PRIOR_UNSEEN_ERR "HS_PRIOR_UNSEEN_ERR"
+    const double POOL_PRIOR_N "HS_POOL_PRIOR_N"
 
 cdef struct Bucket:
     double *ring           # last `window` latencies (us), arrival order (allocated at the first sample)
@@ -46,7 +51,10 @@ cdef struct Bucket:
     long long calls        # decisions taken for sizes in this bucket (re-probe pacing)
     double sum             # sum and sum of squares of ring[:n]: the mean and spread in O(1)
     double sumsq
-    double mean            # bucket_stats at the last sample: what a decision reads
+    double own             # bucket_stats of its own samples, and their spread over that mean
+    double own_sd
+    double base            # bucket_base at the last sample: what the pool measures times against
+    double mean            # `own` joined with its op's pool (bucket_settle): what a decision reads
     double rel_sd
 
 cdef struct Fit:           # t = a + b * work, weighted least squares over bucket medians
@@ -64,6 +72,15 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
                            # this op's cost is from what the model says at sizes it has not measured
                            # (small on a smooth machine, large where sizes are uneven); 0 = not yet known
     int unseen_n           # first samples it was checked against
+    # The pool: how this op's times on this side lie above their sizes' lower quartiles (bucket_base),
+    # from every bucket of three samples or more (pool_settle, at each refit). A slow mode (an OpenMP team waking up, a
+    # frequency drop) belongs to the op and processor, not to one size; a size seen three times has
+    # drawn a 15% mode with probability 0.39, so its own mean is mostly the fast mode alone (or, after
+    # two slow draws, several times the truth). 0 = not enough buckets to pool.
+    double pool_r          # mean over all their samples of time / its bucket's base
+    double pool_var        # the samples' variance of that ratio within their buckets
+    double pool_tau2       # how much the buckets' own ratios differ beyond what pool_var explains
+    double pool_rel_sd     # sqrt(pool_var) / pool_r: a bucket's spread where the pool alone decides
 
 
 cdef inline int bucket_of(double size) noexcept nogil:
@@ -149,7 +166,95 @@ cdef inline bint bucket_alloc(Bucket *bk, int window) noexcept nogil:
     return True
 
 
-cdef inline void bucket_add(Bucket *bk, int window, double t, double work) noexcept nogil:
+cdef inline double bucket_base(const Bucket *bk) noexcept nogil:
+    # the lower quartile: a slow mode of a share under a quarter leaves it in the fast one even in three
+    # samples (the median of three is slow with two slow draws, 10% of the time at a 20% share); with
+    # one or two samples the smaller, as bucket_stats reads them
+    return bk.sorted[(bk.n - 1) >> 2]
+
+
+cdef inline void bucket_settle(Bucket *bk, const Fit *f) noexcept nogil:
+    """bk.mean and bk.rel_sd: the bucket's own mean (`own`) shrunk toward its base times the pool's
+    ratio, by how little its own samples say (empirical Bayes, the weight tau2 / (tau2 + var / n)): with
+    sizes that share one spread the pool decides, with sizes that differ beyond their noise each its own
+    mean. Without a pool, `own` as it is."""
+    cdef double base, r_own, v_own, w, r, v
+    bk.mean = bk.own
+    bk.rel_sd = bk.own_sd
+    if not (f.pool_r > 0) or bk.n == 0:
+        return
+    base = bk.base
+    if not (base > 0):
+        return
+    if bk.n < 3:
+        # `own` is the smallest sample, the base (one of two may be a first launch): the pool is all that is
+        # known of how far above it the expected time lies
+        bk.mean = bk.own * f.pool_r
+        bk.rel_sd = f.pool_rel_sd if f.pool_rel_sd > PRIOR_REL_SD else PRIOR_REL_SD
+        return
+    if f.pool_tau2 == 0:
+        # the sizes share one spread (the common case): the pool decides, and costs no division
+        bk.mean = base * f.pool_r
+        bk.rel_sd = f.pool_rel_sd
+        return
+    r_own = bk.own / base
+    v_own = (bk.own_sd * r_own) * (bk.own_sd * r_own)
+    # the noise of its own mean: its own spread, which a few samples that missed a mode understate, held
+    # against the pool's as a prior worth POOL_PRIOR_N samples; w = tau2 / (tau2 + that / n), with
+    # one division
+    v = bk.n * v_own + POOL_PRIOR_N * f.pool_var
+    w = f.pool_tau2 * bk.n * (bk.n + POOL_PRIOR_N)
+    w = w / (w + v)
+    r = w * r_own + (1.0 - w) * f.pool_r
+    v = w * v_own + (1.0 - w) * f.pool_var
+    bk.mean = base * r
+    bk.rel_sd = sqrt(v) / r if r > 0 else bk.own_sd
+
+
+cdef struct PoolSums:
+    int nb
+    double N, sr, srr, sv, snn
+
+
+cdef inline void pool_sum(PoolSums *p, const Bucket *bk) noexcept nogil:
+    cdef double r_own, v_own
+    if bk.n < 3 or not (bk.base > 0 and bk.own > 0):
+        return
+    r_own = bk.own / bk.base
+    v_own = (bk.own_sd * r_own) * (bk.own_sd * r_own)
+    p.N += bk.n
+    p.sr += bk.n * r_own
+    p.srr += bk.n * r_own * r_own
+    p.sv += bk.n * v_own
+    p.snn += <double>bk.n * bk.n
+    p.nb += 1
+
+
+cdef inline bint pool_update(Fit *f, const PoolSums *p) noexcept nogil:
+    """The pool (Fit.pool_r, pool_var, pool_tau2) from the sums over every bucket of three samples or
+    more; True when it moved enough (a percent of a mean) that the buckets must be settled again. tau2
+    by the one-way random-effects estimator for unequal counts: the buckets' spread around the pool,
+    each by its samples, less what the samples' own noise alone would give (so that a bucket of three,
+    whose ratio a slow draw can triple, counts for three samples, not for one size in B). Fewer than
+    three such buckets: no pool."""
+    cdef double r0 = f.pool_r, v0 = f.pool_var, t0 = f.pool_tau2, denom
+    if p.nb < 3:
+        f.pool_r = 0
+        return r0 > 0
+    f.pool_r = p.sr / p.N
+    f.pool_var = p.sv / p.N
+    denom = p.N - p.snn / p.N
+    f.pool_tau2 = (p.srr - p.N * f.pool_r * f.pool_r - (p.nb - 1) * f.pool_var) / denom if denom > 0 else 0.0
+    if not (f.pool_tau2 > 0):
+        f.pool_tau2 = 0
+    f.pool_rel_sd = sqrt(f.pool_var) / f.pool_r if f.pool_r > 0 else 0.0
+    # once the op's sizes are measured the pool hardly moves: re-reading every bucket against it waits
+    # for a change that moves a mean by a percent (each record settles its own bucket as it goes)
+    return not (r0 > 0 and fabs(f.pool_r - r0) <= 0.01 * r0 and fabs(f.pool_var - v0) <= 0.02 * v0 + 1e-4
+                and fabs(f.pool_tau2 - t0) <= 0.02 * t0 + 1e-4)
+
+
+cdef inline void bucket_add(Bucket *bk, const Fit *f, int window, double t, double work) noexcept nogil:
     cdef int i, j
     if bk.ring == NULL and not bucket_alloc(bk, window):
         return  # out of memory: the sample is dropped, the model keeps what it has
@@ -180,15 +285,20 @@ cdef inline void bucket_add(Bucket *bk, int window, double t, double work) noexc
     if bk.pos == window:
         bk.pos = 0
     bk.total += 1
-    bk.mean = bucket_stats(bk, &bk.rel_sd)
+    bk.own = bucket_stats(bk, &bk.own_sd)
+    bk.base = bucket_base(bk)
+    bucket_settle(bk, f)
 
 
 cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
-    """Weighted least squares t = a + b*w over the buckets' (mean work, median), weights 1/t^2 so
-    that every bucket counts by its relative error (sizes span many orders of magnitude)."""
+    """Weighted least squares t = a + b*w over the buckets' (mean work, mean), weights 1/t^2 so
+    that every bucket counts by its relative error (sizes span many orders of magnitude); and, in the
+    same pass, the op's pool (pool_update)."""
     cdef double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0, x, y, wt, det, a, b
     cdef int i, npts = 0
     cdef Bucket *bk
+    cdef PoolSums pool
+    memset(&pool, 0, sizeof(pool))
     f.dirty = 0
     f.pending = 0
     f.lo = 0
@@ -197,6 +307,7 @@ cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
         bk = &bks[i]
         if bk.n == 0:
             continue
+        pool_sum(&pool, bk)
         x = bk.work_sum / bk.n
         y = bucket_mean(bk, NULL)
         if y <= 0:
@@ -211,6 +322,14 @@ cdef inline void refit(Bucket *bks, Fit *f) noexcept nogil:
         sw += wt; swx += wt * x; swy += wt * y; swxx += wt * x * x; swxy += wt * x * y
         npts += 1
     f.npts = npts
+    if pool_update(f, &pool):
+        # the means this fit read were settled against the pool before it moved: settle them again,
+        # and the next prediction refits from them (the pool then stands still: its sums do not
+        # depend on it)
+        for i in range(NBUCKETS):
+            if bks[i].n > 0:
+                bucket_settle(&bks[i], f)
+        f.dirty = 1
     if npts == 0:
         f.valid = 0
         return

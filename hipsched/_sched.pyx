@@ -690,7 +690,7 @@ cdef class SchedCore:
             check_unseen(s.buckets[backend], &s.fit[backend], size, t)
             s.fit[backend].dirty = 1
         s.fit[backend].pending += 1
-        bucket_add(&s.buckets[backend][b], self.p.window, t, size)
+        bucket_add(&s.buckets[backend][b], &s.fit[backend], self.p.window, t, size)
 
     cdef void _sample_parts(self, Slot *s, double size, double kernel_us, double up_bytes,
                             double up_us) noexcept nogil:
@@ -965,7 +965,7 @@ cdef class SchedCore:
                     if not (w >= 0 and t >= 0 and isfinite(w) and isfinite(t)):
                         raise ValueError(f"bad sample ({w}, {t}) for {key}")
                     hs_lock(&self.lock)
-                    bucket_add(&self.slots[sid].buckets[be][bucket_of(w)], self.p.window, t, w)
+                    bucket_add(&self.slots[sid].buckets[be][bucket_of(w)], &self.slots[sid].fit[be], self.p.window, t, w)
                     self.slots[sid].fit[be].dirty = 1
                     hs_unlock(&self.lock)
 

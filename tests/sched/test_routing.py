@@ -56,6 +56,38 @@ def test_a_bimodal_side_is_predicted_by_its_mean():
     assert c.predict(s, 0, 1e6) == pytest.approx((16 * 100 + 4 * 800) / 20)
 
 
+def test_a_size_seen_a_few_times_borrows_its_ops_slow_mode():
+    """A slow mode belongs to the op on its processor (a thread team waking up), not to one size: three
+    runs of a new size miss a 20% mode half the time, and their mean is then the fast mode alone (or,
+    after two slow draws, three times the truth). Pooled over the op's other sizes, the prediction is
+    the size's median times the op's mean over median."""
+    c = core()
+    s = c.slot("top_k", "float32")
+    for k in range(6):                          # six sizes, each 20 runs, 20% of them 8x
+        for i in range(20):
+            c.record(s, 0, 1e6 * 2 ** k, 100.0 * 2 ** k * (8.0 if i % 5 == 4 else 1.0))
+    expected = 0.8 + 0.2 * 8.0
+    for i in range(3):                          # a new size, three fast runs
+        c.record(s, 0, 1e6 * 2 ** 7, 12800.0)
+    assert c.predict(s, 0, 1e6 * 2 ** 7) == pytest.approx(12800.0 * expected, rel=0.05)
+    for t in (800.0, 800.0, 100.0):             # another, two of three slow
+        c.record(s, 0, 1e6 * 2 ** 9, t * 2 ** 9)
+    assert c.predict(s, 0, 1e6 * 2 ** 9) == pytest.approx(100.0 * 2 ** 9 * expected, rel=0.05)
+
+
+def test_sizes_that_differ_beyond_their_noise_keep_their_own_means():
+    """Pooling is for what the sizes share: where some sizes have a slow mode and others none (a team
+    that only wakes for small inputs), each well-measured size is its own mean."""
+    c = core()
+    s = c.slot("top_k", "float32")
+    for k in range(6):
+        slow = 8.0 if k < 3 else 1.0
+        for i in range(40):
+            c.record(s, 0, 1e6 * 2 ** k, 100.0 * 2 ** k * (slow if i % 5 == 4 else 1.0))
+    assert c.predict(s, 0, 1e6) == pytest.approx(100.0 * (0.8 + 0.2 * 8.0), rel=0.1)
+    assert c.predict(s, 0, 1e6 * 2 ** 5) == pytest.approx(100.0 * 2 ** 5, rel=0.1)
+
+
 def test_sides_within_their_noise_are_a_tie_that_keeps_host_data_on_the_cpu():
     """Two sides whose means differ by less than their standard errors are both right: the call stays
     where its data is (host data not uploaded yet: the CPU), not on whichever side the noise favoured."""

@@ -44,8 +44,10 @@ def _extension_to_rebuild(path: str) -> str | None:
     is (src_c/cpu/graph.inc -> graph); "" for a shared header (every extension); None when nothing is
     compiled ahead of time (Python, and the HIP sources, compiled at run time)."""
     p = Path(path)
-    if p.suffix in (".pyx", ".pxd"):
+    if p.suffix == ".pyx" or (p.suffix == ".pxd" and (ROOT / p.with_suffix(".pyx")).exists()):
         return p.stem.lstrip("_")
+    if p.suffix == ".pxd":
+        return ""   # inline code of no extension of its own (_perfmodel.pxd): compiled into each that cimports it
     if p.parts[:2] == ("src_c", "cpu"):
         family = p.name.split(".")[0].split("_")[0]
         has_own = list(ROOT.glob(f"hipsched/cpu/_{family}.pyx"))
