@@ -59,10 +59,12 @@ def dump_run(directory, start, seed, cache, judgement):
                     fh.write(json.dumps({"auto": a, "cpu": c, "gpu": g}, default=str) + "\n")
 
 
-def one_run(start, quick, seed, sim, repeats=3, machine=None, dump=None):
+def one_run(start, quick, seed, sim, repeats=3, machine=None, dump=None, expected_oracle=False):
     """(judgement, demo exit status, demo output) of one demo --oracle run from `start` ("cold" or
     "calibrated"), in a fresh cache dir; `machine`: a sim_machine.Machine (sim only); `dump`: a
-    directory for dump_run."""
+    directory for dump_run; `expected_oracle` (sim only): the oracle's forced runs take their expected
+    times, not sampled ones, so each call is priced exactly (choice regret is then the decisions'
+    expected regret, free of the oracle's own draws)."""
     with tempfile.TemporaryDirectory(prefix="hipsched-routing-") as cache:
         clock = contextlib.nullcontext()
         machines = [{}, {}, {}]
@@ -71,7 +73,8 @@ def one_run(start, quick, seed, sim, repeats=3, machine=None, dump=None):
             from sim_gpu import SimClock, simulated_machine
             c = SimClock()
             clock = c.executor_clock()
-            machines = [simulated_machine(c, seed=3 * seed + i, machine=machine) for i in range(3)]
+            machines = [simulated_machine(c, seed=3 * seed + i, machine=machine, expected=expected_oracle and i == 1)
+                        for i in range(3)]
             if machine is not None:
                 tie_band = machine.tie_band()
         with clock:

@@ -3,7 +3,8 @@ each starting point (an empty model, "cold"; a model Executor.calibrate() just f
 each seed, one bench/routing.py run (`hipsched demo --oracle` on that machine). Regret first: it is what a
 wrong choice costs; accuracy counts calls within the machine's noise band as right either way.
 
-Usage: python bench/routing_family.py [--quick] [--seeds N] [--first-seed S] [--label NAME] [MACHINE.json ...]
+Usage: python bench/routing_family.py [--quick] [--seeds N] [--first-seed S] [--label NAME] [--expected-oracle]
+       [MACHINE.json ...]
 Writes bench/results/routing-family-<label>[-quick].md and .json (the rows, for before/after tables)."""
 import argparse
 import glob
@@ -19,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
 import routing  # noqa: E402
 
 
-def run_family(paths, quick, seeds, starts=("cold", "calibrated"), log=print, first_seed=0):
+def run_family(paths, quick, seeds, starts=("cold", "calibrated"), log=print, first_seed=0, expected_oracle=False):
     """[{machine, start, seed, regret, choice_regret, accuracy, judged, seconds}]"""
     rows = []
     for path in paths:
@@ -27,7 +28,7 @@ def run_family(paths, quick, seeds, starts=("cold", "calibrated"), log=print, fi
         for start in starts:
             for seed in range(first_seed, first_seed + seeds):
                 t0 = time.perf_counter()
-                res, rc, text = routing.one_run(start, quick, seed, True, machine=m)
+                res, rc, text = routing.one_run(start, quick, seed, True, machine=m, expected_oracle=expected_oracle)
                 o = res["overall"]
                 om = res["by_mean"]["overall"]
                 row = {"machine": m.name, "start": start, "seed": seed, "regret": o["regret"],
@@ -74,13 +75,17 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--label", default="now")
+    ap.add_argument("--expected-oracle", action="store_true",
+                    help="price each call at its expected time on the machine (the oracle's runs without noise), "
+                         "not at three sampled runs per side")
     args = ap.parse_args(argv)
     paths = args.machines or sorted(glob.glob(os.path.join(HERE, "machines", "*.json")))
     t0 = time.perf_counter()
-    rows = run_family(paths, args.quick, args.seeds, first_seed=args.first_seed)
+    rows = run_family(paths, args.quick, args.seeds, first_seed=args.first_seed, expected_oracle=args.expected_oracle)
+    flag = " --expected-oracle" if args.expected_oracle else ""
     text = (f"## routing over the machine family: demo{' --quick' if args.quick else ''}, {args.seeds} seed(s), "
             f"label {args.label}\n\ncommand: `python bench/routing_family.py{' --quick' if args.quick else ''} "
-            f"--seeds {args.seeds} --label {args.label}` ({time.perf_counter() - t0:.0f} s)\n\n{table(rows)}\n")
+            f"--seeds {args.seeds} --label {args.label}{flag}` ({time.perf_counter() - t0:.0f} s)\n\n{table(rows)}\n")
     print(text)
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     base = os.path.join(HERE, "results", f"routing-family-{args.label}{'-quick' if args.quick else ''}")

@@ -42,6 +42,21 @@ def test_machine_descriptions_load_and_say_what_they_are():
     assert random_machine(3) == random_machine(3) != random_machine(4)
 
 
+def test_the_expected_oracle_prices_each_run_at_the_mean_of_the_sampled_ones():
+    """bench/routing_family.py --expected-oracle: each factor is the expectation of the sampled ones
+    (log-normal noise, a tail, the CPU's slow mode for the ops it touches), so an oracle priced with it
+    is what the sampled oracle tends to over many runs."""
+    from sim_machine import RunNoise
+    m = Machine(sigma=0.3, tail_share=0.05, tail_factor=3.0, cpu_slow_share=0.15, cpu_slow_factor=8.0,
+                cpu_slow_ops=("top_k",))
+    sampled, exact = RunNoise(m, 7), RunNoise(m, 7, expected=True)
+    for side, op in (("cpu", "top_k"), ("cpu", "add"), ("gpu", "top_k")):
+        draws = [sampled.factor(side, op) for _ in range(200_000)]
+        assert sum(draws) / len(draws) == pytest.approx(exact.factor(side, op), rel=0.02)
+        assert exact.factor(side, op) == exact.factor(side, op)
+    assert exact.factor("cpu", "top_k") > 2 * exact.factor("cpu", "add")
+
+
 @pytest.mark.parametrize("seed", HOLD_OUT)
 @pytest.mark.parametrize("start,bound", [("cold", 0.15), ("calibrated", 0.08)])
 def test_routing_holds_on_a_machine_not_in_the_repository(routing, seed, start, bound):

@@ -114,8 +114,8 @@ class SimClock:
 
 
 class _Noise:
-    def __init__(self, machine, seed):
-        self.noise = RunNoise(machine, seed)
+    def __init__(self, machine, seed, expected=False):
+        self.noise = RunNoise(machine, seed, expected)
         self.lock = threading.Lock()
 
     def __call__(self, side, op):
@@ -132,11 +132,11 @@ def _machine(machine, sigma):
 class SimulatedCpu:
     """The CPU backend of the simulated machine: real results, the H100 host's times (CPU_US)."""
 
-    def __init__(self, clock, sigma=None, seed=0, table=CPU_US, machine=None):
+    def __init__(self, clock, sigma=None, seed=0, table=CPU_US, machine=None, expected=False):
         self.clock = clock
         self._table = table
         self.machine = _machine(machine, sigma)
-        self._noise = _Noise(self.machine, seed)
+        self._noise = _Noise(self.machine, seed, expected)
         self._cpu = CpuBackend()
         self.runs = 0
 
@@ -169,7 +169,7 @@ class SimulatedGpu(GpuBackendBase):
     name = "gpu"
 
     def __init__(self, clock, ops=None, sigma=None, seed=0, resident_bytes=None, table=GPU_US,
-                 device_name="simulated NVIDIA H100 80GB HBM3", machine=None):
+                 device_name="simulated NVIDIA H100 80GB HBM3", machine=None, expected=False):
         self.clock = clock
         self.available = True
         self.unavailable_reason = None
@@ -179,7 +179,7 @@ class SimulatedGpu(GpuBackendBase):
         self._table = table
         self._ops = set(ops if ops is not None else table)
         self.machine = _machine(machine, sigma)
-        self._noise = _Noise(self.machine, seed)
+        self._noise = _Noise(self.machine, seed, expected)
         # the real backend's default (resident_cache.resident_budget) unless a budget is given
         self._budget = int(FREE_BYTES * DEFAULT_RESIDENT_SHARE) if resident_bytes is None else resident_bytes
         self._resident = collections.OrderedDict()   # id(host) -> (weakref, nbytes)
@@ -290,13 +290,15 @@ class SimulatedGpu(GpuBackendBase):
             self._resident_total -= e[1]
 
 
-def simulated_machine(clock=None, seed=0, sigma=None, resident_bytes=None, machine=None):
+def simulated_machine(clock=None, seed=0, sigma=None, resident_bytes=None, machine=None, expected=False):
     """{"gpu_backend": ..., "cpu_backend": ..., "split": False}: the Executor options of the simulated
     H100 machine (`resident_bytes`: the device's resident budget, None the package's default). Splitting is off: the virtual clock is one for the process, so two parts running at
     once would each advance it by their own time and the split call would take their sum (and the
     splitter times its parts on the wall clock, which here measures this machine computing the results);
-    a split call's worth is measured by bench/split.py with a device that really runs beside the CPU."""
+    a split call's worth is measured by bench/split.py with a device that really runs beside the CPU.
+    `expected`: every run takes its expected time (RunNoise), for an oracle."""
     clock = clock if clock is not None else SimClock()
     return {"gpu_backend": SimulatedGpu(clock, sigma=sigma, seed=2 * seed + 1, resident_bytes=resident_bytes,
-                                        machine=machine),
-            "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed, machine=machine), "split": False}
+                                        machine=machine, expected=expected),
+            "cpu_backend": SimulatedCpu(clock, sigma=sigma, seed=2 * seed, machine=machine, expected=expected),
+            "split": False}
