@@ -55,7 +55,8 @@ cdef struct Bucket:
     double own_sd
     double base            # bucket_base at the last sample: what the pool measures times against
     double mean            # `own` joined with its op's pool (bucket_settle): what a decision reads
-    double rel_sd
+    double rel_sd          # the spread of one run over that mean (run-to-run noise)
+    double se              # the standard error of the mean, relative: how far the mean itself may be off
 
 cdef struct Fit:           # t = a + b * work, weighted least squares over bucket medians
     double a
@@ -81,6 +82,7 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
     double pool_var        # the samples' variance of that ratio within their buckets
     double pool_tau2       # how much the buckets' own ratios differ beyond what pool_var explains
     double pool_rel_sd     # sqrt(pool_var) / pool_r: a bucket's spread where the pool alone decides
+    double pool_n          # the samples the pool was measured from
 
 
 cdef inline int bucket_of(double size) noexcept nogil:
@@ -174,41 +176,55 @@ cdef inline double bucket_base(const Bucket *bk) noexcept nogil:
 
 
 cdef inline void bucket_settle(Bucket *bk, const Fit *f) noexcept nogil:
-    """bk.mean and bk.rel_sd: the bucket's own mean (`own`) shrunk toward its base times the pool's
-    ratio, by how little its own samples say (empirical Bayes, the weight tau2 / (tau2 + var / n)): with
-    sizes that share one spread the pool decides, with sizes that differ beyond their noise each its own
-    mean. Without a pool, `own` as it is."""
-    cdef double base, r_own, v_own, w, r, v
+    """bk.mean, bk.rel_sd and bk.se: the bucket's own mean (`own`) shrunk toward its base times the
+    pool's ratio, by how little its own samples say (empirical Bayes, the weight tau2 / (tau2 + var / n)):
+    with sizes that share one spread the pool decides, with sizes that differ beyond their noise each its
+    own mean. Without a pool, `own` as it is. The standard error is the mean's, not a run's: a pooled
+    mean rests on the pool's samples as well as the bucket's (a bimodal side's runs spread by 100%, its
+    pooled mean over a hundred runs by 10%, and exploring it as if by 100% paid a slow side again and
+    again)."""
+    cdef double base, r_own, v_own, w, r, v, se2
     bk.mean = bk.own
     bk.rel_sd = bk.own_sd
-    if not (f.pool_r > 0) or bk.n == 0:
+    if bk.n == 0:
         return
-    base = bk.base
-    if not (base > 0):
-        return
-    if bk.n < 3:
-        # `own` is the smallest sample, the base (one of two may be a first launch): the pool is all that is
-        # known of how far above it the expected time lies
-        bk.mean = bk.own * f.pool_r
-        bk.rel_sd = f.pool_rel_sd if f.pool_rel_sd > PRIOR_REL_SD else PRIOR_REL_SD
-        return
-    if f.pool_tau2 == 0:
-        # the sizes share one spread (the common case): the pool decides, and costs no division
-        bk.mean = base * f.pool_r
-        bk.rel_sd = f.pool_rel_sd
-        return
-    r_own = bk.own / base
-    v_own = (bk.own_sd * r_own) * (bk.own_sd * r_own)
-    # the noise of its own mean: its own spread, which a few samples that missed a mode understate, held
-    # against the pool's as a prior worth POOL_PRIOR_N samples; w = tau2 / (tau2 + that / n), with
-    # one division
-    v = bk.n * v_own + POOL_PRIOR_N * f.pool_var
-    w = f.pool_tau2 * bk.n * (bk.n + POOL_PRIOR_N)
-    w = w / (w + v)
-    r = w * r_own + (1.0 - w) * f.pool_r
-    v = w * v_own + (1.0 - w) * f.pool_var
-    bk.mean = base * r
-    bk.rel_sd = sqrt(v) / r if r > 0 else bk.own_sd
+    if f.pool_r > 0 and bk.base > 0:
+        base = bk.base
+        if bk.n < 3:
+            # `own` is the smallest sample, the base (one of two may be a first launch): the pool is all
+            # that is known of how far above it the expected time lies
+            bk.mean = bk.own * f.pool_r
+            bk.rel_sd = f.pool_rel_sd if f.pool_rel_sd > PRIOR_REL_SD else PRIOR_REL_SD
+        elif f.pool_tau2 == 0:
+            # the sizes share one spread (the common case): the pool decides; the mean is as uncertain
+            # as the bucket's base (its own runs' spread) and the pool's ratio
+            bk.mean = base * f.pool_r
+            bk.rel_sd = f.pool_rel_sd
+            se2 = (bk.own_sd * bk.own_sd) / bk.n + (f.pool_rel_sd * f.pool_rel_sd) / f.pool_n
+            bk.se = sqrt(se2) if se2 * bk.n > 0.0004 else 0.02 / sqrt(<double>bk.n)
+            return
+        else:
+            r_own = bk.own / base
+            v_own = (bk.own_sd * r_own) * (bk.own_sd * r_own)
+            # the noise of its own mean: its own spread, which a few samples that missed a mode
+            # understate, held against the pool's as a prior worth POOL_PRIOR_N samples;
+            # w = tau2 / (tau2 + that / n), with one division
+            v = bk.n * v_own + POOL_PRIOR_N * f.pool_var
+            w = f.pool_tau2 * bk.n * (bk.n + POOL_PRIOR_N)
+            w = w / (w + v)
+            r = w * r_own + (1.0 - w) * f.pool_r
+            # the posterior variance of the ratio (w times its own mean's), the pool's share of the
+            # pool's error, and the base's noise where the pool decides
+            se2 = (w * v / (bk.n * (bk.n + POOL_PRIOR_N)) + (1.0 - w) * (1.0 - w) * f.pool_var / f.pool_n) / (r * r) \
+                + (1.0 - w) * bk.own_sd * bk.own_sd / bk.n
+            v = w * v_own + (1.0 - w) * f.pool_var
+            bk.mean = base * r
+            bk.rel_sd = sqrt(v) / r if r > 0 else bk.own_sd
+            bk.se = sqrt(se2) if se2 * bk.n > 0.0004 else 0.02 / sqrt(<double>bk.n)
+            return
+    # a mean of n runs: their spread over sqrt(n), at least 2% of it (three runs that agree exactly
+    # are not a certainty)
+    bk.se = (bk.rel_sd if bk.rel_sd > 0.02 else 0.02) / sqrt(<double>bk.n)
 
 
 cdef struct PoolSums:
@@ -248,6 +264,7 @@ cdef inline bint pool_update(Fit *f, const PoolSums *p) noexcept nogil:
     if not (f.pool_tau2 > 0):
         f.pool_tau2 = 0
     f.pool_rel_sd = sqrt(f.pool_var) / f.pool_r if f.pool_r > 0 else 0.0
+    f.pool_n = p.N
     # once the op's sizes are measured the pool hardly moves: re-reading every bucket against it waits
     # for a change that moves a mean by a percent (each record settles its own bucket as it goes)
     return not (r0 > 0 and fabs(f.pool_r - r0) <= 0.01 * r0 and fabs(f.pool_var - v0) <= 0.02 * v0 + 1e-4
@@ -399,7 +416,7 @@ cdef inline double predict_us(Bucket *bks, Fit *f, double size, double *u=NULL) 
     if bk.n > 0:
         med = bucket_mean(bk, &sd)
         if u != NULL:
-            u[0] = (sd if sd > 0.02 else 0.02) / sqrt(<double>bk.n)
+            u[0] = bk.se
             # a size measured once or twice, far slower than the sizes measured around it, may hold one
             # accident (on the H200 host a first add of 2 MB took 4609 us between 257 us and 334 us at
             # half and twice the size: output memory's first touch) and nothing else: its time is as

@@ -75,6 +75,27 @@ def test_a_size_seen_a_few_times_borrows_its_ops_slow_mode():
     assert c.predict(s, 0, 1e6 * 2 ** 9) == pytest.approx(100.0 * 2 ** 9 * expected, rel=0.05)
 
 
+def test_a_pooled_mean_is_as_uncertain_as_the_mean_not_as_one_run():
+    """A bimodal side's runs spread by about 100%; the op's mean over its 120 pooled runs is known to
+    about 10%. Taken as uncertain as one run, a new size's CPU, 2.4x its fast mode against a GPU at
+    1.6x, was within its noise of the GPU (a tie, which keeps host data on the CPU) and was explored
+    again and again (the cold bimodal-cpu run: top_k's CPU tried five times at one size it loses by
+    half). As uncertain as its mean, the GPU wins on the model."""
+    c = core(reprobe_interval=0)
+    s = c.slot("top_k", "float32")
+    for k in range(6):
+        for i in range(20):
+            c.record(s, 0, 1e6 * 2 ** k, 100.0 * 2 ** k * (8.0 if i % 5 == 4 else 1.0))
+            c.record(s, 1, 1e6 * 2 ** k, 160.0 * 2 ** k)
+    size = 1e6 * 2 ** 7
+    for i in range(3):
+        c.record(s, 0, size, 12800.0)
+        c.record(s, 1, size, 1.6 * 12800.0)
+    be, reason, pc, pg = decide(c, s, size, h2d=64.0)
+    assert pc == pytest.approx(2.4 * 12800.0, rel=0.05)
+    assert (be, reason) == ("gpu", R.COST_MODEL)
+
+
 def test_sizes_that_differ_beyond_their_noise_keep_their_own_means():
     """Pooling is for what the sizes share: where some sizes have a slow mode and others none (a team
     that only wakes for small inputs), each well-measured size is its own mean."""

@@ -21,6 +21,10 @@ def measured(cpu_us=5600.0, gpu_us=3700.0, samples=8):
     """A core whose top_k at size N is measured on both sides, the issue's machine: the GPU faster."""
     c = _sched.SchedCore(reprobe_interval=0)
     c.set_transfer(0.0, 1e6, 0.0, 1e6)
+    # time stands still: a hold drains as the clock runs, and between a hold made on another thread and
+    # the decision after it a loaded machine let milliseconds pass (the 3.7 ms GPU queue below was
+    # seen drained past the CPU's time once, with two other processes on two cores)
+    c.set_clock(10**12)
     s = c.slot("top_k", "float32")
     for _ in range(samples):
         c.record(s, CPU, N, cpu_us)
@@ -89,9 +93,9 @@ def test_the_backlog_drains_with_the_clock():
     c, s = measured(cpu_us=50_000.0, gpu_us=20_000.0)
     held_elsewhere(c, [(GPU, 40_000.0)])
     assert side(c, s) == ("cpu", R.COST_MODEL)   # 60 ms against 50 ms
-    time.sleep(0.03)                             # 30 ms of the GPU's 40 spent: about 10 left
+    c.set_clock(10**12 + 30_000_000)             # 30 ms of the GPU's 40 spent: 10 left
     assert side(c, s) == ("gpu", R.COST_MODEL)
-    assert c.backlog()[1] <= 10_000.0
+    assert c.backlog()[1] == pytest.approx(10_000.0)
 
 
 def test_a_record_ends_the_threads_hold_and_learns_its_time_alone():
@@ -242,6 +246,7 @@ def test_a_backlog_is_as_uncertain_as_the_runs_in_it():
     for gpu_runs, want in (((2590.0, 4810.0), "cpu"), ((3700.0, 3700.0), "gpu")):
         c = _sched.SchedCore(reprobe_interval=0)
         c.set_transfer(0.0, 1e6, 0.0, 1e6)
+        c.set_clock(10**12)   # the held 3 ms must not drain before the decision (measured())
         s = c.slot("top_k", "float32")
         for i in range(32):
             c.record(s, CPU, N, 7000.0)
