@@ -82,7 +82,8 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
     double pool_var        # the samples' variance of that ratio within their buckets
     double pool_tau2       # how much the buckets' own ratios differ beyond what pool_var explains
     double pool_rel_sd     # sqrt(pool_var) / pool_r: a bucket's spread where the pool alone decides
-    double pool_n          # the samples the pool was measured from
+    double pool_var_n      # pool_var over the samples the pool was measured from: its ratio's error
+    double pool_se2        # that relative to pool_r, squared
 
 
 cdef inline int bucket_of(double size) noexcept nogil:
@@ -200,7 +201,7 @@ cdef inline void bucket_settle(Bucket *bk, const Fit *f) noexcept nogil:
             # as the bucket's base (its own runs' spread) and the pool's ratio
             bk.mean = base * f.pool_r
             bk.rel_sd = f.pool_rel_sd
-            se2 = (bk.own_sd * bk.own_sd) / bk.n + (f.pool_rel_sd * f.pool_rel_sd) / f.pool_n
+            se2 = (bk.own_sd * bk.own_sd) / bk.n + f.pool_se2
             bk.se = sqrt(se2) if se2 * bk.n > 0.0004 else 0.02 / sqrt(<double>bk.n)
             return
         else:
@@ -213,13 +214,16 @@ cdef inline void bucket_settle(Bucket *bk, const Fit *f) noexcept nogil:
             w = f.pool_tau2 * bk.n * (bk.n + POOL_PRIOR_N)
             w = w / (w + v)
             r = w * r_own + (1.0 - w) * f.pool_r
-            # the posterior variance of the ratio (w times its own mean's), the pool's share of the
-            # pool's error, and the base's noise where the pool decides
-            se2 = (w * v / (bk.n * (bk.n + POOL_PRIOR_N)) + (1.0 - w) * (1.0 - w) * f.pool_var / f.pool_n) / (r * r) \
+            if not (r > 0):
+                return
+            ir = 1.0 / r
+            # the posterior variance of the ratio (w times its own mean's: tau2 (1 - w)), the pool's
+            # share of the pool's error, and the base's noise where the pool decides
+            se2 = (f.pool_tau2 * (1.0 - w) + (1.0 - w) * (1.0 - w) * f.pool_var_n) * ir * ir \
                 + (1.0 - w) * bk.own_sd * bk.own_sd / bk.n
             v = w * v_own + (1.0 - w) * f.pool_var
             bk.mean = base * r
-            bk.rel_sd = sqrt(v) / r if r > 0 else bk.own_sd
+            bk.rel_sd = sqrt(v) * ir
             bk.se = sqrt(se2) if se2 * bk.n > 0.0004 else 0.02 / sqrt(<double>bk.n)
             return
     # a mean of n runs: their spread over sqrt(n), at least 2% of it (three runs that agree exactly
@@ -264,7 +268,8 @@ cdef inline bint pool_update(Fit *f, const PoolSums *p) noexcept nogil:
     if not (f.pool_tau2 > 0):
         f.pool_tau2 = 0
     f.pool_rel_sd = sqrt(f.pool_var) / f.pool_r if f.pool_r > 0 else 0.0
-    f.pool_n = p.N
+    f.pool_var_n = f.pool_var / p.N
+    f.pool_se2 = f.pool_var_n / (f.pool_r * f.pool_r) if f.pool_r > 0 else 0.0
     # once the op's sizes are measured the pool hardly moves: re-reading every bucket against it waits
     # for a change that moves a mean by a percent (each record settles its own bucket as it goes)
     return not (r0 > 0 and fabs(f.pool_r - r0) <= 0.01 * r0 and fabs(f.pool_var - v0) <= 0.02 * v0 + 1e-4
