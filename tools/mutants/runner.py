@@ -5,6 +5,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -47,7 +48,16 @@ def _extension_to_rebuild(path: str) -> str | None:
     if p.suffix == ".pyx" or (p.suffix == ".pxd" and (ROOT / p.with_suffix(".pyx")).exists()):
         return p.stem.lstrip("_")
     if p.suffix == ".pxd":
-        return ""   # inline code of no extension of its own (_perfmodel.pxd): compiled into each that cimports it
+        # inline code of no extension of its own (_perfmodel.pxd): compiled into each extension that
+        # cimports it, directly or through another .pxd
+        users, todo = set(), [p.stem]
+        while todo:
+            name = todo.pop()
+            for f in ROOT.glob("hipsched/**/*.p[xy][dx]"):
+                if f.stem not in users and f.stem != name and re.search(rf"cimport[^\n]*\b{name}\b|\b{name} cimport", f.read_text()):
+                    users.add(f.stem)
+                    todo.append(f.stem)
+        return ",".join(sorted(u.lstrip("_") for u in users if any((ROOT / "hipsched").rglob(f"{u}.pyx")))) or ""
     if p.parts[:2] == ("src_c", "cpu"):
         family = p.name.split(".")[0].split("_")[0]
         has_own = list(ROOT.glob(f"hipsched/cpu/_{family}.pyx"))
