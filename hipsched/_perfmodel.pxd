@@ -58,7 +58,7 @@ cdef struct Bucket:
     double rel_sd          # the spread of one run over that mean (run-to-run noise)
     double se              # the standard error of the mean, relative: how far the mean itself may be off
 
-cdef struct Fit:           # t = a + b * work, weighted least squares over bucket medians
+cdef struct Fit:           # t = a + b * work, weighted least squares over bucket means
     double a
     double b
     int valid
@@ -74,7 +74,7 @@ cdef struct Fit:           # t = a + b * work, weighted least squares over bucke
                            # (small on a smooth machine, large where sizes are uneven); 0 = not yet known
     int unseen_n           # first samples it was checked against
     # The pool: how this op's times on this side lie above their sizes' lower quartiles (bucket_base),
-    # from every bucket of three samples or more (pool_settle, at each refit). A slow mode (an OpenMP team waking up, a
+    # from every bucket of three samples or more (pool_update, at each refit). A slow mode (an OpenMP team waking up, a
     # frequency drop) belongs to the op and processor, not to one size; a size seen three times has
     # drawn a 15% mode with probability 0.39, so its own mean is mostly the fast mode alone (or, after
     # two slow draws, several times the truth). 0 = not enough buckets to pool.
@@ -184,28 +184,28 @@ cdef inline void bucket_settle(Bucket *bk, const Fit *f) noexcept nogil:
     mean rests on the pool's samples as well as the bucket's (a bimodal side's runs spread by 100%, its
     pooled mean over a hundred runs by 10%, and exploring it as if by 100% paid a slow side again and
     again)."""
-    cdef double base, r_own, v_own, w, r, v, se2
+    cdef double r_own, v_own, w, r, ir, v, se2
     bk.mean = bk.own
     bk.rel_sd = bk.own_sd
     if bk.n == 0:
         return
+    # a mean of n runs: their spread over sqrt(n)
+    se2 = bk.own_sd * bk.own_sd / bk.n
     if f.pool_r > 0 and bk.base > 0:
-        base = bk.base
         if bk.n < 3:
             # `own` is the smallest sample, the base (one of two may be a first launch): the pool is all
             # that is known of how far above it the expected time lies
             bk.mean = bk.own * f.pool_r
             bk.rel_sd = f.pool_rel_sd if f.pool_rel_sd > PRIOR_REL_SD else PRIOR_REL_SD
+            se2 = bk.rel_sd * bk.rel_sd / bk.n
         elif f.pool_tau2 == 0:
             # the sizes share one spread (the common case): the pool decides; the mean is as uncertain
             # as the bucket's base (its own runs' spread) and the pool's ratio
-            bk.mean = base * f.pool_r
+            bk.mean = bk.base * f.pool_r
             bk.rel_sd = f.pool_rel_sd
-            se2 = (bk.own_sd * bk.own_sd) / bk.n + f.pool_se2
-            bk.se = sqrt(se2) if se2 * bk.n > 0.0004 else 0.02 / sqrt(<double>bk.n)
-            return
+            se2 += f.pool_se2
         else:
-            r_own = bk.own / base
+            r_own = bk.own / bk.base
             v_own = (bk.own_sd * r_own) * (bk.own_sd * r_own)
             # the noise of its own mean: its own spread, which a few samples that missed a mode
             # understate, held against the pool's as a prior worth POOL_PRIOR_N samples;
@@ -214,21 +214,16 @@ cdef inline void bucket_settle(Bucket *bk, const Fit *f) noexcept nogil:
             w = f.pool_tau2 * bk.n * (bk.n + POOL_PRIOR_N)
             w = w / (w + v)
             r = w * r_own + (1.0 - w) * f.pool_r
-            if not (r > 0):
-                return
-            ir = 1.0 / r
-            # the posterior variance of the ratio (w times its own mean's: tau2 (1 - w)), the pool's
-            # share of the pool's error, and the base's noise where the pool decides
-            se2 = (f.pool_tau2 * (1.0 - w) + (1.0 - w) * (1.0 - w) * f.pool_var_n) * ir * ir \
-                + (1.0 - w) * bk.own_sd * bk.own_sd / bk.n
-            v = w * v_own + (1.0 - w) * f.pool_var
-            bk.mean = base * r
-            bk.rel_sd = sqrt(v) * ir
-            bk.se = sqrt(se2) if se2 * bk.n > 0.0004 else 0.02 / sqrt(<double>bk.n)
-            return
-    # a mean of n runs: their spread over sqrt(n), at least 2% of it (three runs that agree exactly
-    # are not a certainty)
-    bk.se = (bk.rel_sd if bk.rel_sd > 0.02 else 0.02) / sqrt(<double>bk.n)
+            if r > 0:
+                ir = 1.0 / r
+                # the posterior variance of the ratio (w times its own mean's: tau2 (1 - w)), the pool's
+                # share of the pool's error, and the base's noise where the pool decides
+                se2 = (f.pool_tau2 * (1.0 - w) + (1.0 - w) * (1.0 - w) * f.pool_var_n) * ir * ir \
+                    + (1.0 - w) * se2
+                bk.mean = bk.base * r
+                bk.rel_sd = sqrt(w * v_own + (1.0 - w) * f.pool_var) * ir
+    # at least 2% over sqrt(n): three runs that agree exactly are not a certainty
+    bk.se = sqrt(se2) if se2 * bk.n > 0.0004 else 0.02 / sqrt(<double>bk.n)
 
 
 cdef struct PoolSums:

@@ -965,7 +965,8 @@ cdef class SchedCore:
                     if not (w >= 0 and t >= 0 and isfinite(w) and isfinite(t)):
                         raise ValueError(f"bad sample ({w}, {t}) for {key}")
                     hs_lock(&self.lock)
-                    bucket_add(&self.slots[sid].buckets[be][bucket_of(w)], &self.slots[sid].fit[be], self.p.window, t, w)
+                    bucket_add(&self.slots[sid].buckets[be][bucket_of(w)], &self.slots[sid].fit[be],
+                               self.p.window, t, w)
                     self.slots[sid].fit[be].dirty = 1
                     hs_unlock(&self.lock)
 

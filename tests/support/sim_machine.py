@@ -149,10 +149,14 @@ class RunNoise:
         self.rng = np.random.default_rng(seed)
         self.expected = expected
 
+    def _slow_mode(self, side, op):
+        m = self.m
+        return side == "cpu" and m.cpu_slow_share and (not m.cpu_slow_ops or op in m.cpu_slow_ops)
+
     def expectation(self, side, op):
         m = self.m
         f = math.exp(0.5 * m.sigma * m.sigma) * (1.0 + m.tail_share * (m.tail_factor - 1.0))
-        if side == "cpu" and m.cpu_slow_share and (not m.cpu_slow_ops or op in m.cpu_slow_ops):
+        if self._slow_mode(side, op):
             f *= 1.0 + m.cpu_slow_share * (m.cpu_slow_factor - 1.0)
         return f
 
@@ -163,8 +167,7 @@ class RunNoise:
         f = math.exp(m.sigma * self.rng.standard_normal()) if m.sigma else 1.0
         if m.tail_share and self.rng.random() < m.tail_share:
             f *= m.tail_factor
-        if (side == "cpu" and m.cpu_slow_share and (not m.cpu_slow_ops or op in m.cpu_slow_ops)
-                and self.rng.random() < m.cpu_slow_share):
+        if self._slow_mode(side, op) and self.rng.random() < m.cpu_slow_share:
             f *= m.cpu_slow_factor
         return f
 

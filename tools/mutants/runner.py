@@ -41,23 +41,27 @@ def _copy_tree(dst: Path) -> None:
 
 
 def _extension_to_rebuild(path: str) -> str | None:
-    """HIPSCHED_BUILD_ONLY's value for a changed file: its .pyx's extension, or the CPU family whose C it
-    is (src_c/cpu/graph.inc -> graph); "" for a shared header (every extension); None when nothing is
-    compiled ahead of time (Python, and the HIP sources, compiled at run time)."""
+    """HIPSCHED_BUILD_ONLY's value for a changed file: its .pyx's extension, a .pxd's extensions (its own and
+    those that cimport it), or the CPU family whose C it is (src_c/cpu/graph.inc -> graph); "" for a
+    shared header (every extension); None when nothing is compiled ahead of time (Python, and the HIP
+    sources, compiled at run time)."""
     p = Path(path)
-    if p.suffix == ".pyx" or (p.suffix == ".pxd" and (ROOT / p.with_suffix(".pyx")).exists()):
+    if p.suffix == ".pyx":
         return p.stem.lstrip("_")
     if p.suffix == ".pxd":
-        # inline code of no extension of its own (_perfmodel.pxd): compiled into each extension that
-        # cimports it, directly or through another .pxd
-        users, todo = set(), [p.stem]
+        # a .pxd is compiled into its own extension and into each one that cimports it, directly or
+        # through another .pxd (_perfmodel.pxd, inline code with no extension of its own, into four)
+        sources = {f: f.read_text() for ext in ("pyx", "pxd") for f in ROOT.glob(f"hipsched/**/*.{ext}")}
+        users, todo = {p.stem}, [p.stem]
         while todo:
             name = todo.pop()
-            for f in ROOT.glob("hipsched/**/*.p[xy][dx]"):
-                if f.stem not in users and f.stem != name and re.search(rf"cimport[^\n]*\b{name}\b|\b{name} cimport", f.read_text()):
+            pattern = re.compile(rf"cimport[^\n]*\b{name}\b|\b{name} cimport")
+            for f, text in sources.items():
+                if f.stem not in users and pattern.search(text):
                     users.add(f.stem)
                     todo.append(f.stem)
-        return ",".join(sorted(u.lstrip("_") for u in users if any((ROOT / "hipsched").rglob(f"{u}.pyx")))) or ""
+        pyx = {f.stem for f in sources if f.suffix == ".pyx"}
+        return ",".join(sorted(u.lstrip("_") for u in users & pyx))
     if p.parts[:2] == ("src_c", "cpu"):
         family = p.name.split(".")[0].split("_")[0]
         has_own = list(ROOT.glob(f"hipsched/cpu/_{family}.pyx"))
