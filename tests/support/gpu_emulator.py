@@ -2,12 +2,13 @@
 
 CI has no GPU, so compile checks alone would leave the kernels' logic (block reductions, shuffles,
 multi-pass top-k, tails, warp 32 vs 64) untested. This runs the very same sources on the CPU: g++
-compiles them after a shim that defines the HIP/CUDA kernel model, and a launch runs blockDim OS threads
-that walk the grid's blocks in order. `__syncthreads` is a block-wide barrier and each warp's
+compiles them after a shim that defines the HIP/CUDA kernel model, and a launch runs blockDim fibers (on
+the launching thread) that walk the grid's blocks in order. `__syncthreads` is a block-wide barrier and each warp's
 shuffles go through a warp-wide barrier, so the code only passes if it is correct for any interleaving
 the barriers allow. `__shared__` becomes `static` (blocks run one after another) and the dynamic
 shared buffer is per launch. Device pointers are host pointers, so `EmuRuntime` implements the Runtime
-interface with malloc and memmove. Slow (threads per block), so tests keep shapes small.
+interface with malloc and memmove. Slow (a fiber switch per thread at every barrier), so tests keep
+shapes small.
 
 `EmuRuntime(asynchronous=True)` (or HIPSCHED_EMU_ASYNC=1) queues work per stream as a driver does, and
 its memcheck poisons freed memory: see EmuRuntime."""
@@ -35,43 +36,43 @@ import requires
 SHIM = r"""
 #include <atomic>
 #include <climits>
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <ucontext.h>
+#include <sys/mman.h>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
-// A barrier that orders only its own participants. std::barrier parks waiters on a process-wide table
-// of 16 atomics shared by address hash, so to ThreadSanitizer two warps waiting on different barriers
-// that hash alike could look ordered, hiding a race between them; and its tree arrival makes TSan runs
-// about 3x slower. Arrivals are one acq_rel counter, the last one publishes the next generation.
-class EmuBarrier {
-    std::atomic<unsigned> arrived_{0}, gen_{0};
-    const unsigned n_;
-public:
-    explicit EmuBarrier(unsigned n) : n_(n) {}
-    void arrive_and_wait() {
-        const unsigned g = gen_.load(std::memory_order_acquire);  // cannot advance before we arrive
-        if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
-            arrived_.store(0, std::memory_order_relaxed);
-            gen_.store(g + 1, std::memory_order_release);
-            syscall(SYS_futex, &gen_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
-            return;
-        }
-        // a few yields first: with more threads than cores the rest of the block needs the CPU to arrive
-        for (int spin = 0; gen_.load(std::memory_order_acquire) == g; ++spin)
-            if (spin < 8) sched_yield();
-            else syscall(SYS_futex, &gen_, FUTEX_WAIT_PRIVATE, g, nullptr, nullptr, 0);
-    }
+// A block's threads run as fibers on the launching thread (emu_launch below): a barrier parks each
+// arrival but the last, and the launcher's loop resumes them once the last has come. OS threads, one per
+// GPU thread, spent most of a run in the kernel's scheduler on two cores (hundreds of futex wakes per
+// shuffle); a fiber switch is a few hundred nanoseconds. The bookkeeping here and in the launcher is
+// left uninstrumented (EMU_UNCHECKED): to ThreadSanitizer the fibers are threads that never synchronise
+// by switching, so a barrier's happens-before is only what it releases on arrival and acquires on
+// departure, one address per phase parity (a phase cannot be released again before all of its
+// arrivals have left it), and a race between two threads of a block is reported as it would be on
+// threads.
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define EMU_TSAN 1
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#endif
+#define EMU_UNCHECKED __attribute__((no_sanitize_thread, noinline))
+struct EmuBarrier {
+    unsigned arrived = 0, gen = 0;
+    const unsigned n;
+    char sync[2];
+    explicit EmuBarrier(unsigned n_) : n(n_) {}
+    void arrive_and_wait();
 };
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct alignas(16) float4 { float x, y, z, w; };  // as HIP/CUDA declare it: UBSan checks float4 loads
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
-extern thread_local dim3 threadIdx, blockIdx;
+extern dim3 threadIdx, blockIdx;   // the running fiber's, set by the launcher
 extern dim3 blockDim, gridDim;
 #define __global__
 #define __device__
@@ -213,12 +214,141 @@ extern unsigned char* emu_dyn_smem;
 """
 
 LAUNCHER = r"""
-thread_local dim3 threadIdx, blockIdx;
+dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 EmuWarp* emu_warps;
 unsigned char* emu_dyn_smem;
 static EmuBarrier* emu_block_bar;
 struct EmuSmemFree { void operator()(unsigned char* p) const { ::operator delete(p, std::align_val_t(16)); } };
+// One fiber per thread of the block; each walks the grid's blocks in order, as each OS thread did.
+static const size_t EMU_STACK = 256 << 10;
+// The switch itself: on x86-64 the six callee-saved registers and the stack pointer (glibc's
+// swapcontext also saves the signal mask, a system call at every switch: a quarter of a racecheck run);
+// elsewhere ucontext.
+#if defined(__x86_64__)
+struct EmuCtx { void* sp; };
+extern "C" void emu_ctx_switch(void** save, void* to);
+asm(".text\n.globl emu_ctx_switch\n.type emu_ctx_switch,@function\nemu_ctx_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
+    ".size emu_ctx_switch, .-emu_ctx_switch\n");
+static inline void emu_ctx_swap(EmuCtx& from, EmuCtx& to) { emu_ctx_switch(&from.sp, to.sp); }
+static inline void emu_ctx_make(EmuCtx& c, unsigned char* stack, size_t size, void (*entry)()) {
+    // as if emu_ctx_switch had saved it: six registers, then `entry` as the address its ret goes to,
+    // placed so that the stack is 16-byte aligned at the call boundary
+    void** top = (void**)(((uintptr_t)(stack + size) & ~(uintptr_t)15) - 16);
+    top[0] = (void*)entry; top[1] = nullptr;
+    for (int i = 1; i <= 6; ++i) top[-i] = nullptr;
+    c.sp = top - 6;
+}
+#else
+struct EmuCtx { ucontext_t uc; };
+static inline void emu_ctx_swap(EmuCtx& from, EmuCtx& to) { swapcontext(&from.uc, &to.uc); }
+static inline void emu_ctx_make(EmuCtx& c, unsigned char* stack, size_t size, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack; c.uc.uc_stack.ss_size = size; c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+struct EmuFiber {
+    EmuCtx ctx; unsigned char* stack = nullptr; void* tsan = nullptr;
+    unsigned tid = 0; dim3 block; const EmuBarrier* bar = nullptr; unsigned gen = 0; bool done = false;
+};
+static struct {
+    EmuCtx main; void* main_tsan = nullptr; const void* main_bottom = nullptr; size_t main_size = 0;
+    EmuFiber* f = nullptr; unsigned cur = 0;
+    void (*thunk)(void**) = nullptr; void** params = nullptr;
+    char start_sync, end_sync;   // the launching thread's writes before the kernel, the kernel's after
+} emu_s;
+// A fiber gives the CPU back to the launcher (at a barrier, or done for good).
+EMU_UNCHECKED static void emu_yield(bool finished) {
+    EmuFiber& f = emu_s.f[emu_s.cur];
+#ifdef EMU_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(finished ? nullptr : &fake, emu_s.main_bottom, emu_s.main_size);
+#endif
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(emu_s.main_tsan, __tsan_switch_to_fiber_no_sync);
+#endif
+    emu_ctx_swap(f.ctx, emu_s.main);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+EMU_UNCHECKED void EmuBarrier::arrive_and_wait() {
+    const unsigned g = gen;
+#ifdef EMU_TSAN
+    __tsan_release(&sync[g & 1]);
+#endif
+    if (++arrived == n) {
+        arrived = 0;
+        gen = g + 1;
+    } else {
+        EmuFiber& f = emu_s.f[emu_s.cur];
+        f.bar = this; f.gen = g;
+        emu_yield(false);
+        f.bar = nullptr;
+    }
+#ifdef EMU_TSAN
+    __tsan_acquire(&sync[g & 1]);
+#endif
+}
+EMU_UNCHECKED static void emu_fiber_main() {
+    EmuFiber& f = emu_s.f[emu_s.cur];
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &emu_s.main_bottom, &emu_s.main_size);
+#endif
+#ifdef EMU_TSAN
+    __tsan_acquire(&emu_s.start_sync);
+#endif
+    for (unsigned z = 0; z < gridDim.z; ++z) for (unsigned y = 0; y < gridDim.y; ++y) for (unsigned x = 0; x < gridDim.x; ++x) {
+        f.block = blockIdx = dim3{x, y, z};
+        emu_s.thunk(emu_s.params);
+        emu_block_bar->arrive_and_wait();  // the next block reuses the static shared memory
+    }
+#ifdef EMU_TSAN
+    __tsan_release(&emu_s.end_sync);
+#endif
+    f.done = true;
+    emu_yield(true);
+}
+EMU_UNCHECKED static void emu_resume(unsigned i) {
+    EmuFiber& f = emu_s.f[i];
+    emu_s.cur = i; threadIdx = dim3{f.tid, 0, 0}; blockIdx = f.block;
+#ifdef EMU_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, f.stack, EMU_STACK);
+#endif
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(f.tsan, __tsan_switch_to_fiber_no_sync);
+#endif
+    emu_ctx_swap(emu_s.main, f.ctx);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+// Runs every fiber to its end: each pass resumes those whose barrier has opened, in an order that turns
+// from pass to pass (forwards from one thread, backwards from another), so an unsynchronised read meets
+// its write on either side of it across a test's launches. 2: every thread left waits at a barrier that
+// the rest never reach (a divergent __syncthreads, which hangs a GPU).
+EMU_UNCHECKED static int emu_run(unsigned n) {
+    static unsigned turn = 0;
+    for (unsigned left = n; left;) {
+        const unsigned off = (turn * 37u) % n, back = turn++ & 1;
+        bool ran = false;
+        for (unsigned k = 0; k < n; ++k) {
+            const unsigned i = back ? (off + n - k) % n : (off + k) % n;
+            EmuFiber& f = emu_s.f[i];
+            if (f.done || (f.bar && f.bar->gen == f.gen)) continue;
+            emu_resume(i);
+            ran = true;
+            if (f.done) --left;
+        }
+        if (!ran) return 2;
+    }
+    return 0;
+}
 void __syncthreads() { emu_block_bar->arrive_and_wait(); }
 // Each kernel's parameters as the build saw them (emu_params_<kernel>: count, then a kind and a size
 // per parameter; kind 'p' pointer, 'f' floating, 'i'/'u' signed/unsigned integer, 'b' anything else),
@@ -240,17 +370,34 @@ extern "C" int emu_launch(void (*thunk)(void**), void** params, unsigned gx, uns
     for (int i = 0; i < nw; ++i) { bars.emplace_back(new EmuBarrier(EMU_WARP)); warps[i].bar = bars.back().get(); }
     emu_warps = warps.data();
     EmuBarrier block_bar(bx); emu_block_bar = &block_bar;
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < bx; ++t) threads.emplace_back([=, &block_bar] {
-        threadIdx = dim3{t, 0, 0};
-        for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) for (unsigned x = 0; x < gx; ++x) {
-            blockIdx = dim3{x, y, z};
-            thunk(params);
-            block_bar.arrive_and_wait();  // the next block reuses the static shared memory
+    // the fibers' stacks are kept from launch to launch (mapped on first use, touched only as deep as
+    // the kernel goes)
+    static std::vector<EmuFiber> fibers;
+    if (fibers.size() < bx) fibers.resize(bx);
+    emu_s.f = fibers.data(); emu_s.thunk = thunk; emu_s.params = params;
+#ifdef EMU_TSAN
+    emu_s.main_tsan = __tsan_get_current_fiber();
+    __tsan_release(&emu_s.start_sync);
+#endif
+    for (unsigned t = 0; t < bx; ++t) {
+        EmuFiber& f = fibers[t];
+        if (!f.stack) {
+            void* p = mmap(nullptr, EMU_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED) return 3;
+            f.stack = (unsigned char*)p;
         }
-    });
-    for (auto& t : threads) t.join();
-    return 0;
+        f.tid = t; f.block = dim3{0, 0, 0}; f.bar = nullptr; f.done = false;
+        emu_ctx_make(f.ctx, f.stack, EMU_STACK, emu_fiber_main);
+#ifdef EMU_TSAN
+        f.tsan = __tsan_create_fiber(0);
+#endif
+    }
+    const int rc = emu_run(bx);
+#ifdef EMU_TSAN
+    for (unsigned t = 0; t < bx; ++t) { __tsan_destroy_fiber(fibers[t].tsan); fibers[t].tsan = nullptr; }
+    __tsan_acquire(&emu_s.end_sync);
+#endif
+    return rc;
 }
 """
 
@@ -532,6 +679,9 @@ class EmuRuntime(Runtime):
       recorded last; event_query, event_synchronize, stream_synchronize and synchronize observe or wait;
     - free() poisons and releases at once, as a driver that does not synchronise may; free_async() does
       so when its stream reaches it.
+    kernel_seconds: every kernel takes at least that long on its stream (a device slower than this
+    machine's CPU, where a test needs one: the emulator itself runs a small kernel in well under a
+    millisecond).
     Memcheck (both modes): new and freed memory is poisoned (0xFF: NaN, -1), freed blocks stay in a
     quarantine (quarantine_bytes, oldest released first; 0 under AddressSanitizer, which keeps its own)
     so a kernel argument, copy or memset touching one, a double free, or work on a destroyed stream is
@@ -541,7 +691,8 @@ class EmuRuntime(Runtime):
     name = "emu"
 
     def __init__(self, warp: int = 32, sanitize: str | None = None, *, asynchronous: bool | None = None,
-                 delay: float | None = None, quarantine_bytes: int | None = None, devices: int = 1):
+                 delay: float | None = None, quarantine_bytes: int | None = None, devices: int = 1,
+                 kernel_seconds: float = 0.0):
         self.compiler = EmuCompiler(warp, sanitize)  # sanitize None: HIPSCHED_EMU_SANITIZE decides
         require_sanitizer_runtime(self.compiler.sanitize)
         self.platform = self.compiler.platform
@@ -554,6 +705,7 @@ class EmuRuntime(Runtime):
         if delay is None:
             delay = float(os.environ.get("HIPSCHED_EMU_DELAY", "0.001")) if self.asynchronous else 0.0
         self.delay = float(delay)
+        self.kernel_seconds = float(kernel_seconds)
         if quarantine_bytes is None:
             quarantine_bytes = 0 if getattr(self.compiler, "sanitize", None) == "address" else 64 << 20
         self.quarantine_bytes = int(quarantine_bytes)
@@ -956,7 +1108,14 @@ class EmuRuntime(Runtime):
             dims = [ctypes.c_uint(v) for v in grid + block]
             # kernels of one module share its globals (gridDim, static __shared__): one launch at a time
             with self._exec_lock:
-                lib.emu_launch(ctypes.c_void_p(function), params, *dims, ctypes.c_uint(int(shared_bytes)))
+                rc = lib.emu_launch(ctypes.c_void_p(function), params, *dims, ctypes.c_uint(int(shared_bytes)))
+            if self.kernel_seconds:
+                time.sleep(self.kernel_seconds)
+            if rc == 2:
+                raise GpuError("launch", f"emulator: {name}: threads of a block wait at a barrier the others never "
+                                         "reach (a __syncthreads or warp operation under divergent control flow)")
+            if rc:
+                raise GpuError("launch", f"emulator: {name}: launch failed ({rc})")
             for p in pointers:
                 if p not in freed and self._freed_block(p) is not None:
                     self._report(f"launch {name}: argument {p:#x} was freed while the kernel ran")

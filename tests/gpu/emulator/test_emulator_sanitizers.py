@@ -7,6 +7,7 @@ that reports everything fails here too. The real kernels run under both checkers
 
 A sanitized kernel only loads into a process that started with the sanitizer's runtime, and a finding
 ends that process, so each launch runs in a child Python under gpu_emulator.sanitizer_env."""
+import ctypes
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hipsched.errors import GpuError
 from hipsched.gpu.compilation.kernels import prelude
 
 import gpu_emulator
@@ -58,6 +60,12 @@ HS_KERNEL void planted_block_sum(const float* x, float* out, hs_i64 synced) {
         v = hs_warp_reduce<HsSum>(v);
         if (lane == 0) out[blockIdx.x] = v;
     }
+}
+
+// a barrier only the first `half` threads reach: on a GPU the block hangs
+HS_KERNEL void planted_divergent_sync(const float* x, float* y, hs_i64 half) {
+    if ((hs_i64)threadIdx.x < half) __syncthreads();
+    y[threadIdx.x] = x[threadIdx.x];
 }
 """
 
@@ -154,6 +162,22 @@ def test_reduction_with_a_barrier_removed_is_a_data_race(images):
     # the two sides: lane 0 of warp 1 writing its partial sum, warp 0 reading it
     assert "planted_block_sum" in err
     assert line("scratch[wid] = v") in err and line("scratch[lane] :") in err
+
+
+def test_a_barrier_that_part_of_a_block_never_reaches_is_an_error_not_a_hang():
+    """The emulator runs a block's threads as fibers that give way at barriers; when every thread left
+    waits at one the others have passed by, the launch fails naming the kernel (a GPU would hang)."""
+    rt = gpu_emulator.EmuRuntime(32, "")
+    fn = rt.module_function(rt.module_load(gpu_emulator.EmuCompiler(32, "").compile(
+        PRELUDE + '#line 1 "planted.hip"\n' + PLANTED, "planted.hip", "sm_90")), "planted_divergent_sync")
+    x = rt.malloc(4 * 64)
+    rt.memset(x, 0, 4 * 64)
+    args = (ctypes.c_void_p(x), ctypes.c_void_p(x))
+    rt.launch(fn, (1, 1, 1), (64, 1, 1), args + (ctypes.c_int64(64),))   # every thread reaches it
+    rt.synchronize()
+    with pytest.raises(GpuError, match="planted_divergent_sync: threads of a block wait at a barrier"):
+        rt.launch(fn, (1, 1, 1), (64, 1, 1), args + (ctypes.c_int64(32),))
+        rt.synchronize()
 
 
 def test_sanitized_build_refuses_a_process_without_the_runtime():
