@@ -269,6 +269,7 @@ def price_runs(calls, runs, center):
         # a second shared input (rare) is spread evenly over its calls
         other = sum(upload[id(a)] / uses[id(a)] for a in shared if id(a) != key)
         rows.append([cpu, resident + own + other, key])
+    alone = [gpu for _, gpu, _ in rows]   # each call's GPU price before its share of a shared upload
     groups = {}
     for i, (cpu, gpu, key) in enumerate(rows):
         if key is not None:
@@ -285,9 +286,15 @@ def price_runs(calls, runs, center):
             else:
                 rows[i][1] += u
     out = []
-    for (cpu, gpu, key), sides in zip(rows, runs):
+    for (cpu, gpu, key), resident, sides in zip(rows, alone, runs):
         c = dict(sides["cpu"][0], duration_us=cpu)
-        g = dict(sides["gpu"][-1], duration_us=gpu) if gpu is not None else sides["gpu"][0]
+        if gpu is None:
+            g = sides["gpu"][0]
+        else:
+            g = dict(sides["gpu"][-1], duration_us=gpu)
+            if key is not None:
+                # what judge's choice regret needs to charge a schedule the shared upload once
+                g["oracle_shared"] = {"input": key, "upload_us": upload.get(key, 0.0), "resident_us": resident}
         out.append((c, g))
     return out
 
@@ -300,8 +307,13 @@ def judge(auto_events, oracle_events, tie_band=TIE_BAND, keep_calls=False):
     `tie_band`). Regret is observed:
     (auto time - best forced time) summed over calls, over the best times summed; `choice_regret`
     charges each call the forced time of the side auto chose instead of its own run, which takes the
-    run-to-run noise of a single sample out."""
+    run-to-run noise of a single sample out. An input several calls share (price_runs) is uploaded
+    once by a schedule, whichever of them it runs on the GPU: choice regret charges its upload to the
+    first call auto ran on the GPU, and the others their resident time (the oracle's price for a call
+    holds the upload's share the best schedule gives it, or all of it where that schedule does not pay
+    it, which charged a schedule that did pay it once for every call)."""
     per_op = {}
+    paid = set()   # shared inputs whose upload a call auto ran on the GPU has been charged
     for a, (c, g) in zip(auto_events, oracle_events):
         row = per_op.setdefault(a["op"], {"op": a["op"], "calls": 0, "judged": 0, "correct": 0, "auto_us": 0.0,
                                           "best_us": 0.0, "chosen_us": 0.0, "cpu_us": 0.0, "gpu_us": 0.0,
@@ -322,6 +334,10 @@ def judge(auto_events, oracle_events, tie_band=TIE_BAND, keep_calls=False):
             right, chosen = ta <= best * (1 + tie_band), ta
         else:
             right, chosen = tie or a["backend"] == faster, tg if a["backend"] == "gpu" else tc
+            shared = g.get("oracle_shared")
+            if shared is not None and a["backend"] == "gpu":
+                chosen = shared["resident_us"] + (shared["upload_us"] if shared["input"] not in paid else 0.0)
+                paid.add(shared["input"])
         row["correct"] += right
         if not right:
             row["misses"][a["reason"]] = row["misses"].get(a["reason"], 0) + 1

@@ -327,6 +327,36 @@ def test_judge_accuracy_regret_and_ties():
     assert demo.judge([_ev("top_k", "cpu", 5.0)], [(_ev("top_k", "cpu", 5.0), fell)])["overall"]["judged"] == 0
 
 
+def test_a_shared_upload_is_charged_once_to_the_schedule_that_pays_it():
+    """Four calls share one 4 MB corpus whose upload (1000 us) saves less than it costs (each call 100 us
+    on the CPU, 50 us on the GPU once the corpus is there): the best schedule keeps them on the CPU, and
+    the oracle prices each call's GPU side with the whole upload. A schedule that ran all four on the GPU
+    uploaded it once: its choice regret is (1000 + 4 x 50 - 400) / 400, not (4 x 1050 - 400) / 400
+    (the slow-link machine's choice regret of 150% against 5% regret was this)."""
+    corpus = np.ones((1024, 1024), np.float32)
+    corpus.flags.writeable = False
+    calls = [("top_k", (np.ones(1024, np.float32), corpus, 10), {})] * 4
+    first = [_ev("top_k", "gpu", 1050.0)] + [_ev("top_k", "gpu", 50.0)] * 2
+    runs = [{"cpu": [_ev("top_k", "cpu", 100.0)] * 3, "gpu": first if i == 0 else [_ev("top_k", "gpu", 50.0)] * 3}
+            for i in range(4)]
+    priced = demo.price_runs(calls, runs, np.median)
+    assert [g["duration_us"] for _, g in priced] == [1050.0] * 4        # the upload not worth paying
+    on_gpu = demo.judge([_ev("top_k", "gpu", 1050.0)] + [_ev("top_k", "gpu", 50.0)] * 3, priced)["overall"]
+    assert on_gpu["choice_regret"] == pytest.approx((1000 + 4 * 50 - 400) / 400)
+    assert on_gpu["best_us"] == 400
+    # one call on the GPU pays the whole upload; the CPU-only schedule is the best one
+    one = demo.judge([_ev("top_k", "cpu", 100.0)] * 3 + [_ev("top_k", "gpu", 1050.0)], priced)["overall"]
+    assert one["choice_regret"] == pytest.approx((300 + 1050 - 400) / 400)
+    assert demo.judge([_ev("top_k", "cpu", 100.0)] * 4, priced)["overall"]["choice_regret"] == 0
+    # where the upload is worth paying (each call 500 us on the CPU), the calls share it by what they
+    # save, and a schedule that puts them all on the GPU is the best one
+    runs = [{"cpu": [_ev("top_k", "cpu", 500.0)] * 3, "gpu": r["gpu"]} for r in runs]
+    priced = demo.price_runs(calls, runs, np.median)
+    assert sum(g["duration_us"] for _, g in priced) == pytest.approx(1000 + 4 * 50)
+    all_gpu = demo.judge([_ev("top_k", "gpu", 1050.0)] + [_ev("top_k", "gpu", 50.0)] * 3, priced)["overall"]
+    assert all_gpu["choice_regret"] == pytest.approx(0.0)
+
+
 def test_analyzer_says_why_a_calibrated_log_cannot_be_judged(tmp_path):
     """A run that never explores leaves one side per size bucket: the H100's calibrated demo log had
     582 decisions and none judged, and the report said nothing about why."""
