@@ -1,5 +1,5 @@
 # The scheduler core's C state: declarations (the logic is in _sched.pyx; _dispatch.pyx cimports them).
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from hipsched._clock cimport now_ns
 
 from hipsched._perfmodel cimport Bucket, Fit, NBUCKETS
 
@@ -148,12 +148,6 @@ cdef extern from *:
     """
     void hs_lock(char *l) nogil
     void hs_unlock(char *l) nogil
-
-
-cdef inline long long now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <long long>ts.tv_sec * 1000000000LL + ts.tv_nsec
 
 
 cdef class SchedCore:

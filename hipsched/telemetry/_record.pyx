@@ -15,7 +15,9 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
 from libc.math cimport NAN, isfinite
-from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+from hipsched._clock cimport now_ns
 
 cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(PyObject *o)
@@ -30,12 +32,6 @@ cdef inline double wall_time() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_REALTIME, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
-
-
-cdef inline long long mono_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <long long>ts.tv_sec * 1000000000LL + ts.tv_nsec
 
 
 # How long the wall time of an event may be taken from the monotonic clock reading its call already
@@ -115,7 +111,7 @@ cdef class Recorder:
         d = end_ns - self.anchor_mono
         if d < 0 or d > ANCHOR_NS:
             # (one clock after the other: the pair is a few ns apart, the order of an event's own skew)
-            self.anchor_mono = mono_ns()
+            self.anchor_mono = now_ns()
             self.anchor_wall = wall_time()
             d = end_ns - self.anchor_mono
         return self._put(self.anchor_wall + d * 1e-9, op, backend, reason, size, dtype, nbytes, duration_us,
