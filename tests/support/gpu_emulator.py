@@ -35,7 +35,6 @@ import requires
 
 SHIM = r"""
 #include <atomic>
-#include <climits>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -1109,13 +1108,13 @@ class EmuRuntime(Runtime):
             # kernels of one module share its globals (gridDim, static __shared__): one launch at a time
             with self._exec_lock:
                 rc = lib.emu_launch(ctypes.c_void_p(function), params, *dims, ctypes.c_uint(int(shared_bytes)))
-            if self.kernel_seconds:
-                time.sleep(self.kernel_seconds)
             if rc == 2:
                 raise GpuError("launch", f"emulator: {name}: threads of a block wait at a barrier the others never "
                                          "reach (a __syncthreads or warp operation under divergent control flow)")
             if rc:
                 raise GpuError("launch", f"emulator: {name}: launch failed ({rc})")
+            if self.kernel_seconds:
+                time.sleep(self.kernel_seconds)
             for p in pointers:
                 if p not in freed and self._freed_block(p) is not None:
                     self._report(f"launch {name}: argument {p:#x} was freed while the kernel ran")
