@@ -10,7 +10,8 @@ further_gpus.py's, the upload sharing rule upload_sharing.py's)."""
 from hipsched._sched cimport (CPU, GPU, F_CALL_UNSUPPORTED, F_FITS, F_GPU_PRESENT, F_GPU_SUPPORTS, F_ON_DEVICE,
                               F_WANT_CPU, F_WANT_GPU, R_COST_MODEL, R_CPU_FALLBACK, R_EXPLORING, R_GPU_UNAVAILABLE,
                               R_GPU_UNSUPPORTED, R_SPLIT, ST_BACKEND_ONLY, ST_CPU_PREFERRED,
-                              MAX_SLOTS, Params, SchedCore, hs_held_t, hs_lock, hs_unlock)
+                              MAX_SLOTS, Params, SchedCore, hs_lock, hs_unlock)
+from hipsched._load cimport hs_held_t
 from hipsched._clock cimport now_ns
 from hipsched.cpu._hot cimport HotOp
 from hipsched.gpu.launch._callpath cimport GpuPath, Inputs, Plan

@@ -1,6 +1,9 @@
 # The scheduler core's C state: declarations (the logic is in _sched.pyx; _dispatch.pyx cimports them).
 from hipsched._clock cimport now_ns
 
+from hipsched._health cimport Health
+from hipsched._link cimport Link
+from hipsched._load cimport Load, hs_held_t
 from hipsched._perfmodel cimport Bucket, Fit, NBUCKETS
 
 # What the executor knows about a call, as flags of the decision.
@@ -39,11 +42,6 @@ cpdef enum Strategy:
     ST_CPU_PREFERRED = 2
     ST_BACKEND_ONLY = 3
 
-cpdef enum BreakerState:
-    S_CLOSED = 0
-    S_OPEN = 1
-    S_HALF_OPEN = 2
-
 cdef enum:
     MAX_SLOTS = 512        # (op, dtype) pairs
     MAX_OPS = 128          # ops with a health record
@@ -57,27 +55,6 @@ cdef struct Slot:          # one (op, dtype): a model per backend (0 cpu, 1 gpu)
     double explore_us      # what explorations were predicted to cost beyond the better side, summed
     double run_us          # the better side's predicted time of every automatic decision, summed
 
-cdef enum:
-    LINK_BUCKETS = 48      # uploads by octave of bytes
-
-cdef struct Link:          # uploads timed apart (a backend that times its copies), per octave of bytes:
-    double ratio[LINK_BUCKETS]   # mean of measured time / the probe's model for those bytes
-    int n[LINK_BUCKETS]
-    int measured           # any octave measured
-
-cdef struct Health:        # GPU health of one op: success window + circuit breaker
-    unsigned char *window  # 1 success, 0 failure, ring of `window` outcomes
-    int n
-    int pos
-    int failures_in_window
-    int consecutive_failures
-    int state              # 0 closed, 1 open, 2 half-open
-    int probe_in_flight
-    long long opened_at_ns
-    long long successes
-    long long failures
-    long long times_opened
-
 cdef struct Counters:      # exact per-executor totals (only ever changed under the lock)
     long long total
     long long cpu
@@ -86,32 +63,6 @@ cdef struct Counters:      # exact per-executor totals (only ever changed under 
     long long split         # calls cut across the CPU and the GPU (hipsched/splitting.py), not in cpu/gpu
     double cpu_time_us
     double gpu_time_us
-
-cdef struct Load:          # one side's work in flight (docs/design/scheduling.md, "Under load"); under the lock
-    int inflight           # calls committed to the side and not yet finished
-    double work_us         # their predicted times, summed
-    long long since_ns     # when the side went busy, or its last call in flight finished since: the
-                           # work in flight has had the side from then on
-    long long queued_until_ns   # predicted end of device work left queued (it drains by the clock)
-    double area_us         # the integral of inflight over time, for a finished call's mean concurrency
-    long long area_at_ns   # when area_us was brought up to date
-
-# A committed call's hold on its side's Load (SchedCore._hold), until its record or its run's end.
-# Declared in C so that the thread-local list in _sched.pyx and a dispatcher's stack can both hold one.
-cdef extern from *:
-    """
-    #ifndef HS_HELD_T
-    #define HS_HELD_T
-    typedef struct { void *load; char *lock; int queued; double t_us; long long t0_ns; double area0; } hs_held_t;
-    #endif
-    """
-    ctypedef struct hs_held_t:
-        void *load         # the Load it counts in (NULL: nothing held)
-        char *lock         # its core's lock
-        int queued         # device work that may be left queued when the call returns
-        double t_us        # its predicted time
-        long long t0_ns    # when it was committed
-        double area0       # the side's area_us then
 
 cdef struct Params:
     int window

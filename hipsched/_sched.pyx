@@ -1,30 +1,36 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The scheduler core: per-call CPU/GPU decision, performance model and GPU health, in C structs
-(the per-call path that uses it is _dispatch.pyx). One concept, the decision core, over 500 lines: the
-model, its uncertainty and the breaker answer one question together and share one lock.
+"""The scheduler core: the per-call CPU/GPU decision (the rules, in _decide) over one lock that guards
+the state it reads and the records that change it (the per-call path that uses it is _dispatch.pyx).
+The state's parts are their own modules of inline C: the performance model (_perfmodel.pxd), each
+side's work in flight (_load.pxd), a GPU op's health (_health.pxd) and the link as measured (_link.pxd);
+this module holds the rules, the lock, the thread's list of held calls and the Python-facing methods.
 
-Every sample, decision and health change happens under one lock, so counts stay exact with many
+Every sample, decision and health change happens under the one lock, so counts stay exact with many
 Python threads. Decisions never allocate; a record allocates only for a size bucket's first sample
-(its rings), once per bucket. The rules and the model are described in docs/guide/backends-and-routing.md and docs/design/scheduling.md."""
+(its rings), once per bucket. The rules and the model are described in docs/guide/backends-and-routing.md
+and docs/design/scheduling.md."""
 from libc.stdlib cimport calloc, free, malloc
 from libc.math cimport isfinite, isnan, sqrt
 
+from hipsched._health cimport S_CLOSED, S_HALF_OPEN, S_OPEN, health_update
+from hipsched._link cimport LINK_BUCKETS, link_learn, link_ratio
+from hipsched._load cimport load_alone_us, load_backlog, load_finish, load_hold
 from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, check_unseen, predict_us
 
 import threading
 
 from hipsched.config import STRATEGIES
 
-# The flags, reasons, strategies, backends and breaker states are the cpdef enums of _sched.pxd: one
+# The flags, reasons, strategies and backends are the cpdef enums of _sched.pxd: one
 # definition, read as C constants here and as this module's Python names (F_GPU_PRESENT, R_COST_MODEL,
 # ...) by the executor. REASONS names the reasons in their index order, the strings telemetry writes:
 # each is its enum member's name without "R_", lower-cased (R_COST_MODEL: "cost_model");
 # scheduling.SelectionReason is built from it.
 REASONS = tuple(m.name[2:].lower() for m in sorted(Reason, key=int))
-BREAKER_STATES = ("closed", "open", "half_open")
+BREAKER_STATES = ("closed", "open", "half_open")   # _health.pxd's S_CLOSED, S_OPEN, S_HALF_OPEN
 # Python sees the enum classes (Flag, Reason, ...); their members also go in the module namespace, the
 # spelling the executor and the tests use (_sched.F_FITS).
-globals().update({m.name: m for e in (Flag, Reason, Strategy, BreakerState) for m in e})
+globals().update({m.name: m for e in (Flag, Reason, Strategy) for m in e})
 # config.STRATEGIES (importable with nothing built: the configuration is checked before any build is
 # needed) must be the Strategy enum's names without "ST_", lower-cased, in index order
 if tuple(STRATEGIES) != tuple(m.name[3:].lower() for m in sorted(Strategy, key=int)):  # pragma: no cover
@@ -75,33 +81,6 @@ cdef extern from *:
     int hs_nheld
 
 
-cdef inline void _load_touch(Load *L, long long now) noexcept nogil:
-    # (a run's end is taken from its own timing, which another thread's later reading may precede)
-    if now > L.area_at_ns:
-        L.area_us += L.inflight * (now - L.area_at_ns) * 1e-3
-        L.area_at_ns = now
-
-
-cdef inline void _load_finish(hs_held_t *e, long long now, bint queued_left) noexcept nogil:
-    """A held call is over (its side's lock held): its predicted time leaves the side's work; device work
-    it left queued stays on the side's clock for what remains of its prediction."""
-    cdef Load *L = <Load *>e.load
-    cdef double rest
-    _load_touch(L, now)
-    L.inflight -= 1
-    L.work_us -= e.t_us
-    L.since_ns = now
-    if L.inflight <= 0:
-        L.inflight = 0
-        L.work_us = 0
-    if queued_left:
-        rest = e.t_us - (now - e.t0_ns) * 1e-3
-        if rest > 0:
-            if L.queued_until_ns < now:
-                L.queued_until_ns = now
-            L.queued_until_ns += <long long>(rest * 1e3)
-
-
 cdef inline void _held_drop(int i) noexcept nogil:
     global hs_nheld
     cdef int j
@@ -114,11 +93,6 @@ cdef inline void _held_drop(int i) noexcept nogil:
 # read, cannot index the model's C arrays)
 BACKEND_CPU = CPU
 BACKEND_GPU = GPU
-
-
-cdef inline int _octave(double nbytes) noexcept nogil:
-    cdef int b = bucket_of(nbytes) >> 2
-    return b if b < LINK_BUCKETS else LINK_BUCKETS - 1
 
 
 cdef inline double _side_predict(Slot *s, int be, double size, double *u) noexcept nogil:
@@ -305,74 +279,33 @@ cdef class SchedCore:
     # ------------------------------------------------------------ the hot path
     cdef double _h2d_us(self, double h2d) noexcept nogil:
         """An upload's time: the probe's latency and rate, times what measured uploads of that octave of
-        bytes took over what the probe said of them, else that ratio at the nearest measured octave
-        (the link's rate is not one number: the H100's 16 MB probe said 11.75 GB/s, its 350-805 MB
-        pageable uploads ran at 8)."""
-        cdef int b, d
-        cdef double t
+        bytes took over what the probe said of them (_link.pxd)."""
         if h2d <= 0:
             return 0.0
-        t = self.p.h2d_latency_us + h2d * self.p.h2d_us_per_byte
-        if self.link.measured:
-            b = _octave(h2d)
-            for d in range(LINK_BUCKETS):
-                if b - d >= 0 and self.link.n[b - d]:
-                    return t * self.link.ratio[b - d]
-                if b + d < LINK_BUCKETS and self.link.n[b + d]:
-                    return t * self.link.ratio[b + d]
-        return t
+        return (self.p.h2d_latency_us + h2d * self.p.h2d_us_per_byte) * link_ratio(&self.link, h2d)
 
     cdef double _backlog(self, int side, long long now) noexcept nogil:
-        """Predicted us until the side has finished the work committed to it (under the lock): the
-        predicted times of its calls in flight less the time they have had the side since it went busy
-        or since the last of its calls finished (in a queue the next call starts then; calls that share
-        the cores have all been running since), and what remains of device work left queued. Several
-        CPU calls share the cores, and a GPU runs its stream's work in order: either way the side is
-        through with all of it after about the sum of their times. (Counting from the last finish, not
-        from when the side went busy, keeps calls that ran over their prediction from eating the
-        predictions of the calls after them.)"""
-        cdef Load *L = &self.load[side]
-        cdef double r = 0
-        if L.inflight > 0:
-            r = L.work_us - (now - L.since_ns) * 1e-3
-            if r < 0:
-                r = 0
-        if L.queued_until_ns > now:
-            r += (L.queued_until_ns - now) * 1e-3
-        return r
+        """Predicted us until the side has finished the work committed to it (_load.pxd's load_backlog)."""
+        return load_backlog(&self.load[side], now)
 
     cdef void _hold(self, int side, double t_us, bint queued, long long now, hs_held_t *into) noexcept nogil:
         """A committed decision taken at `now` (under the lock): the call's predicted time joins the
         side's work until its record (or the end of its run: _release) takes it off. The hold goes
         in `into` when given (its caller ends it: _record_held, _unhold), else on this thread's list."""
         global hs_nheld
-        cdef Load *L = &self.load[side & 1]
         cdef hs_held_t *e = into
         if e == NULL:
             if hs_nheld >= HS_MAX_HELD:
                 return
             e = &hs_held[hs_nheld]
             hs_nheld += 1
-        if not (t_us >= 0 and isfinite(t_us)):
-            t_us = 0   # a side not yet known (its first run): nothing predicted to wait for
-        _load_touch(L, now)
-        if L.inflight == 0:
-            L.since_ns = now
-            L.work_us = 0
-        L.inflight += 1
-        L.work_us += t_us
-        e.load = <void *>L
-        e.lock = &self.lock
-        e.queued = queued
-        e.t_us = t_us
-        e.t0_ns = now
-        e.area0 = L.area_us
+        load_hold(&self.load[side & 1], e, &self.lock, t_us, queued, now)
 
     cdef void _unhold(self, hs_held_t *e) noexcept nogil:
         """Ends a hold kept by its caller (_hold's `into`) whose call ended without its record."""
         if e.load != NULL:
             hs_lock(e.lock)
-            _load_finish(e, self._now(), False)
+            load_finish(e, self._now(), False)
             hs_unlock(e.lock)
             e.load = NULL
 
@@ -636,36 +569,8 @@ cdef class SchedCore:
         return (t1 - t0) / <double>n
 
     cdef void _health(self, Health *h, bint ok) noexcept nogil:
-        cdef Params *p = &self.p
-        if h.n == p.window:
-            if not h.window[h.pos]:
-                h.failures_in_window -= 1
-        else:
-            h.n += 1
-        h.window[h.pos] = 1 if ok else 0
-        h.pos = (h.pos + 1) % p.window
-        if ok:
-            h.successes += 1
-            h.consecutive_failures = 0
-            if h.state == S_HALF_OPEN:  # the probe worked: close with a clean slate
-                h.state = S_CLOSED
-                h.probe_in_flight = 0
-                h.n = 0
-                h.pos = 0
-                h.failures_in_window = 0
-            return
-        h.failures += 1
-        h.failures_in_window += 1
-        h.consecutive_failures += 1
-        if h.state == S_HALF_OPEN or (h.state == S_CLOSED and (
-                h.consecutive_failures >= p.breaker_failures or
-                (h.n >= p.health_min_samples and
-                 (h.n - h.failures_in_window) < p.success_threshold * h.n))):
-            if h.state == S_CLOSED:
-                h.times_opened += 1
-            h.state = S_OPEN
-            h.probe_in_flight = 0
-            h.opened_at_ns = self._now()
+        health_update(h, ok, self.p.window, self.p.breaker_failures, self.p.health_min_samples,
+                      self.p.success_threshold, self._now())
 
     cdef void _sample(self, Slot *s, int backend, double size, double dur_us, double h2d,
                       double d2h) noexcept nogil:
@@ -696,16 +601,8 @@ cdef class SchedCore:
                             double up_us) noexcept nogil:
         """A GPU run timed in parts: its kernel time is the sample as it is, and its uploads teach the
         link model (the measured time over the probe's, per octave of bytes)."""
-        cdef int b
-        cdef double probe, r
         if up_bytes > 0 and up_us > 0 and isfinite(up_us):
-            probe = self.p.h2d_latency_us + up_bytes * self.p.h2d_us_per_byte
-            r = up_us / probe
-            b = _octave(up_bytes)
-            self.link.n[b] += 1
-            # the mean of the first 16, then a running mean that follows a link that changes
-            self.link.ratio[b] += (r - self.link.ratio[b]) / (self.link.n[b] if self.link.n[b] < 16 else 16)
-            self.link.measured = 1
+            link_learn(&self.link, up_bytes, up_us, self.p.h2d_latency_us + up_bytes * self.p.h2d_us_per_byte)
         if kernel_us >= 0 and isfinite(kernel_us):
             self._add(s, GPU, size, kernel_us)
 
@@ -722,21 +619,15 @@ cdef class SchedCore:
 
     cdef void _record_held(self, hs_held_t *e, Slot *s, int backend, double size, double dur_us, double h2d,
                            double d2h, bint ok, bint final, bint fallback) noexcept nogil:
-        cdef double sample_us = dur_us, wall, overlap
+        cdef double sample_us = dur_us
         cdef long long now
-        # the call's hold `e` on this side (may be NULL or ended) ends here. Other calls that shared the side while it
-        # ran stretched its time: the sample is its time over their mean number (the integral of the
-        # side's calls in flight over its run, per unit of its run), what it would have taken alone
-        # when the side's calls share it, and on average when they queue. Alone: its time as measured.
+        # the call's hold `e` on this side (may be NULL or ended) ends here, and the sample is what the
+        # run would have taken alone (load_alone_us)
         if e != NULL and e.load == <void *>&self.load[backend]:
             # (the run's end as its own timing has it, where it has one: no second clock read)
             now = e.t0_ns + <long long>(dur_us * 1e3) if dur_us > 0 and isfinite(dur_us) else self._now()
-            _load_touch(&self.load[backend], now)
-            wall = (now - e.t0_ns) * 1e-3
-            overlap = self.load[backend].area_us - e.area0
-            if ok and dur_us > 0 and wall > 0 and overlap > wall:
-                sample_us = dur_us * wall / overlap
-            _load_finish(e, now, e.queued and ok and dur_us < 0)
+            sample_us = load_alone_us(e, dur_us, ok, now)
+            load_finish(e, now, e.queued and ok and dur_us < 0)
             e.load = NULL
         if backend == GPU:
             self._health(&self.hl[s.op_index], ok)

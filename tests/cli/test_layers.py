@@ -85,7 +85,8 @@ RANKS = (
     ("hipsched", 5),                                               # public API (hipsched/__init__.py)
     ("hipsched.executor", 4), ("hipsched.chunking", 4), ("hipsched.calibration", 4), ("hipsched.splitting", 4),
     ("hipsched.upload_sharing", 4), ("hipsched.further_gpus", 4), ("hipsched._queued_timing", 4), ("hipsched.priors", 4),
-    ("hipsched._dispatch", 4), ("hipsched._sched", 4), ("hipsched._perfmodel", 4),
+    ("hipsched._dispatch", 4), ("hipsched._sched", 4), ("hipsched._perfmodel", 4), ("hipsched._load", 4),
+    ("hipsched._health", 4), ("hipsched._link", 4),
     ("hipsched.backends", 3),
     ("hipsched.ops", 2),
     ("hipsched.cpu", 1), ("hipsched.gpu", 1),

@@ -48,7 +48,7 @@ MUTANTS = [
         name="load-backlog-counted-from-busy-start",
         why="issue 33: the backlog counts the time spent from when the side went busy, so calls over their "
             "prediction eat the predictions of the calls behind them and the backlog falls to 0 under load",
-        path="hipsched/_sched.pyx",
+        path="hipsched/_load.pxd",
         find="    L.since_ns = now\n    if L.inflight <= 0:",
         replace="    if L.inflight <= 0:",
         kill=(f"{_LOAD}::test_callers_in_virtual_time_finish_near_both_sides_together[8]",
@@ -58,9 +58,9 @@ MUTANTS = [
         name="load-shared-run-learned-whole",
         why="issue 33: a run that shared its side is learned as its whole wall time, so a side under load "
             "looks several times slower than it is",
-        path="hipsched/_sched.pyx",
-        find="                sample_us = dur_us * wall / overlap",
-        replace="                sample_us = dur_us",
+        path="hipsched/_load.pxd",
+        find="        return dur_us * wall / overlap",
+        replace="        return dur_us",
         kill=(f"{_LOAD}::test_a_run_that_shared_its_side_is_learned_as_its_time_alone",),
     ),
     Mutant(
