@@ -15,6 +15,7 @@ its memcheck poisons freed memory: see EmuRuntime."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import hashlib
 import itertools
@@ -718,6 +719,8 @@ class EmuRuntime(Runtime):
         self.memcheck_errors: list[str] = []
         self._sticky = None
         self._handles = itertools.count(0x1000)     # streams and events: distinct, never 0, 1 or 2
+        self._running = threading.Event()           # cleared by held(): queued work waits
+        self._running.set()
         self._streams: dict[int, _Stream] = {}
         self._destroyed: set[int] = set()
         self._events: dict[int, _Op | None] = {}
@@ -941,9 +944,20 @@ class EmuRuntime(Runtime):
                 return
             if self.delay:
                 time.sleep(self.delay)
+            self._running.wait()
             for dep in op.deps:
                 dep.done.wait()
             self._execute(op)
+
+    @contextlib.contextmanager
+    def held(self):
+        """Within it, no queued item runs (asynchronous mode): whatever returns there did not wait for
+        its work, which a timed check could only say on a machine not too busy to keep up."""
+        self._running.clear()
+        try:
+            yield
+        finally:
+            self._running.set()
 
     def stream_create(self, blocking: bool = False):
         """A new stream: non-blocking (CU_STREAM_NON_BLOCKING, what the bindings create) unless

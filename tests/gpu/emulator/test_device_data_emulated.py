@@ -3,6 +3,7 @@ runs with events on their stream and the Executor learns from them on a later ca
 (items 3); results come back as the caller's own library's arrays, zero copy through its from_dlpack, on
 every path (item 5, with tests/support/fake_array_lib.py standing in for torch and CuPy)."""
 import collections
+import threading
 import time
 
 import numpy as np
@@ -62,20 +63,29 @@ def test_a_device_pipeline_stays_on_the_gpu_when_moving_its_data_costs_more(mode
 
 
 def test_a_device_run_is_learned_on_a_later_call_without_waiting(tmp_path):
-    """The caller is not made to wait for the timing: the call returns with its work queued (here 0.3 s
-    late), nothing is learned yet, and a call after the work has run learns its time."""
+    """The caller is not made to wait for the timing: the call returns with its work still queued (the
+    runtime holds its queue until the call has returned: a call that waited would never return),
+    nothing is learned yet, and a call after the work has run learns its time (each item 0.3 s late)."""
     runtime = gpu_emulator.EmuRuntime(32, asynchronous=True, delay=0.3)
     try:
         a = np.arange(N, dtype=np.float32)
         da = to_device(a, runtime=runtime)
         with emulated_executor(runtime, tmp_path) as ex:
-            t0 = time.perf_counter()
-            out = ex.add(da, da)
-            assert time.perf_counter() - t0 < 0.3
-            assert ex.events[-1]["backend"] == "gpu" and gpu_samples(ex) == 0
+            ex.add(da, da)                              # the kernel compiled, its run left queued
+            assert gpu_samples(ex) == 0
+            runtime.synchronize()
+            done = []
+            with runtime.held():
+                caller = threading.Thread(target=lambda: done.append(ex.add(da, da)), daemon=True)
+                caller.start()
+                caller.join(60)
+                assert done, "the call waited for its queued work"
+                # it learned the run before it, which had run, and not its own, which cannot have
+                assert ex.events[-1]["backend"] == "gpu" and gpu_samples(ex) == 1
+            out = done[0]
             runtime.synchronize()
             ex.add(da, da)
-            assert gpu_samples(ex) >= 1
+            assert gpu_samples(ex) == 2
             # the device time spans the queued items' delays: it is the work's, not the launch's
             assert ex.performance_tracker.samples("add", "gpu")[0][3] >= 0.3e6
             np.testing.assert_array_equal(out.get(), a + a)
