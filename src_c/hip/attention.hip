@@ -771,7 +771,9 @@ template <int D, class E>
 HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                           E* __restrict__ out, hs_i64 sq, hs_i64 sk, int hd, float scale, int causal,
                           int group, hs_i64 heads, const hs_i64* __restrict__ kvlen) {
-    constexpr int BN = D == 128 ? 32 : 64;   // keys per tile: LDS about 17 KiB, 3 blocks per CU
+    // keys per tile: LDS about 17-18 KiB, 3 blocks per CU (d256: 16 keys, one S^T step; Q^T's 32 registers
+    // and O^T's 64 held as below, within CDNA's 512 per lane)
+    constexpr int BN = D == 256 ? 16 : D == 128 ? 32 : 64;
     constexpr int LDK = D + 4, LDV = BN + 4;
     constexpr int KS = D / 16;               // k steps of S^T = K Q^T
     constexpr int NT = BN / 16;              // 16-key steps of a tile
@@ -945,4 +947,5 @@ HS_DEV void hsf_attention(const E* __restrict__ q, const E* __restrict__ k, cons
 HSF_ENTRY(32)
 HSF_ENTRY(64)
 HSF_ENTRY(128)
+HSF_ENTRY(256)
 #endif  // HS_MFMA_16X16X16

@@ -29,10 +29,10 @@ from .common import KERNEL_SUFFIX, has_mma, kernel_suffix, np_dtype
 
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
 MAX_HEAD_DIM = HEAD_DIM_CLASSES[-1]
-# head-dim classes with matrix-core kernels, by warp width: NVIDIA's mma.sync kernel (warp 32) at d256
-# too (its Q fragments read per k step, not held: docs/design/kernels.md); AMD's MFMA kernel (wavefront
-# 64) to d128, d256 on the SIMT kernel there
-MMA_CLASSES = {32: (32, 64, 128, 256), 64: (32, 64, 128)}
+# head-dim classes with matrix-core kernels, by warp width: NVIDIA's mma.sync kernel (warp 32) and AMD's
+# MFMA kernel (wavefront 64) at every class, d256 included (NVIDIA's Q fragments read per k step, not
+# held; AMD's held, in 32 of its 512 registers a lane: docs/design/kernels.md)
+MMA_CLASSES = {32: (32, 64, 128, 256), 64: (32, 64, 128, 256)}
 
 
 def head_dim_class(hd: int) -> int:

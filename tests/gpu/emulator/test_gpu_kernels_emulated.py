@@ -330,22 +330,19 @@ def test_rms_norm_register_and_fallback_paths(emu, rng, launched, dtype):
 
 
 def _on_tensor_cores(emu, q, k, v, causal, dtype):
-    """A half attention run, whose launch must be the tensor-core kernel's (at d129-256 NVIDIA's only: the
-    MFMA kernel stops at d128, so warp 64 must run the SIMT one there)."""
+    """A half attention run, whose launch must be the matrix-core kernel's (every head-dim class, at warp
+    32 and 64)."""
     call = half_call("attention", (q, k, v), {"causal": causal, "scale": None}, dtype)
     kernel = _attention_kernel(emu, call)
-    if q.shape[-1] > 128 and emu._ctx.warp_size == 64:
-        assert "_mma_" not in kernel and kernel.endswith("_d256"), kernel
-    else:
-        assert "_mma_" in kernel, kernel
+    assert "_mma_" in kernel, kernel
     return emu.run(call)
 
 
 # Tensor-core attention (hs_attention_{f16,bf16}_mma_d*: warp 32, the emulated sm_90's mma.sync kernel;
 # warp 64, the emulated gfx90a's MFMA kernel): query and key tails (not multiples of the 64-row block or
 # the 64-, 32- or 16-key tile), several key tiles (the double buffer, the register prefetch), Sq != Sk both
-# ways, head dims below their class (padding), every class with matrix-core kernels (d256: NVIDIA's, its
-# Q fragments read each k step; an odd 201 padded, its pairs read 16 bits at a time; at warp 64 the SIMT kernel, the same contract).
+# ways, head dims below their class (padding), every class (d256: NVIDIA's Q fragments read each k step,
+# AMD's 16-key tiles, one S^T step each; an odd 201 padded, its pairs read 16 bits at a time).
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("sq,sk,hd", [(70, 90, 64), (17, 33, 40), (65, 40, 128), (5, 130, 20), (16, 16, 64),
                                      (70, 50, 256), (17, 35, 201)],
@@ -405,14 +402,15 @@ def test_tensor_core_attention_no_keys(emu, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_tensor_core_attention_hidden_inf_nan(emu, rng, dtype):
+@pytest.mark.parametrize("hd", [64, 256])
+def test_tensor_core_attention_hidden_inf_nan(emu, rng, dtype, hd):
     """Causal: a hidden key must not reach a row even when its V holds inf or NaN (0 * inf = NaN in a
     tensor-core product): keys on each warp's diagonal 16 x 16 step (3, 20, 36: warps of rows 0-15,
     16-31, 32-47) and past a warp's rows (20 for rows 0-15), a NaN key (38) only rows 38, 39 see."""
     t = HALF[dtype]
     sq = sk = 40
-    q = rng.standard_normal((1, 1, sq, 64)).astype(t)
-    k, v = (rng.standard_normal((1, 1, sk, 64)).astype(t) for _ in range(2))
+    q = rng.standard_normal((1, 1, sq, hd)).astype(t)
+    k, v = (rng.standard_normal((1, 1, sk, hd)).astype(t) for _ in range(2))
     v[0, 0, 3, :8] = np.inf
     v[0, 0, 20, 5] = np.nan
     v[0, 0, 36, 9] = -np.inf
@@ -428,7 +426,7 @@ def test_tensor_core_attention_hidden_inf_nan(emu, rng, dtype):
     ref, bound = attention_contract(q, k[..., :38, :], v0[..., :38, :], True, dtype)
     fin = np.isfinite(c)
     fin[0, 0, 38:] = False
-    assert fin[0, 0, :38].sum() > 30 * 64
+    assert fin[0, 0, :38].sum() > 30 * hd
     np.testing.assert_array_less(np.abs(g[..., :38, :] - ref[..., :38, :])[fin[..., :38, :]],
                                  bound[..., :38, :][fin[..., :38, :]])
 
