@@ -68,7 +68,9 @@ static int hs__probe_avx512(void) {
 
 /* AVX512_BF16 (CPUID.7.1:EAX bit 5): vdpbf16ps, which the bfloat16 matmul and attention's Q.K^T use
  * where both operands are bfloat16 (hs_cpu_bf16_dot). The bfloat16 store keeps its shift-and-round rule
- * rather than vcvtneps2bf16, which quiets NaNs differently from ml_dtypes. AVX512_FP16 (CPUID.7.0:EDX
+ * rather than vcvtneps2bf16, which quiets NaNs differently from ml_dtypes and reads denormals as zero;
+ * silu_mul and rope use vcvtne2ps2bf16 for the pairs of vectors holding neither (simd.h,
+ * hs_v_store2_bf16: the same bits). AVX512_FP16 (CPUID.7.0:EDX
  * bit 23) is reported only (cpu_features()). */
 static inline int hs_cpu_has_avx512_bf16(void) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -17,7 +17,11 @@ HS_TYPED(void, hs_softmax_row, (const void *x, void *y, int64_t len))
 HS_TYPED(void, hs_softmax_cols, (const void *x, void *y, int64_t len, int64_t inner, int64_t c0, int64_t c1))
 HS_TYPED(void, hs_silu_mul_range, (const void *g, const void *u, void *out, int64_t n, int nt))
 HS_TYPED(void, hs_gelu_range, (const void *x, void *out, int64_t n, int tanh_form))
-HS_TYPED(void, hs_rope_row, (const void *x, void *out, const float *tab, int64_t d, int gptj, int nt))
+HS_TYPED(void, hs_rope_rows, (const void *x, void *out, const float *tab, int64_t rows, int64_t d, int gptj, int nt))
+/* bfloat16 silu_mul and rope built for AVX512_BF16 too (elementwise_bf16dot.c: its stores convert two
+ * vectors in one vcvtne2ps2bf16, with the same bits), run where hs_cpu_bf16_dot() says so */
+void hs_silu_mul_range_bf16_avx512bf16(const void *g, const void *u, void *out, int64_t n, int nt);
+void hs_rope_rows_bf16_avx512bf16(const void *x, void *out, const float *tab, int64_t rows, int64_t d, int gptj, int nt);
 HS_VARIANTS(void, hs_sfence, (void))
 HS_VARIANTS(void, hs_rope_table, (const int64_t *pos, int64_t np, const double *invf, double fmax, int64_t d,
                                   double scale, int gptj, float *tab))
@@ -124,8 +128,22 @@ void hs_silu_mul(hs_dtype dt, const void *g, const void *u, void *out, int64_t n
     if (n <= 0) return;
     int64_t es = hs_dtype_size(dt);
     void (*f)(const void *, const void *, void *, int64_t, int) = HS_PICK_T(hs_silu_mul_range, dt);
-    int nt = hs_stream_out(out, n * es);   /* blocks are HS_BLOCK elements: each starts aligned too */
-    HS_FOR_BLOCKS(n, HS_GRAIN / 4, f(HS_AT(g, lo), HS_AT(u, lo), HS_AT(out, lo), hi - lo, nt));  /* exp: as softmax */
+    if (dt == HS_BF16 && hs_cpu_bf16_dot()) f = hs_silu_mul_range_bf16_avx512bf16;
+    /* A large result is streamed from its first 64-byte boundary on: an out= array NumPy allocated
+     * starts 16 bytes past one, and without streaming stores each line of it is read before it is
+     * written (a third of the traffic again for silu_mul; np.copyto's memcpy streams). The few elements
+     * before the boundary take plain stores; blocks are HS_BLOCK elements, so each starts aligned too.
+     * The values are the same either way. */
+    int64_t head = 0;
+    int nt = 0;
+    if (n * es >= HS_STREAM_MIN_BYTES && (uintptr_t)out % (uintptr_t)es == 0) {
+        head = (int64_t)((64 - ((uintptr_t)out & 63)) & 63) / es;
+        nt = 1;
+        if (head) f(g, u, out, head, 0);
+    }
+    const void *g1 = HS_AT(g, head), *u1 = HS_AT(u, head);
+    void *o1 = HS_AT(out, head);
+    HS_FOR_BLOCKS(n - head, HS_GRAIN / 4, f(HS_AT(g1, lo), HS_AT(u1, lo), HS_AT(o1, lo), hi - lo, nt));  /* exp: as softmax */
 }
 
 void hs_gelu(hs_dtype dt, const void *x, void *out, int64_t n, int tanh_form) {
@@ -136,10 +154,10 @@ void hs_gelu(hs_dtype dt, const void *x, void *out, int64_t n, int tanh_form) {
 }
 
 /* Work items are (table batch, block of P sequence positions): the item computes the angles of its P
- * positions once (cos and sin, 2d floats each, in a heap buffer of up to HS_ROPE_TAB floats) and
+ * positions once (cos and sin, a row of 2d floats a position, in a heap buffer of up to HS_ROPE_TAB floats) and
  * applies them to every head's rows at those positions (and every batch row, when the positions are
  * shared), so the table's cost is spread over heads x batch rows and it stays in cache while they
- * stream past. */
+ * stream past: each head's P rows are one contiguous run of x, rotated by one call. */
 int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int64_t batch, int64_t heads,
             int64_t seq, int64_t d, int pos_per_batch, double base, double scale, int gptj) {
     int64_t n = batch * heads * seq * d;
@@ -165,7 +183,8 @@ int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int
     if (P < 1) P = 1;
     if (P > seq) P = seq;
     int64_t blocks = (seq + P - 1) / P, items = tables * blocks;
-    void (*row)(const void *, void *, const float *, int64_t, int, int) = HS_PICK_T(hs_rope_row, dt);
+    void (*rows)(const void *, void *, const float *, int64_t, int64_t, int, int) = HS_PICK_T(hs_rope_rows, dt);
+    if (dt == HS_BF16 && hs_cpu_bf16_dot()) rows = hs_rope_rows_bf16_avx512bf16;
     void (*fence)(void) = HS_PICK(hs_sfence);
     /* streaming stores where every row, and its second half, starts on a 64-byte boundary */
     int stream = hs_stream_out(out, n * es) && (d * es) % 128 == 0;
@@ -184,11 +203,10 @@ int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int
         table(positions + tb * seq * pos_per_batch + s0, np, invf, fmax, d, scale, gptj, tab);
         int64_t b0 = pos_per_batch ? tb : 0, b1 = pos_per_batch ? tb + 1 : batch;
         for (int64_t b = b0; b < b1; b++)
-            for (int64_t hd = 0; hd < heads; hd++)
-                for (int64_t p = 0; p < np; p++) {
-                    int64_t r = ((b * heads + hd) * seq + s0 + p) * d;
-                    row(HS_AT(x, r), HS_AT(out, r), tab + p * 2 * d, d, gptj, stream);
-                }
+            for (int64_t hd = 0; hd < heads; hd++) {
+                int64_t r0 = ((b * heads + hd) * seq + s0) * d;
+                rows(HS_AT(x, r0), HS_AT(out, r0), tab, np, d, gptj, stream);
+            }
         if (stream) fence();
         free(tab);
     }

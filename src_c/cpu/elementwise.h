@@ -28,7 +28,9 @@ void hs_scale_f32(const float *x, float alpha, float *out, int64_t n);
 void hs_softmax(hs_dtype dt, const void *x, void *out, int64_t outer, int64_t len, int64_t inner);
 void hs_softmax_f32(const float *x, float *out, int64_t outer, int64_t len, int64_t inner);
 
-/* out[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, in float32 (the vector exp above), rounded once. */
+/* out[i] = silu(g[i]) * u[i] in float32, rounded once: float32 as g / (1 + exp(-g)) * u with the vector exp
+ * above; float16 and bfloat16 from exp(-|g|) (elementwise.inc, hs_v_silu_half), which meets the same
+ * bound on the half result. */
 void hs_silu_mul(hs_dtype dt, const void *g, const void *u, void *out, int64_t n);
 
 /* GELU of n elements, each computed in float64 and rounded once: tanh_form 0 is 0.5 x erfc(-x / sqrt 2)

@@ -88,6 +88,11 @@ static inline hs_v8f hs_v8_fma(hs_v8f a, hs_v8f b, hs_v8f c) { return _mm256_fma
 static inline hs_v8f hs_v8_div(hs_v8f a, hs_v8f b) { return _mm256_div_ps(a, b); }
 /* lanes (0 1)(2 3)... swapped within each pair: rope's interleaved (GPT-J) layout */
 static inline hs_v8f hs_v8_swap_pairs(hs_v8f a) { return _mm256_permute_ps(a, 0xb1); }
+/* lanes (0 1)(2 3)... as (0 0)(2 2)... and (1 1)(3 3)...: rope's interleaved (cos, sin) table pairs */
+static inline hs_v8f hs_v8_dup_even(hs_v8f a) { return _mm256_moveldup_ps(a); }
+static inline hs_v8f hs_v8_dup_odd(hs_v8f a) { return _mm256_movehdup_ps(a); }
+/* a b - c in the even lanes, a b + c in the odd ones, each rounded once */
+static inline hs_v8f hs_v8_fmaddsub(hs_v8f a, hs_v8f b, hs_v8f c) { return _mm256_fmaddsub_ps(a, b, c); }
 static inline hs_v8f hs_v8_max(hs_v8f a, hs_v8f b) { return _mm256_max_ps(a, b); }
 static inline float hs_v8_hsum(hs_v8f v) { return hs__hsum8(v); }
 static inline float hs_v8_hmax(hs_v8f v) { return hs__hmax8(v); }
@@ -170,6 +175,9 @@ static inline hs_vf hs_v_mul(hs_vf a, hs_vf b) { return _mm512_mul_ps(a, b); }
 static inline hs_vf hs_v_fma(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline hs_vf hs_v_div(hs_vf a, hs_vf b) { return _mm512_div_ps(a, b); }
 static inline hs_vf hs_v_swap_pairs(hs_vf a) { return _mm512_permute_ps(a, 0xb1); }
+static inline hs_vf hs_v_dup_even(hs_vf a) { return _mm512_moveldup_ps(a); }
+static inline hs_vf hs_v_dup_odd(hs_vf a) { return _mm512_movehdup_ps(a); }
+static inline hs_vf hs_v_fmaddsub(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fmaddsub_ps(a, b, c); }
 static inline hs_vf hs_v_fnma(hs_vf a, hs_vf b, hs_vf c) { return _mm512_fnmadd_ps(a, b, c); }
 static inline hs_vf hs_v_max(hs_vf a, hs_vf b) { return _mm512_max_ps(a, b); }
 static inline hs_vf hs_v_min(hs_vf a, hs_vf b) { return _mm512_min_ps(a, b); }
@@ -213,6 +221,34 @@ static inline void hs_v_stream_bf16(uint16_t *p, hs_vf v) {
     _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256(t));
 }
 static inline void hs_v_sfence(void) { _mm_sfence(); }
+#ifdef HS_BF16DOT
+/* Two vectors as 32 bfloat16 at once (p[0..15] from a, p[16..31] from b) with vcvtne2ps2bf16
+ * (AVX512_BF16): round to nearest even, as hs_v_store_bf16, and the same bits for every float32 but
+ * NaNs (the instruction keeps the top of the payload; ml_dtypes' rule is 0x7fc0 with the sign) and
+ * denormals (read as zero; hs_v_store_bf16 rounds them to bfloat16 denormals). A pair holding either
+ * (vfpclassps: quiet or signalling NaN, denormal) is stored by hs_v_store_bf16, lane for lane; every
+ * other pair, which is all of them in ordinary data, costs one conversion for 32 elements instead of
+ * eight integer steps per 16. The streaming form needs p aligned to 64 bytes. */
+static inline int hs__bf16_exact_pair(hs_vf a, hs_vf b) {
+    return (_mm512_fpclass_ps_mask(a, 0xa1) | _mm512_fpclass_ps_mask(b, 0xa1)) == 0;
+}
+static inline void hs_v_store2_bf16(uint16_t *p, hs_vf a, hs_vf b) {
+    if (__builtin_expect(hs__bf16_exact_pair(a, b), 1)) {
+        _mm512_storeu_si512((void *)p, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    } else {
+        hs_v_store_bf16(p, a);
+        hs_v_store_bf16(p + 16, b);
+    }
+}
+static inline void hs_v_stream2_bf16(uint16_t *p, hs_vf a, hs_vf b) {
+    if (__builtin_expect(hs__bf16_exact_pair(a, b), 1)) {
+        _mm512_stream_si512((void *)p, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    } else {
+        hs_v_stream_bf16(p, a);
+        hs_v_stream_bf16(p + 16, b);
+    }
+}
+#endif
 static inline hs_vf hs_v_round(hs_vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline hs_vf hs_v_zero_if_lt(hs_vf y, hs_vf x, hs_vf c) {
     return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, c, _CMP_LT_OQ), _mm512_setzero_ps());
@@ -241,6 +277,12 @@ static inline hs_v8f hs_v8_fma(hs_v8f a, hs_v8f b, hs_v8f c) { for (int i = 0; i
 static inline hs_v8f hs_v8_div(hs_v8f a, hs_v8f b) { for (int i = 0; i < 8; i++) a.v[i] /= b.v[i]; return a; }
 static inline hs_v8f hs_v8_swap_pairs(hs_v8f a) {
     for (int i = 0; i < 8; i += 2) { float t = a.v[i]; a.v[i] = a.v[i + 1]; a.v[i + 1] = t; }
+    return a;
+}
+static inline hs_v8f hs_v8_dup_even(hs_v8f a) { for (int i = 0; i < 8; i += 2) a.v[i + 1] = a.v[i]; return a; }
+static inline hs_v8f hs_v8_dup_odd(hs_v8f a) { for (int i = 0; i < 8; i += 2) a.v[i] = a.v[i + 1]; return a; }
+static inline hs_v8f hs_v8_fmaddsub(hs_v8f a, hs_v8f b, hs_v8f c) {
+    for (int i = 0; i < 8; i++) a.v[i] = a.v[i] * b.v[i] + (i & 1 ? c.v[i] : -c.v[i]);
     return a;
 }
 /* Same NaN rule as _mm256_max_ps (and _mm512_max_ps): when either lane is NaN the second operand
@@ -274,6 +316,9 @@ typedef hs_v8f hs_vf;
 #define hs_v_fma hs_v8_fma
 #define hs_v_div hs_v8_div
 #define hs_v_swap_pairs hs_v8_swap_pairs
+#define hs_v_dup_even hs_v8_dup_even
+#define hs_v_dup_odd hs_v8_dup_odd
+#define hs_v_fmaddsub hs_v8_fmaddsub
 #define hs_v_max hs_v8_max
 #define hs_v_hsum hs_v8_hsum
 #define hs_v_hmax hs_v8_hmax
@@ -293,5 +338,12 @@ typedef hs_v8f hs_vf;
 #define hs_v_to_i32 hs_v8_to_i32
 #define hs_v_pow2i hs_v8_pow2i
 #endif
+#endif
+
+#ifndef HS_BF16DOT
+/* Two vectors of bfloat16 (p[0..HS_W-1] from a, then b): two stores of one; the AVX512_BF16 build
+ * (HS_BF16DOT) converts both in one instruction (above). */
+static inline void hs_v_store2_bf16(uint16_t *p, hs_vf a, hs_vf b) { hs_v_store_bf16(p, a); hs_v_store_bf16(p + HS_W, b); }
+static inline void hs_v_stream2_bf16(uint16_t *p, hs_vf a, hs_vf b) { hs_v_stream_bf16(p, a); hs_v_stream_bf16(p + HS_W, b); }
 #endif
 #endif

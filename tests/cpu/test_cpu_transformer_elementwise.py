@@ -85,6 +85,62 @@ def test_silu_mul_keeps_shape_and_promotes_a_mix(rng):
     _within(out, ref, 6 * 2.0 ** -24 * np.abs(ref) + TINY["float32"], "silu_mul mixed")
 
 
+def _u_spread(dtype, rng):
+    """u for the every-gate sweep: signed ones and halves, zeros, the type's least subnormal, its largest
+    finite, infinities, NaN, and random values over many magnitudes (up to 1e30 for bfloat16)."""
+    t = npdt(dtype)
+    fixed = [0.0, -0.0, 1.0, -1.0, 0.5, -3.0, 7.25, 1e-3, np.inf, -np.inf, np.nan]
+    mags = [1.0, 1e-6, 1e2, 1e4] + ([1e10, 1e20, 1e30] if dtype == "bfloat16" else [])
+    rand = [v * m for m in mags for v in rng.standard_normal(4)]
+    info = np.finfo(np.float16) if dtype == "float16" else need("ml_dtypes").finfo(t)
+    with np.errstate(over="ignore"):
+        u = np.array(fixed + rand + [float(info.smallest_subnormal), float(info.max)], np.float64).astype(t)
+    return u
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_silu_mul_every_half_gate_value(rng, dtype):
+    """The half types' silu (elementwise.inc, hs_v_silu_half: exp(-|g|) from a degree-5 (float16) / 4
+    (bfloat16) polynomial and vscalefps or the exponent bits, one division) for every bit pattern of g
+    (zeros, subnormals, every magnitude up to the largest finite, -100 and far below, +-inf, NaN) times a
+    spread of u, against float64's g / (1 + exp(-g)) * u: within test_silu_mul_matches_torch's bound
+    (U + 5 2^-24) |ref| + TINY, the bound the exact float32 formula has. This file runs at every SIMD
+    level (test_simd_paths.py); half the rows hold g in order and half shuffled, so that AVX2's vectors
+    of small |g| (its exponent-bit path) and those mixing in |g| > 87, inf or NaN (its general one) both
+    come up. Measured over every (g, u) pair of both types (2^32 each) at every level: the worst error is
+    0.9995 of this bound, outside what follows.
+    Where silu(g) itself is below float32's normal range (|silu(g)| < 2^-126, g < -87), silu(g) is a
+    float32 rounded to the denormal step 2^-149 before the product, so the bound there has |u| 2^-150
+    more (it shows only for bfloat16 and |u| > 1e4 or so); and with u = +-inf a silu(g) that rounded to 0
+    gives NaN (0 * inf) where float64 still has a tiny silu(g): as torch's float32 silu, and this kernel's
+    float32 path, do. A float32 overflowing past the type's largest finite value may round to it or to
+    inf."""
+    t = npdt(dtype)
+    g_all = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(t)
+    u = _u_spread(dtype, rng)
+    G = np.stack([g_all if k % 2 == 0 else rng.permutation(g_all) for k in range(u.size)])
+    out = np.asarray(hipsched.silu_mul(G.ravel(), np.repeat(u, g_all.size))).astype(np.float64).reshape(G.shape)
+    with np.errstate(all="ignore"):   # ml_dtypes' NaN to float64 warns; exp overflows for g < -709
+        g64, u64 = G.astype(np.float64), u.astype(np.float64)[:, None]
+        silu = g64 / (1.0 + np.exp(-g64))
+        ref = silu * u64
+    tail = (g64 < -80) & (np.abs(silu) < 2.0 ** -126)   # g < -87.3
+    maybe_nan = tail & np.isinf(u64)   # NaN where silu(g) rounded to 0 in float32, else ref's infinity
+    assert np.all(np.isnan(out[maybe_nan]) | (out[maybe_nan] == ref[maybe_nan])), f"silu_mul {dtype}: tail times inf"
+    np.testing.assert_array_equal(np.isnan(out[~maybe_nan]), np.isnan(ref[~maybe_nan]),
+                                  err_msg=f"silu_mul {dtype}: NaN where the reference has none or v.v.")
+    inf = np.isinf(ref) & ~maybe_nan
+    np.testing.assert_array_equal(out[inf], ref[inf], err_msg=f"silu_mul {dtype}: infinities")
+    top = float(np.finfo(np.float16).max if dtype == "float16" else need("ml_dtypes").finfo(t).max)
+    fin = np.isfinite(ref)
+    over = fin & (np.abs(ref) >= top)
+    assert np.all((np.abs(out[over]) == np.inf) | (np.abs(out[over]) == top)), f"silu_mul {dtype}: past the largest finite"
+    assert np.all(np.sign(out[over]) == np.sign(ref[over]))
+    fin &= ~over
+    bound = (UNIT[dtype] + 5 * 2.0 ** -24) * np.abs(ref) + TINY[dtype] + np.where(tail, np.abs(u64) * 2.0 ** -150, 0.0)
+    _within(out[fin], ref[fin], bound[fin], f"silu_mul {dtype} every gate value")
+
+
 # ------------------------------------------------------------------------------------------ gelu
 def gelu_torch(x, approximate):
     return F.gelu(torch.from_numpy(np.asarray(x).astype(np.float64)), approximate=approximate).numpy()
