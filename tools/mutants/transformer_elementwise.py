@@ -4,10 +4,18 @@ from mutants.mutant import Mutant
 
 MUTANTS = [
     Mutant(name="rope_gptj_pair_rotated_with_its_own_value",
-           why="issue 34: GPT-J's interleaved pair (2i, 2i + 1) must mix both elements of the pair",
+           why="issue 34: GPT-J's interleaved pair (2i, 2i + 1) must mix both elements of the pair (the "
+               "elements past the last whole vector of a row)",
            path="src_c/cpu/elementwise.inc",
-           find="            HS_ST1(out + i + 1, b * C[i + 1] + a * S[i + 1]);\n",
-           replace="            HS_ST1(out + i + 1, b * C[i + 1] + b * S[i + 1]);\n",
+           find="                HS_ST1(out + i + 1, b * c + a * sn);\n",
+           replace="                HS_ST1(out + i + 1, b * c + b * sn);\n",
+           kill=("tests/cpu/test_cpu_transformer_elementwise.py::test_rope_matches_float64_formula",)),
+    Mutant(name="rope_gptj_vector_pair_not_swapped",
+           why="issue 34: GPT-J's pairs in a vector: each lane's sin term takes its partner's value (the "
+               "swap of even and odd lanes before the fmaddsub), not its own",
+           path="src_c/cpu/elementwise.inc",
+           find="    return hs_v_fmaddsub(v, hs_v_dup_even(cs), hs_v_mul(hs_v_swap_pairs(v), hs_v_dup_odd(cs)));\n",
+           replace="    return hs_v_fmaddsub(v, hs_v_dup_even(cs), hs_v_mul(v, hs_v_dup_odd(cs)));\n",
            kill=("tests/cpu/test_cpu_transformer_elementwise.py::test_rope_matches_float64_formula",)),
     Mutant(name="rope_gpu_rotation_sign",
            why="issue 34: the rotation (a, b) -> (a cos - b sin, a sin + b cos) on the GPU",
