@@ -569,8 +569,9 @@ cdef class SchedCore:
         return (t1 - t0) / <double>n
 
     cdef void _health(self, Health *h, bint ok) noexcept nogil:
-        health_update(h, ok, self.p.window, self.p.breaker_failures, self.p.health_min_samples,
-                      self.p.success_threshold, self._now())
+        if health_update(h, ok, self.p.window, self.p.breaker_failures, self.p.health_min_samples,
+                         self.p.success_threshold):
+            h.opened_at_ns = self._now()
 
     cdef void _sample(self, Slot *s, int backend, double size, double dur_us, double h2d,
                       double d2h) noexcept nogil:
