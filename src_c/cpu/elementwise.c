@@ -52,14 +52,18 @@ HS_VARIANTS(void, hs_exp_range, (const float *x, float *out, int64_t n))
         }                                                                                  \
     } while (0)
 
-/* Whether a result of `bytes` at `out` is written with streaming (non-temporal) stores: when it is far
- * larger than the caches it would only evict them, and a normal store first reads each line it writes
- * (a third memory stream beside the input and the output, which memcpy's large copies avoid). out
- * aligned to 64 bytes, what every level's streaming store of a vector needs (the wrappers allocate
- * such results so). */
+/* Whether a result of n elements of es bytes at `out` is written with streaming (non-temporal) stores:
+ * when it is far larger than the caches it would only evict them, and a normal store first reads each
+ * line it writes (a third memory stream beside the input and the output, which memcpy's large copies
+ * avoid). Every level's streaming store of a vector needs 64-byte alignment: the result streams from
+ * its first 64-byte boundary, and the elements before it (a NumPy out= array starts 16 bytes past one;
+ * the wrappers allocate their own results aligned) take plain stores. Returns how many elements come
+ * before that boundary, or -1 where the result does not stream (too small, or out not aligned to its
+ * element). */
 #define HS_STREAM_MIN_BYTES (16 << 20)
-static int hs_stream_out(const void *out, int64_t bytes) {
-    return bytes >= HS_STREAM_MIN_BYTES && ((uintptr_t)out & 63) == 0;
+static int64_t hs_stream_head(const void *out, int64_t n, int64_t es) {
+    if (n * es < HS_STREAM_MIN_BYTES || (uintptr_t)out % (uintptr_t)es) return -1;
+    return (int64_t)((64 - ((uintptr_t)out & 63)) & 63) / es;
 }
 
 /* Grains and blocks count elements, whatever their size: the conversions make a half element cost
@@ -129,18 +133,13 @@ void hs_silu_mul(hs_dtype dt, const void *g, const void *u, void *out, int64_t n
     int64_t es = hs_dtype_size(dt);
     void (*f)(const void *, const void *, void *, int64_t, int) = HS_PICK_T(hs_silu_mul_range, dt);
     if (dt == HS_BF16 && hs_cpu_bf16_dot()) f = hs_silu_mul_range_bf16_avx512bf16;
-    /* A large result is streamed from its first 64-byte boundary on: an out= array NumPy allocated
-     * starts 16 bytes past one, and without streaming stores each line of it is read before it is
-     * written (a third of the traffic again for silu_mul; np.copyto's memcpy streams). The few elements
-     * before the boundary take plain stores; blocks are HS_BLOCK elements, so each starts aligned too.
-     * The values are the same either way. */
-    int64_t head = 0;
-    int nt = 0;
-    if (n * es >= HS_STREAM_MIN_BYTES && (uintptr_t)out % (uintptr_t)es == 0) {
-        head = (int64_t)((64 - ((uintptr_t)out & 63)) & 63) / es;
-        nt = 1;
-        if (head) f(g, u, out, head, 0);
-    }
+    /* A large result streams from its first 64-byte boundary on (hs_stream_head: a third of the traffic
+     * again for silu_mul without it, as np.copyto's memcpy streams); blocks are HS_BLOCK elements, so
+     * each starts aligned too. The values are the same either way. */
+    int64_t head = hs_stream_head(out, n, es);
+    int nt = head >= 0;
+    if (head > 0) f(g, u, out, head, 0);
+    if (head < 0) head = 0;
     const void *g1 = HS_AT(g, head), *u1 = HS_AT(u, head);
     void *o1 = HS_AT(out, head);
     HS_FOR_BLOCKS(n - head, HS_GRAIN / 4, f(HS_AT(g1, lo), HS_AT(u1, lo), HS_AT(o1, lo), hi - lo, nt));  /* exp: as softmax */
@@ -187,7 +186,7 @@ int hs_rope(hs_dtype dt, const void *x, const int64_t *positions, void *out, int
     if (dt == HS_BF16 && hs_cpu_bf16_dot()) rows = hs_rope_rows_bf16_avx512bf16;
     void (*fence)(void) = HS_PICK(hs_sfence);
     /* streaming stores where every row, and its second half, starts on a 64-byte boundary */
-    int stream = hs_stream_out(out, n * es) && (d * es) % 128 == 0;
+    int stream = hs_stream_head(out, n, es) == 0 && (d * es) % 128 == 0;
     void (*table)(const int64_t *, int64_t, const double *, double, int64_t, double, int, float *) = HS_PICK(hs_rope_table);
     int failed = 0;
     if (nt > items) nt = (int)items;
