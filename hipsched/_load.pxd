@@ -10,6 +10,9 @@ cdef struct Load:
                            # work in flight has had the side from then on
     long long queued_until_ns   # predicted end of device work left queued (it drains by the clock)
     double area_us         # the integral of inflight over time, for a finished call's mean concurrency
+    double loss_us         # what a call decided under load would lose by leaving this side for the
+                           # other: a moving mean over the calls that could go either way (load_note)
+    int noted              # how many it has seen, up to its window
     long long area_at_ns   # when area_us was brought up to date
 
 # A committed call's hold on its side's Load, until its record or its run's end. Declared in C so that
@@ -53,6 +56,19 @@ cdef inline double load_backlog(Load *L, long long now) noexcept nogil:
     if L.queued_until_ns > now:
         r += (L.queued_until_ns - now) * 1e-3
     return r
+
+
+cdef inline void load_note(Load *L, double here_us, double there_us, int window) noexcept nogil:
+    """A call decided under load that could run on either side would take `here_us` on this side and
+    `there_us` on the other: how much it would lose by leaving this side joins the side's moving mean
+    (over the last `window` calls, about). A caller in flight here is likely to call again, and this
+    mean says what its next call, of whatever op, would lose by going elsewhere rather than wait."""
+    cdef double d = there_us - here_us
+    if not d > 0:
+        d = 0
+    if L.noted < window:
+        L.noted += 1
+    L.loss_us += (d - L.loss_us) / L.noted
 
 
 cdef inline void load_hold(Load *L, hs_held_t *e, char *lock, double t_us, bint queued,

@@ -14,7 +14,7 @@ from libc.math cimport isfinite, isnan, sqrt
 
 from hipsched._health cimport S_CLOSED, S_HALF_OPEN, S_OPEN, health_update
 from hipsched._link cimport LINK_BUCKETS, link_learn, link_ratio
-from hipsched._load cimport load_alone_us, load_backlog, load_finish, load_hold
+from hipsched._load cimport load_alone_us, load_backlog, load_finish, load_hold, load_note
 from hipsched._perfmodel cimport bucket_add, bucket_median, bucket_of, check_unseen, predict_us
 
 import threading
@@ -376,7 +376,7 @@ cdef class SchedCore:
         cdef long long calls
         cdef double c, g, kc, kg, uc = 0, ug = 0, copies, cc = 0, cg = 0, best, lcb, lcb_best, excess, se
         cdef int loser
-        cdef double blc = 0, blg = 0, shared = 0, fc, fg, wc, wg
+        cdef double blc = 0, blg = 0, shared = 0, gt, xg, fc, fg, wc, wg
         cdef long long now
         kc = _side_predict(s, CPU, size, &uc)
         kg = _side_predict(s, GPU, size, &ug)
@@ -464,14 +464,26 @@ cdef class SchedCore:
         # callers and a GPU twice the CPU's time, sending ties to the busier side kept the GPU idle). A
         # side measured too little to tell is inside that band, so under load it is still measured.
         if blc != blg:
-            # the CPU's calls share its cores, so a call sent there also slows the ones already running,
-            # each until it or they end: about min(their work left, its own) more time for them, which
-            # the GPU, running its stream in order, never charges the calls ahead of it. Counting it
-            # chooses by what the call costs everyone, not by its own end alone: two callers with the
-            # CPU twice the GPU's speed both went to the CPU (each call ending no later there), and the
-            # GPU idled (bench/concurrency.py)
+            # what the call costs everyone, not its own end alone. The CPU's calls share its cores, so
+            # a call sent there also slows the ones already running, each until it or they end: about
+            # min(their work left, its own) more time for them (two callers with the CPU twice the GPU's
+            # speed both went to the CPU, each call ending no later there, and the GPU idled). The GPU
+            # runs its stream in order, so it slows none of the calls ahead of this one; but the first of
+            # them to end has a caller that calls again, and its next call then waits behind this one:
+            # this call's time, unless leaving the GPU costs that next call less (the GPU's mean loss
+            # over recent calls under load, since which op comes next is not known; a call's own loss in
+            # its place sent top_k to the slow CPU whenever another caller's top_k held the GPU, though
+            # that caller's next call was a softmax bound for the CPU). By its own end alone, two
+            # callers with the GPU twice the CPU's speed queued behind each other on the GPU (r + g left
+            # never above the CPU's c = 2g) while the CPU idled: 0.70 of both sides' throughput. (Every
+            # caller ahead counted, not only the first, did worse with 8-16 callers of mixed ops: they
+            # meet the queue's length in their own decisions.) bench/concurrency.py
+            gt = g * p.speedup_threshold
+            if commit and self.load[GPU].inflight:
+                load_note(&self.load[GPU], gt, c, p.window)
+            xg = gt if gt < self.load[GPU].loss_us else self.load[GPU].loss_us
             fc = blc + c + (shared if shared < c else c)
-            fg = blg + g * p.speedup_threshold
+            fg = blg + gt + (xg if self.load[GPU].inflight else 0)
             # the work waiting on a side ends when its calls do, not when their means say: it is as
             # uncertain as their runs spread (this op's spread on that side standing for theirs; k calls
             # of about equal time: spread * backlog / sqrt(k)). With noisy runs and two sides twice apart,

@@ -89,6 +89,38 @@ def test_a_call_on_the_shared_cpu_counts_the_time_it_costs_the_calls_there():
     assert side(c2, s2) == ("cpu", R.COST_MODEL)   # 0.5 + 5.6 + 0.5 against 8.7: still the CPU
 
 
+def test_a_call_queued_on_the_gpu_counts_the_wait_of_the_caller_ahead():
+    """A GPU 2.15x the CPU's speed (2.6 ms against 5.6) running another caller's call: this one would
+    end sooner queued there (5.2 ms) than on the idle CPU, but that caller calls again when its call
+    ends, and its next call would then wait behind this one, 2.6 ms, or lose 3.0 ms going to the CPU.
+    Counting the wait: the CPU (by the end alone, two callers took turns on the GPU while the CPU idled:
+    bench/concurrency.py's two-caller softmax row, 0.70 of both sides' throughput). A what-if question
+    learns nothing, so its answer is still the end alone."""
+    c, s = measured(gpu_us=2600.0)
+    held_elsewhere(c, [(GPU, 2600.0)])
+    assert side(c, s) == ("gpu", R.COST_MODEL)                                # 2.6 + 2.6 < 5.6
+    be, r, pc, pg = c.decide(s, N, 0, 0, ALL, True)
+    assert (be, REASONS[r]) == (CPU, R.COST_MODEL)          # 5.6 < 2.6 + 2.6 + 2.6
+
+
+def test_the_wait_counted_is_what_the_next_call_would_lose_by_moving():
+    """Which op the caller ahead calls next is not known: what a call would lose by leaving the GPU is
+    the mean over the calls decided while it was busy. After nine calls of an op as fast on either side
+    (they lose nothing by moving), the same top_k as above loses 3.0 / 10 on average, and 2.6 + 2.6 +
+    0.3 ms on the GPU beats the CPU's 5.6 (counting the top_k's own 3.0 instead sent it to the CPU while
+    the other caller's next call, of an op either side runs as fast, had no need to wait)."""
+    c, s = measured(gpu_us=2600.0)
+    even = c.slot("softmax", "float32")
+    for _ in range(8):
+        c.record(even, CPU, N, 2600.0)
+        c.record(even, GPU, N, 2600.0)
+    held_elsewhere(c, [(GPU, 2600.0)])
+    for _ in range(9):
+        c.decide(even, N, 0, 0, ALL, True)
+    be, r, pc, pg = c.decide(s, N, 0, 0, ALL, True)
+    assert (be, REASONS[r]) == (GPU, R.COST_MODEL)
+
+
 def test_the_backlog_drains_with_the_clock():
     c, s = measured(cpu_us=50_000.0, gpu_us=20_000.0)
     held_elsewhere(c, [(GPU, 40_000.0)])
@@ -223,6 +255,23 @@ def test_a_tie_goes_to_the_idle_side():
         ns = _callers(vt, ex, q, T, 2, 30)
     assert (cpu.side.runs - c0, gpu.side.runs - g0) == (15, 45)
     assert ns == 30 * 2_800_000 + 15 * 2_800_000
+
+
+def test_two_callers_share_the_sides_when_the_gpu_is_over_twice_as_fast():
+    """Two callers, a GPU 2.15x the CPU's speed: each call ends sooner queued behind the other's on the
+    GPU (at most 2 x 2.6 ms) than on the idle CPU (5.6 ms), so by each call's end alone both callers
+    took turns on the GPU, 0.70 of what both sides running deliver (the CPU never used). Counting the
+    wait each call makes for the caller ahead, the CPU takes 25 of the 80 calls: 0.99."""
+    from virtual_machine import virtual_machine
+    q, T = _vm_args()
+    vt, ex, cpu, gpu = virtual_machine(lambda call: 5600.0, lambda call: 2600.0, reprobe_interval=0)
+    with ex, vt.executor_clock(ex):
+        _callers(vt, ex, q, T, 1, 12)
+        c0 = cpu.side.runs
+        ns = _callers(vt, ex, q, T, 2, 40)
+    both = 80 / (1 / 5600 + 1 / 2600) * 1e3
+    assert both / ns >= 0.85, (cpu.side.runs - c0, ns)
+    assert cpu.side.runs - c0 >= 15
 
 
 def test_the_common_paths_hold_ends_with_its_record(rng):

@@ -11,8 +11,8 @@ MUTANTS = [
         why="issue 33: a decision compares the sides' run times alone, as before, whatever is in flight (four "
             "callers put 154 of 160 calls on the GPU while the CPU idled)",
         path="hipsched/_sched.pyx",
-        find="        if blc != blg:\n            # the CPU's calls share its cores",
-        replace="        if False:\n            # the CPU's calls share its cores",
+        find="        if blc != blg:\n            # what the call costs everyone",
+        replace="        if False:\n            # what the call costs everyone",
         kill=(f"{_LOAD}::test_a_busy_gpu_sends_the_next_call_to_the_idle_cpu",
               f"{_LOAD}::test_callers_in_virtual_time_finish_near_both_sides_together[4]"),
     ),
@@ -34,6 +34,27 @@ MUTANTS = [
         find="            fc = blc + c + (shared if shared < c else c)",
         replace="            fc = blc + c",
         kill=(f"{_LOAD}::test_a_call_on_the_shared_cpu_counts_the_time_it_costs_the_calls_there",),
+    ),
+    Mutant(
+        name="load-gpu-wait-of-the-caller-ahead-uncounted",
+        why="issue 33: a call queued on the GPU is charged its own finish alone, not the wait it makes for the "
+            "caller whose call ends first there (two callers, a GPU over twice as fast: they took turns on the "
+            "GPU while the CPU idled, 0.70 of both sides)",
+        path="hipsched/_sched.pyx",
+        find="            fg = blg + gt + (xg if self.load[GPU].inflight else 0)",
+        replace="            fg = blg + gt",
+        kill=(f"{_LOAD}::test_a_call_queued_on_the_gpu_counts_the_wait_of_the_caller_ahead",
+              f"{_LOAD}::test_two_callers_share_the_sides_when_the_gpu_is_over_twice_as_fast"),
+    ),
+    Mutant(
+        name="load-gpu-wait-beyond-what-moving-costs",
+        why="issue 33: the wait counted for the caller ahead is the call's whole time even where its next call "
+            "would lose less by going to the CPU (a mix of ops: top_k sent to the slow CPU while the caller "
+            "ahead's next call was bound for the CPU anyway)",
+        path="hipsched/_sched.pyx",
+        find="            xg = gt if gt < self.load[GPU].loss_us else self.load[GPU].loss_us",
+        replace="            xg = gt",
+        kill=(f"{_LOAD}::test_the_wait_counted_is_what_the_next_call_would_lose_by_moving",),
     ),
     Mutant(
         name="load-tie-band-without-the-backlogs-spread",
