@@ -33,9 +33,10 @@ import weakref
 
 import numpy as np
 
-from . import _sched
+from . import _dispatch, _sched
 from .dlpack_devices import GPU_DEVICE_TYPES, dlpack_device, is_device_array
 from .errors import HipschedError
+from .ops.base import OPS, stand_in
 
 # Threads that run submitted calls: two per side (one running, one deciding and waiting for the side),
 # so each side has its next call ready; more would only add calls contending for the same side.
@@ -186,16 +187,11 @@ class Submitter:
                     return
             with self._lock:
                 self._waiting.pop(id(call), None)
-            for name, dep in deps:
-                err = "was cancelled" if dep.cancelled() else None
-                if err is None and dep.exception() is not None:
-                    err = f"failed: {type(dep.exception()).__name__}: {dep.exception()}"
-                if err is not None:
-                    if call.future.set_running_or_notify_cancel():
-                        e = SubmittedCallError(f"{call.op}: its input {name} {err}")
-                        e.__cause__ = None if dep.cancelled() else dep.exception()
-                        call.future.set_exception(e)
-                    return
+            err = _input_error(call)
+            if err is not None:
+                if call.future.set_running_or_notify_cancel():
+                    call.future.set_exception(err)
+                return
             self._start(call)
         for _, dep in deps:
             dep.add_done_callback(one_done)
@@ -272,7 +268,15 @@ class Batch:
             for c in self.calls:
                 c.future.cancel()
             return False
-        self._start()
+        try:
+            self._start()
+        except BaseException as e:   # a planning bug must not leave the batch's futures waiting forever
+            for c in self.calls:
+                if c.future.running() or c.future.done():
+                    continue
+                if c.future.set_running_or_notify_cancel():
+                    c.future.set_exception(e)
+            raise
         return False
 
     def results(self, timeout=None):
@@ -280,12 +284,13 @@ class Batch:
         return [c.future.result(timeout) for c in self.calls]
 
     # ------------------------------------------------------------------ planning
-    def _costs(self, call):
+    def _costs(self, call, prepared=None):
         """(cpu us, gpu us or None): the call's predicted time on each side it may run on, its copies
-        counted (the decision core's predictions for the call as it would be decided now)."""
+        counted (the decision core's predictions for the call as it would be decided now). `prepared`:
+        the call's validated Call, when it was prepared already (on stand-ins of its inputs)."""
         ex = self.submitter._ex
-        spec_prepare = ex._prepare[call.op]
-        prepared = spec_prepare(*call.args, **call.kwargs)
+        if prepared is None:
+            prepared = ex._prepare[call.op](*call.args, **call.kwargs)
         be, reason, pc, pg, _ = ex._fast.decide_call(prepared, call.backend)
         if call.backend == "auto":
             gpu_ok = _REASONS[reason] not in _CPU_ONLY_REASONS
@@ -301,56 +306,168 @@ class Batch:
             c = fill
         return c, g
 
-    def _start(self):
-        ready, later = [], []
-        for c in self.calls:
-            (later if _futures_in(c.args, c.kwargs) else ready).append(c)
-        # calls on other calls' results: decided by the backlog rule when their inputs are ready
-        for c in later:
-            self.submitter._when_ready(c)
-        if not ready:
-            return
-        costs = []
-        for c in ready:
+    def _graph(self):
+        """(costs, preds, unplanned): each call's (cpu us, gpu us) or None where it is not planned ahead,
+        [the indices of the batch calls whose results it takes], and the calls left to the backlog rule.
+
+        A call on another batch call's result is prepared on a stand-in of that result (zeros of the
+        shape and dtype its op declares: OpSpec.result), so its size and bytes, and so its times, are
+        known before the result is. Not planned ahead, and decided when their inputs are ready instead:
+        a call on a Future from outside the batch, on the result of an op that declares none, on a
+        device result (a device-data call's: a stand-in on the host would price the wrong copies), or on
+        a call not planned; and a call whose preparation on stand-ins fails (its real run says why)."""
+        ex = self.submitter._ex
+        index = {id(c.future): n for n, c in enumerate(self.calls)}
+        costs, preds, unplanned = [], [], []
+        made = {}        # index -> the stand-in of its result (None: it has none)
+        device = set()   # indices of calls on device data (their results stay on the device)
+        for n, c in enumerate(self.calls):
+            deps = _futures_in(c.args, c.kwargs)
+            mine = [index.get(id(f)) for _, f in deps]
+            if any(j is None or made.get(j) is None or j in device for j in mine):
+                costs.append(None)
+                preds.append([])
+                unplanned.append(c)
+                made[n] = None
+                continue
             try:
-                costs.append(self._costs(c))
-            except Exception as e:  # a call that cannot be prepared fails alone, as it would run
+                if deps:
+                    args = tuple(made[index[id(a)]] if isinstance(a, cf.Future) else a for a in c.args)
+                    kwargs = {k: (made[index[id(v)]] if isinstance(v, cf.Future) else v) for k, v in c.kwargs.items()}
+                else:
+                    args, kwargs = c.args, c.kwargs
+                prepared = ex._prepare[c.op](*args, **kwargs)
+                cost = self._costs(c, prepared)
+            except Exception as e:
+                if deps:   # left to run: its run on the real inputs raises what it raises
+                    costs.append(None)
+                    preds.append([])
+                    unplanned.append(c)
+                    made[n] = None
+                    continue
+                # an independent call that cannot be prepared fails alone, as it would run
                 if c.future.set_running_or_notify_cancel():
                     c.future.set_exception(e)
                 costs.append(None)
-        calls = [c for c, x in zip(ready, costs) if x is not None]
-        costs = [x for x in costs if x is not None]
-        plan = place(costs)
-        at = {id(c): n for n, c in enumerate(self.calls)}
-        self.plan = [(at[id(calls[j])], calls[j].op, side, start, end) for j, side, start, end in plan]
-        planned = {j: (side, start) for j, side, start, end in plan}
-        # The plan's sides come from predictions; the run follows its order, not its sides: each side
-        # takes the calls only it can run, then pulls from a shared queue ordered by relative advantage
-        # (the CPU from the front, the GPU from the back) whenever it is free. Where the predictions
-        # are off, the side that runs ahead takes more of the middle: the batch ends within about one
-        # call of both sides' actual finish, not the plan's.
-        own, both = _by_side(costs)
-        shared = collections.deque(both)
+                preds.append([])
+                made[n] = None
+                continue
+            costs.append(cost)
+            preds.append(sorted(set(mine)))
+            if prepared.on_device:
+                device.add(n)
+            try:
+                made[n] = _declared_stand_in(c.op, prepared)
+            except Exception:   # a declaration that fails: its dependants are decided when it is done
+                made[n] = None
+        return costs, preds, unplanned
+
+    def _start(self):
+        costs, preds, unplanned = self._graph()
+        for c in unplanned:
+            self.submitter._when_ready(c)
+        planned = [n for n, x in enumerate(costs) if x is not None]
+        if not planned:
+            return
+        succs = {n: [] for n in planned}
+        for n in planned:
+            for p in preds[n]:
+                succs[p].append(n)
+        in_graph = [n for n in planned if preds[n] or succs[n]]
+        alone = [n for n in planned if not preds[n] and not succs[n]]
+        # the graph first (its longest paths decide the makespan), then the independent calls placed
+        # after it, each side taking the ones it is relatively best at
+        gplan, free = heft({n: costs[n] for n in in_graph}, {n: preds[n] for n in in_graph},
+                           {n: succs[n] for n in in_graph})
+        iplan = place([costs[n] for n in alone], free)
+        plan = gplan + [(alone[j], side, start, end) for j, side, start, end in iplan]
+        self.plan = [(n, self.calls[n].op, side, start, end) for n, side, start, end in plan]
+        at = {n: (side, start) for n, side, start, end in plan}
+        graph_order = {"cpu": collections.deque(), "gpu": collections.deque()}
+        for n, side, start, end in gplan:
+            graph_order[side].append(n)
+        # Independent calls: the run follows the plan's order, not its sides: each side takes the calls
+        # only it can run, then pulls from a shared queue ordered by relative advantage (the CPU from the
+        # front, the GPU from the back) whenever it is free. Where the predictions are off, the side that
+        # runs ahead takes more of the middle: the batch ends within about one call of both sides'
+        # actual finish, not the plan's.
+        own, both = _by_side([costs[n] for n in alone])
+        own = {side: collections.deque(alone[j] for j in own[side]) for side in own}
+        shared = collections.deque(alone[j] for j in both)
         lock = threading.Lock()
+        self._done_cv = threading.Condition()
+        for n in in_graph:
+            self.calls[n].future.add_done_callback(self._one_done)
+        t_batch = _now_ns()
 
         def worker(side):
-            t0 = time.perf_counter_ns()
-            mine = collections.deque(own[side])
+            t0 = _now_ns()
+            mine = graph_order[side]
             while True:
-                with lock:
-                    if mine:
-                        j = mine.popleft()
-                    elif shared:
-                        j = shared.popleft() if side == "cpu" else shared.pop()
+                n = waited = None
+                # a graph call in the plan's order once its inputs are done; while they are not, an
+                # independent call that the plan says ends before the graph call was to start fills the gap
+                if mine:
+                    nxt = mine[0]
+                    if self._inputs_done(nxt, preds):
+                        n = mine.popleft()
                     else:
+                        left_us = at[nxt][1] - (_now_ns() - t_batch) * 1e-3
+                        with lock:
+                            n = self._filler(own[side], shared, side, costs, left_us)
+                        if n is None:
+                            w0 = _now_ns()
+                            self.wait_until(lambda: self._inputs_done(nxt, preds))
+                            waited = (_now_ns() - w0) * 1e-3
+                            n = mine.popleft()
+                else:
+                    with lock:
+                        if own[side]:
+                            n = own[side].popleft()
+                        elif shared:
+                            n = shared.popleft() if side == "cpu" else shared.pop()
+                    if n is None:
                         return
-                call = calls[j]
-                p_side, p_start = planned[j]
+                call = self.calls[n]
+                p_side, p_start = at[n]
                 tags = {"batch": self.id, "planned": p_side, "planned_start_us": round(p_start, 1),
-                        "waited_us": round((time.perf_counter_ns() - call.submitted_ns) * 1e-3, 1),
-                        "side_elapsed_us": round((time.perf_counter_ns() - t0) * 1e-3, 1)}
+                        "waited_us": round((_now_ns() - call.submitted_ns) * 1e-3, 1),
+                        "side_elapsed_us": round((_now_ns() - t0) * 1e-3, 1)}
+                if preds[n]:
+                    tags["after"] = list(preds[n])
+                    tags["input_wait_us"] = round(waited or 0.0, 1)
+                    err = _input_error(call)
+                    if err is not None:
+                        if call.future.set_running_or_notify_cancel():
+                            call.future.set_exception(err)
+                        continue
                 self.submitter._run(call, backend=side, scope=tags)
-        self.run_sides({side: (lambda side=side: worker(side)) for side in ("cpu", "gpu") if own[side] or both})
+        self.run_sides({side: (lambda side=side: worker(side)) for side in ("cpu", "gpu")
+                        if graph_order[side] or own[side] or both})
+
+    @staticmethod
+    def _filler(own, shared, side, costs, left_us):
+        """An independent call for `side` that the plan says ends within `left_us`, or None."""
+        if own and costs[own[0]][0 if side == "cpu" else 1] <= left_us:
+            return own.popleft()
+        if shared:
+            j = shared[0] if side == "cpu" else shared[-1]
+            if costs[j][0 if side == "cpu" else 1] <= left_us:
+                return shared.popleft() if side == "cpu" else shared.pop()
+        return None
+
+    def _inputs_done(self, n, preds):
+        return all(self.calls[p].future.done() for p in preds[n])
+
+    def _one_done(self, _):
+        with self._done_cv:
+            self._done_cv.notify_all()
+
+    def wait_until(self, ready):
+        """Blocks the calling side's worker until `ready()` (a graph call's inputs done); a simulated
+        machine replaces this with its own wait (tests/support/virtual_machine.py)."""
+        with self._done_cv:
+            self._done_cv.wait_for(ready)
 
     def run_sides(self, workers):
         """Starts a thread per side running its worker (a function of no argument that runs the side's
@@ -358,6 +475,79 @@ class Batch:
         (tests/support/virtual_machine.py)."""
         for side, work in workers.items():
             threading.Thread(target=work, daemon=True, name=f"hipsched-batch{self.id}-{side}").start()
+
+
+def _now_ns():
+    # the dispatcher's clock, read through its module: a simulated machine replaces it (virtual time)
+    return _dispatch._perf_ns()
+
+
+def _declared_stand_in(op, prepared):
+    """Zeros of the result `prepared` will return, as its op declares it (OpSpec.result), or None."""
+    declare = OPS[op].result
+    if declare is None:
+        return None
+    out = declare(prepared)
+    if not isinstance(out[1], str):   # several arrays: ((shape, dtype), ...)
+        return tuple(stand_in(shape, dtype) for shape, dtype in out)
+    return stand_in(*out)
+
+
+def _input_error(call):
+    """The SubmittedCallError of a call whose input failed or was cancelled (naming the op and the
+    argument), or None."""
+    for name, dep in _futures_in(call.args, call.kwargs):
+        err = "was cancelled" if dep.cancelled() else None
+        if err is None and dep.exception() is not None:
+            err = f"failed: {type(dep.exception()).__name__}: {dep.exception()}"
+        if err is not None:
+            e = SubmittedCallError(f"{call.op}: its input {name} {err}")
+            e.__cause__ = None if dep.cancelled() else dep.exception()
+            return e
+    return None
+
+
+def heft(costs, preds, succs, copy_us=None):
+    """Places the calls of a dependency graph on the CPU and the GPU (HEFT, Topcuoglu et al. 2002):
+    ([(call, side, start, end)] in the order of the plan, {side: when it is free after them}).
+    `costs` {call: (cpu us or None, gpu us or None)} (None: that side cannot run it), `preds` and
+    `succs` {call: [calls]}; `copy_us(pred, pred side, call, side)`: what moving the intermediate
+    between them costs beyond the calls' own times (none by default).
+
+    Each call's upward rank is its mean time over the sides that may run it plus the largest, over its
+    successors, of the edge's mean copy and the successor's rank: the longest path from it to the end.
+    Calls are taken by rank, highest first (so each comes after its predecessors), and each goes to the
+    side where it finishes earliest: it starts when the side is free and every predecessor has ended
+    (and its result has been copied across, where the sides differ)."""
+    copy_us = copy_us or (lambda p, ps, n, s: 0.0)
+    sides = ("cpu", "gpu")
+
+    def ok(n):
+        return [(s, t) for s, t in zip(sides, costs[n]) if t is not None]
+
+    def mean_copy(p, n):
+        pairs = [copy_us(p, ps, n, s) for ps, _ in ok(p) for s, _ in ok(n)]
+        return sum(pairs) / len(pairs) if pairs else 0.0
+
+    rank = {}
+    for n in sorted(costs, reverse=True):   # submission order is a topological order: successors first
+        rank[n] = sum(t for _, t in ok(n)) / len(ok(n)) + max(
+            (mean_copy(n, m) + rank[m] for m in succs[n]), default=0.0)
+    free = {"cpu": 0.0, "gpu": 0.0}
+    where, end = {}, {}
+    out = []
+    for n in sorted(costs, key=lambda n: (-rank[n], n)):
+        best = None
+        for s, t in ok(n):
+            start = max([free[s]] + [end[p] + (copy_us(p, where[p], n, s) if where[p] != s else 0.0)
+                                     for p in preds[n]])
+            if best is None or start + t < best[2] or start + t == best[2] and t < best[2] - best[1]:
+                best = (s, start, start + t)
+        s, start, finish = best
+        where[n], end[n] = s, finish
+        free[s] = finish
+        out.append((n, s, start, finish))
+    return out, free
 
 
 # Decisions that leave the GPU out of an automatic call whatever the model says
@@ -384,9 +574,10 @@ def _by_side(costs):
     return fixed, both
 
 
-def place(costs):
+def place(costs, free=None):
     """Places independent calls on the CPU and the GPU: [(index, side, start, end)] in the order each
-    side runs them. `costs` is [(cpu us or None, gpu us or None)] (None: the side cannot run it).
+    side runs them. `costs` is [(cpu us or None, gpu us or None)] (None: the side cannot run it);
+    `free` {side: us}: when each side is free to start them (0 by default).
 
     Each side takes the calls it is relatively best at: the calls sorted by their CPU time over their GPU
     time, the CPU takes from the front and the GPU from the back, the next call always going to the side
@@ -395,7 +586,7 @@ def place(costs):
     a call to the side it is poor at whenever that side is idle (a batch of calls of which the GPU is 2x on
     some and 0.5x on others came out 1.2-1.4x its bound). Calls only one side can run go there first."""
     fixed, both = _by_side(costs)
-    free = {"cpu": 0.0, "gpu": 0.0}
+    free = dict(free) if free is not None else {"cpu": 0.0, "gpu": 0.0}
     out = []
 
     def put(i, side):
