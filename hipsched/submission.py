@@ -23,6 +23,7 @@ telemetry event carries the plan (its scope's tags: the batch, the side it was p
 and what it waited for)."""
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures as cf
 import contextvars
@@ -377,8 +378,8 @@ class Batch:
         alone = [n for n in planned if not preds[n] and not succs[n]]
         # the graph first (its longest paths decide the makespan), then the independent calls placed
         # after it, each side taking the ones it is relatively best at
-        gplan, free = heft({n: costs[n] for n in in_graph}, {n: preds[n] for n in in_graph},
-                           {n: succs[n] for n in in_graph})
+        gplan, free = plan_graph({n: costs[n] for n in in_graph}, {n: preds[n] for n in in_graph},
+                                 {n: succs[n] for n in in_graph})
         iplan = place([costs[n] for n in alone], free)
         plan = gplan + [(alone[j], side, start, end) for j, side, start, end in iplan]
         self.plan = [(n, self.calls[n].op, side, start, end) for n, side, start, end in plan]
@@ -390,84 +391,28 @@ class Batch:
         # only it can run, then pulls from a shared queue ordered by relative advantage (the CPU from the
         # front, the GPU from the back) whenever it is free. Where the predictions are off, the side that
         # runs ahead takes more of the middle: the batch ends within about one call of both sides'
-        # actual finish, not the plan's.
+        # actual finish, not the plan's. Graph calls keep their side's order (HEFT's); a side that would
+        # wait takes the other side's next call instead when its inputs are ready and it would end here
+        # before it could end there (the other side running late on its own calls).
         own, both = _by_side([costs[n] for n in alone])
-        own = {side: collections.deque(alone[j] for j in own[side]) for side in own}
-        shared = collections.deque(alone[j] for j in both)
-        lock = threading.Lock()
-        self._done_cv = threading.Condition()
+        run = _PlanRun(self, costs, preds, at, graph_order,
+                       {side: collections.deque(alone[j] for j in own[side]) for side in own},
+                       collections.deque(alone[j] for j in both))
         for n in in_graph:
-            self.calls[n].future.add_done_callback(self._one_done)
-        t_batch = _now_ns()
-
-        def worker(side):
-            t0 = _now_ns()
-            mine = graph_order[side]
-            while True:
-                n = waited = None
-                # a graph call in the plan's order once its inputs are done; while they are not, an
-                # independent call that the plan says ends before the graph call was to start fills the gap
-                if mine:
-                    nxt = mine[0]
-                    if self._inputs_done(nxt, preds):
-                        n = mine.popleft()
-                    else:
-                        left_us = at[nxt][1] - (_now_ns() - t_batch) * 1e-3
-                        with lock:
-                            n = self._filler(own[side], shared, side, costs, left_us)
-                        if n is None:
-                            w0 = _now_ns()
-                            self.wait_until(lambda: self._inputs_done(nxt, preds))
-                            waited = (_now_ns() - w0) * 1e-3
-                            n = mine.popleft()
-                else:
-                    with lock:
-                        if own[side]:
-                            n = own[side].popleft()
-                        elif shared:
-                            n = shared.popleft() if side == "cpu" else shared.pop()
-                    if n is None:
-                        return
-                call = self.calls[n]
-                p_side, p_start = at[n]
-                tags = {"batch": self.id, "planned": p_side, "planned_start_us": round(p_start, 1),
-                        "waited_us": round((_now_ns() - call.submitted_ns) * 1e-3, 1),
-                        "side_elapsed_us": round((_now_ns() - t0) * 1e-3, 1)}
-                if preds[n]:
-                    tags["after"] = list(preds[n])
-                    tags["input_wait_us"] = round(waited or 0.0, 1)
-                    err = _input_error(call)
-                    if err is not None:
-                        if call.future.set_running_or_notify_cancel():
-                            call.future.set_exception(err)
-                        continue
-                self.submitter._run(call, backend=side, scope=tags)
-        self.run_sides({side: (lambda side=side: worker(side)) for side in ("cpu", "gpu")
-                        if graph_order[side] or own[side] or both})
-
-    @staticmethod
-    def _filler(own, shared, side, costs, left_us):
-        """An independent call for `side` that the plan says ends within `left_us`, or None."""
-        if own and costs[own[0]][0 if side == "cpu" else 1] <= left_us:
-            return own.popleft()
-        if shared:
-            j = shared[0] if side == "cpu" else shared[-1]
-            if costs[j][0 if side == "cpu" else 1] <= left_us:
-                return shared.popleft() if side == "cpu" else shared.pop()
-        return None
-
-    def _inputs_done(self, n, preds):
-        return all(self.calls[p].future.done() for p in preds[n])
-
-    def _one_done(self, _):
-        with self._done_cv:
-            self._done_cv.notify_all()
+            self.calls[n].future.add_done_callback(run.one_done)
+        self.run_sides({side: (lambda side=side: run.worker(side)) for side in ("cpu", "gpu")
+                        if graph_order[side] or run.own[side] or run.shared})
 
     def wait_until(self, ready):
-        """Blocks the calling side's worker until `ready()` (a graph call's inputs done); a simulated
-        machine replaces this with its own wait (tests/support/virtual_machine.py)."""
-        with self._done_cv:
-            self._done_cv.wait_for(ready)
+        """Blocks the calling side's worker until `ready()` (its next call's inputs done, or another
+        side's call it may take); a simulated machine replaces this with its own wait
+        (tests/support/virtual_machine.py)."""
+        cv = self._run_cv
+        with cv:
+            while not ready():
+                # a completion notifies; a call running past its prediction changes what may be taken
+                # without one, so the wait also looks again every millisecond
+                cv.wait(0.001)
 
     def run_sides(self, workers):
         """Starts a thread per side running its worker (a function of no argument that runs the side's
@@ -475,6 +420,122 @@ class Batch:
         (tests/support/virtual_machine.py)."""
         for side, work in workers.items():
             threading.Thread(target=work, daemon=True, name=f"hipsched-batch{self.id}-{side}").start()
+
+
+_SIDE = {"cpu": 0, "gpu": 1}
+_OTHER = {"cpu": "gpu", "gpu": "cpu"}
+
+
+class _PlanRun:
+    """A batch's plan being run: each side's worker (Batch.run_sides) takes its next call here."""
+
+    def __init__(self, batch, costs, preds, at, graph, own, shared):
+        self.batch, self.costs, self.preds, self.at = batch, costs, preds, at
+        self.graph, self.own, self.shared = graph, own, shared
+        self.lock = threading.Lock()
+        self.busy = {"cpu": None, "gpu": None}   # side -> when its running call is predicted to end, ns
+        self.t0 = _now_ns()
+        batch._run_cv = self.cv = threading.Condition()
+
+    def one_done(self, _):
+        with self.cv:
+            self.cv.notify_all()
+
+    def _ready(self, n):
+        calls = self.batch.calls
+        return all(calls[p].future.done() for p in self.preds[n])
+
+    def _us(self, n, side):
+        return self.costs[n][_SIDE[side]]
+
+    def _stealable(self, side, now):
+        """The other side's next graph call, when its inputs are done and it would end here before it
+        could end there (that side busy past now), else None."""
+        theirs = self.graph[_OTHER[side]]
+        if not theirs:
+            return None
+        n = theirs[0]
+        here, there = self._us(n, side), self._us(n, _OTHER[side])
+        busy = self.busy[_OTHER[side]]
+        if here is None or busy is None or not self._ready(n):
+            return None
+        there_ends = max(busy, now) + there * 1e3
+        return n if now + here * 1e3 < there_ends else None
+
+    def _pick(self, side):
+        """(call index, how it was taken) or (None, "wait") or (None, "done"), under the lock."""
+        mine, own, shared = self.graph[side], self.own[side], self.shared
+        now = _now_ns()
+        if mine and self._ready(mine[0]):
+            return mine.popleft(), "planned"
+        if mine:
+            # a wait: an independent call fills it when the plan says it ends before the graph call
+            # was to start
+            left = self.at[mine[0]][1] - (now - self.t0) * 1e-3
+            if own and self._us(own[0], side) <= left:
+                return own.popleft(), "filled"
+            if shared:
+                j = shared[0] if side == "cpu" else shared[-1]
+                if self._us(j, side) <= left:
+                    return (shared.popleft() if side == "cpu" else shared.pop()), "filled"
+        else:
+            if own:
+                return own.popleft(), "pulled"
+            if shared:
+                return (shared.popleft() if side == "cpu" else shared.pop()), "pulled"
+        n = self._stealable(side, now)
+        if n is not None:
+            self.graph[_OTHER[side]].popleft()
+            return n, "taken"
+        if not mine and not self.graph[_OTHER[side]]:
+            return None, "done"
+        return None, "wait"
+
+    def _can_go(self, side):
+        mine, theirs = self.graph[side], self.graph[_OTHER[side]]
+        if mine and self._ready(mine[0]):
+            return True
+        if not mine and not theirs:
+            return True
+        return self._stealable(side, _now_ns()) is not None
+
+    def worker(self, side):
+        b = self.batch
+        t_side = _now_ns()
+        waited = 0.0
+        while True:
+            with self.lock:
+                n, how = self._pick(side)
+            if how == "done":
+                return
+            if n is None:
+                w0 = _now_ns()
+                b.wait_until(lambda: self._can_go(side))
+                waited += (_now_ns() - w0) * 1e-3
+                continue
+            call = b.calls[n]
+            p_side, p_start = self.at[n]
+            now = _now_ns()
+            tags = {"batch": b.id, "planned": p_side, "planned_start_us": round(p_start, 1),
+                    "waited_us": round((now - call.submitted_ns) * 1e-3, 1),
+                    "side_elapsed_us": round((now - t_side) * 1e-3, 1)}
+            if self.preds[n]:
+                tags["after"] = list(self.preds[n])
+                tags["input_wait_us"] = round(waited, 1)
+                if how == "taken":
+                    tags["taken_from"] = p_side
+                err = _input_error(call)
+                if err is not None:
+                    waited = 0.0
+                    if call.future.set_running_or_notify_cancel():
+                        call.future.set_exception(err)
+                    continue
+            waited = 0.0
+            self.busy[side] = now + self._us(n, side) * 1e3
+            try:
+                b.submitter._run(call, backend=side, scope=tags)
+            finally:
+                self.busy[side] = None
 
 
 def _now_ns():
@@ -507,7 +568,58 @@ def _input_error(call):
     return None
 
 
-def heft(costs, preds, succs, copy_us=None):
+def plan_graph(costs, preds, succs, copy_us=None):
+    """heft() twice, each call free to go to either side, and each call held to the side the fluid split of
+    the whole graph's work gives it (fluid_sides): the plan that ends first. Earliest finish alone sends a
+    call to a side it is poor at whenever that side is idle first, which a graph of many parallel chains
+    pays as independent calls do (place's docstring): on the virtual machine whose GPU is 0.5x on softmax
+    and rms_norm and 1x on qmatmul, 60 such chains came out 1.16x their bound so, and 1.00x held to the
+    fluid sides. A graph that is one long chain is the opposite case: the fluid split balances work that
+    cannot run at once, and each call on its faster side wins."""
+    free_plan = heft(costs, preds, succs, copy_us)
+    held = fluid_sides(costs)
+    if not held:
+        return free_plan
+    held_plan = heft(costs, preds, succs, copy_us, held)
+    return held_plan if max(held_plan[1].values()) < max(free_plan[1].values()) else free_plan
+
+
+def fluid_sides(costs):
+    """{call: side} of the calls the fluid split of `costs` ({call: (cpu us, gpu us)}) gives wholly to one
+    side: sorted by their CPU time over their GPU time, the CPU takes a prefix and the GPU the rest, so
+    that both would end together were a call divisible; the calls of the relative speed of the one call
+    that split cuts in two are left free (the split may put them on either side), and so are the calls
+    only one side can run."""
+    keys = sorted((n for n in costs if None not in costs[n]),
+                  key=lambda n: (costs[n][0] / costs[n][1] if costs[n][1] > 0 else float("inf"), n))
+    if not keys:
+        return {}
+    gpu_rest = sum(costs[n][1] for n in keys)
+    cpu_done = 0.0
+    cut = None
+    for k, n in enumerate(keys):
+        c, g = costs[n]
+        gpu_rest -= g
+        if cpu_done + c > gpu_rest + 1e-9 * (c + g):   # all of n on the CPU would end after the GPU
+            share = (gpu_rest + g - cpu_done) / (c + g) if c + g > 0 else 0.0   # the part the CPU takes
+            cut = (k, share)
+            break
+        cpu_done += c
+    if cut is None:
+        return {n: "cpu" for n in keys}
+    k, share = cut
+    ratio = lambda n: costs[n][0] / costs[n][1] if costs[n][1] > 0 else float("inf")  # noqa: E731
+    r = ratio(keys[k])
+    split = 1e-9 < share < 1 - 1e-9
+    held = {}
+    for j, n in enumerate(keys):
+        if split and abs(ratio(n) - r) <= 1e-9 * max(r, 1.0):
+            continue
+        held[n] = "cpu" if j < k or j == k and share >= 1 - 1e-9 else "gpu"
+    return held
+
+
+def heft(costs, preds, succs, copy_us=None, held=None):
     """Places the calls of a dependency graph on the CPU and the GPU (HEFT, Topcuoglu et al. 2002):
     ([(call, side, start, end)] in the order of the plan, {side: when it is free after them}).
     `costs` {call: (cpu us or None, gpu us or None)} (None: that side cannot run it), `preds` and
@@ -517,13 +629,19 @@ def heft(costs, preds, succs, copy_us=None):
     Each call's upward rank is its mean time over the sides that may run it plus the largest, over its
     successors, of the edge's mean copy and the successor's rank: the longest path from it to the end.
     Calls are taken by rank, highest first (so each comes after its predecessors), and each goes to the
-    side where it finishes earliest: it starts when the side is free and every predecessor has ended
-    (and its result has been copied across, where the sides differ)."""
+    side where it finishes earliest: it starts in the side's first idle time long enough for it after
+    every predecessor has ended (and its result has been copied across, where the sides differ), which
+    may come before calls placed earlier (the plan lists each side's calls by their start). `held` {call: side}: calls that
+    go to that side whatever (the ranks still count both sides' times)."""
     copy_us = copy_us or (lambda p, ps, n, s: 0.0)
     sides = ("cpu", "gpu")
+    held = held or {}
 
     def ok(n):
         return [(s, t) for s, t in zip(sides, costs[n]) if t is not None]
+
+    def may(n):
+        return [(s, t) for s, t in ok(n) if held.get(n, s) == s]
 
     def mean_copy(p, n):
         pairs = [copy_us(p, ps, n, s) for ps, _ in ok(p) for s, _ in ok(n)]
@@ -534,20 +652,45 @@ def heft(costs, preds, succs, copy_us=None):
         rank[n] = sum(t for _, t in ok(n)) / len(ok(n)) + max(
             (mean_copy(n, m) + rank[m] for m in succs[n]), default=0.0)
     free = {"cpu": 0.0, "gpu": 0.0}
+    # the work held to each side and not placed yet: a free call is judged by when its side would end
+    # that too, so that it does not take the time the held calls will need there
+    coming = {s: 0.0 for s in sides}
+    for n, s in held.items():
+        coming[s] += costs[n][sides.index(s)]
     where, end = {}, {}
+    busy = {s: [] for s in sides}   # each side's placed runs, (start, end) in order
     out = []
     for n in sorted(costs, key=lambda n: (-rank[n], n)):
         best = None
-        for s, t in ok(n):
-            start = max([free[s]] + [end[p] + (copy_us(p, where[p], n, s) if where[p] != s else 0.0)
-                                     for p in preds[n]])
-            if best is None or start + t < best[2] or start + t == best[2] and t < best[2] - best[1]:
-                best = (s, start, start + t)
-        s, start, finish = best
+        if n in held:
+            coming[held[n]] -= costs[n][sides.index(held[n])]
+        for s, t in may(n):
+            ready = max([0.0] + [end[p] + (copy_us(p, where[p], n, s) if where[p] != s else 0.0)
+                                 for p in preds[n]])
+            start = _first_gap(busy[s], ready, t)
+            key = (start + t + coming[s], t)
+            if best is None or key < best[0]:
+                best = (key, s, start, start + t)
+        _, s, start, finish = best
         where[n], end[n] = s, finish
-        free[s] = finish
+        bisect.insort(busy[s], (start, finish))
+        free[s] = max(free[s], finish)
         out.append((n, s, start, finish))
+    out.sort(key=lambda x: (x[2], x[3]))
     return out, free
+
+
+def _first_gap(busy, ready, t):
+    """The earliest start >= `ready` of a `t` long run between the sorted (start, end) runs of `busy`
+    (HEFT's insertion: a call may fill a side's idle time before calls placed earlier)."""
+    at = ready
+    for s0, e0 in busy:
+        if e0 <= at:
+            continue
+        if s0 >= at + t:
+            return at
+        at = max(at, e0)
+    return at
 
 
 # Decisions that leave the GPU out of an automatic call whatever the model says

@@ -12,7 +12,7 @@ import pytest
 
 from hipsched import Executor
 from hipsched.ops import OPS
-from hipsched.submission import SubmittedCallError, heft
+from hipsched.submission import SubmittedCallError, fluid_sides, heft, plan_graph
 
 from loaded_machine import SleepingCpu, SleepingGpu
 from virtual_machine import virtual_batch, virtual_machine
@@ -230,12 +230,39 @@ def test_heft_counts_the_copy_between_sides():
 
 
 def test_heft_takes_the_longest_remaining_path_first():
-    """Two chains submitted short one first: 0 -> 1 (1 each), 2 -> 3 -> 4 (4 each, both sides alike).
-    The long chain's head is taken first (rank 12 against 2), so it starts at once."""
-    same = lambda t: (t, t)  # noqa: E731
-    costs = {0: same(1.0), 1: same(1.0), 2: same(4.0), 3: same(4.0), 4: same(4.0)}
+    """Two chains submitted short one first, 0 -> 1 (1 each) and 2 -> 3 -> 4 (4 each), on a CPU alone:
+    the long chain's calls have the higher ranks (12, 8, 4 against 2, 1), so they run first."""
+    costs = {0: (1.0, None), 1: (1.0, None), 2: (4.0, None), 3: (4.0, None), 4: (4.0, None)}
     preds = {0: [], 1: [0], 2: [], 3: [2], 4: [3]}
     succs = {0: [1], 1: [], 2: [3], 3: [4], 4: []}
     plan, free = heft(costs, preds, succs)
     assert [n for n, *_ in plan] == [2, 3, 4, 0, 1]
-    assert plan[0] == (2, "cpu", 0.0, 4.0) and max(e for *_, e in plan) == 12.0
+    assert free == {"cpu": 14.0, "gpu": 0.0}
+
+
+def test_heft_fills_a_sides_idle_time():
+    """HEFT's insertion: 0 (CPU only, 4) -> 1 (GPU only, 1); 2 (GPU only, 0.5) has the lowest rank, so
+    it is placed after 1, but it fits in the GPU's idle time before 1 starts at 4."""
+    costs = {0: (4.0, None), 1: (None, 1.0), 2: (None, 0.5)}
+    preds, succs = {0: [], 1: [0], 2: []}, {0: [1], 1: [], 2: []}
+    plan, free = heft(costs, preds, succs)
+    assert plan == [(2, "gpu", 0.0, 0.5), (0, "cpu", 0.0, 4.0), (1, "gpu", 4.0, 5.0)]
+
+
+def test_many_chains_are_held_to_their_fluid_sides():
+    """60 chains a -> b -> c on a GPU 0.5x on a and c and 1x on b: earliest finish alone lets the GPU take
+    a's and c's whenever it is idle first (over 1.1x the fluid bound); holding them to the CPU, where
+    the fluid split puts them, with only the b's free (the split cuts one of them), ends within 2%."""
+    costs, preds, succs = {}, {}, {}
+    for k in range(60):
+        a, b, c = 3 * k, 3 * k + 1, 3 * k + 2
+        costs.update({a: (800.0, 1600.0), b: (1800.0, 1800.0), c: (800.0, 1600.0)})
+        preds.update({a: [], b: [a], c: [b]})
+        succs.update({a: [b], b: [c], c: []})
+    bound = (60 * 1600 + 60 * 1800) / 2    # the CPU takes the a's and c's (96 ms) and 6 ms of b's
+    free_plan = heft(costs, preds, succs)
+    assert max(free_plan[1].values()) > 1.1 * bound
+    held = fluid_sides(costs)
+    assert {held[3 * k] for k in range(60)} == {"cpu"} and not any(3 * k + 1 in held for k in range(60))
+    plan, free = plan_graph(costs, preds, succs)
+    assert max(free.values()) <= 1.02 * bound
