@@ -58,9 +58,51 @@ def _futures_in(args, kwargs):
     return found
 
 
-def _resolved(args, kwargs):
+def _resolved(args, kwargs, raw=False):
+    """(args, kwargs) with each Future replaced by its result; `raw`: a batch call's result as it was
+    made (a device array where the batch kept it on the GPU), for the batch's own calls."""
+    if raw:
+        return (tuple(_raw_result(a) if isinstance(a, cf.Future) else a for a in args),
+                {k: (_raw_result(v) if isinstance(v, cf.Future) else v) for k, v in kwargs.items()})
     return (tuple(a.result() if isinstance(a, cf.Future) else a for a in args),
             {k: (v.result() if isinstance(v, cf.Future) else v) for k, v in kwargs.items()})
+
+
+def _raw_result(f):
+    return f.raw_result() if isinstance(f, _BatchFuture) else f.result()
+
+
+def _to_host(x):
+    """x with each device array among it (a tuple's too) copied to a host array."""
+    if isinstance(x, tuple):
+        return tuple(_to_host(a) for a in x)
+    if not isinstance(x, np.ndarray) and _on_device(x) and hasattr(x, "get"):
+        return x.get()
+    return x
+
+
+class _BatchFuture(cf.Future):
+    """A batch call's Future. A chain of host data that the batch kept on the GPU passes device arrays
+    from call to call; `result()` gives the caller what the call that waits would have given, a host
+    array (copied once, when first asked for), and the batch's own calls take the device array
+    (raw_result)."""
+
+    def __init__(self):
+        super().__init__()
+        self.to_host = False
+        self._host = None
+
+    def raw_result(self, timeout=None):
+        return super().result(timeout)
+
+    def result(self, timeout=None):
+        out = super().result(timeout)
+        if not self.to_host:
+            return out
+        with self._condition:
+            if self._host is None:
+                self._host = (_to_host(out),)
+            return self._host[0]
 
 
 def _on_device(a) -> bool:
@@ -93,10 +135,10 @@ class _Pending:
     """One submitted call: what to run, its future, and the context (telemetry scope) it was made in."""
     __slots__ = ("op", "backend", "stream", "split", "args", "kwargs", "future", "context", "submitted_ns")
 
-    def __init__(self, op, backend, stream, split, args, kwargs):
+    def __init__(self, op, backend, stream, split, args, kwargs, future=cf.Future):
         self.op, self.backend, self.stream, self.split = op, backend, stream, split
         self.args, self.kwargs = args, kwargs
-        self.future = cf.Future()
+        self.future = future()
         self.context = contextvars.copy_context()
         self.submitted_ns = time.perf_counter_ns()
 
@@ -156,9 +198,10 @@ class Submitter:
                 except BaseException as e:  # the caller sees it from .result(), as with any submitted call
                     fut.set_exception(e)
                 return fut
-        call = _Pending(op, backend, stream, split, args, kwargs)
+        mine = batch is not None and batch.submitter is self
+        call = _Pending(op, backend, stream, split, args, kwargs, _BatchFuture if mine else cf.Future)
         self._track(call)
-        if batch is not None and batch.submitter is self:
+        if mine:
             batch.calls.append(call)
             return call.future
         self._when_ready(call)
@@ -197,17 +240,22 @@ class Submitter:
         for _, dep in deps:
             dep.add_done_callback(one_done)
 
-    def _run(self, call, backend=None, scope=None):
-        """Runs one call on this thread (a call cancelled before it started does not run)."""
+    def _run(self, call, backend=None, scope=None, planned=False, keep=False):
+        """Runs one call on this thread (a call cancelled before it started does not run). `planned`: a
+        call of a batch's graph, which takes the batch's results as they were made (device arrays where
+        the batch kept them on the GPU); `keep`: its host inputs are uploaded first, so that its result
+        stays on the device for the calls after it."""
         if not call.future.set_running_or_notify_cancel():
             return
         try:
-            args, kwargs = _resolved(call.args, call.kwargs)
+            args, kwargs = _resolved(call.args, call.kwargs, raw=planned)
             run = self._ex._run_whole if call.split is False else self._ex._run
             b = call.backend if backend is None else backend
             # each submission thread's GPU work on a stream of its own: independent calls' copies and
             # kernels overlap (a call given a stream keeps it; one forced onto the CPU needs none)
             stream = call.stream if call.stream is not None or b == "cpu" else self._ex._thread_stream()
+            if keep:
+                args, kwargs = self._uploaded(call.op, args, kwargs, stream)
             if scope is None:
                 out = call.context.run(run, call.op, b, stream, *args, **kwargs)
             else:
@@ -216,6 +264,26 @@ class Submitter:
             call.future.set_exception(e)
         else:
             call.future.set_result(out)
+
+    def _uploaded(self, op, args, kwargs, stream):
+        """(args, kwargs) with their float host arrays replaced by device copies, where the backend can
+        make them and the op takes them so (its preparation on the copies succeeds); else as they were."""
+        gpu = self._ex._gpu
+
+        def up(a):
+            if type(a) is np.ndarray and (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
+                d = gpu.upload(a, stream)
+                if d is None:
+                    raise LookupError("no device copy")
+                return d
+            return a
+        try:
+            dargs = tuple(up(a) for a in args)
+            dkwargs = {k: up(v) for k, v in kwargs.items()}
+            self._ex._prepare[op](*dargs, **dkwargs)
+        except Exception:   # an op that refuses a device array there (CSR parts, positions): as it was
+            return args, kwargs
+        return dargs, dkwargs
 
     def _scoped(self, tags, run, op, backend, stream, args, kwargs):
         with self._ex.scope("batch", **tags):
@@ -320,6 +388,8 @@ class Batch:
         ex = self.submitter._ex
         index = {id(c.future): n for n, c in enumerate(self.calls)}
         costs, preds, unplanned = [], [], []
+        self._copies = {}   # planned call -> (bytes of the batch's results it takes, bytes of its own)
+        self._host_data = set()   # planned calls on host data (a device input keeps its result there anyway)
         made = {}        # index -> the stand-in of its result (None: it has none)
         device = set()   # indices of calls on device data (their results stay on the device)
         for n, c in enumerate(self.calls):
@@ -357,10 +427,13 @@ class Batch:
             preds.append(sorted(set(mine)))
             if prepared.on_device:
                 device.add(n)
+            else:
+                self._host_data.add(n)
             try:
                 made[n] = _declared_stand_in(c.op, prepared)
             except Exception:   # a declaration that fails: its dependants are decided when it is done
                 made[n] = None
+            self._copies[n] = (sum(_nbytes(made[j]) for j in set(mine)), _nbytes(made[n]))
         return costs, preds, unplanned
 
     def _start(self):
@@ -376,10 +449,17 @@ class Batch:
                 succs[p].append(n)
         in_graph = [n for n in planned if preds[n] or succs[n]]
         alone = [n for n in planned if not preds[n] and not succs[n]]
+        ex = self.submitter._ex
+        # a GPU that makes device arrays of its own keeps a chain's intermediates there: copies then move
+        # only along edges between the sides, and a last result to the caller
+        keeps = bool(ex._gpu_present and getattr(ex._gpu, "uploads", False))
+        graph_costs, copy_us = {n: costs[n] for n in in_graph}, None
+        if keeps:
+            graph_costs, copy_us = self._kept_costs(graph_costs, succs)
         # the graph first (its longest paths decide the makespan), then the independent calls placed
         # after it, each side taking the ones it is relatively best at
-        gplan, free = plan_graph({n: costs[n] for n in in_graph}, {n: preds[n] for n in in_graph},
-                                 {n: succs[n] for n in in_graph})
+        gplan, free = plan_graph(graph_costs, {n: preds[n] for n in in_graph}, {n: succs[n] for n in in_graph},
+                                 copy_us)
         iplan = place([costs[n] for n in alone], free)
         plan = gplan + [(alone[j], side, start, end) for j, side, start, end in iplan]
         self.plan = [(n, self.calls[n].op, side, start, end) for n, side, start, end in plan]
@@ -395,13 +475,45 @@ class Batch:
         # wait takes the other side's next call instead when its inputs are ready and it would end here
         # before it could end there (the other side running late on its own calls).
         own, both = _by_side([costs[n] for n in alone])
-        run = _PlanRun(self, costs, preds, at, graph_order,
+        kept = set()
+        if keeps:
+            kept = {n for n, side, _, _ in gplan
+                    if side == "gpu" and succs[n] and all(at[m][0] == "gpu" for m in succs[n])}
+            for n in in_graph:
+                if n in self._host_data:
+                    self.calls[n].future.to_host = True
+        run = _PlanRun(self, costs, preds, at, graph_order, kept,
                        {side: collections.deque(alone[j] for j in own[side]) for side in own},
                        collections.deque(alone[j] for j in both))
         for n in in_graph:
             self.calls[n].future.add_done_callback(run.one_done)
         self.run_sides({side: (lambda side=side: run.worker(side)) for side in ("cpu", "gpu")
                         if graph_order[side] or run.own[side] or run.shared})
+
+    def _kept_costs(self, costs, succs):
+        """(costs, copy_us) for heft() where the GPU keeps intermediates: a call's predicted GPU time counts
+        its copies as a call on host data makes them (its inputs up, its result down); kept on the device,
+        the batch's results it takes come up only from a CPU call (an edge between the sides), and its
+        own result goes down only to a CPU call or, for a last call, to the caller."""
+        core = self.submitter._ex._core
+        link = core.transfer_model()
+
+        def up(nbytes):
+            return core.upload_us(nbytes) if nbytes else 0.0
+
+        def down(nbytes):
+            return link["d2h_latency_us"] + nbytes / (link["d2h_gbps"] * 1e3) if nbytes else 0.0
+        out = {}
+        for n, (c, g) in costs.items():
+            if g is not None and n in self._host_data:
+                taken, made = self._copies[n]
+                g = max(g - up(taken) - (down(made) if succs[n] else 0.0), 0.0)
+            out[n] = (c, g)
+
+        def copy_us(p, p_side, n, side):
+            made = self._copies[p][1]
+            return down(made) if p_side == "gpu" else up(made)
+        return out, copy_us
 
     def wait_until(self, ready):
         """Blocks the calling side's worker until `ready()` (its next call's inputs done, or another
@@ -429,8 +541,8 @@ _OTHER = {"cpu": "gpu", "gpu": "cpu"}
 class _PlanRun:
     """A batch's plan being run: each side's worker (Batch.run_sides) takes its next call here."""
 
-    def __init__(self, batch, costs, preds, at, graph, own, shared):
-        self.batch, self.costs, self.preds, self.at = batch, costs, preds, at
+    def __init__(self, batch, costs, preds, at, graph, kept, own, shared):
+        self.batch, self.costs, self.preds, self.at, self.kept = batch, costs, preds, at, kept
         self.graph, self.own, self.shared = graph, own, shared
         self.lock = threading.Lock()
         self.busy = {"cpu": None, "gpu": None}   # side -> when its running call is predicted to end, ns
@@ -533,7 +645,8 @@ class _PlanRun:
             waited = 0.0
             self.busy[side] = now + self._us(n, side) * 1e3
             try:
-                b.submitter._run(call, backend=side, scope=tags)
+                b.submitter._run(call, backend=side, scope=tags, planned=bool(self.preds[n]),
+                                 keep=side == "gpu" and n in self.kept)
             finally:
                 self.busy[side] = None
 
@@ -541,6 +654,12 @@ class _PlanRun:
 def _now_ns():
     # the dispatcher's clock, read through its module: a simulated machine replaces it (virtual time)
     return _dispatch._perf_ns()
+
+
+def _nbytes(x):
+    if x is None:
+        return 0
+    return sum(a.nbytes for a in x) if isinstance(x, tuple) else x.nbytes
 
 
 def _declared_stand_in(op, prepared):
