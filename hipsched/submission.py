@@ -12,15 +12,18 @@ device data never copies its intermediates to the host; `.result()` gives what t
 have returned. A cancelled call that has not started never runs; a failed input fails its dependants
 with the op and the argument named.
 
-A batch collects its calls and, when its block ends, places its independent calls together (`place`:
-each side takes the calls it is relatively best at, by their predicted times with copies counted,
-balanced so that both sides end together), then runs them with a thread per side, each taking the calls
-in the plan's order as it becomes free, so that predictions that were off move the calls in the middle
-to the side that runs ahead. A call whose inputs are other calls of the batch cannot be measured before
-they have run: it is decided by the backlog rule when its inputs are ready (the batch is not planned as
-a graph: HEFT's ranks would need the times of calls whose sizes are not known yet). Each call's
-telemetry event carries the plan (its scope's tags: the batch, the side it was planned on and when,
-and what it waited for)."""
+A batch collects its calls and, when its block ends, plans them together. A call whose inputs are other
+calls of the batch is predicted on stand-ins of those results (the shape and dtype its op declares:
+OpSpec.result), and the calls with edges are placed as a graph (`plan_graph`, `heft`: the longest
+remaining path first, each call to the side where it finishes earliest, copies counted); the
+independent ones after them (`place`: each side takes the calls it is relatively best at, balanced so
+that both sides end together). A thread per side runs the plan: its graph calls in order as their
+inputs are done (a wait filled by an independent call that fits, or by the other side's next call when
+that side runs late), then the independent calls, each side taking the next as it becomes free, so that
+predictions that were off move the calls in the middle to the side that runs ahead. Where the GPU makes
+device arrays, a chain planned on it keeps its intermediates there. Each call's telemetry event carries
+the plan (its scope's tags: the batch, the side it was planned on and when, what it waited for and how
+long)."""
 from __future__ import annotations
 
 import bisect
@@ -312,9 +315,10 @@ class Submitter:
 class Batch:
     """`with ex.batch() as b:` collects the calls submitted on this thread (ex.submit, an op's
     wait=False, or b.submit) and places and starts them when the block ends. `b.plan` is then
-    [(call index, op, side, predicted start us, predicted finish us)] in the plan's order (the run
-    follows its order, and moves the calls in the middle to the side that runs ahead: the events say
-    where each ran, and where it was planned)."""
+    [(call index, op, side, predicted start us, predicted finish us)] in the plan's order: the graph's
+    calls by their start, then the independent ones (the run follows its order, and moves calls to the
+    side that runs ahead: the events say where each ran, and where it was planned). Calls not planned
+    ahead (Batch._graph says which) are not in it."""
 
     def __init__(self, submitter):
         self.submitter = submitter
@@ -482,7 +486,8 @@ class Batch:
             for n in in_graph:
                 if n in self._host_data:
                     self.calls[n].future.to_host = True
-        run = _PlanRun(self, costs, preds, at, graph_order, kept,
+        run_costs = [graph_costs.get(n, x) for n, x in enumerate(costs)]
+        run = _PlanRun(self, run_costs, preds, at, graph_order, kept,
                        {side: collections.deque(alone[j] for j in own[side]) for side in own},
                        collections.deque(alone[j] for j in both))
         for n in in_graph:
@@ -750,8 +755,8 @@ def heft(costs, preds, succs, copy_us=None, held=None):
     Calls are taken by rank, highest first (so each comes after its predecessors), and each goes to the
     side where it finishes earliest: it starts in the side's first idle time long enough for it after
     every predecessor has ended (and its result has been copied across, where the sides differ), which
-    may come before calls placed earlier (the plan lists each side's calls by their start). `held` {call: side}: calls that
-    go to that side whatever (the ranks still count both sides' times)."""
+    may come before calls placed earlier (the plan lists each side's calls by their start). `held`
+    {call: side}: calls that go to that side whatever (the ranks still count both sides' times)."""
     copy_us = copy_us or (lambda p, ps, n, s: 0.0)
     sides = ("cpu", "gpu")
     held = held or {}

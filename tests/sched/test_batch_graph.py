@@ -4,7 +4,6 @@ the inputs its next call takes from the other. On the virtual machine (tests/sup
 each side a timeline, the executor's real decisions, the schedule exact, so the plan and the makespan
 are checked as numbers; on the sleeping machine (tests/support/loaded_machine.py), the same with real
 threads. Results are the calls that wait, bit for bit."""
-import concurrent.futures as cf
 import json
 
 import numpy as np
