@@ -566,18 +566,20 @@ class _PlanRun:
         return self.costs[n][_SIDE[side]]
 
     def _stealable(self, side, now):
-        """The other side's next graph call, when its inputs are done and it would end here before it
-        could end there (that side busy past now), else None."""
-        theirs = self.graph[_OTHER[side]]
-        if not theirs:
+        """A call of the other side's graph queue whose inputs are done and which would end here before
+        it could end there (that side busy past now with its running call and the calls queued before
+        this one, by their predictions), the first in that side's order; else None."""
+        other = _OTHER[side]
+        busy = self.busy[other]
+        if busy is None:   # idle: it takes its own next call itself
             return None
-        n = theirs[0]
-        here, there = self._us(n, side), self._us(n, _OTHER[side])
-        busy = self.busy[_OTHER[side]]
-        if here is None or busy is None or not self._ready(n):
-            return None
-        there_ends = max(busy, now) + there * 1e3
-        return n if now + here * 1e3 < there_ends else None
+        there_starts = max(busy, now)
+        for n in self.graph[other]:
+            here, there = self._us(n, side), self._us(n, other)
+            if here is not None and self._ready(n) and now + here * 1e3 < there_starts + there * 1e3:
+                return n
+            there_starts += there * 1e3
+        return None
 
     def _pick(self, side):
         """(call index, how it was taken) or (None, "wait") or (None, "done"), under the lock."""
@@ -602,7 +604,7 @@ class _PlanRun:
                 return (shared.popleft() if side == "cpu" else shared.pop()), "pulled"
         n = self._stealable(side, now)
         if n is not None:
-            self.graph[_OTHER[side]].popleft()
+            self.graph[_OTHER[side]].remove(n)
             return n, "taken"
         if not mine and not self.graph[_OTHER[side]]:
             return None, "done"
