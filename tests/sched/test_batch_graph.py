@@ -124,6 +124,35 @@ def test_chains_are_planned_as_a_graph_within_the_bound(x):
     assert us <= 1.15 * bound, (us, bound)
 
 
+def test_a_side_that_runs_late_has_its_ready_calls_taken(x, tmp_path):
+    """12 chains scale -> softmax, planned with the GPU 2x on softmax; then the GPU runs 4x slower than it
+    was measured (800 us a softmax). The CPU, done with its own calls, takes the GPU's queued softmaxes
+    whose inputs are done and that end sooner on the CPU: the batch ends well before the planned GPU
+    work takes at the speed it has now."""
+    slow = {"on": False}
+    gpu_us = lambda call: GPU_US[call.op] * (4 if slow["on"] else 1)  # noqa: E731
+    vt, ex, cpu, gpu = virtual_machine(lambda call: CPU_US[call.op], gpu_us, reprobe_interval=0,
+                                       telemetry_path=str(tmp_path / "events.jsonl"))
+    with ex, vt.executor_clock(ex):
+        _learn(vt, ex, x)
+        slow["on"] = True
+        t0 = vt.ns
+        with virtual_batch(vt, ex) as b:
+            for _ in range(12):
+                ex.submit("softmax", ex.submit("scale", x, 2.0))
+        got = b.results()
+        us = (vt.ns - t0) * 1e-3
+        want = []
+        vt.run([lambda: want.append(ex.softmax(ex.scale(x, 2.0, backend="cpu"), backend="cpu"))])
+    planned_gpu = [p for p in b.plan if p[2] == "gpu"]
+    pinned = sum(4 * (end - start) for _, _, _, start, end in planned_gpu)
+    events = [json.loads(line) for line in open(tmp_path / "events.jsonl")]
+    taken = [e for e in events if e.get("phase") == "batch" and e["tags"].get("taken_from") == "gpu"]
+    assert taken and all(e["backend"] == "cpu" for e in taken)
+    assert us < 0.8 * pinned, (us, pinned)
+    assert all(np.array_equal(g, want[0]) for g in got[1::2])
+
+
 def test_a_cancelled_predecessor_fails_its_dependants_in_the_plan(x):
     vt, ex, cpu, gpu = _machine()
     with ex, vt.executor_clock(ex):
