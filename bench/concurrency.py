@@ -45,7 +45,7 @@ import hipsched as hs  # noqa: E402
 from hipsched.ops import OPS  # noqa: E402
 
 from loaded_machine import Results, SleepingGpu  # noqa: E402
-from virtual_machine import noisy, virtual_machine  # noqa: E402
+from virtual_machine import noisy, virtual_batch, virtual_machine  # noqa: E402
 
 # the virtual machines' CPU times (us) per call, of the order of the H100 host's for these ops
 SIM_CPU_US = {"top_k": 5600.0, "qmatmul": 1800.0, "softmax": 900.0}
@@ -159,6 +159,112 @@ def sim_batch(speeds, sigma, seed, ncalls, ops):
     return makespan, bound * 1e-6, on_cpu
 
 
+# the graph batch's calls: rms_norm the speed of softmax (both a pass over memory) on every machine
+GRAPH_CPU_US = {"rms_norm": 600.0, "qmatmul": 1800.0, "softmax": 900.0, "add": 300.0}
+
+
+def graph_speed(speeds, op):
+    return speeds[op] if op in speeds else speeds["softmax"]
+
+
+def graph_ops(rng):
+    """Small real arguments for the graph batch's chains (the virtual machine's times do not depend on
+    them): x (64,) -> rms_norm or softmax -> qmatmul with w (64, 64) -> softmax."""
+    return {"x": rng.standard_normal(64, dtype=np.float32), "w": rng.standard_normal(64, dtype=np.float32),
+            "W": hs.quantize(rng.standard_normal((64, 64), dtype=np.float32), "q8_0")}
+
+
+def graph_calls(kind, groups):
+    """[(op, [indices of the calls it takes])] in submission order: `groups` chains, rms_norm or softmax
+    (alternately) -> qmatmul -> softmax ("chains"), or pairs of them whose ends an add joins ("fan-in")."""
+    calls = []
+
+    def chain(k):
+        calls.append(("rms_norm" if k % 2 == 0 else "softmax", []))
+        calls.append(("qmatmul", [len(calls) - 1]))
+        calls.append(("softmax", [len(calls) - 1]))
+        return len(calls) - 1
+    for k in range(groups):
+        if kind == "chains":
+            chain(k)
+        else:
+            a, b = chain(2 * k), chain(2 * k + 1)
+            calls.append(("add", [a, b]))
+    return calls
+
+
+def graph_bound(calls, speeds):
+    """us no schedule beats: the fluid split of all the work between the sides (lower_bound), or the
+    longest path, each call on its faster side, whichever is larger."""
+    costs = [(GRAPH_CPU_US[op], GRAPH_CPU_US[op] / graph_speed(speeds, op)) for op, _ in calls]
+    path = []
+    for (op, deps), (c, g) in zip(calls, costs):
+        path.append(min(c, g) + max((path[d] for d in deps), default=0.0))
+    return max(lower_bound(costs), max(path))
+
+
+def sim_graph_batch(speeds, sigma, seed, kind, groups, g):
+    """A batch of dependent calls (graph_calls) on a virtual machine: (makespan s, bound s, calls, on cpu,
+    planned makespan s)."""
+    cpu_of = lambda call: GRAPH_CPU_US[call.op]  # noqa: E731
+    gpu_of = lambda call: GRAPH_CPU_US[call.op] / graph_speed(speeds, call.op)  # noqa: E731
+    if sigma:
+        cpu_of, gpu_of = noisy(cpu_of, sigma, 2 * seed), noisy(gpu_of, sigma, 2 * seed + 1)
+    vt, ex, cpu, gpu = virtual_machine(cpu_of, gpu_of)
+    calls = graph_calls(kind, groups)
+
+    def learn():
+        for be in ("cpu", "gpu"):
+            for _ in range(8):
+                h = ex.rms_norm(g["x"], g["w"], backend=be)
+                s = ex.softmax(ex.qmatmul(g["W"], ex.softmax(g["x"], backend=be), backend=be), backend=be)
+                ex.add(s, ex.softmax(ex.qmatmul(g["W"], h, backend=be), backend=be), backend=be)
+    with ex, vt.executor_clock(ex):
+        vt.run([learn])
+        t0, c0 = vt.ns, cpu.side.runs
+        b = virtual_batch(vt, ex)
+        with b:
+            futs = []
+            for op, deps in calls:
+                ins = [futs[d] for d in deps]
+                if op == "rms_norm":
+                    futs.append(ex.submit(op, g["x"], g["w"]))
+                elif op == "qmatmul":
+                    futs.append(ex.submit(op, g["W"], ins[0]))
+                elif op == "softmax":
+                    futs.append(ex.submit(op, ins[0] if ins else g["x"]))
+                else:
+                    futs.append(ex.submit(op, *ins))
+        b.results()
+        makespan = (vt.ns - t0) * 1e-9
+        on_cpu = cpu.side.runs - c0
+    planned = max(p[4] for p in b.plan) * 1e-6
+    return makespan, graph_bound(calls, speeds) * 1e-6, len(calls), on_cpu, planned, len(b.plan)
+
+
+def graph_table(quick):
+    """The graph batches' rows: each virtual machine, without and with noise, chains and fan-in."""
+    g = graph_ops(np.random.default_rng(1))
+    groups = {"chains": 60 if quick else 250, "fan-in": 30 if quick else 125}
+    out("| graph batch | machine | noise | calls | planned | on cpu | planned makespan | makespan | lower bound "
+        "| makespan / bound |")
+    out("|---|---|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for kind in ("chains", "fan-in"):
+        for mname, speeds in SIM_MACHINES:
+            for sigma in (0.0, 0.3):
+                ms, bound, n, on_cpu, planned, in_plan = sim_graph_batch(speeds, sigma, 11, kind, groups[kind], g)
+                ratios.append(ms / bound)
+                out(f"| {kind} | {mname} | {sigma} | {n} | {in_plan} | {on_cpu} | {planned * 1e3:.0f} ms | "
+                    f"{ms * 1e3:.0f} ms | {bound * 1e3:.0f} ms | {ms / bound:.3f} |")
+    out()
+    out(f"Graph batches ({len(ratios)} rows): makespan / bound, max {max(ratios):.3f}, median "
+        f"{statistics.median(ratios):.3f}. Chains: rms_norm or softmax -> qmatmul -> softmax (CPU "
+        + ", ".join(f"{op} {t:.0f} us" for op, t in GRAPH_CPU_US.items()) + "; rms_norm at softmax's GPU "
+        "speed); fan-in: two chains whose ends an add joins. The bound: the fluid split of the work, or the "
+        "longest path on its faster sides.")
+
+
 def lower_bound(costs):
     """The makespan no schedule beats, us: the work divided between the two sides as a fluid (each call's
     work on the side where it is relatively cheapest first: the fluid optimum of two machines), or the
@@ -224,6 +330,8 @@ def main_sim(a):
             ms, bound, on_cpu = sim_batch(speeds, sigma, 7, nb, ops)
             out(f"| top_k+qmatmul+softmax | {mname} | {sigma} | {nb} | {on_cpu} | {ms * 1e3:.0f} ms | "
                 f"{bound * 1e3:.0f} ms | {ms / bound:.3f} |")
+    out()
+    graph_table(a.quick)
     write("concurrency-quick.md" if a.quick else "concurrency.md")
 
 

@@ -273,8 +273,9 @@ class Executor:
 
     def batch(self):
         """`with ex.batch() as b:` collects the calls submitted in the block (ex.submit, wait=False,
-        b.submit) and, when it ends, plans them over the CPU and the GPU together (earliest finish,
-        longest first) and starts them; b.plan then holds the plan, b.results() waits for them all."""
+        b.submit) and, when it ends, plans them over the CPU and the GPU together (calls on each other's
+        results as a graph, HEFT; independent ones by their relative speed on each side) and starts
+        them; b.plan then holds the plan, b.results() waits for them all."""
         return self._submitter.batch()
 
     # ------------------------------------------------------------------ residency

@@ -20,6 +20,7 @@ from ..errors import GpuError
 from ..gpu.bindings import detect
 from ..gpu.bindings import runtime as _rt
 from ..gpu.launch.recording import PlanRecorder
+from ..gpu.memory.device_array import to_device
 from ..gpu.memory.streams import StreamPool, as_stream_handle
 from ..ops import OPS
 from ..ops.base import host_arrays
@@ -378,6 +379,13 @@ class GpuBackend(GpuBackendBase):
             keep_alive = getattr(self._ctx, "keep_alive", None)
             if s is not None and keep_alive is not None:
                 keep_alive(call.args if call.on_device else (), s)
+
+    uploads = True
+
+    def upload(self, host, stream=None):
+        if not self._still_available():
+            return None
+        return to_device(host, runtime=self._ctx.rt, stream=as_stream_handle(stream))
 
     def measure_transfer(self, small: int = 4, large: int = 16 << 20, repeat: int = 7) -> dict:
         """Latency (a `small`-byte copy) and bandwidth (a `large`-byte copy) each way, medians of

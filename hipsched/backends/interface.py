@@ -141,6 +141,15 @@ class GpuBackendBase:
     def measure_transfer(self) -> dict:
         raise GpuError("unavailable", self.unavailable_reason or "no GPU")
 
+    # whether upload() makes device arrays (a batch then keeps a chain's intermediates on the device)
+    uploads = False
+
+    def upload(self, host, stream=None):
+        """A device array holding a copy of the host array `host` (copied when this returns), on this
+        backend's device, or None where the backend has no device arrays of its own. A batch uploads a
+        chain's host inputs so that the chain's intermediates stay on the device (hipsched.submission)."""
+        return None
+
     # ------------------------------------------------------------------ residency
     def keep_resident(self, handle) -> None:
         """Keep a ResidentArray on the device (no device: it works on the host alone)."""

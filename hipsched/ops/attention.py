@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from .base import Call, rand_f32, register
+from .base import Call, rand_f32, register, same_as_input
 from .validation import FLOATS, any_on_device, as_float, check_ndim, check_result_fits, finite_scalar, promote, \
     shape_mismatch
 
@@ -127,7 +127,8 @@ def check_attention(q, k, v, causal, scale, op=OP):
 
 
 @register(OP, cpu=("hipsched.cpu._attention", "attention_call"), gpu=("hipsched.gpu.glue.attention", "attention"),
-          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep, cost=(0.05, 4.0))
+          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep, cost=(0.05, 4.0),
+          result=same_as_input())
 def prepare(q, k, v, causal=False, scale=None, kv_len=None) -> Call:
     """Scaled dot-product attention on (batch, heads, seq, head_dim) arrays: softmax(scale * q k^T) v,
     `scale` defaulting to 1/sqrt(head_dim). k and v may have fewer heads than q (a divisor of q's: query

@@ -111,15 +111,21 @@ class OpSpec:
     (hipsched/priors.py), which the first measurements replace.
     `hot` names the op's compiled common case (a hipsched.cpu._hot.HotOp instance): validation and the
     CPU kernel for plain float32 arrays, which the dispatcher runs without entering Python; calls it
-    declines take `prepare` and `cpu`, with the same results."""
+    declines take `prepare` and `cpu`, with the same results.
+    `result(call)` declares what the call returns without running it: (shape, dtype name), or a tuple of
+    them for an op returning several arrays (top_k), as torch's meta functions and JAX's abstract
+    evaluation do. A batch plans a call whose input is another batch call's result before that result
+    exists (hipsched.submission): the declared result stands in for it. None: not declared, and such a
+    call's dependants are decided when their inputs are ready instead."""
 
     __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "split", "sweep", "partition",
-                 "cost")
+                 "cost", "result")
 
     def __init__(self, name, prepare, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, split=None,
-                 sweep=None, partition=None, cost=None):
+                 sweep=None, partition=None, cost=None, result=None):
         self.name = name
         self.cost = cost
+        self.result = result
         self.prepare = prepare
         self.cpu = cpu
         self.gpu = gpu
@@ -164,13 +170,28 @@ OPS: dict[str, OpSpec] = {}
 
 
 def register(name, *, cpu, gpu=None, hot=None, cpu_dtypes=F32, gpu_dtypes=F32, split=None, sweep=None,
-             partition=None, cost=None):
+             partition=None, cost=None, result=None):
     """Decorator for an op's prepare(*args, **kwargs) -> Call: declares the op (see OpSpec)."""
     def deco(fn):
         OPS[name] = OpSpec(name, fn, cpu=cpu, gpu=gpu, hot=hot, cpu_dtypes=cpu_dtypes, gpu_dtypes=gpu_dtypes,
-                           split=split, sweep=sweep, partition=partition, cost=cost)
+                           split=split, sweep=sweep, partition=partition, cost=cost, result=result)
         return fn
     return deco
+
+
+def same_as_input(index=0):
+    """A result declaration (OpSpec.result): the shape of the call's argument `index` in the call's
+    dtype (the elementwise ops, rms_norm, attention's q)."""
+    return lambda call: (tuple(int(s) for s in call.args[index].shape), call.dtype)
+
+
+def stand_in(shape, dtype):
+    """A host array of a declared result's shape and dtype (zeros from calloc: pages never touched cost
+    no memory), for preparing a call on a result not yet made."""
+    if dtype == "bfloat16":
+        import ml_dtypes  # deferred: only a bfloat16 result needs it (as everywhere bfloat16 is read)
+        dtype = ml_dtypes.bfloat16
+    return np.zeros(shape, dtype)
 
 
 class Partition:

@@ -28,7 +28,7 @@ import numpy as np
 from ..broadcast import bias_fits
 from ..dlpack_devices import is_device_array
 from . import validation
-from .base import Call, rand_f32, partition_from_split, register, split_rows
+from .base import Call, rand_f32, partition_from_split, register, same_as_input, split_rows
 from .foreign_arrays import _read_host
 from .validation import FLOATS, any_on_device, as_float, check_result_fits, contiguous_aligned, dtype_name, out_array, \
     promote, shape_mismatch
@@ -70,7 +70,8 @@ def _split_softmax(call):
 @register("add", cpu=(_CPU, "add"), gpu=(_GPU, "add"), hot=(_CPU, "add_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=lambda call: split_rows(call, same_shape_only=True),
           partition=lambda call: partition_from_split(split_rows(call, same_shape_only=True)),
-          sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})), cost=(12.0, 1.0))
+          sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})), cost=(12.0, 1.0),
+          result=same_as_input())
 def prepare_add(a, b) -> Call:
     """Elementwise a + b. b has a's shape, or a trailing part of it (a bias repeated over a's leading
     axes; a 0-d b or a Python number is a scalar). float32, float16 or bfloat16, computed in float32 and
@@ -106,7 +107,8 @@ def _real_scalar(value, op: str, name: str) -> float:
 
 @register("scale", cpu=(_CPU, "scale"), gpu=(_GPU, "scale"), hot=(_CPU, "scale_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=split_rows, partition=lambda call: partition_from_split(split_rows(call)),
-          sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})), cost=(8.0, 1.0))
+          sweep=_sweep_rows(lambda rng, x: ((x, 0.5), {})), cost=(8.0, 1.0),
+          result=same_as_input())
 def prepare_scale(x, alpha) -> Call:
     """alpha * x, alpha any real scalar (rounded to float32 as NumPy does; NaN and inf propagate). x
     float32, float16 or bfloat16, the result in x's dtype (computed in float32, rounded once); other real
@@ -121,7 +123,8 @@ def prepare_scale(x, alpha) -> Call:
 
 @register("softmax", cpu=(_CPU, "softmax"), gpu=(_GPU, "softmax"), hot=(_CPU, "softmax_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=_split_softmax, partition=lambda call: partition_from_split(_split_softmax(call)),
-          sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})), cost=(8.0, 5.0))
+          sweep=_sweep_rows(lambda rng, x: ((x,), {"axis": -1})), cost=(8.0, 5.0),
+          result=same_as_input())
 def prepare_softmax(x, axis=-1) -> Call:
     """Numerically stable softmax along `axis`: exp(x - max) / sum, scipy.special.softmax's formula (a
     slice holding NaN, or whose max is infinite, comes out all NaN). x float32, float16 or bfloat16, the
@@ -144,7 +147,8 @@ def prepare_softmax(x, axis=-1) -> Call:
 @register("silu_mul", cpu=(_CPU, "silu_mul"), gpu=(_GPU, "silu_mul"), hot=(_CPU, "silu_mul_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=lambda call: split_rows(call, same_shape_only=True),
           partition=lambda call: partition_from_split(split_rows(call, same_shape_only=True)),
-          sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})))
+          sweep=_sweep_rows(lambda rng, x: ((x, rand_f32(rng, *x.shape)), {})),
+          result=same_as_input())
 def prepare_silu_mul(gate, up, *, out=None) -> Call:
     """SwiGLU's gate: silu(gate) * up = gate / (1 + exp(-gate)) * up, element-wise and fused. gate and up
     of one shape; float32, float16 or bfloat16, computed in float32 and rounded once to the result's
@@ -170,7 +174,8 @@ GELU_FORMS = ("none", "tanh")
 
 @register("gelu", cpu=(_CPU, "gelu"), gpu=(_GPU, "gelu"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=split_rows, partition=lambda call: partition_from_split(split_rows(call)),
-          sweep=_sweep_rows(lambda rng, x: ((x,), {"approximate": "none"})))
+          sweep=_sweep_rows(lambda rng, x: ((x,), {"approximate": "none"})),
+          result=same_as_input())
 def prepare_gelu(x, approximate="none", *, out=None) -> Call:
     """GELU as torch.nn.functional.gelu: approximate="none" is x * Phi(x) = 0.5 x erfc(-x / sqrt 2) (the
     erf form), "tanh" is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Each element is computed in
@@ -239,7 +244,8 @@ def _sweep_rope(rng):
 
 
 @register("rope", cpu=(_CPU, "rope"), gpu=(_GPU, "rope"), hot=(_CPU, "rope_hot"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
-          split=_split_rope, partition=lambda call: partition_from_split(_split_rope(call)), sweep=_sweep_rope)
+          split=_split_rope, partition=lambda call: partition_from_split(_split_rope(call)), sweep=_sweep_rope,
+          result=same_as_input())
 def prepare_rope(x, positions, *, base=10000.0, scale=1.0, style="neox", out=None) -> Call:
     """Rotary position embedding of x (batch, heads, seq, head_dim) or (heads, seq, head_dim), head_dim
     even, at integer `positions` (seq,) (one position per sequence index, shared by every batch row) or,

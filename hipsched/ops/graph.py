@@ -126,7 +126,7 @@ def _sweep(rng, degree=8):
 
 
 @register(OP, cpu=(_CPU, "spread_activation"), gpu=("hipsched.gpu.glue.graph", "spread_activation"),
-          sweep=_sweep, cost=(12.0, 2.0))
+          sweep=_sweep, cost=(12.0, 2.0), result=lambda call: ((int(call.args[3].shape[0]),), "float32"))
 def prepare(graph, seeds, decay=0.5, steps=1, threshold=0.0) -> Call:
     """Spreading activation over a weighted directed graph (a SciPy sparse matrix or an (indptr,
     indices, weights) CSR tuple, n x n) from `seeds` (a dense (n,) array or a {node: activation} dict):

@@ -64,8 +64,14 @@ def matmul_shapes(sa: tuple, sb: tuple):
     return ba, bb, m, k, n
 
 
+def _matmul_result(call):
+    sa, sb = tuple(int(s) for s in call.args[0].shape), tuple(int(s) for s in call.args[1].shape)
+    ba, bb, m, k, n = matmul_shapes(sa, sb)
+    return (ba or bb) + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ()), call.dtype
+
+
 @register("matmul", cpu=("hipsched.cpu._similarity", "matmul"), gpu=("hipsched.gpu.glue.linalg", "matmul"),
-          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep, cost=(0.05, 2.0))
+          cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split, sweep=_sweep, cost=(0.05, 2.0), result=_matmul_result)
 def prepare_matmul(a, b) -> Call:
     """a @ b with np.matmul's shape rules (leading batch axes equal on both sides or present on one side
     only); the CPU side is NumPy's BLAS. float32, float16 or bfloat16, accumulated in float32 and rounded

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .base import Call, partition_from_split, rand_f32, register, split_rows
+from .base import Call, partition_from_split, rand_f32, register, same_as_input, split_rows
 from .validation import FLOATS, any_on_device, as_float, check_result_fits, finite_scalar, promote, shape_mismatch
 
 OP = "rms_norm"
@@ -36,7 +36,7 @@ def _sweep(rng):
 
 @register(OP, cpu=("hipsched.cpu._norm", "rms_norm"), gpu=("hipsched.gpu.glue.norm", "rms_norm"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
           split=_split, partition=lambda call: partition_from_split(_split(call)),
-          sweep=_sweep, cost=(8.0, 3.0))
+          sweep=_sweep, cost=(8.0, 3.0), result=same_as_input())
 def prepare_rms_norm(x, weight, eps=1e-6) -> Call:
     """x / sqrt(mean(x**2, -1) + eps) * weight over the last axis (float32, float16 or bfloat16);
     weight is (x.shape[-1],), eps finite and > 0."""

@@ -97,8 +97,20 @@ def _sweep(with_x):
     return sweep
 
 
+def _x_dtype(call) -> str:
+    """The float type of qmatmul's x, which its result takes: the part of Call.dtype after the quant type."""
+    return call.dtype.partition("/")[2] or "float32"
+
+
+def _qmatmul_result(call):
+    """(n,) for an x of (k,), (n, m) for (k, m), in x's dtype."""
+    w, x = call.args[0], call.args[1]
+    return (int(w.shape[0]),) + tuple(int(s) for s in x.shape[1:]), _x_dtype(call)
+
+
 @register("dequantize", cpu=(_CPU, "dequantize"), gpu=(_GPU, "dequantize"), cpu_dtypes=QTYPES, gpu_dtypes=QTYPES,
-          partition=_partition_rows, sweep=_sweep(False), cost=(5.0, 1.0))
+          partition=_partition_rows, sweep=_sweep(False), cost=(5.0, 1.0),
+          result=lambda call: (tuple(int(s) for s in call.args[0].shape), "float32"))
 def prepare_dequantize(w) -> Call:
     """QuantizedTensor (GGUF Q8_0 or Q4_0 blocks) -> float32 array of its shape."""
     _check_qt(w, "dequantize")
@@ -109,7 +121,7 @@ def prepare_dequantize(w) -> Call:
 
 @register("qmatmul", cpu=(_CPU, "qmatmul"), gpu=(_GPU, "qmatmul"), cpu_dtypes=QMATMUL_DTYPES,
           gpu_dtypes=QMATMUL_DTYPES, split=_split_qmatmul, partition=_partition_rows,
-          sweep=_sweep(True), cost=(0.1, 2.0))
+          sweep=_sweep(True), cost=(0.1, 2.0), result=_qmatmul_result)
 def prepare_qmatmul(w, x) -> Call:
     """Quantized weights w (n, k), a QuantizedTensor, times x (k,) or (k, m) -> (n,) or (n, m). Both
     backends dequantize each weight in registers (bit-exact to `dequantize`), so the result is the

@@ -109,8 +109,20 @@ def _sweep(*extra, queries=1):
     return sweep
 
 
+def _rows(call, width):
+    """(width,) for a query (d,), (m, width) for queries (m, d)."""
+    q = call.args[0]
+    return ((int(q.shape[0]),) if len(q.shape) == 2 else ()) + (width,)
+
+
+def _top_k_result(call):
+    shape = _rows(call, min(int(call.params["k"]), int(call.args[1].shape[0])))
+    return (shape, "int64"), (shape, "float32")
+
+
 @register("cosine_similarity", cpu=(_CPU, "cosine_similarity"), gpu=(_GPU, "cosine_similarity"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS,
-          split=_split_cosine, partition=_partition_cosine, sweep=_sweep(queries=32), cost=(0.2, 2.0))
+          split=_split_cosine, partition=_partition_cosine, sweep=_sweep(queries=32), cost=(0.2, 2.0),
+          result=lambda call: (_rows(call, int(call.args[1].shape[0])), "float32"))
 def prepare_cosine(q, T) -> Call:
     """Cosine similarity of q (d,) or (m, d) against the rows of T (n, d) -> (n,) or (m, n) float32. A
     zero vector has similarity 0 against any finite vector; NaN or inf gives NaN. q and T each float32,
@@ -124,7 +136,7 @@ def prepare_cosine(q, T) -> Call:
 
 @register("top_k", cpu=(_CPU, "top_k"), gpu=(_GPU, "top_k"), cpu_dtypes=FLOATS, gpu_dtypes=FLOATS, split=_split_top_k,
           partition=_partition_top_k,
-          sweep=_sweep(10), cost=(4.0, 2.0))
+          sweep=_sweep(10), cost=(4.0, 2.0), result=_top_k_result)
 def prepare_top_k(q, T, k) -> Call:
     """The exact k nearest rows of T (n, d) to q by cosine -> (indices int64, scores float32), scores
     descending, ties to the lower index, NaN scores last; k > n gives n results, k < 1 is a ValueError;

@@ -30,6 +30,8 @@ class VirtualTime:
         self._turn = None            # the caller index allowed to run
         self._seq = 0
         self._live = 0
+        self._blocked = []           # [(caller index, ready)] waiting for another caller's work
+        self._stuck = False          # only blocked callers are left: none of them can go on
         self._cores = []
         self._index = threading.local()
 
@@ -56,8 +58,29 @@ class VirtualTime:
             while self._turn != me:
                 self._cond.wait()
 
+    def block_until(self, ready):
+        """The calling caller waits, without moving the clock, until `ready()` is true: it is asked each
+        time another caller gives up its turn (what it waits for is done by another caller)."""
+        if ready():
+            return
+        me = self._index.i
+        with self._cond:
+            self._blocked.append((me, ready))
+            self._next()
+            while self._turn != me:
+                if self._stuck:
+                    raise RuntimeError("virtual time: every caller left waits for another's work")
+                self._cond.wait()
+
     def _next(self):
-        """Gives the turn to the earliest sleeper (under the condition's lock), moving the clock."""
+        """Gives the turn to a blocked caller whose wait is over, else to the earliest sleeper (under the
+        condition's lock), moving the clock."""
+        for k, (i, ready) in enumerate(self._blocked):
+            if ready():
+                del self._blocked[k]
+                self._turn = i
+                self._cond.notify_all()
+                return
         if self._sleepers:
             wake, i, _ = heapq.heappop(self._sleepers)
             if wake > self.ns:
@@ -65,6 +88,7 @@ class VirtualTime:
             self._turn = i
         else:
             self._turn = None
+            self._stuck = bool(self._blocked)
         self._cond.notify_all()
 
     def run(self, callers):
@@ -97,6 +121,8 @@ class VirtualTime:
             self._next()
         for t in threads:
             t.join()
+        self._blocked.clear()
+        self._stuck = False
         if errors:
             raise errors[0]
         return self.ns - t0
@@ -162,3 +188,12 @@ def virtual_machine(cpu_us, gpu_us, **config):
     config.setdefault("telemetry_path", None)
     ex = Executor(gpu_backend=gpu, cpu_backend=cpu, persist_model=False, split=False, **config)
     return vt, ex, cpu, gpu
+
+
+def virtual_batch(vt, ex):
+    """`ex.batch()` run by this machine's callers: a caller per side (Batch.run_sides), waiting for another
+    side's results in virtual time (Batch.wait_until)."""
+    b = ex.batch()
+    b.run_sides = lambda workers: vt.run(list(workers.values()))
+    b.wait_until = vt.block_until
+    return b

@@ -65,3 +65,35 @@ def test_submitted_host_calls_run_on_their_threads_own_streams(rt, tmp_path):
     assert all(e["backend"] == "gpu" and e["stream"] in own for e in submitted)
     assert all(e["stream"] is None for e in waited)
     assert len(own) == 4 and 0 not in own
+
+
+def test_a_batch_keeps_a_host_chains_intermediates_on_the_device(rt, tmp_path, monkeypatch):
+    """rms_norm -> qmatmul -> softmax on host data, planned on the GPU by a batch: the inputs go up once,
+    the intermediates stay on the device (nothing copied to the host while the batch runs), and the
+    caller's results are host arrays equal to the calls that wait, bit for bit; the last result comes
+    down when it is asked for."""
+    import concurrent.futures as cf
+    rng = np.random.default_rng(13)
+    d, vocab = 256, 512
+    x = rng.standard_normal(d, dtype=np.float32)
+    w = rng.standard_normal(d, dtype=np.float32)
+    W = quantize(rng.standard_normal((vocab, d), dtype=np.float32), "q8_0")
+    with emulated_executor(rt, tmp_path, allow_fallback=False) as ex:
+        h_want = ex.rms_norm(x, w, backend="gpu")
+        logits_want = ex.qmatmul(W, h_want, backend="gpu")
+        want = ex.softmax(logits_want, backend="gpu")      # also keeps W's blocks on the device
+        counts = count_calls(monkeypatch, rt, ("memcpy_dtoh",))
+        with ex.batch() as b:
+            h = ex.submit("rms_norm", x, w, backend="gpu")
+            logits = ex.submit("qmatmul", W, h, backend="gpu")
+            probs = ex.softmax(logits, backend="gpu", wait=False)
+        cf.wait([h, logits, probs], timeout=120)
+        assert counts["memcpy_dtoh"] == 0
+        assert [p[2] for p in b.plan] == ["gpu"] * 3
+        got = probs.result()
+        assert counts["memcpy_dtoh"] == 1
+        assert isinstance(got, np.ndarray) and got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        np.testing.assert_array_equal(h.result(), h_want)
+        np.testing.assert_array_equal(logits.result(), logits_want)
+        assert probs.result() is got
