@@ -27,6 +27,7 @@ from .ops import OPS
 from .ops.base import Call
 from .resident_array import ResidentArray
 from .splitting import Side, Splitter
+from .batch import Batch
 from .submission import Submitter
 from .scheduling import (BACKENDS, REASONS, BackendSelection, ExecutorCapabilities, OpCapability,
                          PerformanceTracker, us_or_none)
@@ -276,7 +277,7 @@ class Executor:
         b.submit) and, when it ends, plans them over the CPU and the GPU together (calls on each other's
         results as a graph, HEFT; independent ones by their relative speed on each side) and starts
         them; b.plan then holds the plan, b.results() waits for them all."""
-        return self._submitter.batch()
+        return Batch(self._submitter)
 
     # ------------------------------------------------------------------ residency
     def resident(self, array, *, copy=False):

@@ -147,7 +147,7 @@ class GpuBackendBase:
     def upload(self, host, stream=None):
         """A device array holding a copy of the host array `host` (copied when this returns), on this
         backend's device, or None where the backend has no device arrays of its own. A batch uploads a
-        chain's host inputs so that the chain's intermediates stay on the device (hipsched.submission)."""
+        chain's host inputs so that the chain's intermediates stay on the device (hipsched/batch.py)."""
         return None
 
     # ------------------------------------------------------------------ residency

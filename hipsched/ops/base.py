@@ -115,7 +115,7 @@ class OpSpec:
     `result(call)` declares what the call returns without running it: (shape, dtype name), or a tuple of
     them for an op returning several arrays (top_k), as torch's meta functions and JAX's abstract
     evaluation do. A batch plans a call whose input is another batch call's result before that result
-    exists (hipsched.submission): the declared result stands in for it. None: not declared, and such a
+    exists (hipsched/batch.py): the declared result stands in for it. None: not declared, and such a
     call's dependants are decided when their inputs are ready instead."""
 
     __slots__ = ("name", "prepare", "cpu", "gpu", "hot", "cpu_dtypes", "gpu_dtypes", "split", "sweep", "partition",

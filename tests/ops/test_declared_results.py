@@ -1,5 +1,5 @@
 """Every op declares what it returns (OpSpec.result: shape and dtype, without running it), so that a
-batch can plan a call on another call's result before it exists (hipsched.submission, the graph plan).
+batch can plan a call on another call's result before it exists (hipsched/batch.py, the graph plan).
 The declaration must be the real result's shape and dtype for every op, dtype and form the op matrix
 builds (tests/support/op_cases.py), run through the Executor on the CPU."""
 import numpy as np

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from hipsched import Executor
+from hipsched.batch_plan import fluid_sides, heft, plan_graph
 from hipsched.ops import OPS
-from hipsched.submission import SubmittedCallError, fluid_sides, heft, plan_graph
+from hipsched.submission import SubmittedCallError
 
 from loaded_machine import SleepingCpu, SleepingGpu
 from virtual_machine import virtual_batch, virtual_machine

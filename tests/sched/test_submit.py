@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from hipsched import Executor
-from hipsched.submission import SubmittedCallError, place
+from hipsched.batch_plan import place
+from hipsched.submission import SubmittedCallError
 
 from loaded_machine import SleepingCpu, SleepingGpu
 

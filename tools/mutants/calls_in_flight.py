@@ -98,8 +98,8 @@ MUTANTS = [
         why="issue 33: a dependency that failed is not checked, so its dependant runs on the failed Future "
             "and raises something unrelated instead of naming its input",
         path="hipsched/submission.py",
-        find="                if err is not None:\n                    if call.future.set_running_or_notify_cancel():",
-        replace="                if False:\n                    if call.future.set_running_or_notify_cancel():",
+        find="            if err is not None:\n                if call.future.set_running_or_notify_cancel():",
+        replace="            if False:\n                if call.future.set_running_or_notify_cancel():",
         kill=(f"{_SUBMIT}::test_errors_name_the_op_and_the_argument",),
     ),
     Mutant(
@@ -109,5 +109,23 @@ MUTANTS = [
         find="        if not call.future.set_running_or_notify_cancel():\n            return\n",
         replace="        if not call.future.set_running_or_notify_cancel() and False:\n            return\n",
         kill=(f"{_SUBMIT}::test_cancelling_a_call_that_has_not_started_removes_it",),
+    ),
+    Mutant(
+        name="batch-graph-in-submission-order",
+        why="issue 33: a batch's graph is placed in the order its calls were submitted, not by the longest "
+            "path left after each (HEFT's rank): a long chain's head waits behind short calls",
+        path="hipsched/batch_plan.py",
+        find="    for n in sorted(costs, key=lambda n: (-rank[n], n)):",
+        replace="    for n in sorted(costs):",
+        kill=("tests/sched/test_batch_graph.py::test_heft_takes_the_longest_remaining_path_first",),
+    ),
+    Mutant(
+        name="batch-failed-predecessor-passed-on",
+        why="issue 33: a planned call whose predecessor failed runs on the failed Future instead of failing "
+            "with its input named",
+        path="hipsched/batch.py",
+        find="                if err is not None:\n                    waited = 0.0",
+        replace="                if False:\n                    waited = 0.0",
+        kill=("tests/sched/test_batch_graph.py::test_a_failed_predecessor_fails_its_dependants_in_the_plan",),
     ),
 ]
