@@ -6,7 +6,10 @@ schedule the same on any machine under any load. A family of machines: the GPU 0
 CPU's speed on every op, and one whose GPU is 2x on top_k, 1x on qmatmul and 0.5x on softmax; each with
 no noise and with heavy noise (every call's time times exp(0.3 N(0, 1))); the callers 1, 2, 4, 8 and
 16 threads; top_k, qmatmul and softmax alone and mixed. Forced CPU, forced GPU and auto run the same
-calls; the ideal is both sides busy at their own speeds.
+calls; the ideal is both sides busy at their own speeds. Then batches (Executor.batch) on the same
+machines: 1,000 independent mixed calls, and graphs of dependent calls (250 chains of rms_norm or
+softmax -> qmatmul -> softmax; 125 pairs of chains joined by an add), each against its lower bound (the
+fluid split of the work between the sides, or the longest call or path on its faster sides).
 
 With --wall, the wall-clock view on the machine that runs it: the real CPU engine beside a GPU that
 runs one call at a time (tests/support/loaded_machine.py's SleepingGpu: it sleeps for its scripted
