@@ -32,7 +32,8 @@ def main(argv):
         cases = [c for c in cases if any(t in f"{c.op} {c.shape}" for t in match)]
     feats = hipsched.cpu_features()
     title = (f"hipsched CPU ops ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"simd={feats['simd']}, bf16_dot={feats.get('bf16_dot', False)}, threads={feats['threads']})")
+             f"simd={feats['simd']}, bf16_dot={feats.get('bf16_dot', False)}, threads={feats['threads']}, "
+             f"OMP_PROC_BIND={os.environ.get('OMP_PROC_BIND', 'unset')})")
     run_cases(cases, title, "cpu_ops.md", settle=CPU_SETTLE_S)
 
 
