@@ -15,14 +15,18 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import itertools
+import logging
 import threading
+import time
 
 from . import _dispatch, _sched
 from .batch_plan import by_side, place, plan_graph
+from .errors import HipschedError
 from .ops.base import OPS, stand_in
 from .submission import _futures_in, _input_error, _local
 
 _batch_ids = itertools.count(1)
+log = logging.getLogger("hipsched")
 
 
 # Decisions that leave the GPU out of an automatic call whatever the model says
@@ -45,17 +49,23 @@ class Batch:
         self.plan = []
         self.id = next(_batch_ids)
         self._outer = None
+        self.started = False    # its block has ended: its calls are planned and started
+        self._entered = False
 
     def submit(self, op, *args, backend="auto", stream=None, split=None, **kwargs):
         return self.submitter._ex.submit(op, *args, backend=backend, stream=stream, split=split, **kwargs)
 
     def __enter__(self):
+        if self._entered:   # its calls were planned when its block ended; a second block would plan them again
+            raise HipschedError("a batch is entered once: make a new one with ex.batch()")
+        self._entered = True
         self._outer = getattr(_local, "batch", None)
         _local.batch = self
         return self
 
     def __exit__(self, exc_type, exc, tb):
         _local.batch = self._outer
+        self.started = True
         if exc_type is not None:
             for c in self.calls:
                 c.future.cancel()
@@ -72,8 +82,9 @@ class Batch:
         return False
 
     def results(self, timeout=None):
-        """Every call's result, in submission order (waits for them)."""
-        return [c.future.result(timeout) for c in self.calls]
+        """Every call's result, in submission order (waits for them, `timeout` seconds in all)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        return [c.future.result(None if end is None else max(0.0, end - time.monotonic())) for c in self.calls]
 
     # ------------------------------------------------------------------ planning
     def _costs(self, call, prepared=None):
@@ -87,8 +98,10 @@ class Batch:
         if call.backend == "auto":
             gpu_ok = _REASONS[reason] not in _CPU_ONLY_REASONS
             cpu_ok = True
-        else:   # what was asked for, or the CPU where the GPU cannot take it
-            gpu_ok = be == _sched.BACKEND_GPU
+        else:   # the side asked for; one that refuses it is not planned: its run says what it says
+            if (be == _sched.BACKEND_GPU) != (call.backend == "gpu"):
+                return None
+            gpu_ok = call.backend == "gpu"
             cpu_ok = not gpu_ok
         known = [t for t in (pc, pg) if t == t]
         fill = max(known) if known else 1.0
@@ -132,6 +145,14 @@ class Batch:
                     args, kwargs = c.args, c.kwargs
                 prepared = ex._prepare[c.op](*args, **kwargs)
                 cost = self._costs(c, prepared)
+                if cost is None:
+                    raise LookupError("not planned")
+            except LookupError:
+                costs.append(None)
+                preds.append([])
+                unplanned.append(c)
+                made[n] = None
+                continue
             except Exception as e:
                 if deps:   # left to run: its run on the real inputs raises what it raises
                     costs.append(None)
@@ -235,20 +256,21 @@ class Batch:
             out[n] = (c, g)
 
         def copy_us(p, p_side, n, side):
+            if p_side == side:
+                return 0.0
             made = self._copies[p][1]
             return down(made) if p_side == "gpu" else up(made)
         return out, copy_us
 
-    def wait_until(self, ready):
+    def wait_until(self, ready, wake_s=None):
         """Blocks the calling side's worker until `ready()` (its next call's inputs done, or another
-        side's call it may take); a simulated machine replaces this with its own wait
-        (tests/support/virtual_machine.py)."""
+        side's call it may take), looking again at each completion (a notify) and, without one, after
+        `wake_s()` seconds (None: at a completion only); a simulated machine replaces this with its own
+        wait (tests/support/virtual_machine.py)."""
         cv = self._run_cv
         with cv:
             while not ready():
-                # a completion notifies; a call running past its prediction changes what may be taken
-                # without one, so the wait also looks again every millisecond
-                cv.wait(0.001)
+                cv.wait(wake_s() if wake_s is not None else None)
 
     def run_sides(self, workers):
         """Starts a thread per side running its worker (a function of no argument that runs the side's
@@ -260,6 +282,12 @@ class Batch:
 
 _SIDE = {"cpu": 0, "gpu": 1}
 _OTHER = {"cpu": "gpu", "gpu": "cpu"}
+# how far into the other side's queue a waiting side looks for a call to take (the check runs under the
+# queues' lock: a scan of every queued call at every look made a 1,500-call chain 1.6x slower)
+_STEAL_LOOKAHEAD = 16
+# the longest a waiting side sleeps without a completion or a start to wake it (a safety net: each of
+# those notifies)
+_WAIT_MAX_S = 0.05
 
 
 class _PlanRun:
@@ -268,18 +296,23 @@ class _PlanRun:
     def __init__(self, batch, costs, preds, at, graph, kept, own, shared):
         self.batch, self.costs, self.preds, self.at, self.kept = batch, costs, preds, at, kept
         self.graph, self.own, self.shared = graph, own, shared
+        # one lock for the queues and the waits: a side's check of what it may take reads the other
+        # side's queue, which that side changes (two locks let a check iterate a queue being changed,
+        # which killed a worker and left the batch waiting forever)
         self.lock = threading.Lock()
         self.busy = {"cpu": None, "gpu": None}   # side -> when its running call is predicted to end, ns
         self.t0 = _now_ns()
-        batch._run_cv = self.cv = threading.Condition()
+        batch._run_cv = self.cv = threading.Condition(self.lock)
 
     def one_done(self, _):
         with self.cv:
             self.cv.notify_all()
 
     def _ready(self, n):
+        """Whether call n can be taken: its inputs are done, or it was cancelled (it will not run, and
+        must not hold its side's queue until its inputs are made)."""
         calls = self.batch.calls
-        return all(calls[p].future.done() for p in self.preds[n])
+        return calls[n].future.cancelled() or all(calls[p].future.done() for p in self.preds[n])
 
     def _us(self, n, side):
         return self.costs[n][_SIDE[side]]
@@ -293,7 +326,9 @@ class _PlanRun:
         if busy is None:   # idle: it takes its own next call itself
             return None
         there_starts = max(busy, now)
-        for n in self.graph[other]:
+        for k, n in enumerate(self.graph[other]):
+            if k == _STEAL_LOOKAHEAD:
+                break
             here, there = self._us(n, side), self._us(n, other)
             if here is not None and self._ready(n) and now + here * 1e3 < there_starts + there * 1e3:
                 return n
@@ -329,6 +364,15 @@ class _PlanRun:
             return None, "done"
         return None, "wait"
 
+    def _wake_s(self, side):
+        """Seconds until a waiting side should look again without a completion: when the other side's
+        running call is predicted to end (past that, it runs late, and its queued calls may be worth
+        taking), at most _WAIT_MAX_S."""
+        busy = self.busy[_OTHER[side]]
+        if busy is None:
+            return _WAIT_MAX_S
+        return min(max((busy - _now_ns()) * 1e-9, 0.0) + 1e-4, _WAIT_MAX_S)
+
     def _can_go(self, side):
         mine, theirs = self.graph[side], self.graph[_OTHER[side]]
         if mine and self._ready(mine[0]):
@@ -338,6 +382,26 @@ class _PlanRun:
         return self._stealable(side, _now_ns()) is not None
 
     def worker(self, side):
+        """Runs the side's calls until none is left. Should it fail itself (not a call: a call's error goes
+        to its Future), the calls still queued fail with its error rather than wait forever."""
+        try:
+            self._work(side)
+        except BaseException as e:
+            with self.lock:
+                left = [*self.graph["cpu"], *self.graph["gpu"], *self.own["cpu"], *self.own["gpu"], *self.shared]
+                for q in (self.graph["cpu"], self.graph["gpu"], self.own["cpu"], self.own["gpu"], self.shared):
+                    q.clear()
+                self.cv.notify_all()
+            for n in left:
+                f = self.batch.calls[n].future
+                try:
+                    if f.set_running_or_notify_cancel():
+                        f.set_exception(e)
+                except RuntimeError:
+                    pass
+            log.error("hipsched: batch %s's %s side failed; its calls left fail with: %r", self.batch.id, side, e)
+
+    def _work(self, side):
         b = self.batch
         t_side = _now_ns()
         waited = 0.0
@@ -348,14 +412,16 @@ class _PlanRun:
                 return
             if n is None:
                 w0 = _now_ns()
-                b.wait_until(lambda: self._can_go(side))
+                b.wait_until(lambda: self._can_go(side), lambda: self._wake_s(side))
                 waited += (_now_ns() - w0) * 1e-3
                 continue
             call = b.calls[n]
+            if call.future.cancelled():
+                continue
             p_side, p_start = self.at[n]
             now = _now_ns()
             tags = {"batch": b.id, "planned": p_side, "planned_start_us": round(p_start, 1),
-                    "waited_us": round((now - call.submitted_ns) * 1e-3, 1),
+                    "waited_us": round((time.perf_counter_ns() - call.submitted_ns) * 1e-3, 1),
                     "side_elapsed_us": round((now - t_side) * 1e-3, 1)}
             if self.preds[n]:
                 tags["after"] = list(self.preds[n])
@@ -369,7 +435,9 @@ class _PlanRun:
                         call.future.set_exception(err)
                     continue
             waited = 0.0
-            self.busy[side] = now + self._us(n, side) * 1e3
+            with self.lock:   # the other side may now take calls this one would start late
+                self.busy[side] = now + self._us(n, side) * 1e3
+                self.cv.notify_all()
             try:
                 b.submitter._run(call, backend=side, scope=tags, planned=bool(self.preds[n]),
                                  keep=side == "gpu" and n in self.kept)

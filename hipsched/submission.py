@@ -77,11 +77,26 @@ class _BatchFuture(cf.Future):
         super().__init__()
         self.to_host = False
         self._host = None
+        self.batch = None   # the Batch it belongs to (set when it joins one)
+
+    def _not_inside_its_block(self):
+        # the batch starts its calls when its block ends: waiting for one inside the block, on the thread
+        # that holds it open, would wait forever
+        b = self.batch
+        if b is not None and not b.started and getattr(_local, "batch", None) is b:
+            raise HipschedError("a batch's call has no result inside its `with ex.batch()` block: the "
+                                "batch starts its calls when the block ends")
 
     def raw_result(self, timeout=None):
+        self._not_inside_its_block()
         return super().result(timeout)
 
+    def exception(self, timeout=None):
+        self._not_inside_its_block()
+        return super().exception(timeout)
+
     def result(self, timeout=None):
+        self._not_inside_its_block()
         out = super().result(timeout)
         if not self.to_host:
             return out
@@ -188,6 +203,7 @@ class Submitter:
         call = _Pending(op, backend, stream, split, args, kwargs, _BatchFuture if mine else cf.Future)
         self._track(call)
         if mine:
+            call.future.batch = batch
             batch.calls.append(call)
             return call.future
         self._when_ready(call)
@@ -231,10 +247,21 @@ class Submitter:
         call of a batch's graph, which takes the batch's results as they were made (device arrays where
         the batch kept them on the GPU); `keep`: its host inputs are uploaded first, so that its result
         stays on the device for the calls after it."""
-        if not call.future.set_running_or_notify_cancel():
+        try:
+            if not call.future.set_running_or_notify_cancel():
+                return
+        except RuntimeError:   # already running or done (failed with the rest of its batch): not again
             return
         try:
             args, kwargs = _resolved(call.args, call.kwargs, raw=planned)
+            if planned and any(isinstance(f, _BatchFuture) and f.to_host for _, f in _futures_in(call.args, call.kwargs)):
+                # an input the batch kept on the GPU is a device array, which not every op takes where the
+                # call that waits takes a host array (a device input of another dtype than the rest, a
+                # host-only argument): such a call takes the host copies, as it would have
+                try:
+                    self._ex._prepare[call.op](*args, **kwargs)
+                except Exception:
+                    args, kwargs = _resolved(call.args, call.kwargs)
             run = self._ex._run_whole if call.split is False else self._ex._run
             b = call.backend if backend is None else backend
             # each submission thread's GPU work on a stream of its own: independent calls' copies and

@@ -295,3 +295,63 @@ def test_many_chains_are_held_to_their_fluid_sides():
     assert {held[3 * k] for k in range(60)} == {"cpu"} and not any(3 * k + 1 in held for k in range(60))
     plan, free = plan_graph(costs, preds, succs)
     assert max(free.values()) <= 1.02 * bound
+
+
+def test_a_call_asked_for_a_side_that_refuses_it_raises_as_the_call_that_waits():
+    """backend="gpu" on a machine without one: the call that waits raises GpuError (no fallback asked
+    for). The batch does not plan it on the CPU instead (it did): it runs as asked and raises the same,
+    and its dependant fails naming it."""
+    from hipsched.errors import GpuError
+    x = np.ones((4, 8), np.float32)
+    with Executor(persist_model=False, telemetry_path=None, allow_fallback=False) as ex:
+        if ex._gpu_present:
+            pytest.skip("needs a machine without a GPU")
+        with pytest.raises(GpuError):
+            ex.scale(x, 2.0, backend="gpu")
+        with ex.batch() as b:
+            f = ex.submit("scale", x, 2.0, backend="gpu")
+            g = ex.submit("scale", f, 2.0, backend="gpu")
+        assert b.plan == []
+        assert isinstance(f.exception(timeout=30), GpuError)
+        assert isinstance(g.exception(timeout=30), SubmittedCallError)
+
+
+def test_a_batch_call_has_no_result_inside_its_block_and_a_batch_is_entered_once(x):
+    """Inside the block nothing has started: waiting for a call there would wait forever, so it raises;
+    after the block the same call gives its result. A second block would plan the calls again."""
+    from hipsched.errors import HipschedError
+    with Executor(persist_model=False, telemetry_path=None) as ex:
+        b = ex.batch()
+        with b:
+            f = ex.submit("scale", x, 2.0)
+            with pytest.raises(HipschedError, match="inside its"):
+                f.result(timeout=1)
+            with pytest.raises(HipschedError, match="inside its"):
+                f.exception(timeout=1)
+        np.testing.assert_array_equal(f.result(timeout=30), ex.scale(x, 2.0))
+        with pytest.raises(HipschedError, match="entered once"):
+            with b:
+                pass
+
+
+def test_a_side_whose_worker_fails_fails_the_calls_left_instead_of_leaving_them_waiting(x, monkeypatch):
+    """The workers' own failure (not a call's: those go to the call's Future) fails every call still
+    queued with its error: before, the worker died and b.results() waited forever."""
+    import hipsched.batch as batch_mod
+    picks = {"n": 0}
+    real = batch_mod._PlanRun._pick
+
+    def failing(self, side):
+        picks["n"] += 1
+        if picks["n"] == 3:
+            raise MemoryError("injected")
+        return real(self, side)
+    monkeypatch.setattr(batch_mod._PlanRun, "_pick", failing)
+    with Executor(persist_model=False, telemetry_path=None) as ex:
+        with ex.batch() as b:
+            f = x
+            for _ in range(6):
+                f = ex.submit("scale", f, 1.0)
+        errors = [c.future.exception(timeout=30) for c in b.calls]
+    assert any(isinstance(e, MemoryError) for e in errors)
+    assert all(e is None or isinstance(e, (MemoryError, SubmittedCallError)) for e in errors)

@@ -195,5 +195,5 @@ def virtual_batch(vt, ex):
     side's results in virtual time (Batch.wait_until)."""
     b = ex.batch()
     b.run_sides = lambda workers: vt.run(list(workers.values()))
-    b.wait_until = vt.block_until
+    b.wait_until = lambda ready, wake_s=None: vt.block_until(ready)   # (virtual time: no clock to wake by)
     return b

@@ -97,3 +97,23 @@ def test_a_batch_keeps_a_host_chains_intermediates_on_the_device(rt, tmp_path, m
         np.testing.assert_array_equal(h.result(), h_want)
         np.testing.assert_array_equal(logits.result(), logits_want)
         assert probs.result() is got
+
+
+def test_a_kept_chain_gives_a_call_that_refuses_its_device_input_the_host_copy(rt, tmp_path):
+    """A batch keeps a chain of host data on the GPU, so its calls take device arrays. add(float16 device,
+    float32 host) refuses the device input (it would have to convert it), where the call that waits takes
+    a host array and promotes it: the batch's add takes the host copy, and the chain ends as the calls
+    that wait do, bit for bit (it failed naming the dtypes before)."""
+    rng = np.random.default_rng(1)
+    x16 = rng.standard_normal((8, 64)).astype(np.float16)
+    y32 = rng.standard_normal((8, 64)).astype(np.float32)
+    with emulated_executor(rt, tmp_path, allow_fallback=False) as ex:
+        want = ex.softmax(ex.add(ex.scale(x16, 2.0, backend="gpu"), y32, backend="gpu"), backend="gpu")
+        with ex.batch() as b:
+            s = ex.submit("scale", x16, 2.0, backend="gpu")
+            a = ex.submit("add", s, y32, backend="gpu")
+            p = ex.submit("softmax", a, backend="gpu")
+        got = p.result(timeout=120)
+        assert [side for _, _, side, _, _ in b.plan] == ["gpu"] * 3
+    assert type(got) is np.ndarray and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
