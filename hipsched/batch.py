@@ -23,7 +23,7 @@ from . import _dispatch, _sched
 from .batch_plan import by_side, place, plan_graph
 from .errors import HipschedError
 from .ops.base import OPS, stand_in
-from .submission import _futures_in, _input_error, _local
+from .submission import _futures_in, _input_error, current_batch
 
 _batch_ids = itertools.count(1)
 log = logging.getLogger("hipsched")
@@ -36,8 +36,9 @@ _REASONS = _sched.REASONS
 
 
 class Batch:
-    """`with ex.batch() as b:` collects the calls submitted on this thread (ex.submit, an op's
-    wait=False, or b.submit) and places and starts them when the block ends. `b.plan` is then
+    """`with ex.batch() as b:` collects the calls submitted in its block (ex.submit or an op's wait=False
+    on this thread, or in this asyncio task; b.submit from anywhere) and places and starts them when the
+    block ends. `b.plan` is then
     [(call index, op, side, predicted start us, predicted finish us)] in the plan's order: the graph's
     calls by their start, then the independent ones (the run follows its order, and moves calls to the
     side that runs ahead: the events say where each ran, and where it was planned). Calls not planned
@@ -48,24 +49,28 @@ class Batch:
         self.calls = []
         self.plan = []
         self.id = next(_batch_ids)
-        self._outer = None
+        self._token = None
         self.started = False    # its block has ended: its calls are planned and started
+        self.lock = threading.Lock()   # started, and the calls joining it (b.submit may come from anywhere)
         self._entered = False
 
     def submit(self, op, *args, backend="auto", stream=None, split=None, **kwargs):
-        return self.submitter._ex.submit(op, *args, backend=backend, stream=stream, split=split, **kwargs)
+        """ex.submit into this batch, from any thread or task, until its block ends."""
+        if self.started:
+            raise HipschedError("the batch has started: submit to a new one, or to the executor")
+        return self.submitter._ex._submit(op, backend, stream, split, args, kwargs, self)
 
     def __enter__(self):
         if self._entered:   # its calls were planned when its block ended; a second block would plan them again
             raise HipschedError("a batch is entered once: make a new one with ex.batch()")
         self._entered = True
-        self._outer = getattr(_local, "batch", None)
-        _local.batch = self
+        self._token = current_batch.set(self)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        _local.batch = self._outer
-        self.started = True
+        current_batch.reset(self._token)
+        with self.lock:
+            self.started = True
         if exc_type is not None:
             for c in self.calls:
                 c.future.cancel()

@@ -252,10 +252,13 @@ class Executor:
         arguments is a dependency (the call starts once it is done; its result is passed as it is, a
         device array staying on the device). Inside `with ex.batch():` the call is planned with the
         block's others when the block ends. The same as the op method's `wait=False`."""
+        return self._submit(op, backend, stream, split, args, kwargs)
+
+    def _submit(self, op, backend, stream, split, args, kwargs, batch=None):
         if op not in self._prepare:
             raise ValueError(f"submit: no op {op!r}; hipsched.OPS lists them")
         self._fast._want_checked(op, backend)
-        return self._submitter.submit(op, backend, stream, split, args, kwargs)
+        return self._submitter.submit(op, backend, stream, split, args, kwargs, batch)
 
     def _thread_stream(self):
         """The GPU stream of the calling submission thread (GpuBackend.stream_for_thread), or None."""

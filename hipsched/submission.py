@@ -30,7 +30,9 @@ from .errors import HipschedError
 # so each side has its next call ready; more would only add calls contending for the same side.
 THREADS_PER_SIDE = 2
 
-_local = threading.local()
+# the batch whose block is open here: a context variable, so that a block held across an await collects
+# only its own coroutine's calls (a thread-local would take every coroutine's on that thread)
+current_batch = contextvars.ContextVar("hipsched_batch", default=None)
 
 
 class SubmittedCallError(HipschedError):
@@ -83,7 +85,7 @@ class _BatchFuture(cf.Future):
         # the batch starts its calls when its block ends: waiting for one inside the block, on the thread
         # that holds it open, would wait forever
         b = self.batch
-        if b is not None and not b.started and getattr(_local, "batch", None) is b:
+        if b is not None and not b.started and current_batch.get() is b:
             raise HipschedError("a batch's call has no result inside its `with ex.batch()` block: the "
                                 "batch starts its calls when the block ends")
 
@@ -180,8 +182,13 @@ class Submitter:
             self._outstanding -= 1
             self._done.notify_all()
 
-    def submit(self, op, backend, stream, split, args, kwargs) -> cf.Future:
-        batch = getattr(_local, "batch", None)
+    def submit(self, op, backend, stream, split, args, kwargs, batch=None) -> cf.Future:
+        """`batch`: the Batch the call joins (b.submit's own); else the one whose block is open here, if
+        it is this submitter's and has not started."""
+        if batch is None:
+            batch = current_batch.get()
+            if batch is not None and batch.started:
+                batch = None
         if self._closed:
             raise HipschedError(f"{op}: the executor is closed")
         if backend != "cpu" and (batch is None or batch.submitter is not self):
@@ -201,11 +208,15 @@ class Submitter:
                 return fut
         mine = batch is not None and batch.submitter is self
         call = _Pending(op, backend, stream, split, args, kwargs, _BatchFuture if mine else cf.Future)
-        self._track(call)
         if mine:
-            call.future.batch = batch
-            batch.calls.append(call)
+            with batch.lock:
+                if batch.started:   # (b.submit from another thread as the block ended)
+                    raise HipschedError(f"{op}: the batch has started: submit to a new one, or to the executor")
+                call.future.batch = batch
+                self._track(call)
+                batch.calls.append(call)
             return call.future
+        self._track(call)
         self._when_ready(call)
         return call.future
 

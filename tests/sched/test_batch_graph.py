@@ -355,3 +355,37 @@ def test_a_side_whose_worker_fails_fails_the_calls_left_instead_of_leaving_them_
         errors = [c.future.exception(timeout=30) for c in b.calls]
     assert any(isinstance(e, MemoryError) for e in errors)
     assert all(e is None or isinstance(e, (MemoryError, SubmittedCallError)) for e in errors)
+
+
+def test_a_batch_held_across_an_await_takes_only_its_own_tasks_calls_and_b_submit_from_anywhere(x):
+    """Two asyncio tasks on one thread: the first holds a batch open across an await, the second submits
+    meanwhile and awaits its result. The second's call is its own (it used to join the open batch, and
+    its await then waited for the block to end); a call b.submit makes on another thread joins the batch."""
+    import asyncio
+    import threading
+    with Executor(persist_model=False, telemetry_path=None) as ex:
+        box = {}
+
+        async def holder(opened, other_done):
+            with ex.batch() as b:
+                box["mine"] = ex.submit("scale", x, 2.0)
+                t = threading.Thread(target=lambda: box.__setitem__("theirs", b.submit("scale", x, 3.0)))
+                t.start()
+                t.join()
+                opened.set()
+                await other_done.wait()
+            box["b"] = b
+
+        async def other(opened, other_done):
+            await opened.wait()
+            box["other"] = await asyncio.wait_for(asyncio.wrap_future(ex.submit("scale", x, 4.0)), 30)
+            other_done.set()
+
+        async def main():
+            opened, other_done = asyncio.Event(), asyncio.Event()
+            await asyncio.gather(holder(opened, other_done), other(opened, other_done))
+        asyncio.run(main())
+        b = box["b"]
+        assert [c.future for c in b.calls] == [box["mine"], box["theirs"]]
+        np.testing.assert_array_equal(box["other"], x * np.float32(4.0))
+        np.testing.assert_array_equal(box["theirs"].result(timeout=30), x * np.float32(3.0))
