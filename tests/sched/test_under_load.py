@@ -141,6 +141,19 @@ def test_a_record_ends_the_threads_hold_and_learns_its_time_alone():
     assert c.backlog() == (0.0, 0.0)
 
 
+def test_the_next_call_in_a_queue_starts_when_the_one_before_it_ends():
+    """Two 3 ms calls queued on the GPU; the first ends 0.5 ms late, at 3.5 ms: the second starts then,
+    so 3 ms are left, not the 2.5 ms a count from when the GPU went busy gives (under steady load that
+    count ate every call's prediction with the overruns before it, and the backlog fell to 0)."""
+    c, s = measured()
+    c.hold(GPU, 3000.0)
+    c.hold(GPU, 3000.0)
+    c.set_clock(10**12 + 3_500_000)
+    c.record(s, GPU, N, 3500.0)
+    assert c.backlog()[1] == pytest.approx(3000.0)
+    c.release()
+
+
 def test_device_inputs_wait_for_the_gpu_queue_on_either_side():
     c, s = measured(cpu_us=5600.0, gpu_us=3700.0)
     held_elsewhere(c, [(GPU, 50_000.0)])
