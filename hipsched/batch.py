@@ -133,14 +133,17 @@ class Batch:
         self._host_data = set()   # planned calls on host data (a device input keeps its result there anyway)
         made = {}        # index -> the stand-in of its result (None: it has none)
         device = set()   # indices of calls on device data (their results stay on the device)
+
+        def leave(n, c):   # not planned: decided when its inputs are ready, as any submitted call
+            costs.append(None)
+            preds.append([])
+            unplanned.append(c)
+            made[n] = None
         for n, c in enumerate(self.calls):
             deps = _futures_in(c.args, c.kwargs)
             mine = [index.get(id(f)) for _, f in deps]
             if any(j is None or made.get(j) is None or j in device for j in mine):
-                costs.append(None)
-                preds.append([])
-                unplanned.append(c)
-                made[n] = None
+                leave(n, c)
                 continue
             try:
                 if deps:
@@ -150,20 +153,9 @@ class Batch:
                     args, kwargs = c.args, c.kwargs
                 prepared = ex._prepare[c.op](*args, **kwargs)
                 cost = self._costs(c, prepared)
-                if cost is None:
-                    raise LookupError("not planned")
-            except LookupError:
-                costs.append(None)
-                preds.append([])
-                unplanned.append(c)
-                made[n] = None
-                continue
             except Exception as e:
                 if deps:   # left to run: its run on the real inputs raises what it raises
-                    costs.append(None)
-                    preds.append([])
-                    unplanned.append(c)
-                    made[n] = None
+                    leave(n, c)
                     continue
                 # an independent call that cannot be prepared fails alone, as it would run
                 if c.future.set_running_or_notify_cancel():
@@ -171,6 +163,9 @@ class Batch:
                 costs.append(None)
                 preds.append([])
                 made[n] = None
+                continue
+            if cost is None:   # asked for a side that refuses it: its run says what it says
+                leave(n, c)
                 continue
             costs.append(cost)
             preds.append(sorted(set(mine)))
