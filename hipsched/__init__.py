@@ -14,6 +14,10 @@ from .config import ConfigError, HybridConfig
 
 __version__ = "0.1.0"
 
+# before anything else can load torch's (hipsched/openmp_runtime.py says why)
+from . import openmp_runtime as _openmp_runtime  # noqa: E402
+_openmp_runtime.load()
+
 # public name -> module that defines it (all of these import the compiled scheduler core)
 _LAZY = {
     "Executor": ".executor",
@@ -113,8 +117,12 @@ def cpu_features() -> dict:
     `bf16_dot`: whether bfloat16 matmul and attention's Q.K^T multiply on vdpbf16ps (AVX512_BF16, not
     turned off by HIPSCHED_CPU_FEATURES=avx512; it flushes bf16 denormals to zero). The avx512 level has
     its own kernels for elementwise, similarity, norm, attention and quant; graph has no kernels per level
-    (plain C, with an AVX2 index check at the avx2 and avx512 levels: docs/guide/cpu.md, "CPU SIMD levels")."""
-    return _import_compiled(".cpu._features").cpu_features()
+    (plain C, with an AVX2 index check at the avx2 and avx512 levels: docs/guide/cpu.md, "CPU SIMD levels").
+    `omp_wait` says how the kernels' OpenMP threads wait between calls: "passive" (they sleep), or "spin"
+    and the runtime loaded before hipsched that spins them (hipsched/openmp_runtime.py)."""
+    features = _import_compiled(".cpu._features").cpu_features()
+    features["omp_wait"] = _openmp_runtime.wait
+    return features
 
 
 _default = None

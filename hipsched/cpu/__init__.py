@@ -62,17 +62,10 @@ if os.environ.get("HIPSCHED_CPU_FEATURES", "") not in ("",) + _LEVELS:
                   f"{', '.join(_LEVELS)}: the CPU kernels use the highest level this CPU has", RuntimeWarning,
                   stacklevel=2)
 
-# OpenMP's waiting threads sleep at once rather than spin. libgomp's default spins each team thread for
-# up to a few milliseconds after every parallel region; our kernels are regions of 0.1-10 ms called from
-# Python, with GPU calls, the driver's threads and the telemetry writer between them, so the spinning
-# threads took the cores those need, and on the H100's 16-core host 15-100% of the CPU top_k calls of
-# a demo run took ~7 ms instead of ~0.3 ms (one preempted team thread holding up the region's barrier
-# for a scheduler time slice), which taught the scheduler a CPU 20x slower than it is. Sleeping costs
-# a wake-up per region (tens of microseconds) and never that. libgomp reads the policy once, when it is
-# loaded, which the first of our extension modules does: the variable is set only around that import,
-# so a libgomp loaded later (PyTorch ships its own) keeps the process's setting, and a user's
-# OMP_WAIT_POLICY is left as it is. A libgomp some other module loaded before hipsched is already set
-# up, and keeps its own policy.
+# The runtime's threads sleep between regions (hipsched/openmp_runtime.py says why). `import hipsched`
+# has loaded it already where it could (Linux); elsewhere, or where the library is not on the loader's
+# path but is on our modules' rpath, the first of our extension modules loads it here, the variable set
+# only around that import. A user's OMP_WAIT_POLICY is left as it is.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from requires import need
 
 PROBE = ("import os, hipsched, hipsched.cpu._similarity; "
          "print('env after import:', os.environ.get('OMP_WAIT_POLICY'))")
@@ -39,3 +40,30 @@ def test_a_users_wait_policy_is_kept():
     assert _setting(out, "OMP_WAIT_POLICY") == "ACTIVE"
     assert _setting(out, "GOMP_SPINCOUNT") != "0"
     assert "env after import: ACTIVE" in out
+
+
+def test_a_torch_imported_after_hipsched_shares_its_sleeping_runtime():
+    # torch's libgomp has the soname of the system's: whichever loads first runs both libraries' regions.
+    # Loaded at the first CPU call, hipsched's came after a torch imported in between, and spun.
+    need("torch")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"
+    probe = ("import hipsched, torch, hipsched.cpu._similarity; "
+             "print('wait:', hipsched.cpu_features()['omp_wait'])")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert [_setting(line, "GOMP_SPINCOUNT") for line in out.splitlines() if "GOMP_SPINCOUNT" in line] == ["0"], out
+    assert "wait: passive" in out
+
+
+def test_a_spinning_runtime_loaded_before_hipsched_is_reported():
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    probe = ("import ctypes, ctypes.util; ctypes.CDLL(ctypes.util.find_library('gomp') or 'libgomp.so.1'); "
+             "import hipsched; print('wait:', hipsched.cpu_features()['omp_wait'])")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "wait: spin: " in r.stdout and "libgomp" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                       env={**env, "OMP_WAIT_POLICY": "passive"})
+    assert "wait: as OMP_WAIT_POLICY=passive" in r.stdout, r.stdout + r.stderr
