@@ -131,7 +131,8 @@ def main(argv=None):
              f"torch alternately. Machine: {platform.machine()}, {os.cpu_count()} logical CPUs, "
              f"{'GPU ' + str(gpu_name) if has_gpu else 'no GPU'}; hipsched and torch {torch.__version__} with "
              f"{torch.get_num_threads()} threads (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}); "
-             f"load average at start {os.getloadavg()[0]:.1f}.", ""]
+             f"load average at start {os.getloadavg()[0]:.1f}; one OpenMP runtime for both (torch imported first: its "
+             f"libgomp), threads waiting {hipsched.cpu_features()['omp_wait'].split(':')[0]}.", ""]
     head = ("| weights | hipsched backend | hipsched tok/s | torch CPU eager tok/s (float32 weights) | ratio | target "
             "| max rel. err vs torch (64 steps) |")
     table = [head, "|---|---|---|---|---|---|---|"]
