@@ -1,8 +1,8 @@
-"""The CPU kernels' OpenMP threads sleep between parallel regions instead of spinning (hipsched/cpu/
-__init__.py says why: on the H100's host, threads left spinning after each region made 15-100% of a
-demo's CPU top_k calls take ~7 ms instead of ~0.3 ms, which taught the scheduler a CPU 20x slower than
-it is). libgomp reports its settings with OMP_DISPLAY_ENV=VERBOSE when it is loaded: GOMP_SPINCOUNT is
-0 when the policy is passive, 300000 by default."""
+"""The CPU kernels' OpenMP threads spin briefly after a parallel region, then sleep (hipsched/
+openmp_runtime.py says why: libgomp's default spin of ~8 ms after each region made 15-100% of a demo's
+CPU top_k calls on the H100's host take ~7 ms instead of ~0.3 ms; sleeping at once made every region wake
+its team, 100-200 us on a VM). libgomp reports its settings with OMP_DISPLAY_ENV=VERBOSE when it is
+loaded: GOMP_SPINCOUNT is hipsched's count, 300000 by default, 0 under OMP_WAIT_POLICY=PASSIVE."""
 import os
 import subprocess
 import sys
@@ -10,60 +10,68 @@ import sys
 import pytest
 from requires import need
 
+from hipsched.openmp_runtime import SPIN_COUNT
+
 PROBE = ("import os, hipsched, hipsched.cpu._similarity; "
-         "print('env after import:', os.environ.get('OMP_WAIT_POLICY'))")
+         "print('env after import:', os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT')); "
+         "print('wait:', hipsched.cpu_features()['omp_wait'])")
+_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
-def _run(env_extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env.update(env_extra, OMP_DISPLAY_ENV="VERBOSE")
-    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)
+def _run(env_extra, probe=PROBE, display=True):
+    env = {k: v for k, v in os.environ.items() if k not in _VARS}
+    env.update(env_extra)
+    if display:
+        env["OMP_DISPLAY_ENV"] = "VERBOSE"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout + r.stderr
 
 
-def _setting(out, name):
-    for line in out.splitlines():
-        if line.strip().startswith(name + " ="):
-            return line.split("=", 1)[1].strip().strip("'")
-    pytest.fail(f"libgomp did not report {name}:\n{out}")
+def _settings(out, name):
+    """Every value libgomp reported for `name` (one per runtime loaded)."""
+    got = [line.split("=", 1)[1].strip().strip("'") for line in out.splitlines()
+           if line.strip().startswith(name + " =")]
+    if not got:
+        pytest.fail(f"libgomp did not report {name}:\n{out}")
+    return got
 
 
-def test_openmp_threads_sleep_between_regions_and_the_environment_is_left_alone():
+def test_openmp_threads_spin_briefly_and_the_environment_is_left_alone():
     out = _run({})
-    assert _setting(out, "GOMP_SPINCOUNT") == "0"
-    assert "env after import: None" in out       # set only around loading libgomp
+    assert _settings(out, "GOMP_SPINCOUNT") == [str(SPIN_COUNT)]
+    assert 0 < SPIN_COUNT < 300000 / 10          # far below libgomp's default, above sleeping at once
+    assert "env after import: None None" in out  # set only around loading libgomp
+    assert f"wait: short spin, then sleep (GOMP_SPINCOUNT={SPIN_COUNT})" in out
 
 
-def test_a_users_wait_policy_is_kept():
-    out = _run({"OMP_WAIT_POLICY": "ACTIVE"})
-    assert _setting(out, "OMP_WAIT_POLICY") == "ACTIVE"
-    assert _setting(out, "GOMP_SPINCOUNT") != "0"
-    assert "env after import: ACTIVE" in out
+@pytest.mark.parametrize("var,value", [("OMP_WAIT_POLICY", "ACTIVE"), ("OMP_WAIT_POLICY", "PASSIVE"),
+                                       ("GOMP_SPINCOUNT", "12345")])
+def test_a_users_wait_setting_is_kept(var, value):
+    out = _run({var: value})
+    if var == "OMP_WAIT_POLICY":
+        assert _settings(out, "OMP_WAIT_POLICY") == [value]
+        spins = _settings(out, "GOMP_SPINCOUNT")
+        assert spins == ["0"] if value == "PASSIVE" else len(spins) == 1 and int(spins[0]) > 300000
+        assert f"env after import: {value} None" in out
+    else:
+        assert _settings(out, "GOMP_SPINCOUNT") == [value]
+        assert f"env after import: None {value}" in out
+    assert f"wait: as {var}={value}" in out
 
 
-def test_a_torch_imported_after_hipsched_shares_its_sleeping_runtime():
+def test_a_torch_imported_after_hipsched_shares_its_runtime():
     # torch's libgomp has the soname of the system's: whichever loads first runs both libraries' regions.
-    # Loaded at the first CPU call, hipsched's came after a torch imported in between, and spun.
+    # Loaded at the first CPU call, hipsched's came after a torch imported in between, and spun ~8 ms.
     need("torch")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env["OMP_DISPLAY_ENV"] = "VERBOSE"
-    probe = ("import hipsched, torch, hipsched.cpu._similarity; "
-             "print('wait:', hipsched.cpu_features()['omp_wait'])")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr
-    out = r.stdout + r.stderr
-    assert [_setting(line, "GOMP_SPINCOUNT") for line in out.splitlines() if "GOMP_SPINCOUNT" in line] == ["0"], out
-    assert "wait: passive" in out
+    out = _run({}, probe="import hipsched, torch, hipsched.cpu._similarity; "
+                         "print('wait:', hipsched.cpu_features()['omp_wait'])")
+    assert _settings(out, "GOMP_SPINCOUNT") == [str(SPIN_COUNT)], out
+    assert "wait: short spin" in out
 
 
 def test_a_spinning_runtime_loaded_before_hipsched_is_reported():
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     probe = ("import ctypes, ctypes.util; ctypes.CDLL(ctypes.util.find_library('gomp') or 'libgomp.so.1'); "
              "import hipsched; print('wait:', hipsched.cpu_features()['omp_wait'])")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "wait: spin: " in r.stdout and "libgomp" in r.stdout, r.stdout
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                       env={**env, "OMP_WAIT_POLICY": "passive"})
-    assert "wait: as OMP_WAIT_POLICY=passive" in r.stdout, r.stdout + r.stderr
+    out = _run({}, probe=probe, display=False)
+    assert "wait: long spin: " in out and "libgomp" in out and f"GOMP_SPINCOUNT={SPIN_COUNT}" in out, out
