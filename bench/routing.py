@@ -28,6 +28,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
+# a checkout built in place is what is measured, as bench/harness.py has it: run as a script, Python puts
+# bench/ on the path, not the checkout, and an installed hipsched answered instead (an editable install
+# of another worktree: a before/after run measured that tree's scheduler twice, with nothing to say so)
+if glob.glob(os.path.join(os.path.dirname(HERE), "hipsched", "_sched*.so")):
+    sys.path.insert(0, os.path.dirname(HERE))
 
 import hipsched as hs  # noqa: E402
 from hipsched.cli import demo  # noqa: E402
@@ -92,6 +97,36 @@ def one_run(start, quick, seed, sim, repeats=3, machine=None, dump=None, expecte
             if dump:
                 dump_run(dump, start, seed, cache, judgement)
         return judgement, rc, buf.getvalue()
+
+
+def draw_spread(judgement, machine):
+    """(draws, sd) of a run judged against the expected oracle (`one_run(..., expected_oracle=True)`) on
+    simulated `machine`: draws = observed regret - choice regret, what the auto run's own noise draws
+    added to the expected cost of its choices, and sd = how far that term spreads from run to run (0 in
+    expectation: a run's draw does not depend on the choice that sent it to its side). Observed regret is
+    the choice regret plus one draw of that term; on the quick workload a single call can be a tenth of
+    the run (h100-measured, calibrated, seed 2 of the full workload: one exploring top_k CPU run in the
+    8x mode, 95.7 ms against 14.9 expected, was 13.5 of the 15.5 points between 19.4% observed and 3.9%
+    choice regret). Each call's variance is its chosen side's noise (RunNoise.relative_variance) times
+    its expected time squared; a GPU call's copies are not noisy, so its time is the oracle's resident
+    run where the oracle gives one (a shared input), else its whole price (an upper bound)."""
+    from sim_machine import RunNoise
+    noise = RunNoise(machine, 0, expected=True)
+    o = judgement["overall"]
+    var = 0.0
+    for row in judgement["per_op"]:
+        for a, c, g in row.get("per_call", ()):
+            if c["backend"] != "cpu" or g["backend"] != "gpu" or g.get("fallback") or a["backend"] == "split":
+                continue
+            if a["backend"] == "cpu":
+                t = c["duration_us"]
+            else:
+                shared = g.get("oracle_shared")
+                t = min(g["duration_us"], shared["resident_us"]) if shared else g["duration_us"]
+            var += noise.relative_variance(a["backend"], a["op"]) * t * t
+    if not o["best_us"]:
+        return None, None
+    return o["regret"] - o["choice_regret"], var ** 0.5 / o["best_us"]
 
 
 def main(argv=None):

@@ -1,7 +1,9 @@
 """Routing against the oracle over a family of simulated machines (bench/machines/*.json): for each machine,
 each starting point (an empty model, "cold"; a model Executor.calibrate() just filled, "calibrated") and
 each seed, one bench/routing.py run (`hipsched demo --oracle` on that machine). Regret first: it is what a
-wrong choice costs; accuracy counts calls within the machine's noise band as right either way.
+wrong choice costs; accuracy counts calls within the machine's noise band as right either way. With
+--expected-oracle, choice regret is the choices' expected cost and observed regret adds one draw of the
+run's noise; the draws columns give that term and how far it spreads (routing.draw_spread).
 
 Usage: python bench/routing_family.py [--quick] [--seeds N] [--first-seed S] [--label NAME] [--expected-oracle]
        [MACHINE.json ...]
@@ -36,22 +38,42 @@ def run_family(paths, quick, seeds, starts=("cold", "calibrated"), log=print, fi
                        "choice_regret": o["choice_regret"], "accuracy": o["accuracy"], "judged": o["judged"],
                        "rc": rc, "seconds": time.perf_counter() - t0,
                        "per_op": {r["op"]: r["regret"] for r in res["per_op"] if r["judged"]}}
+                draws = ""
+                if expected_oracle:
+                    # against expected prices the choice regret is the choices' expected cost, and the rest
+                    # of the observed regret is this run's draws (routing.draw_spread)
+                    row["draws"], row["draws_sd"] = routing.draw_spread(res, m)
+                    draws = f"  draws {100 * row['draws']:+6.1f}% (one run's sd {100 * row['draws_sd']:.1f}%)"
                 rows.append(row)
                 log(f"{m.name:<24} {start:<10} seed {seed}: regret {100 * o['regret']:6.1f}%  choice "
                     f"{100 * o['choice_regret']:6.1f}%  accuracy {100 * o['accuracy']:5.1f}%  mean-oracle regret "
-                    f"{100 * om['regret']:6.1f}% choice {100 * om['choice_regret']:6.1f}%  ({row['seconds']:.0f} s)")
+                    f"{100 * om['regret']:6.1f}% choice {100 * om['choice_regret']:6.1f}%{draws}  "
+                    f"({row['seconds']:.0f} s)")
     return rows
 
 
+def draws_cell(rs):
+    """The seeds' mean of observed - choice regret, +- the sd that mean has from the runs' noise draws alone
+    (sqrt of the summed per-run variances over the seeds): a mean observed regret further from the mean
+    choice regret than two of these is more than the draws."""
+    if not rs or any(r.get("draws") is None for r in rs):
+        return "-"
+    n = len(rs)
+    sd = sum(r["draws_sd"] ** 2 for r in rs) ** 0.5 / n
+    return f"{100 * sum(r['draws'] for r in rs) / n:+.1f}% +- {100 * sd:.1f}%"
+
+
 def table(rows):
-    """Markdown: one line per machine, regret (worst of the seeds, then the mean) per starting point."""
+    """Markdown: one line per machine, regret (worst of the seeds, then the mean) per starting point; with
+    the expected oracle, the draws (observed - choice regret) and their spread."""
     by = {}
     for r in rows:
         by.setdefault(r["machine"], {}).setdefault(r["start"], []).append(r)
     lines = ["| machine | cold regret: worst (mean) | calibrated regret: worst (mean) | cold regret, mean oracle | "
              "calibrated regret, mean oracle | cold choice regret | calibrated choice regret | cold choice regret, "
-             "mean oracle | calibrated choice regret, mean oracle | cold accuracy | calibrated accuracy | seeds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "mean oracle | calibrated choice regret, mean oracle | cold accuracy | calibrated accuracy | seeds |"
+             " cold draws: mean +- sd | calibrated draws: mean +- sd |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(rs, k, worst=True):
         if not rs:
@@ -64,7 +86,7 @@ def table(rows):
                      f"{cell(k, 'regret_mean')} | {cell(c, 'choice_regret')} | {cell(k, 'choice_regret')} | "
                      f"{cell(c, 'choice_regret_mean')} | {cell(k, 'choice_regret_mean')} | "
                      f"{cell(c, 'accuracy', False)} | {cell(k, 'accuracy', False)} | "
-                     f"{max(len(c), len(k))} |")
+                     f"{max(len(c), len(k))} | {draws_cell(c)} | {draws_cell(k)} |")
     return "\n".join(lines)
 
 
@@ -85,7 +107,8 @@ def main(argv=None):
     flag = " --expected-oracle" if args.expected_oracle else ""
     text = (f"## routing over the machine family: demo{' --quick' if args.quick else ''}, {args.seeds} seed(s), "
             f"label {args.label}\n\ncommand: `python bench/routing_family.py{' --quick' if args.quick else ''} "
-            f"--seeds {args.seeds} --label {args.label}{flag}` ({time.perf_counter() - t0:.0f} s)\n\n{table(rows)}\n")
+            f"--seeds {args.seeds} --label {args.label}{flag}` ({time.perf_counter() - t0:.0f} s; hipsched from "
+            f"{os.path.dirname(os.path.dirname(routing.hs.__file__))})\n\n{table(rows)}\n")
     print(text)
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     base = os.path.join(HERE, "results", f"routing-family-{args.label}{'-quick' if args.quick else ''}")

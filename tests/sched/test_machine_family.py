@@ -68,3 +68,63 @@ def test_routing_holds_on_a_machine_not_in_the_repository(routing, seed, start, 
     o = res["by_mean"]["overall"]
     assert o["judged"] >= 0.95 * o["calls"]
     assert o["choice_regret"] <= bound, (m, text)
+
+
+def test_a_runs_draws_spread_from_its_choice_regret_as_the_bench_reports(routing):
+    """bench/routing_family.py --expected-oracle reports observed - choice regret (the run's own draws)
+    beside the spread one run's draws have (routing.draw_spread): on h100-measured, calibrated, seed 2 of
+    the full workload, 15.5 of 19.4 points of observed regret were one exploring CPU run in the 8x mode,
+    and without the spread a reader could not tell a draw from a defect. Here: the moments of a run's
+    noise are those of its draws, and over many runs the draws of a fixed schedule spread as reported."""
+    import numpy as np
+    from sim_machine import RunNoise
+    m = Machine(sigma=0.3, tail_share=0.03, tail_factor=3.0, cpu_slow_share=0.1, cpu_slow_factor=8.0,
+                cpu_slow_ops=("top_k",))
+    sampled, exact = RunNoise(m, 11), RunNoise(m, 11, expected=True)
+    for side, op in (("cpu", "top_k"), ("cpu", "add"), ("gpu", "top_k")):
+        draws = np.array([sampled.factor(side, op) for _ in range(400_000)])
+        assert draws.var() / draws.mean() ** 2 == pytest.approx(exact.relative_variance(side, op), rel=0.05)
+    assert RunNoise(Machine(sigma=0.0), 0).relative_variance("cpu", "top_k") == pytest.approx(0.0, abs=1e-12)
+
+    # a schedule: (side chosen, op, expected CPU us, expected GPU us, the GPU's resident time when its
+    # price holds a shared upload); the oracle's best side is the faster
+    calls = [("cpu", "top_k", 900.0, 1200.0, None), ("gpu", "top_k", 15000.0, 3600.0, 950.0),
+             ("cpu", "add", 300.0, 500.0, None), ("gpu", "cosine_similarity", 9000.0, 2000.0, None)] * 5
+    per_call, best, chosen = [], 0.0, 0.0
+    for side, op, tc, tg, resident in calls:
+        g = {"backend": "gpu", "duration_us": tg}
+        if resident is not None:
+            g["oracle_shared"] = {"input": 1, "upload_us": tg - resident, "resident_us": resident}
+        per_call.append(({"backend": side, "op": op}, {"backend": "cpu", "duration_us": tc}, g))
+        best += min(tc, tg)
+        chosen += tc if side == "cpu" else tg
+    rng = np.random.default_rng(5)
+    observed = []
+    for _ in range(4000):
+        noise = RunNoise(m, int(rng.integers(1 << 30)))
+        total = 0.0
+        for side, op, tc, tg, resident in calls:
+            # a GPU run's copies are not noisy: only its resident part is drawn
+            fixed = 0.0 if side == "cpu" or resident is None else tg - resident
+            t = tc if side == "cpu" else (resident if resident is not None else tg)
+            total += fixed + t * noise.factor(side, op) / noise.expectation(side, op)
+        observed.append((total - best) / best)
+    judgement = {"per_op": [{"per_call": per_call}],
+                 "overall": {"best_us": best, "choice_regret": (chosen - best) / best, "regret": observed[0]}}
+    draws, sd = routing.draw_spread(judgement, m)
+    assert draws == pytest.approx(observed[0] - (chosen - best) / best)
+    assert np.mean(observed) == pytest.approx((chosen - best) / best, abs=3 * sd / np.sqrt(len(observed)))
+    assert np.std(observed) == pytest.approx(sd, rel=0.08)
+
+
+def test_the_routing_bench_measures_the_checkout_it_sits_in(tmp_path):
+    """`python bench/routing_family.py` puts bench/ on the path, not the checkout: an installed hipsched
+    (on the development machine an editable install of another worktree) answered instead, so a
+    before/after run in a worktree measured the other tree's scheduler twice."""
+    import subprocess
+    import sys
+    root = os.path.dirname(BENCH)
+    code = f"import sys; sys.path[0] = {BENCH!r}; import routing; print(routing.hs.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert os.path.realpath(out.stdout.strip()).startswith(os.path.realpath(root) + os.sep)

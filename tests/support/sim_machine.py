@@ -160,6 +160,16 @@ class RunNoise:
             f *= 1.0 + m.cpu_slow_share * (m.cpu_slow_factor - 1.0)
         return f
 
+    def relative_variance(self, side, op):
+        """Var(factor) / expectation(factor)^2 of a sampled run: how far one run's time lies from its
+        expected time, squared and relative (the log-normal noise, the tail and the slow mode are drawn
+        independently, so the second moments multiply)."""
+        m = self.m
+        f2 = math.exp(2.0 * m.sigma * m.sigma) * (1.0 + m.tail_share * (m.tail_factor ** 2 - 1.0))
+        if self._slow_mode(side, op):
+            f2 *= 1.0 + m.cpu_slow_share * (m.cpu_slow_factor ** 2 - 1.0)
+        return f2 / self.expectation(side, op) ** 2 - 1.0
+
     def factor(self, side, op):
         m = self.m
         if self.expected:
