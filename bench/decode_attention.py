@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+import checkout  # noqa: E402,F401  (a checkout built in place is what is measured)
 import hipsched as hs
 
 

@@ -28,12 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
-# a checkout built in place is what is measured, as bench/harness.py has it: run as a script, Python puts
-# bench/ on the path, not the checkout, and an installed hipsched answered instead (an editable install
-# of another worktree: a before/after run measured that tree's scheduler twice, with nothing to say so)
-if glob.glob(os.path.join(os.path.dirname(HERE), "hipsched", "_sched*.so")):
-    sys.path.insert(0, os.path.dirname(HERE))
-
+import checkout  # noqa: E402,F401  (a checkout built in place is what is measured)
 import hipsched as hs  # noqa: E402
 from hipsched.cli import demo  # noqa: E402
 

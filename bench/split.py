@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+import checkout  # noqa: E402,F401  (a checkout built in place is what is measured)
 import hipsched as hs
 from hipsched.backends.interface import GpuBackendBase
 from hipsched.ops import OPS

@@ -17,6 +17,7 @@ import numpy as np
 import threadpoolctl
 import torch
 
+import checkout  # noqa: E402,F401  (a checkout built in place is what is measured)
 import hipsched as hs
 
 

@@ -17,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = r'''
 import sys, time
 import numpy as np
+import checkout  # noqa: E402,F401  (a checkout built in place is what is measured)
 import hipsched as hs
 rng = np.random.default_rng(0)
 a1, a4 = rng.standard_normal(131072, dtype=np.float32), rng.standard_normal(1 << 22, dtype=np.float32)
