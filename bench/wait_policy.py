@@ -1,8 +1,8 @@
 """CPU call times under OpenMP wait settings, each in its own process (libgomp reads them once, when it
 loads): hipsched's default (OMP_WAIT_POLICY=PASSIVE: team threads sleep at once), a short spin before
-sleeping (GOMP_SPINCOUNT=10000), and the default on half the threads. Forced-CPU calls 0.2 ms apart, as
-a program's calls come: add of 128K and 4M floats, top_k over 7 MB and 38 MB corpora, a 64 MB matvec;
-mean, p50, p90 and max in us.
+sleeping (GOMP_SPINCOUNT=3000, about 0.1 ms), a longer one (10000), and the default on half the threads.
+Forced-CPU calls 0.2 ms apart, as a program's calls come: add of 128K and 4M floats, top_k over 7 MB
+and 38 MB corpora, a 64 MB matvec; mean, p50, p90 and max in us.
 
 Usage: python bench/wait_policy.py [--calls N]
 Writes bench/results/wait_policy.md."""
@@ -12,12 +12,13 @@ import platform
 import subprocess
 import sys
 
+import checkout  # noqa: F401  (a checkout built in place is what is measured: the children get it first)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 CHILD = r'''
 import sys, time
 import numpy as np
-import checkout  # noqa: E402,F401  (a checkout built in place is what is measured)
 import hipsched as hs
 rng = np.random.default_rng(0)
 a1, a4 = rng.standard_normal(131072, dtype=np.float32), rng.standard_normal(1 << 22, dtype=np.float32)
@@ -47,10 +48,13 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=150)
     args = ap.parse_args(argv)
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if checkout.ROOT in sys.path[:1]:
+        base["PYTHONPATH"] = os.pathsep.join([checkout.ROOT] + [p for p in [base.get("PYTHONPATH")] if p])
     ncpu = os.cpu_count() or 1
     half = str(max(1, ncpu // 2))
     settings = [("hipsched default (PASSIVE)", {}),
-                ("GOMP_SPINCOUNT=10000", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10000"}),
+                ("GOMP_SPINCOUNT=3000", {"GOMP_SPINCOUNT": "3000"}),
+                ("GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT": "10000"}),
                 (f"default, HIPSCHED_NUM_THREADS={half}", {"HIPSCHED_NUM_THREADS": half})]
     lines = [f"## CPU calls under OpenMP wait settings ({platform.machine()}, {ncpu} CPUs; {args.calls} calls each, "
              "0.2 ms apart, forced CPU; microseconds)", "", "| setting | call | mean | p50 | p90 | max |",

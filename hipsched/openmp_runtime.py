@@ -1,34 +1,38 @@
-"""The OpenMP runtime the CPU kernels run on, loaded at `import hipsched` with a short spin before its
-threads sleep between parallel regions, and how it waits (`wait`, hipsched.cpu_features()["omp_wait"]).
+"""The OpenMP runtime the CPU kernels run on, loaded at `import hipsched` with its threads sleeping
+between parallel regions, and how it waits (`wait`, reported by hipsched.cpu_features()["omp_wait"]).
 
-How long a team thread spins after a region before it sleeps decides two costs:
-- Spinning long holds cores. libgomp's default is GOMP_SPINCOUNT 300000, about 8 ms on the 2-core Zen 4
-  VM (bench numbers below). Our kernels are regions of 0.01-10 ms called from Python, with GPU calls, the
+How long a team thread spins after a region before it sleeps trades two costs, and neither wins on
+every machine:
+- Spinning holds cores. libgomp's default is GOMP_SPINCOUNT 300000, about 8 ms on the 2-core Zen 4 VM
+  (30 ns an iteration). Our kernels are regions of 0.01-10 ms called from Python, with GPU calls, the
   driver's threads and the telemetry writer between them: threads spinning that long took the cores
   those need, and a team whose member was preempted waited a scheduler slice at its barrier. On the
-  H100's 16-core host 15-100% of a demo's CPU top_k calls took ~7 ms instead of ~0.3 ms; on the 2-core VM
-  beside one other process a 1 ms decode attention took 22-24 ms.
-- Sleeping at once (OMP_WAIT_POLICY=PASSIVE, what hipsched set before) makes every region wake its team.
-  On the VM that wake cost ~100-200 us a region: a float16 decode attention over 1024 keys took 377 us
-  on two threads against 253 us on one and 148 us on a spinning team, and a q8_0 decode of the small
-  model ran at 285-308 tokens/s against 441-519 (bench/decode.py --preset small --modes cpu).
-So the threads spin about as long as a wake costs, then sleep: the rule that bounds either waste to the
-cost of the other (spin for the price of blocking). SPIN_COUNT 3000 is 50-80 us on the VM (30 ns an
-iteration: a pause and a load), 90-140 us where a pause is 140 cycles (Intel since Skylake); the same
-1024-key call took 163 us with it and the small q8_0 decode 378-488 tokens/s.
+  H100's 16-core host 15-100% of a demo's CPU top_k calls took ~7 ms instead of ~0.3 ms; on the 2-core
+  VM beside one other process a 1 ms decode attention took 22-24 ms. Even a short spin loses beside
+  other work: with the test suite running on the VM (bench/wait_policy.py, calls 0.2 ms apart),
+  top_k over 7 MB took 386 us with GOMP_SPINCOUNT=3000 (about 0.1 ms) and 856 us with 10000, against
+  259 us sleeping at once; add of 4M floats 1388 and 1960 against 1049.
+- Sleeping at once makes every region wake its team. On the quiet VM that wake cost ~100-200 us a
+  region: a float16 decode attention over 1024 keys took 377 us on two threads against 253 us on one and
+  163 us with the 3000 spin, and the small model's q8_0 decode ran at 285-308 tokens/s against 378-488
+  with the 3000 spin (bench/decode.py --preset small --modes cpu). On the idle H200 host a 10000 spin
+  made calls 11-59% faster (bench/results/h200-2026-11-28.md).
+Sleeping at once is kept: its loss is bounded by a wake a region, while a spin's beside other work is
+not, and hipsched's processes share machines (GPU drivers, Dask workers, several processes). A process
+that has its cores to itself, such as a CPU decode loop, gains by setting GOMP_SPINCOUNT=3000 before
+importing hipsched (docs/guide/threads.md).
 
 libgomp reads its settings once, when it is loaded. torch ships a libgomp with the system's soname, and
 the dynamic linker hands a library already loaded under a soname to every later module that asks for it:
 whichever loads first runs both libraries' regions. So the runtime is loaded here, at `import hipsched`,
-with GOMP_SPINCOUNT set only around the load: loaded at the first CPU call, as before, it came after a
-torch imported in between, which loaded its own with the default spin. Only the system library is
-loaded (ctypes, no compiled hipsched module and no NumPy: the log tools import this package on a laptop
-with nothing built). A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is, and a runtime some
-other module loaded before hipsched keeps its own settings: `wait` says so, with the remedy."""
+with OMP_WAIT_POLICY=PASSIVE set only around the load: loaded at the first CPU call, as before, it came
+after a torch imported in between, which loaded its own with the default spin. Only the system library
+is loaded (ctypes, no compiled hipsched module and no NumPy: the log tools import this package on a
+laptop with nothing built). A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is, and a runtime
+some other module loaded before hipsched keeps its own settings: `wait` says so, with the remedy."""
 import os
 import sys
 
-SPIN_COUNT = 3000
 _USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 wait = "not loaded"
@@ -63,18 +67,18 @@ def load():
         wait = "as " + ", ".join(users_settings())
         return
     if before is not None:
-        wait = (f"long spin: {before} was loaded before hipsched with libgomp's default (about 8 ms of "
-                f"spinning after each region; import hipsched before torch, or set "
-                f"GOMP_SPINCOUNT={SPIN_COUNT} before torch is imported)")
+        wait = (f"spin: {before} was loaded before hipsched with libgomp's default (about 8 ms of spinning "
+                f"after each region; import hipsched before torch, or set OMP_WAIT_POLICY=PASSIVE before "
+                f"torch is imported)")
         return
-    wait = f"short spin, then sleep (GOMP_SPINCOUNT={SPIN_COUNT})"
+    wait = "passive"
     if not sys.platform.startswith("linux"):
-        return   # the kernels' own import sets the count around loading theirs (hipsched/cpu/__init__.py)
+        return   # the kernels' own import sets the policy around loading theirs (hipsched/cpu/__init__.py)
     import ctypes
-    os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:
         ctypes.CDLL("libgomp.so.1")
-    except OSError:   # none on the library path: the kernels' import sets the count around theirs
+    except OSError:   # none on the library path: the kernels' import sets the policy around theirs
         pass
     finally:
-        del os.environ["GOMP_SPINCOUNT"]
+        del os.environ["OMP_WAIT_POLICY"]

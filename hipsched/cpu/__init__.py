@@ -62,19 +62,19 @@ if os.environ.get("HIPSCHED_CPU_FEATURES", "") not in ("",) + _LEVELS:
                   f"{', '.join(_LEVELS)}: the CPU kernels use the highest level this CPU has", RuntimeWarning,
                   stacklevel=2)
 
-# The runtime's threads spin briefly, then sleep, between regions (hipsched/openmp_runtime.py says why).
-# `import hipsched` has loaded it already where it could (Linux); elsewhere, or where the library is not
-# on the loader's path but is on our modules' rpath, the first of our extension modules loads it here,
-# the count set only around that import. A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
-from ..openmp_runtime import SPIN_COUNT as _SPIN_COUNT, users_settings as _users_settings  # noqa: E402
+# The runtime's threads sleep between regions (hipsched/openmp_runtime.py says why). `import hipsched`
+# has loaded it already where it could (Linux); elsewhere, or where the library is not on the loader's
+# path but is on our modules' rpath, the first of our extension modules loads it here, the policy set
+# only around that import. A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
+from ..openmp_runtime import users_settings as _users_settings  # noqa: E402
 if not _users_settings():
-    os.environ["GOMP_SPINCOUNT"] = str(_SPIN_COUNT)
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:
         from . import _features  # noqa: F401  (loads libgomp)
     except ImportError:   # not built: the layer that needs it says so when it is used
         pass
     finally:
-        del os.environ["GOMP_SPINCOUNT"]
+        del os.environ["OMP_WAIT_POLICY"]
 
 # The pool's module (a user's setting skipped the import above): threadpoolctl finds the pool by
 # its library, which must be loaded for threadpool_info to list it
