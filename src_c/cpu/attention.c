@@ -14,8 +14,6 @@ int hs_attention_run_avx512bf16(const void *q, const void *k, const void *v, voi
                                 int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, float scale, int causal,
                                 const int64_t *kv_len, int nthreads);
 
-/* Least multiply-adds worth a thread (~0.1 ms of work): a parallel region costs microseconds. */
-#define HS_ATTENTION_GRAIN (1LL << 20)
 
 int hs_attention_f32(const float *q, const float *k, const float *v, float *out, int64_t slabs,
                      int64_t seq_q, int64_t seq_k, int64_t head_dim, float scale, int causal) {

@@ -9,6 +9,10 @@
 /* Queries per work item: threads split (slab, query tile) pairs. */
 #define HS_ATTENTION_QTILE 64
 
+/* Least multiply-adds worth a thread (~0.1 ms of work): a parallel region costs microseconds (a sleeping
+ * team's wake, on a VM, a hundred or more). The call's team and the decode's combine are sized by it. */
+#define HS_ATTENTION_GRAIN (1LL << 20)
+
 /* out[s, i, :] = sum_j softmax_j(scale * q[s, i, :] . k[s, j, :]) v[s, j, :] for s < slabs, i < seq_q,
  * j < seq_k; with `causal`, query i sees keys j <= i only (top-left aligned, as PyTorch's is_causal).
  * seq_k == 0 gives zeros. Returns 0, or -1 when the per-thread scratch could not be allocated. */
