@@ -30,6 +30,7 @@ after a torch imported in between, which loaded its own with the default spin. O
 is loaded (ctypes, no compiled hipsched module and no NumPy: the log tools import this package on a
 laptop with nothing built). A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is, and a runtime
 some other module loaded before hipsched keeps its own settings: `wait` says so, with the remedy."""
+import contextlib
 import os
 import sys
 
@@ -56,6 +57,20 @@ def users_settings():
     return [f"{name}={os.environ[name]}" for name in _USER_VARS if name in os.environ]
 
 
+@contextlib.contextmanager
+def passive_while_loading():
+    """OMP_WAIT_POLICY=PASSIVE in the environment while the block loads a libgomp (libgomp reads it then),
+    and gone after it; nothing where the user set a wait of their own."""
+    if users_settings():
+        yield
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        yield
+    finally:
+        del os.environ["OMP_WAIT_POLICY"]
+
+
 def load():
     """Load the runtime once, as the module docstring says."""
     global wait, _loaded
@@ -63,8 +78,9 @@ def load():
         return
     _loaded = True
     before = _mapped() if sys.platform.startswith("linux") else None
-    if users_settings():
-        wait = "as " + ", ".join(users_settings())
+    given = users_settings()
+    if given:
+        wait = "as " + ", ".join(given)
         return
     if before is not None:
         wait = (f"spin: {before} was loaded before hipsched with libgomp's default (about 8 ms of spinning "
@@ -75,10 +91,8 @@ def load():
     if not sys.platform.startswith("linux"):
         return   # the kernels' own import sets the policy around loading theirs (hipsched/cpu/__init__.py)
     import ctypes
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        ctypes.CDLL("libgomp.so.1")
-    except OSError:   # none on the library path: the kernels' import sets the policy around theirs
-        pass
-    finally:
-        del os.environ["OMP_WAIT_POLICY"]
+    with passive_while_loading():
+        try:
+            ctypes.CDLL("libgomp.so.1")
+        except OSError:   # none on the library path: the kernels' import sets the policy around theirs
+            pass

@@ -62,26 +62,17 @@ if os.environ.get("HIPSCHED_CPU_FEATURES", "") not in ("",) + _LEVELS:
                   f"{', '.join(_LEVELS)}: the CPU kernels use the highest level this CPU has", RuntimeWarning,
                   stacklevel=2)
 
-# The runtime's threads sleep between regions (hipsched/openmp_runtime.py says why). `import hipsched`
-# has loaded it already where it could (Linux); elsewhere, or where the library is not on the loader's
-# path but is on our modules' rpath, the first of our extension modules loads it here, the policy set
-# only around that import. A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
-from ..openmp_runtime import users_settings as _users_settings  # noqa: E402
-if not _users_settings():
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+# The pool's module, imported here: threadpoolctl finds the pool by its library, which must be loaded for
+# threadpool_info to list it. Its runtime's threads sleep between regions (hipsched/openmp_runtime.py
+# says why): `import hipsched` has loaded the runtime already where it could (Linux); elsewhere, or where
+# the library is not on the loader's path but is on our modules' rpath, this import loads it, the policy
+# set only around it. A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
+from ..openmp_runtime import passive_while_loading as _passive_while_loading  # noqa: E402
+with _passive_while_loading():
     try:
         from . import _features  # noqa: F401  (loads libgomp)
     except ImportError:   # not built: the layer that needs it says so when it is used
         pass
-    finally:
-        del os.environ["OMP_WAIT_POLICY"]
-
-# The pool's module (a user's setting skipped the import above): threadpoolctl finds the pool by
-# its library, which must be loaded for threadpool_info to list it
-try:
-    from . import _features  # noqa: F401,F811
-except ImportError:   # not built: as above
-    pass
 
 # threadpoolctl lists hipsched's pool and limits it (threadpool_info(), threadpool_limits()): registered
 # here, where the pool's module is loaded, when threadpoolctl is installed (it is a dependency; a copy
