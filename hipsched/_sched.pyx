@@ -10,7 +10,7 @@ Python threads. Decisions never allocate; a record allocates only for a size buc
 (its rings), once per bucket. The rules and the model are described in docs/guide/backends-and-routing.md
 and docs/design/scheduling.md."""
 from libc.stdlib cimport calloc, free, malloc
-from libc.math cimport isfinite, isnan, sqrt
+from libc.math cimport erfc, exp, isfinite, isnan, sqrt
 
 from hipsched._health cimport S_CLOSED, S_HALF_OPEN, S_OPEN, health_update
 from hipsched._link cimport LINK_BUCKETS, link_learn, link_ratio
@@ -46,8 +46,8 @@ DEF REPROBE_MAX_RATIO = 4.0
 # (a size never measured, a prior) is tried while the guess could be that wrong.
 DEF EXPLORE_Z = 1.0
 # ...within a budget: what explorations were predicted to cost beyond the better side stays under
-# this share of the predicted time of all automatic decisions of the (op, dtype), except a side's first
-# run in a size bucket, which the interval alone decides.
+# this share of the predicted time of all automatic decisions of the (op, dtype), except at a size the
+# loser ran fewer than three times, where a run expected to repay itself (_worth_learning) is made.
 DEF EXPLORE_BUDGET = 0.05
 # Two sides whose predictions lie within TIE_Z of their combined standard error are a tie: either is
 # right, and the call stays where its data is (host data whose upload is not paid yet on the CPU,
@@ -119,6 +119,21 @@ cdef inline double _side_spread(Slot *s, int be, double size, double u) noexcept
     their mean, else (a size not measured) `u`, the prediction's own uncertainty there."""
     cdef Bucket *bk = &s.buckets[be][bucket_of(size)]
     return bk.rel_sd if bk.n > 0 else u
+
+
+cdef inline bint _worth_learning(double d, double sd_loser, double sd_winner, long long calls,
+                                 double excess) noexcept nogil:
+    """Whether running the predicted loser once is expected to repay itself: its expected improvement
+    over the winner per call (d = the winner's predicted time less the loser's, <= 0; the two predictions
+    normal with these standard deviations: E[max(winner - loser, 0)]), over the calls still to come at
+    this size, taken to be as many as came before this one (`calls`; a size's first call expects none),
+    against what the run is expected to cost beyond the winner (`excess`)."""
+    cdef double sd = sqrt(sd_loser * sd_loser + sd_winner * sd_winner), z, ei
+    if not (sd > 0):
+        return d * calls >= excess
+    z = d / sd
+    ei = d * 0.5 * erfc(-z * 0.7071067811865476) + sd * 0.3989422804014327 * exp(-0.5 * z * z)
+    return ei * calls >= excess
 
 
 cdef class SchedCore:
@@ -375,6 +390,7 @@ cdef class SchedCore:
         cdef int on_device = flags & F_ON_DEVICE
         cdef long long calls
         cdef double c, g, kc, kg, uc = 0, ug = 0, copies, cc = 0, cg = 0, best, lcb, lcb_best, excess, se
+        cdef double d, sd_l, sd_w
         cdef int loser
         cdef double blc = 0, blg = 0, shared = 0, gt, xg, fc, fg, wc, wg
         cdef long long now
@@ -518,10 +534,22 @@ cdef class SchedCore:
             # (a winner known only by a guess is run first: its run is the cheaper lesson, and the loser's
             # turn comes once the winner's time is measured, if the loser could still beat it)
             # (a size the loser ran fewer than three times is not measured yet, as the tie rule below
-            # has it: one or two runs, one slow draw or a first touch among them, decide nothing, and the
-            # interval alone says whether to try it again)
+            # has it: one or two runs, one slow draw or a first touch among them, decide nothing. Past the
+            # budget, such a size is tried when the run is expected to repay itself over as many calls
+            # again at the size as came before this one (_worth_learning). Tried whatever it cost, as
+            # before, a bimodal side whose fast runs sat near the winner was tried at the first calls
+            # until it drew its slow mode: bench/results/routing-machines.md, 2026-11-29)
+            if loser == CPU:
+                sd_l = uc * kc
+                sd_w = ug * kg * p.speedup_threshold
+                d = best - c
+            else:
+                sd_l = ug * kg * p.speedup_threshold
+                sd_w = uc * kc
+                d = best - g * p.speedup_threshold
             if (uc if loser == GPU else ug) < 1.0 and lcb < lcb_best and (
-                    bc.n < 3 or s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
+                    (bc.n < 3 and _worth_learning(d, sd_l, sd_w, calls - 1, excess)) or
+                    s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
                 if commit:
                     s.explore_us += excess
                 return loser | R_EXPLORING << 1

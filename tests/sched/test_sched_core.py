@@ -365,7 +365,9 @@ def test_a_size_measured_once_far_above_its_neighbours_is_measured_again():
         be, why, pc, pg = decide(c, s, 524288)
         seen.append((be, why))
         c.record(s, 0 if be == "cpu" else 1, 524288, 300.0 if be == "cpu" else 1232.0)
-    assert seen[0] == ("cpu", R.EXPLORING), seen
+    # tried again as soon as a call has come before (one earlier call at the size: the run, expected to
+    # save most of a call, repays itself over one more)
+    assert ("cpu", R.EXPLORING) in seen[:2], seen
     assert seen[-1] == ("cpu", R.COST_MODEL), seen
     # a second sample that agrees with the first is believed: the CPU is not tried on and on
     c2 = core(min_batch=64, min_samples=3, exploration_share=0.2)
@@ -379,3 +381,26 @@ def test_a_size_measured_once_far_above_its_neighbours_is_measured_again():
     for _ in range(3):
         c2.record(s2, 0, 524288, 4609.0)
     assert decide(c2, s2, 524288)[:2] == ("gpu", R.COST_MODEL)
+
+
+def test_a_loser_run_once_is_tried_again_when_the_calls_at_its_size_would_repay_the_run():
+    """Past the budget, a size the loser ran once is tried again only once the run is expected to repay
+    itself: its expected improvement over the winner, over as many calls again as came to the size
+    before this one, against what the run is expected to cost. On the simulated bimodal CPU (15% of runs 8x), six calls
+    of spread_activation: one fast CPU run at 1.2x the GPU's time made the CPU look close, it was tried at
+    once, again and again until it drew its slow mode (the cold runs' largest loss). Tried at the first
+    call here (the old rule: the interval alone decided below three runs), it cost 45% of a call for one
+    call's worth of hope."""
+    c = core(min_samples=3, exploration_share=0.2, reprobe_interval=0)
+    s = c.slot("spread_activation", "float32")
+    size = 3e6
+    c.record(s, 0, size, 1900.0)
+    for _ in range(3):
+        c.record(s, 1, size, 1308.0)
+    seen = []
+    for _ in range(8):
+        be, why, _, _ = decide(c, s, size)
+        seen.append((be, why))
+        c.record(s, 0 if be == "cpu" else 1, size, 1900.0 if be == "cpu" else 1308.0)
+    assert seen[:3] == [("gpu", R.COST_MODEL)] * 3, seen
+    assert ("cpu", R.EXPLORING) in seen, seen    # the calls at the size came to repay a run
