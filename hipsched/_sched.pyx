@@ -124,7 +124,7 @@ cdef inline double _side_spread(Slot *s, int be, double size, double u) noexcept
 cdef inline bint _worth_learning(double d, double sd_loser, double sd_winner, long long calls,
                                  double excess) noexcept nogil:
     """Whether running the predicted loser once is expected to repay itself: its expected improvement
-    over the winner per call (d = the winner's predicted time less the loser's, <= 0; the two predictions
+    over the winner per call (d = the winner's predicted time less the loser's, -excess; the two predictions
     normal with these standard deviations: E[max(winner - loser, 0)]), over the calls still to come at
     this size, taken to be as many as came before this one (`calls`; a size's first call expects none),
     against what the run is expected to cost beyond the winner (`excess`)."""
@@ -390,7 +390,7 @@ cdef class SchedCore:
         cdef int on_device = flags & F_ON_DEVICE
         cdef long long calls
         cdef double c, g, kc, kg, uc = 0, ug = 0, copies, cc = 0, cg = 0, best, lcb, lcb_best, excess, se
-        cdef double d, sd_l, sd_w
+        cdef double sd_l, sd_w
         cdef int loser
         cdef double blc = 0, blg = 0, shared = 0, gt, xg, fc, fg, wc, wg
         cdef long long now
@@ -539,16 +539,10 @@ cdef class SchedCore:
             # again at the size as came before this one (_worth_learning). Tried whatever it cost, as
             # before, a bimodal side whose fast runs sat near the winner was tried at the first calls
             # until it drew its slow mode: bench/results/routing-machines.md, 2026-11-29)
-            if loser == CPU:
-                sd_l = uc * kc
-                sd_w = ug * kg * p.speedup_threshold
-                d = best - c
-            else:
-                sd_l = ug * kg * p.speedup_threshold
-                sd_w = uc * kc
-                d = best - g * p.speedup_threshold
+            sd_l = uc * kc if loser == CPU else ug * kg
+            sd_w = ug * kg if loser == CPU else uc * kc
             if (uc if loser == GPU else ug) < 1.0 and lcb < lcb_best and (
-                    (bc.n < 3 and _worth_learning(d, sd_l, sd_w, calls - 1, excess)) or
+                    (bc.n < 3 and _worth_learning(-excess, sd_l, sd_w, calls - 1, excess)) or
                     s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
                 if commit:
                     s.explore_us += excess
