@@ -390,7 +390,6 @@ cdef class SchedCore:
         cdef int on_device = flags & F_ON_DEVICE
         cdef long long calls
         cdef double c, g, kc, kg, uc = 0, ug = 0, copies, cc = 0, cg = 0, best, lcb, lcb_best, excess, se
-        cdef double sd_l, sd_w
         cdef int loser
         cdef double blc = 0, blg = 0, shared = 0, gt, xg, fc, fg, wc, wg
         cdef long long now
@@ -539,10 +538,9 @@ cdef class SchedCore:
             # again at the size as came before this one (_worth_learning). Tried whatever it cost, as
             # before, a bimodal side whose fast runs sat near the winner was tried at the first calls
             # until it drew its slow mode: bench/results/routing-machines.md, 2026-11-29)
-            sd_l = uc * kc if loser == CPU else ug * kg
-            sd_w = ug * kg if loser == CPU else uc * kc
             if (uc if loser == GPU else ug) < 1.0 and lcb < lcb_best and (
-                    (bc.n < 3 and _worth_learning(-excess, sd_l, sd_w, calls - 1, excess)) or
+                    (bc.n < 3 and _worth_learning(-excess, uc * kc if loser == CPU else ug * kg,
+                                                  ug * kg if loser == CPU else uc * kc, calls - 1, excess)) or
                     s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
                 if commit:
                     s.explore_us += excess
