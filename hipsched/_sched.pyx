@@ -121,18 +121,17 @@ cdef inline double _side_spread(Slot *s, int be, double size, double u) noexcept
     return bk.rel_sd if bk.n > 0 else u
 
 
-cdef inline bint _worth_learning(double d, double sd_loser, double sd_winner, long long calls,
-                                 double excess) noexcept nogil:
+cdef inline bint _worth_learning(double excess, double sd, long long calls) noexcept nogil:
     """Whether running the predicted loser once is expected to repay itself: its expected improvement
-    over the winner per call (d = the winner's predicted time less the loser's, -excess; the two predictions
-    normal with these standard deviations: E[max(winner - loser, 0)]), over the calls still to come at
-    this size, taken to be as many as came before this one (`calls`; a size's first call expects none),
-    against what the run is expected to cost beyond the winner (`excess`)."""
-    cdef double sd = sqrt(sd_loser * sd_loser + sd_winner * sd_winner), z, ei
+    over the winner per call (the winner's predicted time less the loser's being -excess, the difference
+    normal with standard deviation `sd`, the two predictions' combined: E[max(winner - loser, 0)]), over
+    the calls still to come at this size, taken to be as many as came before this one (`calls`; a size's
+    first call expects none), against what the run is expected to cost beyond the winner (`excess`)."""
+    cdef double z, ei
     if not (sd > 0):
-        return d * calls >= excess
-    z = d / sd
-    ei = d * 0.5 * erfc(-z * 0.7071067811865476) + sd * 0.3989422804014327 * exp(-0.5 * z * z)
+        return excess <= 0
+    z = -excess / sd
+    ei = -excess * 0.5 * erfc(-z * 0.7071067811865476) + sd * 0.3989422804014327 * exp(-0.5 * z * z)
     return ei * calls >= excess
 
 
@@ -539,8 +538,8 @@ cdef class SchedCore:
             # before, a bimodal side whose fast runs sat near the winner was tried at the first calls
             # until it drew its slow mode: bench/results/routing-machines.md, 2026-11-29)
             if (uc if loser == GPU else ug) < 1.0 and lcb < lcb_best and (
-                    (bc.n < 3 and _worth_learning(-excess, uc * kc if loser == CPU else ug * kg,
-                                                  ug * kg if loser == CPU else uc * kc, calls - 1, excess)) or
+                    (bc.n < 3 and _worth_learning(excess, sqrt((uc * kc) * (uc * kc) + (ug * kg) * (ug * kg)),
+                                                  calls - 1)) or
                     s.explore_us + excess <= EXPLORE_BUDGET * (s.run_us + (0 if commit else best))):
                 if commit:
                     s.explore_us += excess
